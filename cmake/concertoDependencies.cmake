@@ -1,0 +1,46 @@
+# Finds what concerto needs and makes imported targets for the libraries that ship
+# no CMake package on Debian (Z3, NCCL). Used by the build and by the installed
+# concertoConfig.cmake, so that consumers resolve the same way.
+include(CMakeFindDependencyMacro)
+
+find_dependency(nlohmann_json 3.10)
+find_dependency(range-v3)
+find_dependency(Threads)
+find_dependency(MPI COMPONENTS CXX)
+
+# Z3: Debian ships a pkg-config file and no CMake config.
+find_dependency(PkgConfig)
+if(NOT TARGET concerto_z3)
+  pkg_check_modules(CONCERTO_Z3 REQUIRED IMPORTED_TARGET z3)
+  add_library(concerto_z3 INTERFACE)
+  target_link_libraries(concerto_z3 INTERFACE PkgConfig::CONCERTO_Z3)
+endif()
+
+# BLAS with the CBLAS interface (OpenBLAS on Debian) for the CPU kernels.
+if(NOT TARGET concerto_blas)
+  find_dependency(BLAS)
+  find_path(CONCERTO_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu)
+  if(NOT CONCERTO_CBLAS_INCLUDE_DIR)
+    message(FATAL_ERROR "concerto: cblas.h not found; install a CBLAS (Debian: libopenblas-dev)")
+  endif()
+  add_library(concerto_blas INTERFACE)
+  target_link_libraries(concerto_blas INTERFACE BLAS::BLAS)
+  target_include_directories(concerto_blas INTERFACE ${CONCERTO_CBLAS_INCLUDE_DIR})
+endif()
+
+# CUDA Toolkit and NCCL are optional: without them the GPU target is not defined.
+set(CONCERTO_HAS_NCCL OFF)
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND)
+  find_library(CONCERTO_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+  find_path(CONCERTO_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(CONCERTO_NCCL_LIBRARY AND CONCERTO_NCCL_INCLUDE_DIR)
+    if(NOT TARGET concerto_nccl_lib)
+      add_library(concerto_nccl_lib UNKNOWN IMPORTED)
+      set_target_properties(concerto_nccl_lib PROPERTIES
+        IMPORTED_LOCATION ${CONCERTO_NCCL_LIBRARY}
+        INTERFACE_INCLUDE_DIRECTORIES ${CONCERTO_NCCL_INCLUDE_DIR})
+    endif()
+    set(CONCERTO_HAS_NCCL ON)
+  endif()
+endif()

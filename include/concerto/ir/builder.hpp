@@ -1,0 +1,197 @@
+#pragma once
+/// @file
+/// @brief Builds an ir::graph without the DSL (benchmark workloads, imports, tests).
+///
+/// Tasks are added in program order. Dependencies are derived from the buffers each task
+/// reads and writes (read-after-write, write-after-read, write-after-write, views included),
+/// so a graph built here is executable as written; extra ordering can be added with `after`.
+///
+/// @code
+/// ir::builder b("mlp");
+/// auto dp = b.axis("dp", 4, ir::link_class::inter_node);
+/// auto x = b.buffer("x", {256, 1024}, ir::buffer_role::input);
+/// auto w = b.buffer("w", {1024, 1024}, ir::buffer_role::param);
+/// auto y = b.buffer("y", {256, 1024});
+/// b.matmul("fc", x, w, y, 256, 1024, 1024);
+/// auto g = b.buffer("w.grad", {1024, 1024}, ir::buffer_role::gradient);
+/// b.collective(ir::op_kind::all_reduce, "w.grad.ar", dp, g, g);
+/// ir::graph graph = std::move(b).finish();
+/// @endcode
+
+#include <concerto/ir/graph.hpp>
+
+#include <initializer_list>
+#include <numeric>
+#include <utility>
+
+namespace concerto::ir {
+
+/// @brief Extra description of a compute task beyond its buffers.
+struct compute_info {
+  std::string fn;
+  double flops = 0;
+  double bytes = -1; ///< memory traffic; -1: sum of the sizes of the buffers read and written
+  std::map<std::string, std::int64_t> attrs;
+};
+
+class builder {
+public:
+  explicit builder(std::string name) { graph_.name = std::move(name); }
+
+  /// Current phase and layer, stamped on every task added after the call.
+  builder& at(phase p, int layer = -1) {
+    phase_ = p;
+    layer_ = layer;
+    return *this;
+  }
+
+  /// Adds a mesh axis (and its communication lane); returns the axis index.
+  int axis(std::string name, int size, link_class link = link_class::intra_node) {
+    CONCERTO_CHECK(!graph_.axis_index(name), "mesh axis '" + name + "' added twice");
+    graph_.axes.push_back({name, size, link});
+    const int index = static_cast<int>(graph_.axes.size()) - 1;
+    graph_.streams.push_back({"comm:" + name, index});
+    return index;
+  }
+
+  /// Adds a buffer with a local shape; bytes = product(shape) × size_of(type).
+  buffer_id buffer(std::string name, std::vector<std::int64_t> shape, buffer_role role = buffer_role::activation,
+                   dtype type = dtype::f32) {
+    const auto elems = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>{});
+    CONCERTO_CHECK(elems >= 0, "buffer '" + name + "' has a negative extent");
+    return add_buffer(ir::buffer{static_cast<buffer_id>(graph_.buffers.size()), std::move(name),
+                                 elems * static_cast<std::int64_t>(size_of(type)), type, role, std::move(shape), -1, 0});
+  }
+
+  /// Adds a view of `bytes` bytes at `offset` inside `parent`.
+  buffer_id view(std::string name, buffer_id parent, std::int64_t offset, std::int64_t bytes,
+                 std::vector<std::int64_t> shape = {}) {
+    const auto& p = graph_.buffers.at(static_cast<std::size_t>(parent));
+    CONCERTO_CHECK(offset >= 0 && bytes >= 0 && offset + bytes <= p.bytes,
+                   "view '" + name + "' lies outside buffer '" + p.name + "'");
+    return add_buffer(ir::buffer{static_cast<buffer_id>(graph_.buffers.size()), std::move(name), bytes, p.type, p.role,
+                                 std::move(shape), parent, offset});
+  }
+
+  /// Adds a compute task of any kind.
+  task_id compute(op_kind kind, std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes,
+                  compute_info info = {}) {
+    CONCERTO_CHECK(!is_collective(kind), "task '" + name + "': use builder::collective for collectives");
+    task t;
+    t.name = std::move(name);
+    t.kind = kind;
+    t.stream = compute_stream;
+    t.flops = info.flops;
+    t.bytes = info.bytes >= 0 ? info.bytes : traffic(reads, writes);
+    t.fn = std::move(info.fn);
+    t.attrs = std::move(info.attrs);
+    t.reads = std::move(reads);
+    t.writes = std::move(writes);
+    return add_task(std::move(t));
+  }
+
+  /// C[m×n] = A[m×k] · B[k×n] (batched `batch` times), fp32 FLOPs 2·m·n·k·batch.
+  task_id matmul(std::string name, buffer_id a, buffer_id b, buffer_id c, std::int64_t m, std::int64_t n,
+                 std::int64_t k, std::int64_t batch = 1, bool trans_a = false, bool trans_b = false,
+                 bool accumulate = false) {
+    std::vector<buffer_id> reads{a, b};
+    if (accumulate) reads.push_back(c);
+    return compute(op_kind::matmul, std::move(name), std::move(reads), {c},
+                   {"gemm", 2.0 * static_cast<double>(m * n) * static_cast<double>(k * batch), -1,
+                    {{"m", m}, {"n", n}, {"k", k}, {"batch", batch}, {"trans_a", trans_a},
+                     {"trans_b", trans_b}, {"accumulate", accumulate}}});
+  }
+
+  /// A collective over the group of `axis`; `bytes` defaults per the graph.hpp convention.
+  task_id collective(op_kind kind, std::string name, int axis, buffer_id in, buffer_id out, double bytes = -1,
+                     std::string fn = "sum") {
+    CONCERTO_CHECK(is_collective(kind), "task '" + name + "' is not a collective");
+    CONCERTO_CHECK(axis >= 0 && static_cast<std::size_t>(axis) < graph_.axes.size(),
+                   "collective '" + name + "' names mesh axis " + std::to_string(axis) + ", which does not exist");
+    task t;
+    t.name = std::move(name);
+    t.kind = kind;
+    t.axis = axis;
+    t.stream = *graph_.lane_of_axis(axis);
+    const auto in_bytes = static_cast<double>(graph_.buffers.at(static_cast<std::size_t>(in)).bytes);
+    const auto out_bytes = static_cast<double>(graph_.buffers.at(static_cast<std::size_t>(out)).bytes);
+    t.bytes = bytes >= 0 ? bytes : std::max(in_bytes, out_bytes);
+    t.fn = std::move(fn);
+    t.reads = {in};
+    t.writes = {out};
+    return add_task(std::move(t));
+  }
+
+  /// Adds an explicit ordering edge (before → after) beyond what the buffers imply.
+  void after(task_id after_task, task_id before_task) {
+    auto& deps = graph_.tasks.at(static_cast<std::size_t>(after_task)).deps;
+    if (std::find(deps.begin(), deps.end(), before_task) == deps.end()) deps.push_back(before_task);
+  }
+
+  [[nodiscard]] const graph& peek() const noexcept { return graph_; }
+
+  /// Validates and returns the graph.
+  [[nodiscard]] graph finish() && {
+    graph_.validate();
+    return std::move(graph_);
+  }
+
+private:
+  struct access_log {
+    task_id last_writer = -1;
+    std::vector<task_id> readers_since_write;
+  };
+
+  buffer_id add_buffer(ir::buffer b) {
+    graph_.buffers.push_back(std::move(b));
+    log_.emplace_back();
+    return graph_.buffers.back().id;
+  }
+
+  double traffic(const std::vector<buffer_id>& reads, const std::vector<buffer_id>& writes) const {
+    double sum = 0;
+    for (auto b : reads) sum += static_cast<double>(graph_.buffers.at(static_cast<std::size_t>(b)).bytes);
+    for (auto b : writes) sum += static_cast<double>(graph_.buffers.at(static_cast<std::size_t>(b)).bytes);
+    return sum;
+  }
+
+  task_id add_task(task t) {
+    t.id = static_cast<task_id>(graph_.tasks.size());
+    t.step_phase = phase_;
+    t.layer = layer_;
+    std::vector<task_id> deps;
+    const auto need = [&](task_id d) {
+      if (d >= 0 && std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
+    };
+    // Every buffer that shares bytes with an accessed one constrains the order.
+    for (std::size_t b = 0; b < graph_.buffers.size(); ++b) {
+      const auto id = static_cast<buffer_id>(b);
+      const bool read = std::any_of(t.reads.begin(), t.reads.end(), [&](auto r) { return graph_.overlap(r, id); });
+      const bool written = std::any_of(t.writes.begin(), t.writes.end(), [&](auto w) { return graph_.overlap(w, id); });
+      if (!read && !written) continue;
+      const auto& log = log_[b];
+      need(log.last_writer); // RAW and WAW
+      if (written)
+        for (auto r : log.readers_since_write) need(r); // WAR
+    }
+    for (auto b : t.reads) {
+      auto& readers = log_[static_cast<std::size_t>(b)].readers_since_write;
+      readers.push_back(t.id);
+    }
+    for (auto b : t.writes) {
+      log_[static_cast<std::size_t>(b)].last_writer = t.id;
+      log_[static_cast<std::size_t>(b)].readers_since_write.clear();
+    }
+    std::sort(deps.begin(), deps.end());
+    t.deps = std::move(deps);
+    graph_.tasks.push_back(std::move(t));
+    return graph_.tasks.back().id;
+  }
+
+  graph graph_;
+  std::vector<access_log> log_;
+  phase phase_ = phase::forward;
+  int layer_ = -1;
+};
+
+} // namespace concerto::ir
