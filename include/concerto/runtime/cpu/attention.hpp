@@ -1,0 +1,166 @@
+#pragma once
+/// @file
+/// @brief Causal multi-head self-attention on the CPU, forward and backward.
+///
+/// Layout: q, k, v and out are separate fp32 buffers, each `[batch, seq, heads·head_dim]`
+/// row-major, head h occupying columns `[h·head_dim, (h+1)·head_dim)` of a row: exactly what a
+/// projection `x·Wᵀ` writes, and a tensor-parallel shard of whole heads is the same layout with
+/// fewer heads. Heads are addressed in place through the BLAS leading dimension, never copied.
+///
+/// The forward saves only the log-sum-exp of each score row, `lse[batch, heads, seq]`; the
+/// backward recomputes the probabilities from q, k and lse (one extra `seq×seq×head_dim` product
+/// per head) rather than keeping `batch·heads·seq²` probabilities alive between the passes.
+
+#include <concerto/runtime/cpu/detail/check.hpp>
+#include <concerto/runtime/cpu/matmul.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+namespace concerto::runtime::cpu {
+
+/// @brief Extents of a causal attention call.
+struct attention_shape {
+  std::size_t batch = 1;
+  std::size_t seq = 1;
+  std::size_t heads = 1;
+  std::size_t head_dim = 1;
+
+  /// Floats in each of q, k, v, out (and their gradients).
+  [[nodiscard]] constexpr std::size_t qkv_floats() const noexcept { return batch * seq * heads * head_dim; }
+  /// Floats in the saved log-sum-exp.
+  [[nodiscard]] constexpr std::size_t lse_floats() const noexcept { return batch * heads * seq; }
+};
+
+/// @brief Workspace `causal_attention` needs: one `seq×seq` score block.
+[[nodiscard]] constexpr std::size_t causal_attention_workspace_floats(const attention_shape& s) noexcept {
+  return s.seq * s.seq;
+}
+
+/// @brief Workspace `causal_attention_grad` needs: two `seq×seq` blocks (probabilities and their gradient).
+[[nodiscard]] constexpr std::size_t causal_attention_grad_workspace_floats(const attention_shape& s) noexcept {
+  return 2 * s.seq * s.seq;
+}
+
+namespace detail {
+
+inline void check_attention_args(const char* kernel, const attention_shape& s, std::size_t q,
+                                 std::size_t k, std::size_t v, std::size_t lse) {
+  const std::size_t n = s.qkv_floats();
+  CONCERTO_CHECK(q == n, std::string(kernel) + ": `q` holds " + std::to_string(q) +
+                             " floats, batch·seq·heads·head_dim = " + std::to_string(n));
+  CONCERTO_CHECK(k == n, std::string(kernel) + ": `k` holds " + std::to_string(k) +
+                             " floats, batch·seq·heads·head_dim = " + std::to_string(n));
+  CONCERTO_CHECK(v == n, std::string(kernel) + ": `v` holds " + std::to_string(v) +
+                             " floats, batch·seq·heads·head_dim = " + std::to_string(n));
+  CONCERTO_CHECK(lse == s.lse_floats(), std::string(kernel) + ": `lse` holds " + std::to_string(lse) +
+                                            " floats, batch·heads·seq = " + std::to_string(s.lse_floats()));
+}
+
+} // namespace detail
+
+/// @brief `out = softmax(q·kᵀ/√head_dim + causal mask)·v` per batch and head; saves `lse`.
+///
+/// Position i attends to positions 0..i. `workspace` holds at least
+/// `causal_attention_workspace_floats(shape)` floats; nothing is allocated.
+/// @code
+/// cpu::attention_shape s{.batch = 2, .seq = 64, .heads = 4, .head_dim = 16};
+/// std::vector<float> ws(cpu::causal_attention_workspace_floats(s)), lse(s.lse_floats());
+/// cpu::causal_attention(q, k, v, out, lse, ws, s);
+/// @endcode
+inline void causal_attention(std::span<const float> q, std::span<const float> k,
+                             std::span<const float> v, std::span<float> out, std::span<float> lse,
+                             std::span<float> workspace, const attention_shape& shape) {
+  detail::check_attention_args("causal_attention", shape, q.size(), k.size(), v.size(), lse.size());
+  detail::require_size(out, shape.qkv_floats(), "causal_attention", "out");
+  const std::size_t ws_need = causal_attention_workspace_floats(shape);
+  CONCERTO_CHECK(workspace.size() >= ws_need,
+                 "causal_attention: `workspace` holds " + std::to_string(workspace.size()) +
+                     " floats, causal_attention_workspace_floats() = " + std::to_string(ws_need));
+  const std::size_t T = shape.seq;
+  const std::size_t D = shape.head_dim;
+  const std::size_t ld = shape.heads * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  float* p = workspace.data();
+  for (std::size_t b = 0; b < shape.batch; ++b) {
+    for (std::size_t h = 0; h < shape.heads; ++h) {
+      const std::size_t off = b * T * ld + h * D;
+      float* row_lse = lse.data() + (b * shape.heads + h) * T;
+      // The full square is computed and the upper triangle ignored: one BLAS call beats T small ones.
+      detail::gemm(false, true, T, T, D, scale, q.data() + off, ld, k.data() + off, ld, 0.0f, p, T);
+      for (std::size_t i = 0; i < T; ++i) {
+        float* pi = p + i * T;
+        float m = -INFINITY;
+        for (std::size_t j = 0; j <= i; ++j) m = pi[j] > m ? pi[j] : m;
+        float sum = 0.0f;
+        for (std::size_t j = 0; j <= i; ++j) {
+          pi[j] = std::exp(pi[j] - m);
+          sum += pi[j];
+        }
+        const float inv = 1.0f / sum;
+        for (std::size_t j = 0; j <= i; ++j) pi[j] *= inv;
+        for (std::size_t j = i + 1; j < T; ++j) pi[j] = 0.0f;
+        row_lse[i] = m + std::log(sum);
+      }
+      detail::gemm(false, false, T, D, T, 1.0f, p, T, v.data() + off, ld, 0.0f, out.data() + off, ld);
+    }
+  }
+}
+
+/// @brief Backward of `causal_attention`: dq, dk, dv (overwritten) from dout, q, k, v and the saved lse.
+///
+/// `workspace` holds at least `causal_attention_grad_workspace_floats(shape)` floats.
+/// The gradients must not alias the inputs.
+/// @code
+/// std::vector<float> ws(cpu::causal_attention_grad_workspace_floats(s));
+/// cpu::causal_attention_grad(q, k, v, dout, lse, dq, dk, dv, ws, s);
+/// @endcode
+inline void causal_attention_grad(std::span<const float> q, std::span<const float> k,
+                                  std::span<const float> v, std::span<const float> dout,
+                                  std::span<const float> lse, std::span<float> dq, std::span<float> dk,
+                                  std::span<float> dv, std::span<float> workspace,
+                                  const attention_shape& shape) {
+  detail::check_attention_args("causal_attention_grad", shape, q.size(), k.size(), v.size(), lse.size());
+  const std::size_t n = shape.qkv_floats();
+  detail::require_size(dout, n, "causal_attention_grad", "dout");
+  detail::require_size(dq, n, "causal_attention_grad", "dq");
+  detail::require_size(dk, n, "causal_attention_grad", "dk");
+  detail::require_size(dv, n, "causal_attention_grad", "dv");
+  const std::size_t ws_need = causal_attention_grad_workspace_floats(shape);
+  CONCERTO_CHECK(workspace.size() >= ws_need,
+                 "causal_attention_grad: `workspace` holds " + std::to_string(workspace.size()) +
+                     " floats, causal_attention_grad_workspace_floats() = " + std::to_string(ws_need));
+  const std::size_t T = shape.seq;
+  const std::size_t D = shape.head_dim;
+  const std::size_t ld = shape.heads * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  float* p = workspace.data();
+  float* dp = workspace.data() + T * T;
+  for (std::size_t b = 0; b < shape.batch; ++b) {
+    for (std::size_t h = 0; h < shape.heads; ++h) {
+      const std::size_t off = b * T * ld + h * D;
+      const float* row_lse = lse.data() + (b * shape.heads + h) * T;
+      detail::gemm(false, true, T, T, D, scale, q.data() + off, ld, k.data() + off, ld, 0.0f, p, T);
+      for (std::size_t i = 0; i < T; ++i) {
+        float* pi = p + i * T;
+        for (std::size_t j = 0; j <= i; ++j) pi[j] = std::exp(pi[j] - row_lse[i]);
+        for (std::size_t j = i + 1; j < T; ++j) pi[j] = 0.0f;
+      }
+      detail::gemm(true, false, T, D, T, 1.0f, p, T, dout.data() + off, ld, 0.0f, dv.data() + off, ld);
+      detail::gemm(false, true, T, T, D, 1.0f, dout.data() + off, ld, v.data() + off, ld, 0.0f, dp, T);
+      // dS = P∘(dP - rowsum(P∘dP)); masked entries have P = 0, so they come out 0.
+      for (std::size_t i = 0; i < T; ++i) {
+        const float* pi = p + i * T;
+        float* dpi = dp + i * T;
+        float dot = 0.0f;
+        for (std::size_t j = 0; j <= i; ++j) dot += pi[j] * dpi[j];
+        for (std::size_t j = 0; j < T; ++j) dpi[j] = pi[j] * (dpi[j] - dot);
+      }
+      detail::gemm(false, false, T, D, T, scale, dp, T, k.data() + off, ld, 0.0f, dq.data() + off, ld);
+      detail::gemm(true, false, T, D, T, scale, dp, T, q.data() + off, ld, 0.0f, dk.data() + off, ld);
+    }
+  }
+}
+
+} // namespace concerto::runtime::cpu

@@ -1,0 +1,144 @@
+#pragma once
+/// @file
+/// @brief Elementwise CPU kernels and their gradients: add, scale, bias, GELU, ReLU.
+///
+/// All arrays are fp32 and contiguous; a `[rows, cols]` array is row-major. The loops are plain
+/// indexed loops over raw pointers so that the compiler vectorises them (with a run-time
+/// overlap check, since nothing is declared restrict); where the doc says an output may alias
+/// an input, it may be the very same span (in place), never a shifted one.
+
+#include <concerto/runtime/cpu/detail/check.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+namespace concerto::runtime::cpu {
+
+/// @brief `out = a + b`. out may alias a or b.
+inline void add(std::span<const float> a, std::span<const float> b, std::span<float> out) {
+  detail::require_size(b, a.size(), "add", "b");
+  detail::require_size(out, a.size(), "add", "out");
+  const float* pa = a.data();
+  const float* pb = b.data();
+  float* po = out.data();
+  const std::size_t n = a.size();
+  for (std::size_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
+}
+
+/// @brief `acc += x`: accumulates a gradient (a tensor read by two consumers, micro-batches).
+/// @code
+/// cpu::add_inplace(dx, dx_from_residual);
+/// @endcode
+inline void add_inplace(std::span<float> acc, std::span<const float> x) {
+  detail::require_size(x, acc.size(), "add_inplace", "x");
+  float* pa = acc.data();
+  const float* px = x.data();
+  const std::size_t n = acc.size();
+  for (std::size_t i = 0; i < n; ++i) pa[i] += px[i];
+}
+
+/// @brief `out = alpha·x`. out may alias x; its gradient is `scale(dout, alpha, dx)`.
+inline void scale(std::span<const float> x, float alpha, std::span<float> out) {
+  detail::require_size(out, x.size(), "scale", "out");
+  const float* px = x.data();
+  float* po = out.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) po[i] = alpha * px[i];
+}
+
+/// @brief `out[r,c] = x[r,c] + bias[c]` on a `[rows, cols]` array. out may alias x.
+/// @code
+/// cpu::matmul(x, w, y, rows, out, in, {.trans_b = true});
+/// cpu::bias_add(y, b, y, rows, out);
+/// @endcode
+inline void bias_add(std::span<const float> x, std::span<const float> bias, std::span<float> out,
+                     std::size_t rows, std::size_t cols) {
+  detail::require_size(x, rows * cols, "bias_add", "x");
+  detail::require_size(bias, cols, "bias_add", "bias");
+  detail::require_size(out, rows * cols, "bias_add", "out");
+  const float* pb = bias.data();
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* px = x.data() + r * cols;
+    float* po = out.data() + r * cols;
+    for (std::size_t c = 0; c < cols; ++c) po[c] = px[c] + pb[c];
+  }
+}
+
+/// @brief Bias gradient: `dbias[c] = Σ_r dout[r,c]` (the column sums); dx of bias_add is dout itself.
+///
+/// With `accumulate` the sums are added to dbias instead of overwriting it.
+inline void bias_add_grad(std::span<const float> dout, std::span<float> dbias, std::size_t rows,
+                          std::size_t cols, bool accumulate = false) {
+  detail::require_size(dout, rows * cols, "bias_add_grad", "dout");
+  detail::require_size(dbias, cols, "bias_add_grad", "dbias");
+  float* pd = dbias.data();
+  if (!accumulate)
+    for (std::size_t c = 0; c < cols; ++c) pd[c] = 0.0f;
+  // Row after row, so the inner loop runs along contiguous memory and vectorises.
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* pg = dout.data() + r * cols;
+    for (std::size_t c = 0; c < cols; ++c) pd[c] += pg[c];
+  }
+}
+
+namespace detail {
+inline constexpr float gelu_k0 = 0.7978845608028654f; // sqrt(2/pi)
+inline constexpr float gelu_k1 = 0.044715f;
+} // namespace detail
+
+/// @brief GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`. out may alias x
+/// only when the caller no longer needs x: the backward reads the input x.
+inline void gelu(std::span<const float> x, std::span<float> out) {
+  detail::require_size(out, x.size(), "gelu", "out");
+  const float* px = x.data();
+  float* po = out.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = px[i];
+    const float t = std::tanh(detail::gelu_k0 * (v + detail::gelu_k1 * v * v * v));
+    po[i] = 0.5f * v * (1.0f + t);
+  }
+}
+
+/// @brief `dx = dout · gelu'(x)` from the forward's input x. dx may alias dout.
+inline void gelu_grad(std::span<const float> x, std::span<const float> dout, std::span<float> dx) {
+  detail::require_size(dout, x.size(), "gelu_grad", "dout");
+  detail::require_size(dx, x.size(), "gelu_grad", "dx");
+  const float* px = x.data();
+  const float* pg = dout.data();
+  float* pd = dx.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = px[i];
+    const float t = std::tanh(detail::gelu_k0 * (v + detail::gelu_k1 * v * v * v));
+    const float dinner = detail::gelu_k0 * (1.0f + 3.0f * detail::gelu_k1 * v * v);
+    pd[i] = pg[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
+  }
+}
+
+/// @brief `out = max(x, 0)`. out may alias x (the backward can use the output instead of x).
+inline void relu(std::span<const float> x, std::span<float> out) {
+  detail::require_size(out, x.size(), "relu", "out");
+  const float* px = x.data();
+  float* po = out.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) po[i] = px[i] > 0.0f ? px[i] : 0.0f;
+}
+
+/// @brief `dx = x > 0 ? dout : 0`, where x is the forward's input or its output (same sign
+/// test); the derivative at 0 is taken as 0. dx may alias dout.
+inline void relu_grad(std::span<const float> x, std::span<const float> dout, std::span<float> dx) {
+  detail::require_size(dout, x.size(), "relu_grad", "dout");
+  detail::require_size(dx, x.size(), "relu_grad", "dx");
+  const float* px = x.data();
+  const float* pg = dout.data();
+  float* pd = dx.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = pg[i]; // loaded unconditionally, so the select becomes a vector blend
+    pd[i] = px[i] > 0.0f ? g : 0.0f;
+  }
+}
+
+} // namespace concerto::runtime::cpu

@@ -1,0 +1,141 @@
+#pragma once
+/// @file
+/// @brief Row-wise CPU kernels: layer normalisation and softmax, forward and backward.
+///
+/// Every array is a row-major `[rows, cols]` fp32 block; per-row statistics are `[rows]`.
+
+#include <concerto/runtime/cpu/detail/check.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+namespace concerto::runtime::cpu {
+
+/// @brief Layer normalisation over the last dimension:
+/// `out = (x - mean)·rstd·gamma + beta`, `rstd = 1/√(var + eps)` (biased variance).
+///
+/// Saves `mean[rows]` and `rstd[rows]` for `layernorm_grad`, which also needs x and gamma.
+/// out must not alias x.
+/// @code
+/// cpu::layernorm(x, gamma, beta, y, mean, rstd, tokens, hidden);
+/// @endcode
+inline void layernorm(std::span<const float> x, std::span<const float> gamma,
+                      std::span<const float> beta, std::span<float> out, std::span<float> mean,
+                      std::span<float> rstd, std::size_t rows, std::size_t cols, float eps = 1e-5f) {
+  detail::require_size(x, rows * cols, "layernorm", "x");
+  detail::require_size(gamma, cols, "layernorm", "gamma");
+  detail::require_size(beta, cols, "layernorm", "beta");
+  detail::require_size(out, rows * cols, "layernorm", "out");
+  detail::require_size(mean, rows, "layernorm", "mean");
+  detail::require_size(rstd, rows, "layernorm", "rstd");
+  CONCERTO_CHECK(cols > 0 || rows == 0, "layernorm: a row needs at least one column");
+  const float* pg = gamma.data();
+  const float* pb = beta.data();
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* px = x.data() + r * cols;
+    float* po = out.data() + r * cols;
+    float sum = 0.0f;
+    for (std::size_t c = 0; c < cols; ++c) sum += px[c];
+    const float mu = sum * inv_cols;
+    // Two passes: the variance from squared deviations does not cancel the way E[x²]-E[x]² does.
+    float sq = 0.0f;
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float d = px[c] - mu;
+      sq += d * d;
+    }
+    const float rs = 1.0f / std::sqrt(sq * inv_cols + eps);
+    for (std::size_t c = 0; c < cols; ++c) po[c] = (px[c] - mu) * rs * pg[c] + pb[c];
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+/// @brief Backward of `layernorm`: dx from dout, and the parameter gradients
+/// `dgamma[c] = Σ_r dout·x̂`, `dbeta[c] = Σ_r dout`, with `x̂ = (x - mean)·rstd`.
+///
+/// `dx = rstd·(g - mean_c(g) - x̂·mean_c(g·x̂))` where `g = dout·gamma`. With `accumulate`,
+/// dgamma and dbeta are added to; dx is always overwritten. dx must not alias dout or x.
+inline void layernorm_grad(std::span<const float> dout, std::span<const float> x,
+                           std::span<const float> gamma, std::span<const float> mean,
+                           std::span<const float> rstd, std::span<float> dx, std::span<float> dgamma,
+                           std::span<float> dbeta, std::size_t rows, std::size_t cols,
+                           bool accumulate = false) {
+  detail::require_size(dout, rows * cols, "layernorm_grad", "dout");
+  detail::require_size(x, rows * cols, "layernorm_grad", "x");
+  detail::require_size(gamma, cols, "layernorm_grad", "gamma");
+  detail::require_size(mean, rows, "layernorm_grad", "mean");
+  detail::require_size(rstd, rows, "layernorm_grad", "rstd");
+  detail::require_size(dx, rows * cols, "layernorm_grad", "dx");
+  detail::require_size(dgamma, cols, "layernorm_grad", "dgamma");
+  detail::require_size(dbeta, cols, "layernorm_grad", "dbeta");
+  const float* pgam = gamma.data();
+  float* pdg = dgamma.data();
+  float* pdb = dbeta.data();
+  if (!accumulate)
+    for (std::size_t c = 0; c < cols; ++c) pdg[c] = pdb[c] = 0.0f;
+  const float inv_cols = cols > 0 ? 1.0f / static_cast<float>(cols) : 0.0f;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* pgo = dout.data() + r * cols;
+    const float* px = x.data() + r * cols;
+    float* pdx = dx.data() + r * cols;
+    const float mu = mean[r];
+    const float rs = rstd[r];
+    float sum_g = 0.0f;
+    float sum_gx = 0.0f;
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float xhat = (px[c] - mu) * rs;
+      const float g = pgo[c] * pgam[c];
+      sum_g += g;
+      sum_gx += g * xhat;
+      pdg[c] += pgo[c] * xhat;
+      pdb[c] += pgo[c];
+    }
+    const float mg = sum_g * inv_cols;
+    const float mgx = sum_gx * inv_cols;
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float xhat = (px[c] - mu) * rs;
+      pdx[c] = rs * (pgo[c] * pgam[c] - mg - xhat * mgx);
+    }
+  }
+}
+
+/// @brief Row-wise softmax, stable: the row maximum is subtracted before exp. out may alias x.
+///
+/// The backward needs only the output (keep it).
+inline void softmax(std::span<const float> x, std::span<float> out, std::size_t rows, std::size_t cols) {
+  detail::require_size(x, rows * cols, "softmax", "x");
+  detail::require_size(out, rows * cols, "softmax", "out");
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* px = x.data() + r * cols;
+    float* po = out.data() + r * cols;
+    float m = -INFINITY;
+    for (std::size_t c = 0; c < cols; ++c) m = px[c] > m ? px[c] : m;
+    float sum = 0.0f;
+    for (std::size_t c = 0; c < cols; ++c) {
+      po[c] = std::exp(px[c] - m);
+      sum += po[c];
+    }
+    const float inv = 1.0f / sum;
+    for (std::size_t c = 0; c < cols; ++c) po[c] *= inv;
+  }
+}
+
+/// @brief Backward of `softmax` from its output y: `dx = y·(dy - Σ_c dy·y)`. dx may alias dy.
+inline void softmax_grad(std::span<const float> y, std::span<const float> dy, std::span<float> dx,
+                         std::size_t rows, std::size_t cols) {
+  detail::require_size(y, rows * cols, "softmax_grad", "y");
+  detail::require_size(dy, rows * cols, "softmax_grad", "dy");
+  detail::require_size(dx, rows * cols, "softmax_grad", "dx");
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* py = y.data() + r * cols;
+    const float* pg = dy.data() + r * cols;
+    float* pd = dx.data() + r * cols;
+    float dot = 0.0f;
+    for (std::size_t c = 0; c < cols; ++c) dot += pg[c] * py[c];
+    for (std::size_t c = 0; c < cols; ++c) pd[c] = py[c] * (pg[c] - dot);
+  }
+}
+
+} // namespace concerto::runtime::cpu
