@@ -1,0 +1,492 @@
+#pragma once
+/// @file
+/// @brief The benchmark workloads of BENCHMARKS.md as task graphs, made with ir::builder.
+///
+/// Each workload is one training step of one rank (SPMD): embedding, forward of L transformer
+/// blocks, loss, backward (data-gradient and weight-gradient matmuls as separate tasks, as
+/// Megatron-LM and PyTorch do, so that a gradient collective can overlap the rest of the
+/// data-gradient chain), and the AdamW step, with the collectives the parallelism implies on
+/// the right mesh axis. Buffers carry local (per-rank) shapes, matmuls their m/n/k attributes,
+/// every compute task its function, so an executor can run the graph as written.
+/// docs/workloads.md gives each model, its collectives per layer and its FLOP formula.
+///
+/// @code
+/// auto g = ir::make_workload("llama-tp-sp", {.layers = 4});   // 4 of the 80 blocks
+/// for (const auto& t : g.tasks) if (ir::is_collective(t.kind)) ...;
+/// @endcode
+
+#include <concerto/ir/builder.hpp>
+
+#include <deque>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace concerto::ir {
+
+/// @brief Size of the model and of the machine a workload is generated for.
+struct workload_options {
+  int layers = 0;           ///< transformer blocks; 0 = the model's full depth
+  int ranks = 32;           ///< ranks in the job
+  int ranks_per_node = 8;   ///< ranks sharing a node (the tensor-parallel group where there is one)
+  int micro_batch = 1;      ///< sequences per rank per step
+  dtype type = dtype::bf16; ///< activations, parameters and gradients (optimizer state is f32)
+};
+
+namespace detail::workloads {
+
+using i64 = std::int64_t;
+
+/// A transformer's sizes: GPT (LayerNorm, GELU MLP, learned positions) or Llama (RMSNorm,
+/// SwiGLU MLP, RoPE, grouped-query attention).
+struct model_spec {
+  i64 hidden = 0, layers = 0, seq = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
+  bool llama = false;
+};
+
+enum class grad_sync { all_reduce, zero3 };
+
+// Per-element FLOP counts of the non-matmul kernels: approximate, and small next to the
+// matmuls (well under 1% of a block), so they only matter for tiny shapes.
+inline constexpr double norm_flops = 8, norm_grad_flops = 16, gelu_flops = 8, gelu_grad_flops = 12, swiglu_flops = 6,
+                        swiglu_grad_flops = 12, rope_flops = 3, ce_flops = 4, adamw_flops = 12;
+
+struct param {
+  std::string name;
+  int layer = -1;
+  i64 numel = 0;
+  buffer_id store = -1;    // what the rank keeps: the whole (tensor-parallel local) tensor, or its ZeRO shard
+  buffer_id use_fwd = -1;  // what forward kernels read (the gathered copy under ZeRO-3)
+  buffer_id use_bwd = -1;  // what backward kernels read (gathered again under ZeRO-3)
+  buffer_id grad = -1;     // what the kernels write
+  buffer_id grad_out = -1; // what the optimizer reads (the reduce-scattered shard under ZeRO-3)
+  buffer_id state = -1;    // AdamW master weight, m and v in f32
+  bool tp_partial = false; // gradient is a partial sum over the tensor-parallel group (sequence-parallel norms)
+};
+
+class transformer {
+public:
+  transformer(builder& b, const model_spec& m, const workload_options& o, int tp, grad_sync sync)
+      : b_(b), m_(m), tp_(tp), sync_(sync), type_(o.type) {
+    const int dp = o.ranks / tp;
+    batch_ = o.micro_batch;
+    tok_ = batch_ * m.seq;
+    tok_sp_ = tok_ / tp;
+    // Megatron pads the vocabulary to a multiple of 128 × tp so that every shard is aligned.
+    vocab_ = (m.vocab + 128 * tp - 1) / (128 * tp) * (128 * tp);
+    head_dim_ = m.hidden / m.heads;
+    qkv_n_ = (m.hidden + 2 * m.kv_heads * head_dim_) / tp;
+    up_n_ = (m.llama ? 2 * m.ffn : m.ffn) / tp;
+    if (tp > 1)
+      tp_axis_ = b.axis("tp", tp, o.ranks_per_node >= tp ? link_class::intra_node : link_class::inter_node);
+    if (dp > 1)
+      dp_axis_ = b.axis("dp", dp, o.ranks > o.ranks_per_node ? link_class::inter_node : link_class::intra_node);
+    dp_ = dp;
+  }
+
+  void build(int layers) {
+    std::vector<buffer_id> x(static_cast<std::size_t>(layers) + 1);
+    x[0] = embedding_forward();
+    for (int l = 0; l < layers; ++l)
+      x[static_cast<std::size_t>(l) + 1] = block_forward(l, x[static_cast<std::size_t>(l)]);
+    auto dx = head(x.back());
+    for (int l = layers - 1; l >= 0; --l)
+      dx = block_backward(l, dx);
+    embedding_backward(dx);
+    for (auto& p : params_) {
+      b_.at(phase::optimizer, p.layer);
+      b_.compute(op_kind::optimizer_update, p.name + ".adamw", {p.grad_out, p.store, p.state}, {p.store, p.state},
+                 info("adamw", adamw_flops * static_cast<double>(local_numel(p)), {{"numel", local_numel(p)}}));
+    }
+  }
+
+private:
+  struct saved_block {
+    buffer_id x_in, n1, n1f, qkv, attn, lse, x_mid, n2, n2f, u, a;
+    param *norm1, *qkv_w, *o_w, *norm2, *up_w, *down_w;
+  };
+
+  [[nodiscard]] bool zero3() const { return sync_ == grad_sync::zero3 && dp_axis_ >= 0; }
+  [[nodiscard]] i64 local_numel(const param& p) const { return zero3() ? (p.numel + dp_ - 1) / dp_ : p.numel; }
+  [[nodiscard]] static double d(i64 v) { return static_cast<double>(v); }
+  [[nodiscard]] std::string norm_fn() const { return m_.llama ? "rmsnorm" : "layernorm"; }
+
+  // Member by member, so that users' -Wmissing-field-initializers stays quiet.
+  static compute_info info(std::string fn, double flops, std::map<std::string, std::int64_t> attrs = {}) {
+    compute_info c;
+    c.fn = std::move(fn);
+    c.flops = flops;
+    c.attrs = std::move(attrs);
+    return c;
+  }
+
+  buffer_id act(std::string name, std::vector<i64> shape, dtype t) {
+    return b_.buffer(std::move(name), std::move(shape), buffer_role::activation, t);
+  }
+  buffer_id act(std::string name, std::vector<i64> shape) { return act(std::move(name), std::move(shape), type_); }
+
+  param& make_param(const std::string& name, std::vector<i64> shape, int layer, bool tp_partial = false) {
+    param p;
+    p.name = name;
+    p.layer = layer;
+    p.tp_partial = tp_partial && tp_axis_ >= 0;
+    p.numel = 1;
+    for (auto e : shape)
+      p.numel *= e;
+    if (zero3()) {
+      // DeepSpeed flattens and pads a parameter so that it splits evenly over the group.
+      const i64 shard = local_numel(p);
+      auto full = p.numel % dp_ == 0 ? shape : std::vector<i64>{shard * dp_};
+      p.store = b_.buffer(name, {shard}, buffer_role::param, type_);
+      p.use_fwd = b_.buffer(name + ".full", full, buffer_role::workspace, type_);
+      p.use_bwd = b_.buffer(name + ".full.bwd", full, buffer_role::workspace, type_);
+      p.grad = b_.buffer(name + ".grad.full", full, buffer_role::gradient, type_);
+      p.grad_out = b_.buffer(name + ".grad", {shard}, buffer_role::gradient, type_);
+    } else {
+      p.store = p.use_fwd = p.use_bwd = b_.buffer(name, std::move(shape), buffer_role::param, type_);
+      p.grad = p.grad_out = b_.buffer(name + ".grad", b_.peek().buffers[static_cast<std::size_t>(p.store)].shape,
+                                      buffer_role::gradient, type_);
+    }
+    p.state = b_.buffer(name + ".adamw", {3, local_numel(p)}, buffer_role::optimizer_state, dtype::f32);
+    params_.push_back(std::move(p));
+    return params_.back();
+  }
+
+  // ZeRO-3 gathers a parameter right before each use; the planner decides how early.
+  buffer_id use(param& p, bool forward) {
+    if (!zero3())
+      return p.store;
+    const auto out = forward ? p.use_fwd : p.use_bwd;
+    b_.collective(op_kind::all_gather, p.name + (forward ? ".ag.fwd" : ".ag.bwd"), dp_axis_, p.store, out);
+    return out;
+  }
+
+  // One collective per gradient as it becomes ready; bucketing is the planner's job.
+  void gradient_ready(param& p) {
+    if (p.tp_partial)
+      b_.collective(op_kind::all_reduce, p.name + ".grad.ar.tp", tp_axis_, p.grad, p.grad);
+    if (dp_axis_ < 0)
+      return;
+    if (zero3())
+      b_.collective(op_kind::reduce_scatter, p.name + ".grad.rs", dp_axis_, p.grad, p.grad_out);
+    else
+      b_.collective(op_kind::all_reduce, p.name + ".grad.ar", dp_axis_, p.grad, p.grad);
+  }
+
+  // Sequence parallelism: [tok/tp, k] -> [tok, k] before a column-parallel matmul.
+  buffer_id gather_seq(const std::string& name, buffer_id x, i64 k) {
+    if (tp_axis_ < 0)
+      return x;
+    const auto out = act(name + ".full", {tok_, k});
+    b_.collective(op_kind::all_gather, name + ".ag", tp_axis_, x, out);
+    return out;
+  }
+  // ... and [tok, k] partial sums -> [tok/tp, k] after a row-parallel matmul.
+  buffer_id scatter_seq(const std::string& name, buffer_id x_partial, i64 k) {
+    if (tp_axis_ < 0)
+      return x_partial;
+    const auto out = act(name, {tok_sp_, k});
+    b_.collective(op_kind::reduce_scatter, name + ".rs", tp_axis_, x_partial, out);
+    return out;
+  }
+  [[nodiscard]] std::string partial(const std::string& name) const { return tp_axis_ >= 0 ? name + ".partial" : name; }
+
+  buffer_id norm(const std::string& name, buffer_id x, param& w) {
+    const auto out = act(name + ".out", {tok_sp_, m_.hidden});
+    b_.compute(op_kind::norm, name, {x, use(w, true)}, {out},
+               info(norm_fn(), norm_flops * d(tok_sp_ * m_.hidden), {{"hidden", m_.hidden}}));
+    return out;
+  }
+  buffer_id norm_backward(const std::string& name, buffer_id dy, buffer_id x, param& w) {
+    const auto dx = act(name + ".in.grad", {tok_sp_, m_.hidden});
+    const auto weight = use(w, false);
+    b_.compute(op_kind::norm, name + ".grad", {dy, x, weight}, {dx, w.grad},
+               info(norm_fn() + "_grad", norm_grad_flops * d(tok_sp_ * m_.hidden), {{"hidden", m_.hidden}}));
+    gradient_ready(w);
+    return dx;
+  }
+  buffer_id add(const std::string& name, buffer_id a, buffer_id b) {
+    const auto out = act(name, {tok_sp_, m_.hidden});
+    b_.compute(op_kind::elementwise, name, {a, b}, {out}, info("add", d(tok_sp_ * m_.hidden)));
+    return out;
+  }
+
+  // y[tok, n] = x[tok, k] · W[k, n] on full (gathered) rows.
+  buffer_id linear(const std::string& name, buffer_id x, param& w, i64 n, i64 k, const std::string& out_name) {
+    const auto y = act(out_name, {tok_, n});
+    b_.matmul(name, x, use(w, true), y, tok_, n, k);
+    return y;
+  }
+
+  // Backward of y = gather_seq(x_sp) · W (column parallel). Megatron-SP gathers the input again
+  // rather than keeping it, and issues that gather before the data-gradient matmul.
+  buffer_id column_backward(const std::string& name, buffer_id x_sp, buffer_id x_full, buffer_id dy, param& w, i64 n,
+                            i64 k) {
+    auto x = x_full;
+    if (tp_axis_ >= 0) {
+      x = act(name + ".in.full.bwd", {tok_, k});
+      b_.collective(op_kind::all_gather, name + ".in.ag.bwd", tp_axis_, x_sp, x);
+    }
+    const auto weight = use(w, false);
+    const auto dx_full = act(partial(name + ".in.grad"), {tok_, k});
+    b_.matmul(name + ".dgrad", dy, weight, dx_full, tok_, k, n, 1, false, true);
+    const auto dx = scatter_seq(name + ".in.grad", dx_full, k);
+    b_.matmul(name + ".wgrad", x, dy, w.grad, k, n, tok_, 1, true, false);
+    gradient_ready(w);
+    return dx;
+  }
+  // Backward of y_sp = scatter_seq(x · W) (row parallel): the output gradient is gathered first.
+  buffer_id row_backward(const std::string& name, buffer_id x, buffer_id dy_sp, param& w, i64 n, i64 k) {
+    const auto dy = gather_seq(name + ".out.grad", dy_sp, n);
+    const auto weight = use(w, false);
+    const auto dx = act(name + ".in.grad", {tok_, k});
+    b_.matmul(name + ".dgrad", dy, weight, dx, tok_, k, n, 1, false, true);
+    b_.matmul(name + ".wgrad", x, dy, w.grad, k, n, tok_, 1, true, false);
+    gradient_ready(w);
+    return dx;
+  }
+
+  buffer_id embedding_forward() {
+    b_.at(phase::forward, -1);
+    const i64 h = m_.hidden;
+    tokens_ = b_.buffer("tokens", {batch_, m_.seq}, buffer_role::input, dtype::i32);
+    labels_ = b_.buffer("labels", {batch_, m_.seq}, buffer_role::input, dtype::i32);
+    wte_ = &make_param("embed.wte", {vocab_ / tp_, h}, -1);
+    if (!m_.llama)
+      wpe_ = &make_param("embed.wpe", {m_.seq, h}, -1, true);
+    // A vocabulary-parallel lookup leaves zeros for other shards' tokens: a partial sum over tp.
+    const auto e_full = act(partial("embed.out"), {tok_, h});
+    b_.compute(op_kind::copy, "embed", {tokens_, use(*wte_, true)}, {e_full},
+               info("embedding", 0, {{"vocab", vocab_ / tp_}, {"hidden", h}}));
+    auto x = scatter_seq("embed.out", e_full, h);
+    if (wpe_) {
+      const auto out = act("embed.pos.out", {tok_sp_, h});
+      b_.compute(op_kind::elementwise, "embed.pos", {x, use(*wpe_, true)}, {out}, info("add_position", d(tok_sp_ * h)));
+      x = out;
+    }
+    return x;
+  }
+
+  void embedding_backward(buffer_id dx) {
+    b_.at(phase::backward, -1);
+    if (wpe_) {
+      b_.compute(op_kind::elementwise, "embed.pos.grad", {dx}, {wpe_->grad},
+                 info("position_embedding_grad", d(tok_sp_ * m_.hidden)));
+      gradient_ready(*wpe_);
+    }
+    const auto dy = gather_seq("embed.out.grad", dx, m_.hidden);
+    b_.compute(op_kind::elementwise, "embed.grad", {dy, tokens_}, {wte_->grad},
+               info("embedding_grad", d(tok_ * m_.hidden), {{"vocab", vocab_ / tp_}, {"hidden", m_.hidden}}));
+    gradient_ready(*wte_);
+  }
+
+  // Final norm, logits, loss, and their backward; returns the gradient of the last block's output.
+  buffer_id head(buffer_id x) {
+    b_.at(phase::forward, -1);
+    const i64 h = m_.hidden, v = vocab_ / tp_;
+    auto& normf = make_param("head.norm.w", {m_.llama ? h : 2 * h}, -1, true);
+    auto& w = make_param("head.w", {h, v}, -1);
+    const auto xf = norm("head.norm", x, normf);
+    const auto xff = gather_seq("head.norm.out", xf, h);
+    const auto logits = linear("head.logits", xff, w, v, h, "head.logits");
+    const auto loss = b_.buffer("loss", {1}, buffer_role::activation, dtype::f32);
+    const auto stats = b_.buffer("loss.stats", {2, tok_}, buffer_role::activation, dtype::f32);
+    std::vector<buffer_id> saved{logits, labels_, stats};
+    if (tp_axis_ < 0) {
+      b_.compute(op_kind::loss, "loss", {logits, labels_}, {loss, stats},
+                 info("cross_entropy", ce_flops * d(tok_ * v)));
+    } else {
+      // Vocabulary-parallel cross-entropy (Megatron): a max and a sum of exponentials over tp.
+      const auto mx = b_.buffer("loss.max", {tok_}, buffer_role::activation, dtype::f32);
+      saved.push_back(mx);
+      b_.compute(op_kind::loss, "loss.max", {logits}, {mx}, info("cross_entropy_max", d(tok_ * v)));
+      b_.collective(op_kind::all_reduce, "loss.max.ar", tp_axis_, mx, mx, -1, "max");
+      b_.compute(op_kind::loss, "loss.sumexp", {logits, mx, labels_}, {stats},
+                 info("cross_entropy_sumexp", ce_flops * d(tok_ * v)));
+      b_.collective(op_kind::all_reduce, "loss.stats.ar", tp_axis_, stats, stats);
+      b_.compute(op_kind::loss, "loss", {stats, mx}, {loss}, info("cross_entropy", d(tok_)));
+    }
+    b_.at(phase::backward, -1);
+    const auto dlogits = act("head.logits.grad", {tok_, v});
+    b_.compute(op_kind::loss, "loss.grad", std::move(saved), {dlogits},
+               info("cross_entropy_grad", ce_flops * d(tok_ * v)));
+    const auto dxf = column_backward("head.logits", xf, xff, dlogits, w, v, h);
+    return norm_backward("head.norm", dxf, x, normf);
+  }
+
+  buffer_id block_forward(int l, buffer_id x_in) {
+    const auto L = layer_prefix(l);
+    const i64 h = m_.hidden, f = m_.ffn / tp_;
+    b_.at(phase::forward, l);
+    saved_block s{};
+    s.x_in = x_in;
+    s.norm1 = &make_param(L + "ln1.w", {m_.llama ? h : 2 * h}, l, true);
+    s.qkv_w = &make_param(L + "attn.qkv.w", {h, qkv_n_}, l);
+    s.o_w = &make_param(L + "attn.proj.w", {h / tp_, h}, l);
+    s.norm2 = &make_param(L + "ln2.w", {m_.llama ? h : 2 * h}, l, true);
+    s.up_w = &make_param(L + "mlp.up.w", {h, up_n_}, l);
+    s.down_w = &make_param(L + "mlp.down.w", {f, h}, l);
+
+    s.n1 = norm(L + "ln1", x_in, *s.norm1);
+    s.n1f = gather_seq(L + "ln1.out", s.n1, h);
+    s.qkv = linear(L + "attn.qkv", s.n1f, *s.qkv_w, qkv_n_, h, L + "attn.qkv.out");
+    if (m_.llama)
+      b_.compute(op_kind::elementwise, L + "rope", {s.qkv}, {s.qkv}, info("rope", rope_flops * d(tok_ * qkv_n_)));
+    s.attn = act(L + "attn.out", {tok_, h / tp_});
+    s.lse = act(L + "attn.lse", {batch_, m_.heads / tp_, m_.seq}, dtype::f32);
+    b_.compute(op_kind::attention, L + "attention", {s.qkv}, {s.attn, s.lse},
+               info("attention", 4.0 * d(batch_) * d(m_.seq) * d(m_.seq) * d(h / tp_), attention_attrs()));
+    const auto o = linear(L + "attn.proj", s.attn, *s.o_w, h, h / tp_, partial(L + "attn.proj.out"));
+    s.x_mid = add(L + "resid1", x_in, scatter_seq(L + "attn.proj.out", o, h));
+
+    s.n2 = norm(L + "ln2", s.x_mid, *s.norm2);
+    s.n2f = gather_seq(L + "ln2.out", s.n2, h);
+    s.u = linear(L + "mlp.up", s.n2f, *s.up_w, up_n_, h, L + "mlp.up.out");
+    s.a = act(L + "mlp.act.out", {tok_, f});
+    if (m_.llama)
+      b_.compute(op_kind::elementwise, L + "mlp.act", {s.u}, {s.a}, info("swiglu", swiglu_flops * d(tok_ * f)));
+    else
+      b_.compute(op_kind::elementwise, L + "mlp.act", {s.u}, {s.a}, info("gelu", gelu_flops * d(tok_ * f)));
+    const auto y = linear(L + "mlp.down", s.a, *s.down_w, h, f, partial(L + "mlp.down.out"));
+    const auto x_out = add(L + "resid2", s.x_mid, scatter_seq(L + "mlp.down.out", y, h));
+    saved_.push_back(s);
+    return x_out;
+  }
+
+  buffer_id block_backward(int l, buffer_id dx_out) {
+    const auto L = layer_prefix(l);
+    const i64 h = m_.hidden, f = m_.ffn / tp_;
+    b_.at(phase::backward, l);
+    auto& s = saved_[static_cast<std::size_t>(l)];
+    // x_out = x_mid + down(act(up(norm2(x_mid)))).
+    const auto da = row_backward(L + "mlp.down", s.a, dx_out, *s.down_w, h, f);
+    const auto du = act(L + "mlp.up.out.grad", {tok_, up_n_});
+    if (m_.llama)
+      b_.compute(op_kind::elementwise, L + "mlp.act.grad", {da, s.u}, {du},
+                 info("swiglu_grad", swiglu_grad_flops * d(tok_ * f)));
+    else
+      b_.compute(op_kind::elementwise, L + "mlp.act.grad", {da, s.u}, {du},
+                 info("gelu_grad", gelu_grad_flops * d(tok_ * f)));
+    const auto dn2 = column_backward(L + "mlp.up", s.n2, s.n2f, du, *s.up_w, up_n_, h);
+    const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, *s.norm2));
+    // x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
+    const auto dattn = row_backward(L + "attn.proj", s.attn, dx_mid, *s.o_w, h, h / tp_);
+    const auto dqkv = act(L + "attn.qkv.out.grad", {tok_, qkv_n_});
+    b_.compute(op_kind::attention, L + "attention.grad", {dattn, s.qkv, s.attn, s.lse}, {dqkv},
+               info("attention_grad", 8.0 * d(batch_) * d(m_.seq) * d(m_.seq) * d(h / tp_), attention_attrs()));
+    if (m_.llama)
+      b_.compute(op_kind::elementwise, L + "rope.grad", {dqkv}, {dqkv},
+                 info("rope_grad", rope_flops * d(tok_ * qkv_n_)));
+    const auto dn1 = column_backward(L + "attn.qkv", s.n1, s.n1f, dqkv, *s.qkv_w, qkv_n_, h);
+    return add(L + "resid0.grad", dx_mid, norm_backward(L + "ln1", dn1, s.x_in, *s.norm1));
+  }
+
+  // Built by appending: g++ 12 warns falsely (-Wrestrict) on "L" + std::to_string(l).
+  [[nodiscard]] static std::string layer_prefix(int l) {
+    std::string s(1, 'L');
+    s += std::to_string(l);
+    s += '.';
+    return s;
+  }
+
+  [[nodiscard]] std::map<std::string, std::int64_t> attention_attrs() const {
+    return {{"batch", batch_},       {"seq", m_.seq}, {"heads", m_.heads / tp_}, {"kv_heads", m_.kv_heads / tp_},
+            {"head_dim", head_dim_}, {"causal", 1}};
+  }
+
+  builder& b_;
+  model_spec m_;
+  int tp_ = 1, dp_ = 1;
+  grad_sync sync_;
+  dtype type_;
+  int tp_axis_ = -1, dp_axis_ = -1;
+  i64 batch_ = 1, tok_ = 0, tok_sp_ = 0, vocab_ = 0, head_dim_ = 0, qkv_n_ = 0, up_n_ = 0;
+  buffer_id tokens_ = -1, labels_ = -1;
+  param* wte_ = nullptr;
+  param* wpe_ = nullptr;
+  std::deque<param> params_; // a deque keeps the references handed out valid
+  std::vector<saved_block> saved_;
+};
+
+struct workload_entry {
+  std::string_view name;
+  model_spec model;
+  bool tensor_parallel; // tp = ranks_per_node, dp over nodes; otherwise dp over all ranks
+  grad_sync sync;
+};
+
+// GPT-3 XL-like (2048 hidden, 24 layers, 16 heads); Llama-2-70B (8192, 80 layers, 64 q / 8 kv heads,
+// SwiGLU 28672, vocabulary 32000) at seq 8192; Megatron's GPT 5120 × 40 (the paper's gpt-ptd size).
+inline constexpr workload_entry workload_table[] = {
+    {"gpt-dp", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false}, false, grad_sync::all_reduce},
+    {"gpt-zero3", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false}, false, grad_sync::zero3},
+    {"llama-tp-sp", {8192, 80, 8192, 64, 8, 28672, 32000, true}, true, grad_sync::all_reduce},
+    {"gpt-ptd", {5120, 40, 2048, 40, 40, 4 * 5120, 50257, false}, true, grad_sync::all_reduce},
+};
+
+inline void check_divides(i64 part, i64 whole, std::string_view what, std::string_view workload) {
+  if (whole % part != 0)
+    fail("workload '" + std::string(workload) + "': " + std::string(what) + " (" + std::to_string(whole) +
+         ") is not divisible by the tensor-parallel size " + std::to_string(part));
+}
+
+} // namespace detail::workloads
+
+/// @brief The names make_workload accepts.
+[[nodiscard]] inline std::vector<std::string> workload_names() {
+  std::vector<std::string> names;
+  for (const auto& w : detail::workloads::workload_table)
+    names.emplace_back(w.name);
+  return names;
+}
+
+/// @brief Generates one training step of a benchmark workload for one rank.
+///
+/// Throws concerto::error for an unknown name (listing the known ones) or options that do not
+/// fit the model (naming the field).
+/// @code
+/// auto g = ir::make_workload("gpt-zero3", {.layers = 2, .ranks = 16});
+/// @endcode
+[[nodiscard]] inline graph make_workload(std::string_view name, const workload_options& options = {}) {
+  using namespace detail::workloads;
+  const workload_entry* entry = nullptr;
+  for (const auto& w : workload_table)
+    if (w.name == name)
+      entry = &w;
+  if (!entry) {
+    std::string known;
+    for (const auto& n : workload_names())
+      known += (known.empty() ? "" : ", ") + n;
+    fail("unknown workload '" + std::string(name) + "' (known: " + known + ")");
+  }
+  const auto where = [&](std::string_view field, int value) {
+    return "workload '" + std::string(name) + "': workload_options." + std::string(field) + " = " +
+           std::to_string(value);
+  };
+  if (options.layers < 0)
+    fail(where("layers", options.layers) + " is negative");
+  if (options.ranks < 1)
+    fail(where("ranks", options.ranks) + " must be at least 1");
+  if (options.ranks_per_node < 1)
+    fail(where("ranks_per_node", options.ranks_per_node) + " must be at least 1");
+  if (options.micro_batch < 1)
+    fail(where("micro_batch", options.micro_batch) + " must be at least 1");
+  const auto& m = entry->model;
+  int tp = 1;
+  if (entry->tensor_parallel) {
+    tp = options.ranks_per_node;
+    if (options.ranks % tp != 0)
+      fail(where("ranks", options.ranks) + " is not a multiple of ranks_per_node (" + std::to_string(tp) +
+           "), the tensor-parallel size");
+    check_divides(tp, m.heads, "heads", name);
+    check_divides(tp, m.kv_heads, "kv heads", name);
+    check_divides(tp, m.ffn, "ffn size", name);
+    check_divides(tp, m.seq * options.micro_batch, "tokens per step (micro_batch × seq)", name);
+  }
+  builder b{std::string(name)};
+  transformer t(b, m, options, tp, entry->sync);
+  t.build(options.layers > 0 ? options.layers : static_cast<int>(m.layers));
+  return std::move(b).finish();
+}
+
+} // namespace concerto::ir

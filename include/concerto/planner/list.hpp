@@ -1,0 +1,246 @@
+#pragma once
+/// @file
+/// @brief The baseline list schedulers of BENCHMARKS.md: `sync`, `program_order`, `xla_lhs`.
+///
+/// Each returns a schedule: the graph (with ordering edges added where the policy needs them)
+/// and one task order per stream. Every order respects the dependencies, and all the orders
+/// of a schedule are consistent with one global topological order, so any executor that runs
+/// each stream's order and waits on cross-stream dependencies replays it without deadlock.
+///
+/// @code
+/// auto g = ir::make_workload("gpt-zero3", {.layers = 2});
+/// std::vector<double> us = model.durations_us(g);
+/// planner::schedule s = planner::list_schedule("xla_lhs", g, us);
+/// for (auto id : s.order[ir::compute_stream]) std::cout << s.graph[id].name << '\n';
+/// @endcode
+
+#include <concerto/ir/graph.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <queue>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace concerto::planner {
+
+/// @brief A graph and, per stream, the order its tasks run in.
+struct schedule {
+  ir::graph graph;
+  std::vector<std::vector<ir::task_id>> order;
+};
+
+namespace detail {
+
+// Ascending ids when they are already topological (builder graphs), else the graph's own order.
+[[nodiscard]] inline std::vector<ir::task_id> program_order(const ir::graph& g) {
+  for (const auto& t : g.tasks)
+    for (auto d : t.deps)
+      if (d >= t.id)
+        return g.topological_order();
+  std::vector<ir::task_id> order(g.tasks.size());
+  for (std::size_t i = 0; i < order.size(); ++i)
+    order[i] = static_cast<ir::task_id>(i);
+  return order;
+}
+
+[[nodiscard]] inline std::vector<std::vector<ir::task_id>> split_by_stream(const ir::graph& g,
+                                                                           const std::vector<ir::task_id>& order) {
+  std::vector<std::vector<ir::task_id>> out(g.streams.size());
+  for (auto id : order)
+    out[static_cast<std::size_t>(g[id].stream)].push_back(id);
+  return out;
+}
+
+inline void check_durations(const ir::graph& g, std::span<const double> durations_us, std::string_view policy) {
+  if (durations_us.size() != g.tasks.size())
+    fail(std::string(policy) + " schedule of graph '" + g.name + "': " + std::to_string(durations_us.size()) +
+         " durations for " + std::to_string(g.tasks.size()) + " tasks");
+  for (const auto& t : g.tasks) {
+    const double d = durations_us[static_cast<std::size_t>(t.id)];
+    if (!(d >= 0))
+      fail(std::string(policy) + " schedule of graph '" + g.name + "': task " + std::to_string(t.id) + " '" + t.name +
+           "' has duration " + std::to_string(d) + " us");
+  }
+}
+
+// Longest path from the start of each task to the end of the graph, its own duration included.
+[[nodiscard]] inline std::vector<double> bottom_levels(const ir::graph& g, std::span<const double> durations_us) {
+  const auto order = g.topological_order();
+  const auto succ = g.successors();
+  std::vector<double> level(g.tasks.size(), 0);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const auto i = static_cast<std::size_t>(*it);
+    double tail = 0;
+    for (auto s : succ[i])
+      tail = std::max(tail, level[static_cast<std::size_t>(s)]);
+    level[i] = durations_us[i] + tail;
+  }
+  return level;
+}
+
+} // namespace detail
+
+/// @brief No overlap at all: every task, collectives included, waits for the one before it.
+///
+/// The returned graph chains all tasks in program order with extra dependency edges, so the
+/// schedule stays synchronous whatever executes or simulates it.
+[[nodiscard]] inline schedule sync_schedule(const ir::graph& g) {
+  schedule s{g, {}};
+  const auto order = detail::program_order(g);
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    auto& deps = s.graph.tasks[static_cast<std::size_t>(order[i])].deps;
+    if (std::find(deps.begin(), deps.end(), order[i - 1]) == deps.end())
+      deps.push_back(order[i - 1]);
+  }
+  s.order = detail::split_by_stream(s.graph, order);
+  return s;
+}
+
+/// @brief Eager PyTorch / DDP without buckets: each stream runs its tasks in program order;
+/// a collective is asynchronous and waited on only by the tasks that consume it.
+[[nodiscard]] inline schedule program_order_schedule(const ir::graph& g) {
+  schedule s{g, {}};
+  s.order = detail::split_by_stream(g, detail::program_order(g));
+  return s;
+}
+
+/// @brief XLA's latency-hiding scheduler as a greedy list schedule on a simulated clock.
+///
+/// Whenever a stream is free, it starts its ready task of highest priority: a collective as
+/// soon as its inputs are ready (program order among collectives), compute by longest remaining
+/// path. At most `max_in_flight` collectives run at once across all lanes; the returned graph
+/// holds that cap as edges (a collective waits for the one whose slot it takes), so a replay
+/// with other durations keeps it too.
+/// @code
+/// auto s = planner::xla_lhs_schedule(g, durations, /*max_in_flight=*/2);
+/// @endcode
+[[nodiscard]] inline schedule xla_lhs_schedule(const ir::graph& g, std::span<const double> durations_us,
+                                               int max_in_flight = 2) {
+  detail::check_durations(g, durations_us, "xla_lhs");
+  if (max_in_flight < 1)
+    fail("xla_lhs schedule of graph '" + g.name + "': max_in_flight = " + std::to_string(max_in_flight) +
+         " must be at least 1");
+  const auto n = g.tasks.size();
+  const auto level = detail::bottom_levels(g, durations_us);
+  const auto succ = g.successors();
+  std::vector<std::size_t> rank(n); // position in program order: the collectives' priority
+  {
+    const auto order = detail::program_order(g);
+    for (std::size_t i = 0; i < order.size(); ++i)
+      rank[static_cast<std::size_t>(order[i])] = i;
+  }
+  // Per stream, the ready tasks; the best is picked by a linear scan, as ready lists stay short.
+  std::vector<std::vector<ir::task_id>> ready(g.streams.size());
+  std::vector<int> missing(n, 0);
+  for (const auto& t : g.tasks) {
+    missing[static_cast<std::size_t>(t.id)] = static_cast<int>(t.deps.size());
+    if (t.deps.empty())
+      ready[static_cast<std::size_t>(t.stream)].push_back(t.id);
+  }
+  const auto better = [&](ir::task_id a, ir::task_id b) {
+    const auto ia = static_cast<std::size_t>(a), ib = static_cast<std::size_t>(b);
+    if (ir::is_collective(g[a].kind))
+      return rank[ia] < rank[ib];
+    if (level[ia] != level[ib])
+      return level[ia] > level[ib];
+    return rank[ia] < rank[ib];
+  };
+  const auto pop_best = [&](std::vector<ir::task_id>& list) {
+    auto best = std::min_element(list.begin(), list.end(), better);
+    const auto id = *best;
+    *best = list.back();
+    list.pop_back();
+    return id;
+  };
+
+  schedule s{g, std::vector<std::vector<ir::task_id>>(g.streams.size())};
+  using event = std::pair<double, ir::task_id>; // finish time, task
+  std::priority_queue<event, std::vector<event>, std::greater<>> running;
+  std::vector<char> busy(g.streams.size(), 0);
+  std::vector<char> slot_busy(static_cast<std::size_t>(max_in_flight), 0);
+  std::vector<ir::task_id> slot_last(static_cast<std::size_t>(max_in_flight), -1);
+  std::vector<int> slot_of(n, -1);
+  int in_flight = 0;
+  std::size_t done = 0;
+  double now = 0;
+
+  const auto start = [&](ir::task_id id) {
+    const auto& t = g[id];
+    busy[static_cast<std::size_t>(t.stream)] = 1;
+    s.order[static_cast<std::size_t>(t.stream)].push_back(id);
+    running.emplace(now + durations_us[static_cast<std::size_t>(id)], id);
+  };
+  while (done < n) {
+    // Collectives first: the cap is shared, so the lowest program position across lanes wins.
+    while (in_flight < max_in_flight) {
+      int lane = -1;
+      for (std::size_t st = 1; st < g.streams.size(); ++st)
+        if (!busy[st] && !ready[st].empty()) {
+          const auto cand = *std::min_element(ready[st].begin(), ready[st].end(), better);
+          if (lane < 0 || better(cand, *std::min_element(ready[static_cast<std::size_t>(lane)].begin(),
+                                                         ready[static_cast<std::size_t>(lane)].end(), better)))
+            lane = static_cast<int>(st);
+        }
+      if (lane < 0)
+        break;
+      const auto id = pop_best(ready[static_cast<std::size_t>(lane)]);
+      const auto slot = static_cast<std::size_t>(std::find(slot_busy.begin(), slot_busy.end(), 0) - slot_busy.begin());
+      // The slot's previous collective finished before this one starts: make that an edge,
+      // unless the lane's own order already implies it.
+      if (const auto prev = slot_last[slot]; prev >= 0 && g[prev].stream != g[id].stream) {
+        auto& deps = s.graph.tasks[static_cast<std::size_t>(id)].deps;
+        if (std::find(deps.begin(), deps.end(), prev) == deps.end())
+          deps.push_back(prev);
+      }
+      slot_busy[slot] = 1;
+      slot_last[slot] = id;
+      slot_of[static_cast<std::size_t>(id)] = static_cast<int>(slot);
+      ++in_flight;
+      start(id);
+    }
+    if (!busy[ir::compute_stream] && !ready[ir::compute_stream].empty())
+      start(pop_best(ready[ir::compute_stream]));
+    if (running.empty())
+      fail("xla_lhs schedule of graph '" + g.name + "': no task can start (is the graph valid?)");
+    now = running.top().first;
+    while (!running.empty() && running.top().first <= now) {
+      const auto id = running.top().second;
+      running.pop();
+      ++done;
+      const auto& t = g[id];
+      busy[static_cast<std::size_t>(t.stream)] = 0;
+      if (ir::is_collective(t.kind)) {
+        slot_busy[static_cast<std::size_t>(slot_of[static_cast<std::size_t>(id)])] = 0;
+        --in_flight;
+      }
+      for (auto nx : succ[static_cast<std::size_t>(id)])
+        if (--missing[static_cast<std::size_t>(nx)] == 0)
+          ready[static_cast<std::size_t>(g[nx].stream)].push_back(nx);
+    }
+  }
+  return s;
+}
+
+/// @brief The list policies by name: "sync", "program_order", "xla_lhs".
+[[nodiscard]] inline std::vector<std::string> list_policy_names() { return {"sync", "program_order", "xla_lhs"}; }
+
+/// @brief Runs the list policy `policy`; durations are used by xla_lhs only.
+/// Throws concerto::error naming the policy and the known ones if it is unknown.
+[[nodiscard]] inline schedule list_schedule(std::string_view policy, const ir::graph& g,
+                                            std::span<const double> durations_us) {
+  if (policy == "sync")
+    return sync_schedule(g);
+  if (policy == "program_order")
+    return program_order_schedule(g);
+  if (policy == "xla_lhs")
+    return xla_lhs_schedule(g, durations_us);
+  std::string known;
+  for (const auto& n : list_policy_names())
+    known += (known.empty() ? "" : ", ") + n;
+  fail("unknown list scheduling policy '" + std::string(policy) + "' (known: " + known + ")");
+}
+
+} // namespace concerto::planner

@@ -1,0 +1,293 @@
+#include <concerto/ir/workloads.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/generators/catch_generators_range.hpp>
+#include <catch2/matchers/catch_matchers_floating_point.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <map>
+#include <tuple>
+
+using namespace concerto;
+using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::WithinRel;
+
+namespace {
+
+// (kind, axis name, phase) -> count, for the tasks of one layer.
+using census = std::map<std::tuple<ir::op_kind, std::string, ir::phase>, int>;
+
+census collectives_of_layer(const ir::graph& g, int layer) {
+  census c;
+  for (const auto& t : g.tasks)
+    if (t.layer == layer && ir::is_collective(t.kind))
+      ++c[{t.kind, g.axes[static_cast<std::size_t>(t.axis)].name, t.step_phase}];
+  return c;
+}
+
+double flops_of_layer(const ir::graph& g, int layer, ir::phase p) {
+  double sum = 0;
+  for (const auto& t : g.tasks)
+    if (t.layer == layer && t.step_phase == p)
+      sum += t.flops;
+  return sum;
+}
+
+const ir::buffer& buf(const ir::graph& g, ir::buffer_id b) { return g.buffers[static_cast<std::size_t>(b)]; }
+
+// The task of that name; fails the test (rather than checking nothing) when there is none.
+const ir::task& task_named(const ir::graph& g, std::string_view name) {
+  for (const auto& t : g.tasks)
+    if (t.name == name)
+      return t;
+  FAIL("no task named " << name);
+  throw std::logic_error("unreachable");
+}
+
+std::vector<std::string> dep_names(const ir::graph& g, const ir::task& t) {
+  std::vector<std::string> out;
+  for (auto d : t.deps)
+    out.push_back(g[d].name);
+  return out;
+}
+
+constexpr auto fwd = ir::phase::forward;
+constexpr auto bwd = ir::phase::backward;
+constexpr auto ag = ir::op_kind::all_gather;
+constexpr auto rs = ir::op_kind::reduce_scatter;
+constexpr auto ar = ir::op_kind::all_reduce;
+
+} // namespace
+
+TEST_CASE("every workload is a valid, executable training step", "[ir][workloads]") {
+  const auto name = GENERATE(from_range(ir::workload_names()));
+  CAPTURE(name);
+  const auto g = ir::make_workload(name, {.layers = 2});
+  REQUIRE_NOTHROW(g.validate());
+  REQUIRE(g.size() > 50);
+
+  SECTION("tasks come in program order: forward, then backward, then the optimizer") {
+    for (std::size_t i = 1; i < g.tasks.size(); ++i)
+      CHECK(g.tasks[i - 1].step_phase <= g.tasks[i].step_phase);
+    for (const auto& t : g.tasks)
+      for (auto d : t.deps)
+        CHECK(d < t.id);
+    for (const auto& t : g.tasks)
+      CHECK((t.step_phase == ir::phase::optimizer) == (t.kind == ir::op_kind::optimizer_update));
+  }
+  SECTION("block tasks carry their layer, the others are embedding, head or loss") {
+    std::map<int, int> per_layer;
+    for (const auto& t : g.tasks) {
+      CHECK(t.layer >= -1);
+      CHECK(t.layer < 2);
+      ++per_layer[t.layer];
+      if (t.layer < 0) {
+        CAPTURE(t.name);
+        CHECK((t.name.starts_with("embed") || t.name.starts_with("head") || t.name.starts_with("loss")));
+      } else {
+        std::string prefix(1, 'L'); // appended: g++ 12 warns falsely on "L" + std::to_string(...)
+        prefix += std::to_string(t.layer);
+        CHECK(t.name.starts_with(prefix + '.'));
+      }
+    }
+    CHECK(per_layer[0] == per_layer[1]);
+    CHECK(per_layer[0] > 20);
+  }
+  SECTION("every compute task names its function and every matmul its shape") {
+    int matmuls = 0;
+    for (const auto& t : g.tasks) {
+      if (ir::is_collective(t.kind))
+        continue;
+      CAPTURE(t.name);
+      CHECK(!t.fn.empty());
+      CHECK(!t.writes.empty());
+      if (t.kind != ir::op_kind::matmul)
+        continue;
+      ++matmuls;
+      for (const char* key : {"m", "n", "k", "batch", "trans_a", "trans_b"})
+        CHECK(t.attrs.contains(key));
+      CHECK(t.flops == 2.0 * static_cast<double>(t.attr("m") * t.attr("n")) * static_cast<double>(t.attr("k")));
+      // The output buffer holds exactly m × n elements.
+      const auto& out = buf(g, t.writes[0]);
+      CHECK(out.bytes == t.attr("m") * t.attr("n") * static_cast<std::int64_t>(ir::size_of(out.type)));
+    }
+    CHECK(matmuls > 0);
+  }
+  SECTION("collective bytes follow the graph.hpp convention") {
+    for (const auto& t : g.tasks) {
+      if (!ir::is_collective(t.kind))
+        continue;
+      CAPTURE(t.name);
+      const std::int64_t in = buf(g, t.reads.at(0)).bytes;
+      const std::int64_t out = buf(g, t.writes.at(0)).bytes;
+      const auto group = g.group_size(t);
+      switch (t.kind) {
+      case ir::op_kind::all_reduce:
+        CHECK(in == out);
+        CHECK(t.bytes == static_cast<double>(in));
+        break;
+      case ir::op_kind::all_gather:
+        CHECK(out == group * in);
+        CHECK(t.bytes == static_cast<double>(out));
+        break;
+      case ir::op_kind::reduce_scatter:
+        CHECK(in == group * out);
+        CHECK(t.bytes == static_cast<double>(in));
+        break;
+      default:
+        FAIL("unexpected collective " << ir::to_string(t.kind));
+      }
+    }
+  }
+  SECTION("the number of tasks grows linearly with the layers") {
+    const auto n1 = ir::make_workload(name, {.layers = 1}).size();
+    const auto n3 = ir::make_workload(name, {.layers = 3}).size();
+    CHECK(g.size() - n1 == n3 - g.size());
+    CHECK(n3 > g.size());
+  }
+}
+
+TEST_CASE("gpt-dp all-reduces each parameter gradient over every rank", "[ir][workloads]") {
+  const auto g = ir::make_workload("gpt-dp", {.layers = 3});
+  REQUIRE(g.axes.size() == 1);
+  CHECK(g.axes[0] == ir::mesh_axis{"dp", 32, ir::link_class::inter_node});
+  // ln1, qkv, proj, ln2, fc1, fc2: six weights per block, one all-reduce each, in backward.
+  for (int l = 0; l < 3; ++l)
+    CHECK(collectives_of_layer(g, l) == census{{{ar, "dp", bwd}, 6}});
+  // wte, wpe, final norm and the output head.
+  CHECK(collectives_of_layer(g, -1) == census{{{ar, "dp", bwd}, 4}});
+
+  SECTION("inside one node the data-parallel axis is intra-node") {
+    const auto small = ir::make_workload("gpt-dp", {.layers = 1, .ranks = 8});
+    CHECK(small.axes[0] == ir::mesh_axis{"dp", 8, ir::link_class::intra_node});
+  }
+  SECTION("a gradient's all-reduce directly follows the matmul that produces it") {
+    CHECK(dep_names(g, task_named(g, "L1.mlp.down.w.grad.ar")) == std::vector<std::string>{"L1.mlp.down.wgrad"});
+  }
+}
+
+TEST_CASE("gpt-zero3 gathers every parameter twice and reduce-scatters its gradient", "[ir][workloads]") {
+  const auto g = ir::make_workload("gpt-zero3", {.layers = 3});
+  for (int l = 0; l < 3; ++l)
+    CHECK(collectives_of_layer(g, l) == census{{{ag, "dp", fwd}, 6}, {{ag, "dp", bwd}, 6}, {{rs, "dp", bwd}, 6}});
+
+  SECTION("the optimizer updates the local shard only") {
+    const auto& t = task_named(g, "L0.mlp.up.w.adamw");
+    CHECK(t.attr("numel") == 2048 * 8192 / 32);
+    REQUIRE(t.writes.size() == 2);
+    CHECK(buf(g, t.writes[0]).bytes == 2048 * 8192 / 32 * 2);     // the bf16 shard
+    CHECK(buf(g, t.writes[1]).bytes == 2048 * 8192 / 32 * 3 * 4); // master, m, v in f32
+  }
+  SECTION("a gather before each use: the first forward matmul waits for its weight's gather") {
+    CHECK(dep_names(g, task_named(g, "L2.attn.qkv")) == std::vector<std::string>{"L2.ln1", "L2.attn.qkv.w.ag.fwd"});
+    CHECK(dep_names(g, task_named(g, "L2.attn.qkv.dgrad")) ==
+          std::vector<std::string>{"L2.attention.grad", "L2.attn.qkv.w.ag.bwd"});
+  }
+  SECTION("a parameter that does not split evenly is padded") {
+    const auto odd = ir::make_workload("gpt-zero3", {.layers = 1, .ranks = 24});
+    // 24 ranks: qkv's weight splits evenly, ln1's (2 × 2048 = 4096 elements) does not.
+    const auto& gather = task_named(odd, "L0.attn.qkv.w.ag.fwd"); // 2048 × 6144 = 24 × 524288
+    CHECK(buf(odd, gather.reads[0]).shape == std::vector<std::int64_t>{524288});
+    const auto& ln = task_named(odd, "L0.ln1.w.ag.fwd"); // 4096 = 24 × 170 + 16: padded to 24 × 171
+    CHECK(buf(odd, ln.reads[0]).shape == std::vector<std::int64_t>{171});
+    CHECK(buf(odd, ln.writes[0]).shape == std::vector<std::int64_t>{24 * 171});
+  }
+}
+
+TEST_CASE("llama-tp-sp follows Megatron's sequence-parallel pattern", "[ir][workloads]") {
+  const auto g = ir::make_workload("llama-tp-sp", {.layers = 2});
+  REQUIRE(g.axes.size() == 2);
+  CHECK(g.axes[0] == ir::mesh_axis{"tp", 8, ir::link_class::intra_node});
+  CHECK(g.axes[1] == ir::mesh_axis{"dp", 4, ir::link_class::inter_node});
+  // Forward: gather before qkv and up, reduce-scatter after proj and down. Backward: gather the
+  // output gradients of proj and down, gather the inputs of qkv and up again, reduce-scatter
+  // their input gradients, all-reduce the two norm weights' partial gradients over tp; and one
+  // data-parallel all-reduce per weight.
+  for (int l = 0; l < 2; ++l)
+    CHECK(collectives_of_layer(g, l) == census{{{ag, "tp", fwd}, 2},
+                                               {{rs, "tp", fwd}, 2},
+                                               {{ag, "tp", bwd}, 4},
+                                               {{rs, "tp", bwd}, 2},
+                                               {{ar, "tp", bwd}, 2},
+                                               {{ar, "dp", bwd}, 6}});
+
+  SECTION("local shapes are per rank") {
+    const auto& qkv = task_named(g, "L0.attn.qkv"); // (64 + 2·8 heads) × 128 / 8 columns per rank
+    CHECK(qkv.attr("m") == 8192);
+    CHECK(qkv.attr("n") == 1280);
+    CHECK(qkv.attr("k") == 8192);
+    const auto& down = task_named(g, "L0.mlp.down");
+    CHECK(down.attr("k") == 28672 / 8);
+    CHECK(down.attr("n") == 8192);
+    const auto& attention = task_named(g, "L0.attention");
+    CHECK(attention.attr("heads") == 8);
+    CHECK(attention.attr("kv_heads") == 1);
+    CHECK(attention.attr("head_dim") == 128);
+    CHECK(buf(g, task_named(g, "L0.resid1").writes[0]).shape == std::vector<std::int64_t>{1024, 8192});
+  }
+  SECTION("a reduce-scatter follows the row-parallel matmul and an all-gather precedes the column-parallel one") {
+    CHECK(dep_names(g, task_named(g, "L1.attn.proj.out.rs")) == std::vector<std::string>{"L1.attn.proj"});
+    CHECK(dep_names(g, task_named(g, "L1.mlp.up")) == std::vector<std::string>{"L1.ln2.out.ag"});
+    // Backward: the data gradient of the column-parallel up projection is reduce-scattered.
+    CHECK(dep_names(g, task_named(g, "L1.mlp.up.in.grad.rs")) == std::vector<std::string>{"L1.mlp.up.dgrad"});
+  }
+}
+
+TEST_CASE("gpt-ptd is tensor (sequence) parallel within a node and data parallel across", "[ir][workloads]") {
+  const auto g = ir::make_workload("gpt-ptd", {.layers = 1, .ranks = 64});
+  CHECK(g.axes[0] == ir::mesh_axis{"tp", 8, ir::link_class::intra_node});
+  CHECK(g.axes[1] == ir::mesh_axis{"dp", 8, ir::link_class::inter_node});
+  CHECK(collectives_of_layer(g, 0)[{ag, "tp", fwd}] == 2);
+  CHECK(collectives_of_layer(g, 0)[{ar, "dp", bwd}] == 6);
+}
+
+TEST_CASE("per-layer FLOPs match the analytic formula", "[ir][workloads][flops]") {
+  SECTION("GPT: 24·b·s·h²·(1 + s/(6h)) forward, twice that backward") {
+    const auto name = GENERATE(as<std::string>{}, "gpt-dp", "gpt-zero3");
+    const int b = GENERATE(1, 2);
+    CAPTURE(name, b);
+    const auto g = ir::make_workload(name, {.layers = 2, .micro_batch = b});
+    const double s = 2048, h = 2048;
+    const double forward = 24 * b * s * h * h * (1 + s / (6 * h));
+    for (int l = 0; l < 2; ++l) {
+      CHECK_THAT(flops_of_layer(g, l, fwd), WithinRel(forward, 0.01));
+      CHECK_THAT(flops_of_layer(g, l, bwd), WithinRel(2 * forward, 0.01));
+    }
+  }
+  SECTION("Llama with GQA and SwiGLU on tp ranks: (2·b·s·h·(2h + 2·h_kv + 3f) + 4·b·s²·h) / tp") {
+    const auto g = ir::make_workload("llama-tp-sp", {.layers = 1});
+    const double s = 8192, h = 8192, h_kv = 8 * 128, f = 28672, tp = 8;
+    const double forward = (2 * s * h * (2 * h + 2 * h_kv + 3 * f) + 4 * s * s * h) / tp;
+    CHECK_THAT(flops_of_layer(g, 0, fwd), WithinRel(forward, 0.01));
+    CHECK_THAT(flops_of_layer(g, 0, bwd), WithinRel(2 * forward, 0.01));
+  }
+}
+
+TEST_CASE("full-depth workloads are generated whole", "[ir][workloads]") {
+  const auto [name, depth] =
+      GENERATE(table<std::string, int>({{"gpt-dp", 24}, {"gpt-zero3", 24}, {"llama-tp-sp", 80}}));
+  CAPTURE(name);
+  const auto g = ir::make_workload(name);
+  int deepest = -1;
+  for (const auto& t : g.tasks)
+    deepest = std::max(deepest, t.layer);
+  CHECK(deepest == depth - 1);
+}
+
+TEST_CASE("make_workload rejects what it cannot build, naming it", "[ir][workloads][errors]") {
+  SECTION("an unknown name lists the known ones") {
+    CHECK_THROWS_WITH(ir::make_workload("bert"), ContainsSubstring("'bert'") && ContainsSubstring("gpt-zero3") &&
+                                                     ContainsSubstring("llama-tp-sp"));
+  }
+  SECTION("a bad option names the field") {
+    CHECK_THROWS_WITH(ir::make_workload("gpt-dp", {.layers = -1}), ContainsSubstring("workload_options.layers"));
+    CHECK_THROWS_WITH(ir::make_workload("gpt-dp", {.ranks = 0}), ContainsSubstring("workload_options.ranks"));
+    CHECK_THROWS_WITH(ir::make_workload("gpt-dp", {.micro_batch = 0}),
+                      ContainsSubstring("workload_options.micro_batch"));
+    CHECK_THROWS_WITH(ir::make_workload("llama-tp-sp", {.ranks = 12}),
+                      ContainsSubstring("workload_options.ranks") && ContainsSubstring("ranks_per_node"));
+    CHECK_THROWS_WITH(ir::make_workload("llama-tp-sp", {.ranks = 48, .ranks_per_node = 16}),
+                      ContainsSubstring("kv heads"));
+  }
+}
