@@ -1,0 +1,139 @@
+#pragma once
+/// @file
+/// @brief Expression templates: leaves (`input`, `data`, `param`) and the op nodes that the
+/// functions in ops.hpp build. An expression object is empty: everything (names, specs, the
+/// tree) lives in its type, so expressions copy freely, never dangle under `auto`, and
+/// `program(loss, ...)` can extract the whole step from `decltype(loss)` at compile time.
+
+#include <concerto/core/fixed_string.hpp>
+#include <concerto/spec/spec.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace concerto {
+
+/// @brief Every operation a program node can carry: forward ops, their backward, redistributions
+/// and optimizer updates. The `fn` name of each lowered task is given in docs/dsl-reference.md.
+enum class op_code : std::uint8_t {
+  // leaves
+  input, data, param, state,
+  // forward ops
+  matmul, add, bias, gelu, relu, layernorm, softmax, attention, embedding, mse, cross_entropy, to, repeat_in,
+  // backward ops
+  gelu_grad, relu_grad, bias_grad, layernorm_grad, layernorm_grad_gamma, softmax_grad, attention_grad, select,
+  embedding_grad, mse_grad, cross_entropy_grad,
+  // redistribution
+  all_reduce, all_gather, reduce_scatter, all_to_all, local_slice, keep_one,
+  // optimizer
+  sgd, adamw,
+};
+inline constexpr int op_code_count = static_cast<int>(op_code::adamw) + 1;
+
+[[nodiscard]] constexpr std::string_view to_string(op_code op) noexcept {
+  constexpr std::string_view names[op_code_count] = {
+      "input", "data", "param", "state", "matmul", "add", "bias", "gelu", "relu", "layernorm", "softmax",
+      "attention", "embedding", "mse", "cross_entropy", "to", "repeat_in", "gelu_grad", "relu_grad", "bias_grad",
+      "layernorm_grad", "layernorm_grad_gamma", "softmax_grad", "attention_grad", "select", "embedding_grad",
+      "mse_grad", "cross_entropy_grad", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_slice",
+      "keep_one", "sgd", "adamw"};
+  return names[static_cast<int>(op)];
+}
+
+/// @brief What kind of leaf: `input` receives a gradient (like a module's input), `data`
+/// does not (token ids, labels), `param` is trained.
+enum class leaf_kind : std::uint8_t { input, data, param };
+
+namespace detail {
+struct expr_tag {};
+struct no_extra {};
+template <class T>
+inline constexpr bool is_expr = std::is_base_of_v<expr_tag, std::remove_cvref_t<T>>;
+} // namespace detail
+
+/// @brief Satisfied by every expression type.
+template <class T>
+concept expression = detail::is_expr<T>;
+
+template <op_code Op, class Extra, class... Args>
+struct node_expr;
+
+/// @brief What every expression can do.
+template <class Derived>
+struct expr_base : detail::expr_tag {
+  /// @brief Explicit redistribution: the value with another spec (collectives are inserted).
+  /// A target with `partial(...)` pins the pending sum: it must be redistributed again explicitly
+  /// before a nonlinear op.
+  /// @code
+  /// auto y = matmul(h, w2).to(spec(shard(dp), replicate)); // make the all-reduce explicit
+  /// @endcode
+  template <spec_type S>
+  [[nodiscard]] constexpr node_expr<op_code::to, std::remove_cvref_t<S>, Derived> to(S) const noexcept {
+    return {};
+  }
+};
+
+/// @brief A named leaf. `Storage` differs from `Spec` for ZeRO-3/FSDP parameters.
+template <fixed_string Name, leaf_kind Kind, class Spec, class Storage>
+struct leaf_expr : expr_base<leaf_expr<Name, Kind, Spec, Storage>> {
+  static_assert(Name.size() > 0 && Name.size() <= 18, "leaf names must have 1 to 18 characters: shorten the name");
+  static constexpr auto name = Name;
+  static constexpr leaf_kind kind = Kind;
+  static constexpr std::size_t size = 1;
+};
+
+/// @brief An op applied to sub-expressions; `Extra` carries a spec for `.to()`, else no_extra.
+template <op_code Op, class Extra, class... Args>
+struct node_expr : expr_base<node_expr<Op, Extra, Args...>> {
+  static constexpr op_code op = Op;
+  static constexpr std::size_t size = (std::size_t{1} + ... + Args::size);
+};
+
+/// @brief The storage spec of a parameter that is kept sharded and gathered for use.
+template <spec_type S>
+struct stored_t {};
+/// @code
+/// auto w1 = param<"w1">(spec(replicate, shard(tp)), stored(spec(shard(dp), shard(tp)))); // ZeRO-3 over dp
+/// @endcode
+template <spec_type S>
+[[nodiscard]] constexpr stored_t<std::remove_cvref_t<S>> stored(S) noexcept {
+  return {};
+}
+
+/// @brief A tensor the step receives and differentiates (its gradient is an output of the step).
+/// @code
+/// constexpr auto x = input<"x">(spec(shard(dp), replicate));
+/// @endcode
+template <fixed_string Name, spec_type S>
+[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::input, std::remove_cvref_t<S>, std::remove_cvref_t<S>>
+input(S) noexcept {
+  return {};
+}
+
+/// @brief A tensor the step receives and never differentiates (token ids, labels).
+template <fixed_string Name, spec_type S>
+[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::data, std::remove_cvref_t<S>, std::remove_cvref_t<S>>
+data(S) noexcept {
+  return {};
+}
+
+/// @brief A trained parameter, stored as it is used.
+/// @code
+/// constexpr auto w1 = param<"w1">(spec(replicate, shard(tp))); // column-parallel
+/// @endcode
+template <fixed_string Name, spec_type S>
+[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::param, std::remove_cvref_t<S>, std::remove_cvref_t<S>>
+param(S) noexcept {
+  return {};
+}
+
+/// @brief A trained parameter stored with another spec (sharded) and gathered for use.
+template <fixed_string Name, spec_type S, spec_type T>
+[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::param, std::remove_cvref_t<S>, T> param(S, stored_t<T>) noexcept {
+  static_assert(S::rank() == T::rank(),
+                "param: the storage spec has another rank than the compute spec; give both one placement per "
+                "dimension of the tensor");
+  return {};
+}
+
+} // namespace concerto

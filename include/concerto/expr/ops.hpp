@@ -1,0 +1,82 @@
+#pragma once
+/// @file
+/// @brief The ops a model is written with. Each returns an expression; the sharding rule of
+/// each op (which input specs it accepts, what its output spec is) lives in expr/rules.hpp and
+/// is applied when a program is extracted.
+///
+/// @code
+/// auto loss = mse(matmul(gelu(matmul(x, w1)), w2), y);
+/// @endcode
+
+#include <concerto/expr/expr.hpp>
+
+namespace concerto {
+
+namespace detail {
+template <op_code Op, class... Args>
+using op_t = node_expr<Op, no_extra, std::remove_cvref_t<Args>...>;
+} // namespace detail
+
+/// @brief a[..., m, k] · b[k, n] (or batched: b[..., k, n] with the same leading dimensions).
+template <expression A, expression B>
+[[nodiscard]] constexpr detail::op_t<op_code::matmul, A, B> matmul(A, B) noexcept {
+  return {};
+}
+/// @brief Elementwise sum of two tensors of the same shape.
+template <expression A, expression B>
+[[nodiscard]] constexpr detail::op_t<op_code::add, A, B> add(A, B) noexcept {
+  return {};
+}
+template <expression A, expression B>
+[[nodiscard]] constexpr detail::op_t<op_code::add, A, B> operator+(A, B) noexcept {
+  return {};
+}
+/// @brief x[..., n] + b[n] broadcast over the leading dimensions.
+template <expression X, expression Bv>
+[[nodiscard]] constexpr detail::op_t<op_code::bias, X, Bv> bias(X, Bv) noexcept {
+  return {};
+}
+/// @brief GELU (tanh approximation), elementwise.
+template <expression X>
+[[nodiscard]] constexpr detail::op_t<op_code::gelu, X> gelu(X) noexcept {
+  return {};
+}
+/// @brief max(x, 0), elementwise.
+template <expression X>
+[[nodiscard]] constexpr detail::op_t<op_code::relu, X> relu(X) noexcept {
+  return {};
+}
+/// @brief Layer normalisation over the last dimension with gain `gamma[n]` and shift `beta[n]`.
+template <expression X, expression G, expression Bt>
+[[nodiscard]] constexpr detail::op_t<op_code::layernorm, X, G, Bt> layernorm(X, G, Bt) noexcept {
+  return {};
+}
+/// @brief Softmax over the last dimension.
+template <expression X>
+[[nodiscard]] constexpr detail::op_t<op_code::softmax, X> softmax(X) noexcept {
+  return {};
+}
+/// @brief Fused causal self-attention on q, k, v of shape [batch, seq, heads·head_dim]; the last
+/// dimension may be split over an axis (heads split across ranks, as Megatron-LM does).
+template <expression Q, expression K, expression V>
+[[nodiscard]] constexpr detail::op_t<op_code::attention, Q, K, V> causal_attention(Q, K, V) noexcept {
+  return {};
+}
+/// @brief Rows of `table[vocab, hidden]` picked by integer `ids[...]`; a vocabulary split over an
+/// axis gives a partial result (Megatron-LM's vocab-parallel embedding).
+template <expression I, expression T>
+[[nodiscard]] constexpr detail::op_t<op_code::embedding, I, T> embedding(I, T) noexcept {
+  return {};
+}
+/// @brief Mean squared error between a prediction and a target of the same shape: a scalar.
+template <expression P, expression T>
+[[nodiscard]] constexpr detail::op_t<op_code::mse, P, T> mse(P, T) noexcept {
+  return {};
+}
+/// @brief Mean cross-entropy of logits[..., vocab] against integer labels[...]: a scalar.
+template <expression L, expression Y>
+[[nodiscard]] constexpr detail::op_t<op_code::cross_entropy, L, Y> cross_entropy(L, Y) noexcept {
+  return {};
+}
+
+} // namespace concerto

@@ -1,0 +1,175 @@
+#pragma once
+/// @file
+/// @brief Per-op sharding rules over indexed specs: given the input specs, the spec each input
+/// must be brought to (the caller inserts the redistribution, see spec/redistribute.hpp) and
+/// the output spec, or the mistake that has no meaning.
+///
+/// The contraction rule is an einsum rule: operands and output have one label per dimension.
+/// Along each mesh axis: a label split in both operands stays split (or becomes a pending sum if
+/// it is contracted); a contracted label split in one operand only is a mismatch; a replicated
+/// operand is sliced locally to match a split batch label; two different output labels split
+/// over one axis gather the first operand (the activation) so the weight keeps its layout.
+
+#include <concerto/spec/spec.hpp>
+
+namespace concerto {
+
+/// @brief The mistakes a program can contain; each has a compile-time message (graph/program.hpp).
+enum class errc : std::uint8_t {
+  none,
+  mismatched_contraction, ///< a contracted dimension split over an axis in one operand only
+  partial_into_nonlinear, ///< a pinned pending sum fed to a nonlinear op
+  rank_mismatch,          ///< an operand's spec has a rank the op cannot take
+  unknown_axis,           ///< a spec names an axis that the declared mesh lacks
+  too_many_axes,          ///< more than max_axes distinct axes
+  leaf_redefined,         ///< two leaves with one name but another kind or spec
+  loss_not_scalar,        ///< program(...) was given a non-scalar expression
+  no_parameters,          ///< nothing to train
+  capacity,               ///< internal node capacity exceeded
+  repeat_spec_changed,    ///< a repeated block returns another spec than it takes
+};
+
+namespace rules {
+
+struct result {
+  errc err = errc::none;
+  pspec need[4]{};
+  pspec out{};
+};
+
+/// Label sets are short char arrays; 0 ends them.
+struct labels {
+  char l[max_rank + 1]{};
+  [[nodiscard]] constexpr int find(char c) const noexcept {
+    for (int i = 0; i < max_rank && l[i]; ++i)
+      if (l[i] == c) return i;
+    return -1;
+  }
+  [[nodiscard]] constexpr int size() const noexcept {
+    int n = 0;
+    while (n < max_rank && l[n]) ++n;
+    return n;
+  }
+};
+
+/// Leading batch labels 'a','b',... then the given trailing ones.
+[[nodiscard]] constexpr labels make_labels(int rank, char second_last, char last) noexcept {
+  labels out;
+  for (int i = 0; i < rank - 2 && i < max_rank; ++i) out.l[i] = static_cast<char>('a' + i);
+  if (rank >= 2) {
+    out.l[rank - 2] = second_last;
+    out.l[rank - 1] = last;
+  }
+  return out;
+}
+
+/// @brief The einsum rule (see the file comment). `out` has rank lo.size().
+[[nodiscard]] constexpr result contract(const pspec& a, const labels& la, const pspec& b, const labels& lb,
+                                        const labels& lo, int axes) noexcept {
+  result r;
+  r.need[0] = a;
+  r.need[1] = b;
+  r.out.rank = static_cast<std::int8_t>(lo.size());
+  for (int x = 0; x < axes; ++x) {
+    int sa = a.state(x), sb = b.state(x);
+    if (sa == state_partial && sb != state_replicated) {
+      r.need[0].set_state(x, state_replicated); // a pending sum times a split operand has no local meaning
+      sa = state_replicated;
+    } else if (sb == state_partial && sa != state_replicated) {
+      r.need[1].set_state(x, state_replicated);
+      sb = state_replicated;
+    }
+    if (sa == state_partial || sb == state_partial) {
+      r.out.set_state(x, state_partial); // linear in each operand
+      continue;
+    }
+    if (sa == state_replicated && sb == state_replicated) continue;
+    const char ca = sa >= 0 ? la.l[sa] : 0, cb = sb >= 0 ? lb.l[sb] : 0;
+    const auto contracted_shared = [&](char c) { return c && la.find(c) >= 0 && lb.find(c) >= 0 && lo.find(c) < 0; };
+    if (ca && cb && ca == cb) {
+      r.out.set_state(x, lo.find(ca) >= 0 ? lo.find(ca) : state_partial);
+      continue;
+    }
+    if (contracted_shared(ca) || contracted_shared(cb)) {
+      r.err = errc::mismatched_contraction;
+      return r;
+    }
+    if (ca && cb) { // two output labels over one axis: gather the activation operand
+      r.need[0].set_state(x, lb.find(cb) >= 0 && la.find(cb) >= 0 ? la.find(cb) : state_replicated);
+      r.out.set_state(x, lo.find(cb));
+      continue;
+    }
+    const char c = ca ? ca : cb;
+    const int other = ca ? 1 : 0;
+    const labels& lother = ca ? lb : la;
+    if (lother.find(c) >= 0) r.need[other].set_state(x, lother.find(c)); // slice the replicated operand
+    r.out.set_state(x, lo.find(c) >= 0 ? lo.find(c) : state_partial);
+  }
+  return r;
+}
+
+/// @brief Two operands of one shape combined elementwise and linearly (add, gradient sums).
+[[nodiscard]] constexpr result unify(const pspec& a, const pspec& b, int axes) noexcept {
+  result r;
+  if (a.rank != b.rank) {
+    r.err = errc::rank_mismatch;
+    return r;
+  }
+  r.need[0] = a;
+  r.need[1] = b;
+  for (int x = 0; x < axes; ++x) {
+    const int sa = a.state(x), sb = b.state(x);
+    if (sa == sb) continue;
+    if (sa == state_partial) r.need[0].set_state(x, sb);       // make the sum where the other one lives
+    else if (sb == state_partial) r.need[1].set_state(x, sa);
+    else if (sa >= 0) r.need[1].set_state(x, sa);              // slice or all-to-all the second
+    else r.need[0].set_state(x, sb);                           // slice the replicated first
+  }
+  r.out = r.need[0];
+  return r;
+}
+
+/// @brief A nonlinear elementwise op: pending sums must be made first; `pinned` ones are an error.
+[[nodiscard]] constexpr result nonlinear(const pspec& a, bool pinned) noexcept {
+  result r;
+  if (a.has_partial() && pinned) {
+    r.err = errc::partial_into_nonlinear;
+    return r;
+  }
+  r.need[0] = a.without_partial();
+  r.out = r.need[0];
+  return r;
+}
+
+/// @brief A nonlinear op that also needs whole rows along `dim` (normalisations, softmax).
+[[nodiscard]] constexpr result rowwise(const pspec& a, bool pinned, int dim, int axes) noexcept {
+  result r = nonlinear(a, pinned);
+  if (r.err != errc::none) return r;
+  for (int x = 0; x < axes; ++x)
+    if (r.need[0].state(x) == dim) r.need[0].set_state(x, state_replicated);
+  r.out = r.need[0];
+  return r;
+}
+
+/// @brief A vector [n] laid out like the last dimension of `x`.
+[[nodiscard]] constexpr pspec like_last_dim(const pspec& x, int axes) noexcept {
+  pspec v;
+  v.rank = 1;
+  for (int a = 0; a < axes; ++a)
+    if (x.state(a) == x.rank - 1) v.set_state(a, 0);
+  return v;
+}
+
+/// @brief The axes that split any of the given dimensions of `x` (first..last inclusive), as pending sums
+/// of a result that sums over those dimensions.
+[[nodiscard]] constexpr std::uint8_t axes_splitting(const pspec& x, int first, int last, int axes) noexcept {
+  std::uint8_t mask = 0;
+  for (int a = 0; a < axes; ++a) {
+    const int s = x.state(a);
+    if (s >= first && s <= last) mask = static_cast<std::uint8_t>(mask | (1u << a));
+  }
+  return mask;
+}
+
+} // namespace rules
+} // namespace concerto

@@ -1,0 +1,605 @@
+#pragma once
+/// @file
+/// @brief Internal: the constexpr passes that turn an expression type into program nodes.
+/// Include <concerto/graph/program.hpp> instead.
+///
+/// 1. trace: the expression type is flattened into `raw` (one node per distinct subexpression;
+///    leaves with one name are one node);
+/// 2. propagate: raw nodes are re-emitted in order with their specs; each op's rule says which
+///    input specs it needs and the redistribution steps are inserted before it;
+/// 3. autodiff: nodes are visited in reverse; each gradient is first brought to its value's spec
+///    (minus pending sums), backward nodes get specs from the same rules, contributions are summed;
+/// 4. optimizer: one update per parameter (plus ZeRO slices and gathers).
+
+#include <concerto/expr/expr.hpp>
+#include <concerto/expr/rules.hpp>
+#include <concerto/graph/optimizer.hpp>
+#include <concerto/ir/graph.hpp>
+#include <concerto/spec/redistribute.hpp>
+
+namespace concerto::graph {
+
+/// @brief What a node's value is.
+enum class role : std::uint8_t { input, data, param, activation, gradient, state, loss, update };
+
+inline constexpr std::uint8_t flag_trans_a = 1;
+inline constexpr std::uint8_t flag_trans_b = 2;
+inline constexpr std::uint8_t flag_pinned = 4;       ///< a pending sum the user asked for
+inline constexpr std::uint8_t flag_repeat = 8;       ///< inside a repeated block
+inline constexpr std::uint8_t flag_writes_param = 16; ///< its result is the parameter's new value
+inline constexpr std::uint8_t flag_needs_grad = 32;
+
+inline constexpr int max_leaves = 48;
+using leaf_name = short_name<20>;
+
+/// @brief One node of a program.
+struct node {
+  op_code op{};
+  ir::phase phase = ir::phase::forward;
+  role kind = role::activation;
+  std::uint8_t flags = 0;
+  std::int16_t in[4] = {-1, -1, -1, -1};
+  std::int8_t n_in = 0;
+  pspec spec{};          ///< the value's spec (a parameter's storage spec)
+  pspec use{};           ///< leaves: the spec consumers see (a ZeRO-3 parameter's compute spec)
+  std::int16_t name = -1; ///< leaf name index (leaves, their gradients, states and updates)
+  std::int16_t of = -1;   ///< forward value this node is a gradient/update of (its global shape)
+  std::int8_t axis = -1;  ///< redistributions: the mesh axis
+  std::int8_t dim = -1;   ///< redistributions: split dimension after (slice, reduce_scatter, all_to_all); select: index
+  std::int8_t dim2 = -1;  ///< redistributions: split dimension before (all_gather, all_to_all)
+  [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
+};
+
+[[nodiscard]] constexpr bool is_redistribution(op_code op) noexcept {
+  return op >= op_code::all_reduce && op <= op_code::keep_one;
+}
+[[nodiscard]] constexpr op_code to_op(redist_kind k) noexcept {
+  constexpr op_code ops[] = {op_code::local_slice, op_code::reduce_scatter, op_code::all_to_all,
+                             op_code::all_reduce,  op_code::all_gather,     op_code::keep_one};
+  return ops[static_cast<int>(k)];
+}
+[[nodiscard]] constexpr bool is_leaf(op_code op) noexcept { return op <= op_code::param; }
+
+} // namespace concerto::graph
+
+namespace concerto::graph::detail {
+
+template <std::size_t RawCap, std::size_t Cap>
+struct work {
+  node raw[RawCap]{};
+  int raw_n = 0;
+  node nodes[Cap]{};
+  int n = 0;
+  std::int16_t map[RawCap]{};  // raw -> nodes
+  std::int16_t acc[Cap]{};     // gradient accumulated so far, per node
+  axis_table axes{};
+  bool axes_fixed = false;
+  leaf_name names[max_leaves]{};
+  int name_count = 0;
+  std::int16_t leaf_node[max_leaves]{};
+  std::int16_t grad_of[max_leaves]{};
+  std::int16_t update_of[max_leaves]{};
+  errc err = errc::none;
+  int where = -1; // raw node of the mistake
+  int loss = -1;
+  int forward_end = 0;
+  op_code opt = op_code::sgd;
+  int stage = 0;
+  int zero_axis = -1;
+
+  constexpr bool failed(errc e, int raw_index) noexcept {
+    if (err == errc::none) {
+      err = e;
+      where = raw_index;
+    }
+    return false;
+  }
+
+  // ---- helpers ---------------------------------------------------------------------------------
+  constexpr int add(node x) noexcept {
+    if (n >= static_cast<int>(Cap)) {
+      failed(errc::capacity, -1);
+      return 0;
+    }
+    nodes[n] = x;
+    acc[n] = -1;
+    return n++;
+  }
+
+  /// The spec with `axis` added to a dimension that is not split yet (ZeRO's choice of layout).
+  [[nodiscard]] static constexpr pspec shard_more(pspec s, int axis) noexcept {
+    if (axis < 0 || s.state(axis) != state_replicated || s.rank == 0) return s;
+    for (int d = 0; d < s.rank; ++d)
+      if (s.dims[d][0] < 0) {
+        s.set_state(axis, d);
+        return s;
+      }
+    for (int d = 0; d < s.rank; ++d)
+      if (s.dims[d][1] < 0) {
+        s.set_state(axis, d);
+        return s;
+      }
+    return s;
+  }
+
+  /// Redistributes node `src` to `target`, reusing identical steps; returns the final node.
+  constexpr int convert(int src, const pspec& target, ir::phase ph) noexcept {
+    if (err != errc::none) return src;
+    const auto plan = plan_redistribution(nodes[src].spec, target, axes.count);
+    int cur = src;
+    for (int s = 0; s < plan.size; ++s) {
+      const auto& step = plan.steps[s];
+      node c;
+      c.op = to_op(step.kind);
+      c.phase = ph;
+      c.kind = nodes[src].kind == role::gradient ? role::gradient : role::activation;
+      c.in[0] = static_cast<std::int16_t>(cur);
+      c.n_in = 1;
+      c.spec = apply(nodes[cur].spec, step);
+      c.axis = step.axis;
+      c.dim = step.to_dim;
+      c.dim2 = step.from_dim;
+      c.of = nodes[src].of >= 0 ? nodes[src].of : static_cast<std::int16_t>(src);
+      c.flags = static_cast<std::uint8_t>(nodes[src].flags & (flag_repeat | flag_needs_grad));
+      int found = -1;
+      for (int i = 0; i < n && found < 0; ++i)
+        if (nodes[i].op == c.op && nodes[i].in[0] == c.in[0] && nodes[i].phase == ph && nodes[i].spec == c.spec)
+          found = i;
+      cur = found >= 0 ? found : add(c);
+    }
+    return cur;
+  }
+
+  // ---- 1. trace ----------------------------------------------------------------------------------
+  constexpr bool intern(const spec_value& v, pspec& out, int raw_index) noexcept {
+    if (axes_fixed) {
+      for (int d = 0; d < v.rank; ++d)
+        for (const auto& a : v.dims[d])
+          if (!a.empty() && axes.find(a) < 0) return failed(errc::unknown_axis, raw_index);
+      for (const auto& a : v.partial)
+        if (!a.empty() && axes.find(a) < 0) return failed(errc::unknown_axis, raw_index);
+    }
+    if (!to_pspec(v, axes, out)) return failed(errc::too_many_axes, raw_index);
+    return true;
+  }
+
+  constexpr int raw_add(node x) noexcept {
+    if (raw_n >= static_cast<int>(RawCap)) {
+      failed(errc::capacity, -1);
+      return 0;
+    }
+    raw[raw_n] = x;
+    return raw_n++;
+  }
+
+  constexpr int leaf(std::string_view name, leaf_kind k, const spec_value& use, const spec_value& stored) noexcept {
+    if (err != errc::none) return 0;
+    node x;
+    x.op = k == leaf_kind::input ? op_code::input : k == leaf_kind::data ? op_code::data : op_code::param;
+    x.kind = k == leaf_kind::input ? role::input : k == leaf_kind::data ? role::data : role::param;
+    const int self = raw_n;
+    if (!intern(use, x.use, self) || !intern(stored, x.spec, self)) return 0;
+    if (x.op == op_code::param && stage == 3 && x.spec == x.use) x.spec = shard_more(x.spec, zero_axis);
+    if (x.use.has_partial()) x.flags |= flag_pinned;
+    for (int i = 0; i < name_count; ++i)
+      if (names[i] == name) {
+        const auto& old = raw[leaf_node[i]];
+        if (old.op != x.op || !(old.spec == x.spec) || !(old.use == x.use)) {
+          x.name = static_cast<std::int16_t>(i);
+          raw_add(x);
+          failed(errc::leaf_redefined, self);
+          return 0;
+        }
+        return leaf_node[i];
+      }
+    if (name_count == max_leaves) {
+      failed(errc::capacity, self);
+      return 0;
+    }
+    names[name_count] = leaf_name(name);
+    x.name = static_cast<std::int16_t>(name_count);
+    leaf_node[name_count++] = static_cast<std::int16_t>(raw_n);
+    return raw_add(x);
+  }
+
+  constexpr int raw_op(op_code op, const int* ins, int count, const spec_value* target) noexcept {
+    if (err != errc::none) return 0;
+    node x;
+    x.op = op;
+    x.n_in = static_cast<std::int8_t>(count);
+    for (int i = 0; i < count; ++i) x.in[i] = static_cast<std::int16_t>(ins[i]);
+    if (target && !intern(*target, x.use, raw_n)) return 0;
+    for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
+      const auto& o = raw[i];
+      if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
+          o.use == x.use)
+        return i;
+    }
+    return raw_add(x);
+  }
+
+  // ---- 2. propagate --------------------------------------------------------------------------------
+  constexpr int emit(op_code op, std::initializer_list<int> ins, const pspec& spec, ir::phase ph, role k,
+                     std::uint8_t flags = 0, int of = -1) noexcept {
+    node x;
+    x.op = op;
+    x.phase = ph;
+    x.kind = k;
+    x.flags = flags;
+    for (int i : ins) x.in[x.n_in++] = static_cast<std::int16_t>(i);
+    x.spec = spec;
+    x.of = static_cast<std::int16_t>(of);
+    return add(x);
+  }
+
+  [[nodiscard]] constexpr bool pinned(int i) const noexcept { return nodes[i].has(flag_pinned); }
+  [[nodiscard]] constexpr const pspec& sp(int i) const noexcept { return nodes[i].spec; }
+
+  constexpr void propagate() noexcept {
+    const int A = axes.count;
+    for (int r = 0; r < raw_n && err == errc::none; ++r) {
+      const node& x = raw[r];
+      int in[4] = {-1, -1, -1, -1};
+      std::uint8_t ng = 0;
+      for (int i = 0; i < x.n_in; ++i) {
+        in[i] = map[x.in[i]];
+        ng |= nodes[in[i]].flags & flag_needs_grad;
+      }
+      if (is_leaf(x.op)) {
+        node l = x;
+        l.in[0] = -1;
+        if (x.op != op_code::data) l.flags |= flag_needs_grad;
+        const int li = add(l);
+        leaf_node[x.name] = static_cast<std::int16_t>(li);
+        map[r] = static_cast<std::int16_t>(convert(li, x.use, ir::phase::forward));
+        continue;
+      }
+      rules::result rr;
+      int outputs = x.n_in;
+      const auto rank_error = [&] { failed(errc::rank_mismatch, r); };
+      switch (x.op) {
+      case op_code::matmul: {
+        const int ra = sp(in[0]).rank, rb = sp(in[1]).rank;
+        if (ra < 2 || rb < 2 || (rb != 2 && rb != ra)) { rank_error(); break; }
+        rr = rules::contract(sp(in[0]), rules::make_labels(ra, 'm', 'k'), sp(in[1]),
+                             rules::make_labels(rb, 'k', 'n'), rules::make_labels(ra, 'm', 'n'), A);
+        if (rr.err != errc::none) failed(rr.err, r);
+        break;
+      }
+      case op_code::add:
+        rr = rules::unify(sp(in[0]), sp(in[1]), A);
+        if (rr.err != errc::none) failed(rr.err, r);
+        break;
+      case op_code::bias: {
+        if (sp(in[0]).rank < 1 || sp(in[1]).rank != 1) { rank_error(); break; }
+        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
+        rr.need[1] = rules::like_last_dim(rr.need[0], A);
+        if (rr.err != errc::none) failed(rr.err, r);
+        break;
+      }
+      case op_code::gelu:
+      case op_code::relu:
+        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
+        if (rr.err != errc::none) failed(rr.err, r);
+        break;
+      case op_code::softmax:
+      case op_code::layernorm: {
+        const int rk = sp(in[0]).rank;
+        if (rk < 1 || (x.op == op_code::layernorm && (sp(in[1]).rank != 1 || sp(in[2]).rank != 1))) { rank_error(); break; }
+        rr = rules::rowwise(sp(in[0]), pinned(in[0]), rk - 1, A);
+        if (rr.err != errc::none) { failed(rr.err, r); break; }
+        rr.need[1] = rr.need[2] = rules::like_last_dim(rr.need[0], A);
+        break;
+      }
+      case op_code::attention: {
+        if (sp(in[0]).rank != 3 || sp(in[1]).rank != 3 || sp(in[2]).rank != 3) { rank_error(); break; }
+        rr = rules::rowwise(sp(in[0]), pinned(in[0]), 1, A); // causal attention needs the whole sequence
+        if (rr.err != errc::none) { failed(rr.err, r); break; }
+        if (pinned(in[1]) || pinned(in[2])) { failed(errc::partial_into_nonlinear, r); break; }
+        rr.need[1] = rr.need[2] = rr.need[0];
+        break;
+      }
+      case op_code::embedding: {
+        const pspec ids = sp(in[0]), table = sp(in[1]);
+        if (table.rank != 2 || ids.rank < 1 || ids.rank > max_rank - 1) { rank_error(); break; }
+        if (ids.has_partial()) { failed(errc::partial_into_nonlinear, r); break; }
+        rr.need[0] = ids;
+        rr.need[1] = table.without_partial();
+        rr.out.rank = static_cast<std::int8_t>(ids.rank + 1);
+        for (int a = 0; a < A; ++a) {
+          const int si = ids.state(a), st = rr.need[1].state(a);
+          if (si >= 0 && st >= 0) { rr.need[1].set_state(a, state_replicated); rr.out.set_state(a, si); }
+          else if (si >= 0) rr.out.set_state(a, si);
+          else if (st == 0) rr.out.set_state(a, state_partial);
+          else if (st == 1) rr.out.set_state(a, ids.rank);
+        }
+        break;
+      }
+      case op_code::mse: {
+        if (sp(in[0]).rank != sp(in[1]).rank) { rank_error(); break; }
+        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
+        if (rr.err != errc::none) { failed(rr.err, r); break; }
+        rr.need[1] = rr.need[0];
+        rr.out = pspec{};
+        rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
+        break;
+      }
+      case op_code::cross_entropy: {
+        const int rk = sp(in[0]).rank;
+        if (rk < 2 || sp(in[1]).rank != rk - 1) { rank_error(); break; }
+        rr = rules::rowwise(sp(in[0]), pinned(in[0]), rk - 1, A);
+        if (rr.err != errc::none) { failed(rr.err, r); break; }
+        rr.need[1] = pspec{};
+        rr.need[1].rank = static_cast<std::int8_t>(rk - 1);
+        for (int a = 0; a < A; ++a)
+          if (const int s = rr.need[0].state(a); s >= 0 && s < rk - 1) rr.need[1].set_state(a, s);
+        rr.out = pspec{};
+        rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
+        break;
+      }
+      case op_code::to: {
+        if (x.use.rank != sp(in[0]).rank) { rank_error(); break; }
+        int res = convert(in[0], x.use, ir::phase::forward);
+        if (x.use.has_partial()) nodes[res].flags |= flag_pinned;
+        map[r] = static_cast<std::int16_t>(res);
+        outputs = -1;
+        break;
+      }
+      default: break;
+      }
+      if (err != errc::none || outputs < 0) continue;
+      int conv[4] = {-1, -1, -1, -1};
+      for (int i = 0; i < x.n_in; ++i) conv[i] = convert(in[i], rr.need[i], ir::phase::forward);
+      node o;
+      o.op = x.op;
+      o.kind = x.op == op_code::mse || x.op == op_code::cross_entropy ? role::loss : role::activation;
+      o.flags = ng;
+      for (int i = 0; i < x.n_in; ++i) o.in[o.n_in++] = static_cast<std::int16_t>(conv[i]);
+      o.spec = rr.out;
+      map[r] = static_cast<std::int16_t>(add(o));
+    }
+  }
+
+  // ---- 3. autodiff -----------------------------------------------------------------------------------
+  [[nodiscard]] constexpr bool needs_grad(int i) const noexcept { return nodes[i].has(flag_needs_grad); }
+
+  constexpr void accumulate(int target, int contribution) noexcept {
+    if (err != errc::none) return;
+    if (acc[target] < 0) {
+      acc[target] = static_cast<std::int16_t>(contribution);
+      return;
+    }
+    const auto u = rules::unify(sp(acc[target]), sp(contribution), axes.count);
+    if (u.err != errc::none) {
+      failed(u.err, -1);
+      return;
+    }
+    const int a = convert(acc[target], u.need[0], ir::phase::backward);
+    const int b = convert(contribution, u.need[1], ir::phase::backward);
+    acc[target] = static_cast<std::int16_t>(emit(op_code::add, {a, b}, u.out, ir::phase::backward, role::gradient, 0, target));
+  }
+
+  /// A gathered parameter is gathered again for backward instead of being kept (ZeRO-3 / FSDP).
+  constexpr int regather(int i) noexcept {
+    int src = i;
+    bool gathered = false;
+    while (is_redistribution(nodes[src].op) && nodes[src].phase == ir::phase::forward) {
+      gathered |= nodes[src].op == op_code::all_gather;
+      src = nodes[src].in[0];
+    }
+    if (!gathered || nodes[src].op != op_code::param) return i;
+    return convert(src, sp(i), ir::phase::backward);
+  }
+
+  constexpr int bwd(op_code op, std::initializer_list<int> ins, const pspec& spec, int of, std::uint8_t flags = 0) noexcept {
+    return emit(op, ins, spec, ir::phase::backward, role::gradient, flags, of);
+  }
+
+  /// An einsum-ruled backward matmul: converts its operands and emits it.
+  constexpr int bwd_matmul(int a, const rules::labels& la, int b, const rules::labels& lb, const rules::labels& lo,
+                           std::uint8_t flags, int of) noexcept {
+    const auto rr = rules::contract(sp(a), la, sp(b), lb, lo, axes.count);
+    if (rr.err != errc::none) {
+      failed(rr.err, -1);
+      return 0;
+    }
+    const int ca = convert(a, rr.need[0], ir::phase::backward), cb = convert(b, rr.need[1], ir::phase::backward);
+    return bwd(op_code::matmul, {ca, cb}, rr.out, of, flags);
+  }
+
+  constexpr void autodiff() noexcept {
+    forward_end = n;
+    const int A = axes.count;
+    for (int i = forward_end - 1; i >= 0 && err == errc::none; --i) {
+      if (i != loss && acc[i] < 0) continue;
+      const node y = nodes[i];
+      if (y.op == op_code::input || y.op == op_code::param) {
+        pspec target = y.spec.without_partial();
+        if (y.op == op_code::param && stage == 2) target = shard_more(target, zero_axis);
+        const int g = convert(acc[i], target, ir::phase::backward);
+        grad_of[y.name] = static_cast<std::int16_t>(g);
+        continue;
+      }
+      if (is_redistribution(y.op) || y.op == op_code::repeat_in) {
+        accumulate(y.in[0], acc[i]);
+        continue;
+      }
+      const int g = i == loss ? -1 : convert(acc[i], y.spec.without_partial(), ir::phase::backward);
+      const int a = y.in[0], b = y.in[1], c = y.in[2];
+      switch (y.op) {
+      case op_code::matmul: {
+        const int ra = sp(a).rank, rb = sp(b).rank;
+        const auto la = rules::make_labels(ra, 'm', 'k'), lb = rules::make_labels(rb, 'k', 'n'),
+                   lo = rules::make_labels(ra, 'm', 'n');
+        if (needs_grad(a)) accumulate(a, bwd_matmul(g, lo, regather(b), lb, la, flag_trans_b, a));
+        if (needs_grad(b)) accumulate(b, bwd_matmul(regather(a), la, g, lo, lb, flag_trans_a, b));
+        break;
+      }
+      case op_code::add:
+        if (needs_grad(a)) accumulate(a, g);
+        if (needs_grad(b)) accumulate(b, g);
+        break;
+      case op_code::bias: {
+        if (needs_grad(a)) accumulate(a, g);
+        if (needs_grad(b)) {
+          pspec s = rules::like_last_dim(sp(g), A);
+          s.partial = rules::axes_splitting(sp(g), 0, sp(g).rank - 2, A);
+          accumulate(b, bwd(op_code::bias_grad, {g}, s, b));
+        }
+        break;
+      }
+      case op_code::gelu:
+      case op_code::relu:
+        if (needs_grad(a))
+          accumulate(a, bwd(y.op == op_code::gelu ? op_code::gelu_grad : op_code::relu_grad, {a, g}, sp(a), a));
+        break;
+      case op_code::softmax:
+        if (needs_grad(a)) accumulate(a, bwd(op_code::softmax_grad, {i, g}, sp(a), a));
+        break;
+      case op_code::layernorm: {
+        if (needs_grad(a)) accumulate(a, bwd(op_code::layernorm_grad, {a, regather(b), g}, sp(a), a));
+        const auto sums = rules::axes_splitting(sp(a), 0, sp(a).rank - 2, A);
+        if (needs_grad(b)) {
+          pspec s = sp(b);
+          s.partial = sums;
+          accumulate(b, bwd(op_code::layernorm_grad_gamma, {a, g}, s, b));
+        }
+        if (needs_grad(c)) {
+          pspec s = sp(c);
+          s.partial = sums;
+          accumulate(c, bwd(op_code::bias_grad, {g}, s, c));
+        }
+        break;
+      }
+      case op_code::attention: {
+        const int packed = bwd(op_code::attention_grad, {a, b, c, g}, sp(a), i);
+        const int which[3] = {a, b, c};
+        for (int k = 0; k < 3; ++k)
+          if (needs_grad(which[k])) {
+            const int s = bwd(op_code::select, {packed}, sp(which[k]), which[k]);
+            nodes[s].dim = static_cast<std::int8_t>(k);
+            accumulate(which[k], s);
+          }
+        break;
+      }
+      case op_code::embedding:
+        if (needs_grad(b)) {
+          pspec s = sp(b);
+          s.partial = rules::axes_splitting(sp(a), 0, max_rank, A);
+          accumulate(b, bwd(op_code::embedding_grad, {a, g}, s, b));
+        }
+        break;
+      case op_code::mse:
+        if (needs_grad(a)) accumulate(a, bwd(op_code::mse_grad, {a, b}, sp(a), a));
+        break;
+      case op_code::cross_entropy:
+        if (needs_grad(a)) accumulate(a, bwd(op_code::cross_entropy_grad, {a, b}, sp(a), a));
+        break;
+      default: break;
+      }
+    }
+  }
+
+  // ---- 4. optimizer ------------------------------------------------------------------------------------
+  constexpr void optimize() noexcept {
+    const auto opt_phase = ir::phase::optimizer;
+    for (int l = 0; l < name_count && err == errc::none; ++l) {
+      const int p = leaf_node[l];
+      if (nodes[p].op != op_code::param || grad_of[l] < 0) continue;
+      const pspec storage = nodes[p].spec;
+      const bool sharded_state = stage == 1 || stage == 2;
+      const pspec shard = sharded_state ? shard_more(storage, zero_axis) : storage;
+      const int gs = convert(grad_of[l], shard, opt_phase);
+      const int ps = convert(p, shard, opt_phase);
+      int m = -1, v = -1;
+      if (opt == op_code::adamw) {
+        m = emit(op_code::state, {}, shard, opt_phase, role::state, 0, p);
+        v = emit(op_code::state, {}, shard, opt_phase, role::state, 0, p);
+        nodes[m].name = nodes[v].name = static_cast<std::int16_t>(l);
+        nodes[m].dim = 0;
+        nodes[v].dim = 1;
+      }
+      const int u = opt == op_code::adamw ? emit(opt, {ps, gs, m, v}, shard, opt_phase, role::update, 0, p)
+                                          : emit(opt, {ps, gs}, shard, opt_phase, role::update, 0, p);
+      nodes[u].name = static_cast<std::int16_t>(l);
+      update_of[l] = static_cast<std::int16_t>(u);
+      const int out = convert(u, storage, opt_phase);
+      nodes[out].flags |= flag_writes_param;
+      nodes[out].name = static_cast<std::int16_t>(l);
+    }
+  }
+};
+
+// ---- tracing the expression type --------------------------------------------------------------------
+
+template <class E>
+struct tracer;
+
+template <fixed_string Name, leaf_kind K, class S, class T>
+struct tracer<leaf_expr<Name, K, S, T>> {
+  template <class W>
+  static constexpr int run(W& w) noexcept {
+    return w.leaf(Name.view(), K, S::value, T::value);
+  }
+};
+
+template <op_code Op, class Extra, class... Args>
+struct tracer<node_expr<Op, Extra, Args...>> {
+  template <class W>
+  static constexpr int run(W& w) noexcept {
+    const int ins[] = {tracer<Args>::run(w)...};
+    if constexpr (std::is_same_v<Extra, concerto::detail::no_extra>) {
+      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr);
+    } else {
+      constexpr spec_value target = Extra::value;
+      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), &target);
+    }
+  }
+};
+
+template <class Mesh>
+struct mesh_axes;
+template <mesh_axis_type... A>
+struct mesh_axes<mesh_decl<A...>> {
+  static constexpr bool declared = sizeof...(A) > 0;
+  template <class W>
+  static constexpr void add(W& w) noexcept {
+    (w.axes.intern(axis_name(A::name())), ...);
+  }
+};
+
+/// Runs every pass; the result carries the first mistake, if any.
+template <class E, class Opt, class Mesh>
+constexpr auto compile() noexcept {
+  constexpr std::size_t raw_cap = E::size + 1;
+  constexpr std::size_t cap = 24 * E::size + 64;
+  work<raw_cap, cap> w;
+  using traits = concerto::detail::optimizer_traits<Opt>;
+  w.opt = traits::op;
+  w.stage = traits::stage;
+  for (auto& g : w.grad_of) g = -1;
+  for (auto& u : w.update_of) u = -1;
+  mesh_axes<Mesh>::add(w);
+  w.axes_fixed = mesh_axes<Mesh>::declared;
+  if constexpr (traits::stage > 0) {
+    if (w.axes_fixed && w.axes.find(axis_name(traits::axis)) < 0) {
+      w.failed(errc::unknown_axis, -1);
+      return w;
+    }
+    w.zero_axis = w.axes.intern(axis_name(traits::axis));
+  }
+  const int root = tracer<E>::run(w);
+  if (w.err != errc::none) return w;
+  w.propagate();
+  if (w.err != errc::none) return w;
+  w.loss = w.map[root];
+  if (w.nodes[w.loss].spec.rank != 0) {
+    w.failed(errc::loss_not_scalar, root);
+    return w;
+  }
+  w.autodiff();
+  if (w.err == errc::none) w.optimize();
+  return w;
+}
+
+} // namespace concerto::graph::detail

@@ -1,0 +1,346 @@
+#pragma once
+/// @file
+/// @brief Lowering: a compiled program + the global shapes of its leaves + a bound mesh ->
+/// the ir::graph every rank executes (local shapes, kernels with their `fn` and attributes,
+/// collectives on their axis's lane, phase stamps). The `fn` and attributes of every task are
+/// listed in docs/dsl-reference.md; the executors implement exactly those.
+///
+/// @code
+/// auto m = mesh::from_world(4, {{"dp", 2}, {"tp", 2}});
+/// ir::graph g = lower(step, {{"x", {64, 512}}, {"target", {64, 512}}, {"w1", {512, 2048}}, {"w2", {2048, 512}}}, m);
+/// @endcode
+
+#include <concerto/graph/program.hpp>
+#include <concerto/ir/builder.hpp>
+#include <concerto/mesh/mesh.hpp>
+
+#include <functional>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace concerto {
+
+/// @brief Global shapes of the leaves, by leaf name.
+using shape_map = std::map<std::string, std::vector<std::int64_t>>;
+
+/// @brief What lowering needs besides shapes and the mesh.
+struct lower_options {
+  std::string name = "step";
+  std::int64_t heads = 1; ///< attention heads (over the whole model; split like the hidden dimension)
+  ir::dtype type = ir::dtype::f32;
+};
+
+namespace graph::detail {
+
+inline std::string dims_text(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(s[i]);
+  }
+  out += ']';
+  return out;
+}
+inline std::int64_t elements(const std::vector<std::int64_t>& s) {
+  return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>{});
+}
+
+} // namespace graph::detail
+
+/// @brief Lowers a program to the task graph of one rank (all ranks share it). Throws
+/// concerto::error naming the tensor for a missing or wrong shape, a dimension that does not
+/// divide over its mesh axis, or a mesh that lacks an axis the program uses.
+template <std::size_t N>
+[[nodiscard]] ir::graph lower(const graph::program<N>& p, const shape_map& shapes, const mesh& m,
+                              const lower_options& options = {}) {
+  using graph::node;
+  using graph::detail::dims_text;
+  using graph::detail::elements;
+  const auto n = static_cast<std::size_t>(p.size);
+
+  // Program axis -> mesh axis.
+  std::vector<int> axis_of(static_cast<std::size_t>(p.axes.count));
+  for (int a = 0; a < p.axes.count; ++a) {
+    const auto idx = m.index_of(p.axes.names[a].view());
+    if (!idx)
+      fail("the program uses mesh axis '" + std::string(p.axes.names[a].view()) +
+           "', which the mesh does not have; add it to the mesh (size 1 if unused)");
+    axis_of[static_cast<std::size_t>(a)] = *idx;
+  }
+  const auto axis_size = [&](int a) { return m.axes()[static_cast<std::size_t>(axis_of[static_cast<std::size_t>(a)])].size; };
+
+  // Global shapes: leaves from the map, ops by their rule, everything derived from another value by it.
+  std::vector<std::vector<std::int64_t>> global(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const node& x = p.nodes[i];
+    const auto name = p.name_of(static_cast<int>(i));
+    const auto in = [&](int k) -> const std::vector<std::int64_t>& { return global[static_cast<std::size_t>(x.in[k])]; };
+    if (graph::is_leaf(x.op)) {
+      const auto it = shapes.find(name);
+      if (it == shapes.end()) fail("no shape given for leaf '" + name + "'; add it to the shape map");
+      if (static_cast<int>(it->second.size()) != x.spec.rank)
+        fail("leaf '" + name + "' has shape " + dims_text(it->second) + " of rank " + std::to_string(it->second.size()) +
+             " but its spec " + to_string(p.spec_at(static_cast<int>(i))) + " has rank " + std::to_string(x.spec.rank));
+      for (auto d : it->second)
+        if (d < 1) fail("leaf '" + name + "' has shape " + dims_text(it->second) + " with a non-positive extent");
+      global[i] = it->second;
+      continue;
+    }
+    if (x.of >= 0) {
+      global[i] = global[static_cast<std::size_t>(x.of)];
+      continue;
+    }
+    switch (x.op) {
+    case op_code::matmul: {
+      const auto &a = in(0), &b = in(1);
+      const auto k_a = a.back(), k_b = b[b.size() - 2];
+      if (k_a != k_b)
+        fail("matmul '" + name + "': contracted sizes differ, '" + p.name_of(x.in[0]) + "' " + dims_text(a) + " and '" +
+             p.name_of(x.in[1]) + "' " + dims_text(b));
+      if (b.size() == a.size() && !std::equal(a.begin(), a.end() - 2, b.begin()))
+        fail("matmul '" + name + "': batch dimensions differ, " + dims_text(a) + " and " + dims_text(b));
+      global[i] = a;
+      global[i].back() = b.back();
+      break;
+    }
+    case op_code::add:
+      if (in(0) != in(1))
+        fail("add '" + name + "': shapes differ, '" + p.name_of(x.in[0]) + "' " + dims_text(in(0)) + " and '" +
+             p.name_of(x.in[1]) + "' " + dims_text(in(1)));
+      global[i] = in(0);
+      break;
+    case op_code::bias:
+    case op_code::layernorm:
+      for (int k = 1; k < x.n_in; ++k)
+        if (in(k)[0] != in(0).back())
+          fail(std::string(to_string(x.op)) + " '" + name + "': '" + p.name_of(x.in[k]) + "' has " +
+               std::to_string(in(k)[0]) + " entries but the last dimension of '" + p.name_of(x.in[0]) + "' is " +
+               std::to_string(in(0).back()));
+      global[i] = in(0);
+      break;
+    case op_code::attention:
+      if (in(1) != in(0) || in(2) != in(0)) fail("attention '" + name + "': q, k and v shapes differ");
+      if (in(0).back() % options.heads != 0)
+        fail("attention '" + name + "': hidden size " + std::to_string(in(0).back()) + " is not divisible by " +
+             std::to_string(options.heads) + " heads");
+      global[i] = in(0);
+      break;
+    case op_code::embedding:
+      global[i] = in(0);
+      global[i].push_back(in(1)[1]);
+      break;
+    case op_code::mse:
+      if (in(0) != in(1)) fail("mse '" + name + "': prediction " + dims_text(in(0)) + " and target " + dims_text(in(1)) + " differ");
+      global[i] = {};
+      break;
+    case op_code::cross_entropy:
+      if (!std::equal(in(1).begin(), in(1).end(), in(0).begin()))
+        fail("cross_entropy '" + name + "': labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
+      global[i] = {};
+      break;
+    default: global[i] = in(0); break;
+    }
+  }
+
+  // Local shapes.
+  std::vector<std::vector<std::int64_t>> local(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    local[i] = global[i];
+    const pspec& s = p.nodes[i].spec;
+    for (int d = 0; d < s.rank; ++d)
+      for (auto a : s.dims[d]) {
+        if (a < 0) continue;
+        const int size = axis_size(a);
+        auto& extent = local[i][static_cast<std::size_t>(d)];
+        if (extent % size != 0) {
+          const int src = graph::is_leaf(p.nodes[i].op) || p.nodes[i].of < 0 ? static_cast<int>(i) : p.nodes[i].of;
+          fail("tensor '" + p.name_of(src) + "' dimension " + std::to_string(d) + " (size " + std::to_string(extent) +
+               ") does not divide over mesh axis '" + std::string(p.axes.names[a].view()) + "' (size " +
+               std::to_string(size) + ")");
+        }
+        extent /= size;
+      }
+  }
+
+  ir::builder b(options.name);
+  for (const auto& ax : m.axes()) b.axis(ax.name, ax.size, ax.link);
+  std::vector<ir::buffer_id> buf(n, -1);
+  std::vector<std::pair<ir::task_id, std::map<std::string, std::int64_t>>> collective_attrs;
+  const auto role_of = [](graph::role r) {
+    switch (r) {
+    case graph::role::input:
+    case graph::role::data: return ir::buffer_role::input;
+    case graph::role::param:
+    case graph::role::update: return ir::buffer_role::param;
+    case graph::role::gradient: return ir::buffer_role::gradient;
+    case graph::role::state: return ir::buffer_role::optimizer_state;
+    default: return ir::buffer_role::activation;
+    }
+  };
+  const auto new_buffer = [&](std::size_t i, graph::role r) {
+    const auto type = p.nodes[i].op == op_code::data ? ir::dtype::i64 : options.type;
+    buf[i] = b.buffer(p.name_of(static_cast<int>(i)), local[i], role_of(r), type);
+    return buf[i];
+  };
+  // The parameter leaf behind an update chain, whose buffer an in-place update writes.
+  const auto param_buffer = [&](const node& x) { return buf[static_cast<std::size_t>(x.of)]; };
+
+  for (std::size_t i = 0; i < n; ++i) {
+    const node& x = p.nodes[i];
+    const auto name = p.name_of(static_cast<int>(i));
+    b.at(x.phase, -1);
+    const auto I = [&](int k) { return buf[static_cast<std::size_t>(x.in[k])]; };
+    const auto L = [&](int k) -> const std::vector<std::int64_t>& { return local[static_cast<std::size_t>(x.in[k])]; };
+    const auto& out_shape = local[i];
+    const std::int64_t elems = elements(out_shape);
+    const auto shape_attrs = [&](const std::vector<std::int64_t>& s) {
+      const auto c = s.empty() ? 1 : s.back();
+      return std::map<std::string, std::int64_t>{{"n", elements(s)}, {"rows", elements(s) / c}, {"cols", c}};
+    };
+    const auto compute = [&](ir::op_kind kind, std::string fn, std::vector<ir::buffer_id> reads,
+                             std::map<std::string, std::int64_t> attrs, double flops_per_elem) {
+      const auto out = buf[i] >= 0 ? buf[i] : new_buffer(i, x.kind);
+      b.compute(kind, name, std::move(reads), {out},
+                {std::move(fn), flops_per_elem * static_cast<double>(elems), -1, std::move(attrs)});
+    };
+    switch (x.op) {
+    case op_code::input:
+    case op_code::data:
+    case op_code::param:
+    case op_code::state: new_buffer(i, x.kind); break;
+    case op_code::matmul: {
+      // Operands as 2-D (or batched 2-D) matrices; the backward ones read a transposed operand.
+      const bool ta = x.has(graph::flag_trans_a), tb = x.has(graph::flag_trans_b);
+      const auto &sa = L(0), &sb = L(1);
+      const bool batched = sa.size() >= 3 && sb.size() == sa.size();
+      const auto rows = [&](const std::vector<std::int64_t>& s) { return batched ? s[s.size() - 2] : elements(s) / s.back(); };
+      const std::int64_t batch = batched ? elements(sa) / (sa.back() * sa[sa.size() - 2]) : 1;
+      const std::int64_t m_ = ta ? sa.back() : rows(sa), k_ = ta ? rows(sa) : sa.back();
+      const std::int64_t n_ = tb ? rows(sb) : sb.back();
+      const auto out = new_buffer(i, x.kind);
+      b.matmul(name, I(0), I(1), out, m_, n_, k_, batch, ta, tb);
+      break;
+    }
+    case op_code::add: compute(ir::op_kind::elementwise, "add", {I(0), I(1)}, shape_attrs(out_shape), 1); break;
+    case op_code::bias: compute(ir::op_kind::elementwise, "bias_add", {I(0), I(1)}, shape_attrs(out_shape), 1); break;
+    case op_code::gelu: compute(ir::op_kind::elementwise, "gelu", {I(0)}, shape_attrs(out_shape), 8); break;
+    case op_code::relu: compute(ir::op_kind::elementwise, "relu", {I(0)}, shape_attrs(out_shape), 1); break;
+    case op_code::gelu_grad: compute(ir::op_kind::elementwise, "gelu_grad", {I(0), I(1)}, shape_attrs(out_shape), 10); break;
+    case op_code::relu_grad: compute(ir::op_kind::elementwise, "relu_grad", {I(0), I(1)}, shape_attrs(out_shape), 1); break;
+    case op_code::bias_grad: compute(ir::op_kind::elementwise, "bias_grad", {I(0)}, shape_attrs(L(0)), 0); break;
+    case op_code::layernorm: compute(ir::op_kind::norm, "layernorm", {I(0), I(1), I(2)}, shape_attrs(out_shape), 8); break;
+    case op_code::layernorm_grad: compute(ir::op_kind::norm, "layernorm_grad", {I(0), I(1), I(2)}, shape_attrs(out_shape), 12); break;
+    case op_code::layernorm_grad_gamma: compute(ir::op_kind::norm, "layernorm_grad_gamma", {I(0), I(1)}, shape_attrs(L(0)), 0); break;
+    case op_code::softmax: compute(ir::op_kind::softmax, "softmax", {I(0)}, shape_attrs(out_shape), 5); break;
+    case op_code::softmax_grad: compute(ir::op_kind::softmax, "softmax_grad", {I(0), I(1)}, shape_attrs(out_shape), 4); break;
+    case op_code::attention:
+    case op_code::attention_grad: {
+      const auto& q = L(0);
+      const auto heads_here = options.heads * q[2] / global[static_cast<std::size_t>(x.in[0])][2];
+      if (heads_here < 1)
+        fail("attention '" + name + "': " + std::to_string(options.heads) + " heads cannot be split over the ranks");
+      std::map<std::string, std::int64_t> attrs{{"batch", q[0]}, {"seq", q[1]}, {"heads", heads_here},
+                                                {"head_dim", q[2] / heads_here}, {"causal", 1}};
+      const double flops = 2.0 * static_cast<double>(q[0] * q[1]) * static_cast<double>(q[1] * q[2]); // causal half of 4bs²h
+      const bool fwd = x.op == op_code::attention;
+      if (!fwd) {
+        local[i].insert(local[i].begin(), 3); // dq, dk, dv packed
+        buf[i] = b.buffer(name, local[i], ir::buffer_role::gradient, options.type);
+      }
+      const auto out = fwd ? new_buffer(i, x.kind) : buf[i];
+      std::vector<ir::buffer_id> reads{I(0), I(1), I(2)};
+      if (!fwd) reads.push_back(I(3));
+      b.compute(ir::op_kind::attention, name, reads, {out},
+                {fwd ? "attention" : "attention_grad", fwd ? flops : 2.5 * flops, -1, attrs});
+      break;
+    }
+    case op_code::select: {
+      const auto bytes = elems * static_cast<std::int64_t>(ir::size_of(options.type));
+      buf[i] = b.view(name, I(0), x.dim * bytes, bytes, out_shape);
+      break;
+    }
+    case op_code::embedding:
+    case op_code::embedding_grad: {
+      const auto& table = x.op == op_code::embedding ? L(1) : out_shape;
+      int vocab_axis = -1;
+      const auto& tspec = p.nodes[static_cast<std::size_t>(x.op == op_code::embedding ? x.in[1] : x.of)].spec;
+      if (tspec.dims[0][0] >= 0) vocab_axis = axis_of[static_cast<std::size_t>(tspec.dims[0][0])];
+      std::map<std::string, std::int64_t> attrs{{"tokens", elements(L(0))}, {"vocab", table[0]}, {"hidden", table[1]},
+                                                {"vocab_axis", vocab_axis}};
+      compute(ir::op_kind::elementwise, std::string(to_string(x.op)), {I(0), I(1)}, attrs, x.op == op_code::embedding ? 0 : 1);
+      break;
+    }
+    case op_code::mse:
+    case op_code::mse_grad: {
+      auto attrs = shape_attrs(L(0));
+      attrs["global_n"] = elements(global[static_cast<std::size_t>(x.in[0])]);
+      compute(ir::op_kind::loss, std::string(to_string(x.op)), {I(0), I(1)}, attrs, 3);
+      break;
+    }
+    case op_code::cross_entropy:
+    case op_code::cross_entropy_grad: {
+      auto attrs = shape_attrs(L(0));
+      attrs["global_rows"] = elements(global[static_cast<std::size_t>(x.in[1])]);
+      compute(ir::op_kind::loss, std::string(to_string(x.op)), {I(0), I(1)}, attrs, 5);
+      break;
+    }
+    case op_code::local_slice:
+    case op_code::keep_one: {
+      const int axis = axis_of[static_cast<std::size_t>(x.axis)];
+      auto attrs = x.op == op_code::local_slice
+                       ? std::map<std::string, std::int64_t>{{"dim", x.dim}, {"parts", axis_size(x.axis)}, {"mesh_axis", axis}}
+                       : std::map<std::string, std::int64_t>{{"mesh_axis", axis}};
+      for (std::size_t d = 0; d < L(0).size(); ++d) attrs["in_dim" + std::to_string(d)] = L(0)[d];
+      compute(x.op == op_code::local_slice ? ir::op_kind::slice : ir::op_kind::elementwise,
+              x.op == op_code::local_slice ? "shard_slice" : "keep_one", {I(0)}, attrs, 0);
+      break;
+    }
+    case op_code::all_reduce:
+    case op_code::all_gather:
+    case op_code::reduce_scatter:
+    case op_code::all_to_all: {
+      const auto kind = x.op == op_code::all_reduce ? ir::op_kind::all_reduce
+                        : x.op == op_code::all_gather ? ir::op_kind::all_gather
+                        : x.op == op_code::reduce_scatter ? ir::op_kind::reduce_scatter
+                                                          : ir::op_kind::all_to_all;
+      const auto out = x.has(graph::flag_writes_param) ? (buf[i] = param_buffer(x)) : new_buffer(i, x.kind);
+      const auto t = b.collective(kind, name, axis_of[static_cast<std::size_t>(x.axis)], I(0), out);
+      std::map<std::string, std::int64_t> attrs;
+      if (x.op == op_code::all_gather) attrs["dim"] = x.dim2;
+      if (x.op == op_code::reduce_scatter) attrs["dim"] = x.dim;
+      if (x.op == op_code::all_to_all) {
+        attrs["from_dim"] = x.dim2;
+        attrs["to_dim"] = x.dim;
+      }
+      collective_attrs.emplace_back(t, std::move(attrs));
+      break;
+    }
+    case op_code::sgd:
+    case op_code::adamw: {
+      // In place on the parameter (or on its shard, for ZeRO-1/2, before the gather).
+      const bool in_place = x.has(graph::flag_writes_param);
+      buf[i] = in_place ? param_buffer(x) : I(0);
+      std::vector<ir::buffer_id> reads{I(0), I(1)}, writes{buf[i]};
+      if (x.op == op_code::adamw) {
+        reads.push_back(I(2));
+        reads.push_back(I(3));
+        writes.push_back(I(2));
+        writes.push_back(I(3));
+      }
+      b.compute(ir::op_kind::optimizer_update, name, reads, writes,
+                {std::string(to_string(x.op)), (x.op == op_code::adamw ? 12.0 : 2.0) * static_cast<double>(elems), -1,
+                 {{"n", elems}}});
+      break;
+    }
+    default: fail("lowering: node " + std::to_string(i) + " '" + name + "' has an op the lowering does not know");
+    }
+  }
+  auto g = std::move(b).finish();
+  for (auto& [t, attrs] : collective_attrs)
+    for (auto& [k, v] : attrs) g.tasks[static_cast<std::size_t>(t)].attrs[k] = v;
+  return g;
+}
+
+} // namespace concerto

@@ -1,0 +1,292 @@
+#pragma once
+/// @file
+/// @brief `program(loss, optimizer)`: the whole training step extracted at compile time from the
+/// type of a loss expression, as a constexpr array of nodes (forward ops, the redistributions
+/// their sharding implies, backward ops, optimizer updates), with queries usable in
+/// `static_assert` and text/DOT dumps.
+///
+/// @code
+/// inline constexpr axis<"dp"> dp;  inline constexpr axis<"tp"> tp;
+/// constexpr auto act = spec(shard(dp), replicate);
+/// constexpr auto x = input<"x">(act);
+/// constexpr auto w1 = param<"w1">(spec(replicate, shard(tp)));
+/// constexpr auto w2 = param<"w2">(spec(shard(tp), replicate));
+/// constexpr auto loss = mse(matmul(gelu(matmul(x, w1)), w2), input<"target">(act));
+/// constexpr auto step = program(loss, sgd{});
+/// static_assert(step.count(collective::all_reduce, tp) == 2); // forward and backward
+/// static_assert(step.count(collective::all_reduce, dp) == 2); // the two weight gradients
+/// @endcode
+
+#include <concerto/graph/detail/compiler.hpp>
+
+#include <string>
+
+namespace concerto {
+
+/// @brief Collective kinds, for queries.
+enum class collective : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all };
+
+[[nodiscard]] constexpr op_code to_op(collective c) noexcept {
+  return static_cast<op_code>(static_cast<int>(op_code::all_reduce) + static_cast<int>(c));
+}
+
+namespace graph {
+
+/// @brief A compiled training step of N nodes (nodes are in execution order: forward, backward,
+/// optimizer).
+template <std::size_t N>
+struct program {
+  node nodes[N]{};
+  int size = 0;
+  axis_table axes{};
+  leaf_name names[max_leaves]{};
+  int name_count = 0;
+  std::int16_t leaf_node[max_leaves]{};
+  std::int16_t grad_of[max_leaves]{};
+  std::int16_t update_of[max_leaves]{};
+  int loss = -1;
+  op_code optimizer = op_code::sgd;
+  int zero_stage = 0;
+  int zero_axis = -1;
+
+  /// @brief Number of collectives of a kind on an axis, optionally in one phase.
+  /// @code
+  /// static_assert(step.count(collective::reduce_scatter, dp, ir::phase::backward) == 2);
+  /// @endcode
+  template <mesh_axis_type Axis>
+  [[nodiscard]] constexpr int count(collective kind, Axis, int phase = -1) const noexcept {
+    const int a = axes.find(axis_name(Axis::name()));
+    int c = 0;
+    for (int i = 0; i < size; ++i)
+      c += nodes[i].op == to_op(kind) && nodes[i].axis == a && a >= 0 &&
+           (phase < 0 || static_cast<int>(nodes[i].phase) == phase);
+    return c;
+  }
+  template <mesh_axis_type Axis>
+  [[nodiscard]] constexpr int count(collective kind, Axis ax, ir::phase phase) const noexcept {
+    return count(kind, ax, static_cast<int>(phase));
+  }
+  /// @brief Number of collectives of a kind on any axis.
+  [[nodiscard]] constexpr int count(collective kind) const noexcept { return count(to_op(kind)); }
+  /// @brief Number of nodes with an op (compute ops, local slices, updates).
+  [[nodiscard]] constexpr int count(op_code op) const noexcept {
+    int c = 0;
+    for (int i = 0; i < size; ++i) c += nodes[i].op == op;
+    return c;
+  }
+
+  /// @brief The node of a leaf ("w1"), of its final gradient ("w1.grad") or update ("w1.update"); -1 if none.
+  [[nodiscard]] constexpr int find(std::string_view name) const noexcept {
+    const auto strip = [&](std::string_view suffix, std::string_view& base) {
+      if (name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix) {
+        base = name.substr(0, name.size() - suffix.size());
+        return true;
+      }
+      return false;
+    };
+    std::string_view base = name;
+    const bool grad = strip(".grad", base), update = !grad && strip(".update", base);
+    for (int l = 0; l < name_count; ++l)
+      if (names[l] == base) return grad ? grad_of[l] : update ? update_of[l] : leaf_node[l];
+    return -1;
+  }
+  /// @brief The spec of a named node (see find); rank -1 if there is none.
+  [[nodiscard]] constexpr spec_value spec_of(std::string_view name) const noexcept {
+    const int i = find(name);
+    if (i < 0) {
+      spec_value none;
+      none.rank = -1;
+      return none;
+    }
+    return to_value(nodes[i].spec, axes);
+  }
+  /// @brief The spec of node i as names.
+  [[nodiscard]] constexpr spec_value spec_at(int i) const noexcept { return to_value(nodes[i].spec, axes); }
+
+  /// @brief A readable name for node i: a leaf's name, "w1.grad", "w1.update", "w1.m", or "op#i".
+  [[nodiscard]] std::string name_of(int i) const {
+    const node& x = nodes[i];
+    if (x.name >= 0) {
+      std::string base(names[x.name].view());
+      if (is_leaf(x.op)) return base;
+      if (x.op == op_code::state) return base + (x.dim == 0 ? ".m" : ".v");
+      if (x.op == optimizer && x.kind == role::update) return base + ".update";
+      if (x.has(flag_writes_param)) return base + ".new";
+    }
+    for (int l = 0; l < name_count; ++l)
+      if (grad_of[l] == i) {
+        std::string out(names[l].view());
+        out += ".grad";
+        return out;
+      }
+    std::string out(to_string(x.op));
+    out += '#';
+    out += std::to_string(i);
+    return out;
+  }
+
+  /// @brief One line per node: index, phase, op (and axis), spec, inputs.
+  [[nodiscard]] std::string dump() const {
+    std::string out;
+    for (int i = 0; i < size; ++i) {
+      const node& x = nodes[i];
+      std::string line = std::to_string(i);
+      line.resize(5, ' ');
+      line += ir::to_string(x.phase).substr(0, 3);
+      line += "  ";
+      line += name_of(i);
+      if (x.axis >= 0) {
+        line += '(';
+        line += axes.names[x.axis].view();
+        line += ')';
+      }
+      line.resize(std::max<std::size_t>(line.size() + 1, 40), ' ');
+      line += to_string(spec_at(i));
+      if (x.n_in > 0) {
+        line.resize(std::max<std::size_t>(line.size() + 1, 58), ' ');
+        line += "<-";
+        for (int k = 0; k < x.n_in; ++k) {
+          line += ' ';
+          line += name_of(x.in[k]);
+        }
+      }
+      out += line;
+      out += '\n';
+    }
+    return out;
+  }
+
+  /// @brief The program as a GraphViz digraph: collectives as ellipses, compute as boxes.
+  [[nodiscard]] std::string dot() const {
+    std::string out = "digraph program {\n  rankdir=TB;\n";
+    for (int i = 0; i < size; ++i) {
+      const node& x = nodes[i];
+      const bool comm = is_redistribution(x.op);
+      out += "  n";
+      out += std::to_string(i);
+      out += " [label=\"";
+      out += name_of(i);
+      if (x.axis >= 0) {
+        out += '(';
+        out += axes.names[x.axis].view();
+        out += ')';
+      }
+      out += "\\n";
+      out += to_string(spec_at(i));
+      out += comm ? "\" shape=ellipse" : "\" shape=box";
+      out += x.phase == ir::phase::backward ? " style=dashed" : x.phase == ir::phase::optimizer ? " style=dotted" : "";
+      out += "];\n";
+      for (int k = 0; k < x.n_in; ++k) {
+        out += "  n";
+        out += std::to_string(x.in[k]);
+        out += " -> n";
+        out += std::to_string(i);
+        out += ";\n";
+      }
+    }
+    return out + "}\n";
+  }
+};
+
+namespace detail {
+
+using where_text = short_name<64>;
+
+template <class W>
+constexpr where_text describe(const W& w) noexcept {
+  char buf[64]{};
+  int n = 0;
+  const auto put = [&](std::string_view s) {
+    for (char ch : s)
+      if (n < 63) buf[n++] = ch;
+  };
+  if (w.where < 0 || w.where >= w.raw_n) {
+    put("the program");
+  } else {
+    const node& x = w.raw[w.where];
+    if (is_leaf(x.op)) {
+      put(to_string(x.op));
+      put(" '");
+      put(w.names[x.name].view());
+      put("'");
+    } else {
+      put(to_string(x.op));
+      put("(");
+      for (int k = 0; k < x.n_in; ++k) {
+        if (k) put(", ");
+        const node& a = w.raw[x.in[k]];
+        put(is_leaf(a.op) ? w.names[a.name].view() : to_string(a.op));
+      }
+      put(")");
+    }
+  }
+  return where_text(std::string_view(buf, static_cast<std::size_t>(n)));
+}
+
+/// The compile-time messages: instantiated with the mistake and the node it was found at, so
+/// that the compiler prints both.
+template <errc E, where_text Where>
+struct diagnose {
+  static_assert(E != errc::mismatched_contraction,
+                "concerto: mismatched contraction sharding: the contracted dimension of a matmul is split over a "
+                "mesh axis in one operand only; shard the other operand's contracted dimension over the same axis, "
+                "or make both replicated with .to(spec(...))");
+  static_assert(E != errc::partial_into_nonlinear,
+                "concerto: partial fed to a nonlinear op: a value pinned as partial(axis) (a leaf or .to(...) with "
+                "partial) reaches an op that is not linear; redistribute it first with .to(spec(...)) without partial");
+  static_assert(E != errc::rank_mismatch,
+                "concerto: spec rank does not match the tensor rank the op needs: give the operand's spec one "
+                "placement per dimension (matmul: rank>=2 and [k,n] or same-rank weights; bias/layernorm gain: rank 1; "
+                "attention: [batch,seq,hidden]; add/mse: equal ranks)");
+  static_assert(E != errc::unknown_axis,
+                "concerto: unknown axis: a spec or zero<...>(opt, axis) names a mesh axis that on(...) does not declare; "
+                "add the axis to on(...) or fix the spec");
+  static_assert(E != errc::too_many_axes, "concerto: too many mesh axes: a program can use at most 4 distinct axes");
+  static_assert(E != errc::leaf_redefined,
+                "concerto: leaf redefined: two leaves share a name but differ in kind or spec; rename one or use the "
+                "same spec for both");
+  static_assert(E != errc::loss_not_scalar,
+                "concerto: program(...) needs a scalar loss: end the expression with mse(...) or cross_entropy(...)");
+  static_assert(E != errc::capacity, "concerto: the program exceeds its node capacity (48 leaves); use repeat(...) for "
+                                     "stacks of identical blocks");
+  static constexpr bool ok = true; // the asserts above speak; a second, silent one would only add noise
+};
+
+template <std::size_t N, class W>
+constexpr program<N> finish(const W& w) noexcept {
+  program<N> p;
+  p.size = w.n;
+  for (int i = 0; i < w.n; ++i) p.nodes[i] = w.nodes[i];
+  p.axes = w.axes;
+  p.name_count = w.name_count;
+  for (int l = 0; l < max_leaves; ++l) {
+    p.names[l] = w.names[l];
+    p.leaf_node[l] = w.leaf_node[l];
+    p.grad_of[l] = w.grad_of[l];
+    p.update_of[l] = w.update_of[l];
+  }
+  p.loss = w.loss;
+  p.optimizer = w.opt;
+  p.zero_stage = w.stage;
+  p.zero_axis = w.zero_axis;
+  return p;
+}
+
+} // namespace detail
+} // namespace graph
+
+/// @brief Extracts the training step of `loss` (forward, backward with the collectives its
+/// sharding implies, optimizer updates) at compile time. Mistakes are compile errors whose
+/// message names the mistake and the fix. Pass `on(axes...)` to check every spec's axes.
+/// @code
+/// constexpr auto step = program(loss, zero<2>(adamw{}, dp), on(dp, tp));
+/// @endcode
+template <expression E, optimizer Opt, class Mesh = mesh_decl<>>
+[[nodiscard]] constexpr auto program(const E&, Opt = {}, Mesh = {}) noexcept {
+  constexpr auto w = graph::detail::compile<E, std::remove_cvref_t<Opt>, Mesh>();
+  static_assert(graph::detail::diagnose<w.err, graph::detail::describe(w)>::ok);
+  if constexpr (w.err != errc::none) return graph::program<1>{};
+  else return graph::detail::finish<static_cast<std::size_t>(w.n)>(w);
+}
+
+} // namespace concerto

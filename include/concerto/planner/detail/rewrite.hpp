@@ -1,0 +1,160 @@
+#pragma once
+/// @file
+/// @brief Internals shared by the graph rewrites of the planner (decomposition, bucketing,
+/// prefetch limits): program order, dependencies implied by buffer accesses, and rebuilding a
+/// graph after tasks were replaced, so every rewrite yields a graph as executable as a
+/// builder-made one. Not part of the public API.
+
+#include <concerto/ir/graph.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace concerto::planner::detail::rewrite {
+
+/// Ascending ids when they are topological (builder graphs), else the graph's topological order.
+[[nodiscard]] inline std::vector<ir::task_id> program_order(const ir::graph& g) {
+  bool ascending = true;
+  for (const auto& t : g.tasks)
+    for (auto d : t.deps)
+      if (d >= t.id) ascending = false;
+  if (!ascending) return g.topological_order();
+  std::vector<ir::task_id> order(g.tasks.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<ir::task_id>(i);
+  return order;
+}
+
+/// Position of each task in `order`.
+[[nodiscard]] inline std::vector<std::size_t> positions(const std::vector<ir::task_id>& order) {
+  std::vector<std::size_t> pos(order.size());
+  for (std::size_t i = 0; i < order.size(); ++i) pos[static_cast<std::size_t>(order[i])] = i;
+  return pos;
+}
+
+/// For each buffer, the buffers sharing at least one byte with it (itself included).
+[[nodiscard]] inline std::vector<std::vector<ir::buffer_id>> overlapping(const ir::graph& g) {
+  const auto nb = g.buffers.size();
+  std::vector<std::vector<ir::buffer_id>> by_root(nb);
+  for (std::size_t b = 0; b < nb; ++b)
+    by_root[static_cast<std::size_t>(g.root_of(static_cast<ir::buffer_id>(b)))].push_back(static_cast<ir::buffer_id>(b));
+  std::vector<std::vector<ir::buffer_id>> out(nb);
+  for (std::size_t b = 0; b < nb; ++b)
+    for (auto other : by_root[static_cast<std::size_t>(g.root_of(static_cast<ir::buffer_id>(b)))])
+      if (g.overlap(static_cast<ir::buffer_id>(b), other)) out[b].push_back(other);
+  return out;
+}
+
+/// The dependencies the builder derives from reads and writes (RAW, WAW, WAR, views included)
+/// when the tasks of `g` are issued in `order`; indexed by task id, sorted.
+[[nodiscard]] inline std::vector<std::vector<ir::task_id>> derived_deps(const ir::graph& g,
+                                                                        const std::vector<ir::task_id>& order) {
+  const auto over = overlapping(g);
+  std::vector<ir::task_id> last_writer(g.buffers.size(), -1);
+  std::vector<std::vector<ir::task_id>> readers(g.buffers.size());
+  std::vector<std::vector<ir::task_id>> deps(g.tasks.size());
+  std::vector<char> read_mark(g.buffers.size(), 0), write_mark(g.buffers.size(), 0);
+  for (const auto id : order) {
+    const auto& t = g.tasks[static_cast<std::size_t>(id)];
+    std::vector<ir::buffer_id> touched;
+    for (auto r : t.reads)
+      for (auto o : over[static_cast<std::size_t>(r)]) {
+        if (!read_mark[static_cast<std::size_t>(o)] && !write_mark[static_cast<std::size_t>(o)]) touched.push_back(o);
+        read_mark[static_cast<std::size_t>(o)] = 1;
+      }
+    for (auto w : t.writes)
+      for (auto o : over[static_cast<std::size_t>(w)]) {
+        if (!read_mark[static_cast<std::size_t>(o)] && !write_mark[static_cast<std::size_t>(o)]) touched.push_back(o);
+        write_mark[static_cast<std::size_t>(o)] = 1;
+      }
+    auto& d = deps[static_cast<std::size_t>(id)];
+    for (auto o : touched) {
+      const auto ou = static_cast<std::size_t>(o);
+      if (last_writer[ou] >= 0) d.push_back(last_writer[ou]);
+      if (write_mark[ou]) d.insert(d.end(), readers[ou].begin(), readers[ou].end());
+      read_mark[ou] = write_mark[ou] = 0;
+    }
+    for (auto r : t.reads) readers[static_cast<std::size_t>(r)].push_back(id);
+    for (auto w : t.writes) {
+      last_writer[static_cast<std::size_t>(w)] = id;
+      readers[static_cast<std::size_t>(w)].clear();
+    }
+    std::sort(d.begin(), d.end());
+    d.erase(std::unique(d.begin(), d.end()), d.end());
+    d.erase(std::remove(d.begin(), d.end(), id), d.end());
+  }
+  return deps;
+}
+
+/// A graph being rewritten: final buffers, and the new tasks in program order, each with the
+/// tasks of the old graph it stands for (its origins).
+struct draft {
+  ir::graph graph;                            ///< name, axes, streams, buffers; tasks are filled by finish
+  std::vector<ir::task> tasks;                ///< program order; ids and deps are assigned by finish
+  std::vector<std::vector<ir::task_id>> origins;
+
+  void add(ir::task t, std::vector<ir::task_id> from) {
+    tasks.push_back(std::move(t));
+    origins.push_back(std::move(from));
+  }
+};
+
+/// Ids, then dependencies: the ones the accesses imply in the new program order, plus every
+/// edge of `old` that its accesses did not imply (ordering a scheduler or a memory limit
+/// added), carried to all the tasks that replace its two ends. Validates the result.
+[[nodiscard]] inline ir::graph finish(const ir::graph& old, const std::vector<ir::task_id>& old_order, draft d) {
+  const auto old_derived = derived_deps(old, old_order);
+  std::vector<std::vector<ir::task_id>> replaced_by(old.tasks.size());
+  for (std::size_t i = 0; i < d.origins.size(); ++i)
+    for (auto o : d.origins[i]) replaced_by[static_cast<std::size_t>(o)].push_back(static_cast<ir::task_id>(i));
+
+  auto& g = d.graph;
+  g.tasks = std::move(d.tasks);
+  std::vector<ir::task_id> order(g.tasks.size());
+  for (std::size_t i = 0; i < g.tasks.size(); ++i) {
+    g.tasks[i].id = static_cast<ir::task_id>(i);
+    g.tasks[i].deps.clear();
+    order[i] = static_cast<ir::task_id>(i);
+  }
+  auto deps = derived_deps(g, order);
+  for (std::size_t i = 0; i < g.tasks.size(); ++i) {
+    auto& out = deps[i];
+    for (auto o : d.origins[i]) {
+      const auto& implied = old_derived[static_cast<std::size_t>(o)];
+      for (auto dep : old.tasks[static_cast<std::size_t>(o)].deps) {
+        if (std::binary_search(implied.begin(), implied.end(), dep)) continue;
+        for (auto r : replaced_by[static_cast<std::size_t>(dep)])
+          if (r != static_cast<ir::task_id>(i)) out.push_back(r);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    g.tasks[i].deps = std::move(out);
+  }
+  g.validate();
+  return std::move(g);
+}
+
+/// Every task that reads or writes a byte of buffer `b`, in program order.
+[[nodiscard]] inline std::vector<ir::task_id> touchers(const ir::graph& g, const std::vector<ir::task_id>& order,
+                                                       ir::buffer_id b) {
+  std::vector<ir::task_id> out;
+  for (auto id : order) {
+    const auto& t = g.tasks[static_cast<std::size_t>(id)];
+    const auto hits = [&](const std::vector<ir::buffer_id>& list) {
+      return std::any_of(list.begin(), list.end(), [&](auto x) { return g.overlap(x, b); });
+    };
+    if (hits(t.reads) || hits(t.writes)) out.push_back(id);
+  }
+  return out;
+}
+
+/// "prefix<i>" by appending (g++ 12 warns falsely with -Wrestrict on literal + to_string).
+[[nodiscard]] inline std::string indexed(std::string prefix, std::int64_t i) {
+  prefix += std::to_string(i);
+  return prefix;
+}
+
+} // namespace concerto::planner::detail::rewrite

@@ -1,0 +1,243 @@
+#pragma once
+/// @file
+/// @brief The windowed solver: improves a whole schedule one Z3 window at a time.
+///
+/// Z3 proves optimal schedules only for tens of tasks, so the planner walks the task list
+/// (ordered by start time in the current best schedule) in windows of `window` consecutive
+/// tasks, alternating window boundaries between rounds (offset 0, then window/2) so that no
+/// boundary stays fixed. Each window is solved with the rest of the plan frozen and its
+/// boundary carried in (stream free times, releases from dependencies outside the window,
+/// tails of the work after it); the window's solution is turned back into per-stream orders and
+/// the WHOLE plan is re-simulated, contention included. A window is kept only if the step time
+/// does not get worse, so the result is never slower than the start schedule, and the search
+/// stops at the time budget with the best plan so far.
+
+#include <concerto/core/error.hpp>
+#include <concerto/ir/graph.hpp>
+#include <concerto/plan/lower_bound.hpp>
+#include <concerto/planner/list.hpp>
+#include <concerto/planner/z3_window.hpp>
+#include <concerto/sim/simulate.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace concerto::planner {
+
+/// @brief Tuning of improve_schedule.
+struct windowed_options {
+  /// Tasks per window. 40 is where Z3 still proves most layer-graph windows in a fraction of
+  /// a second on the 2-core machine; beyond it proofs stall (docs/planner.md has the table).
+  int window = 40;
+  int rounds = 4;                    ///< passes over the task list, alternating boundaries
+  double window_time_limit_s = 1.0;  ///< Z3 time per window
+  double time_budget_s = 30;         ///< the whole search; the best plan so far is returned
+  bool progress = true;              ///< progress on stderr once planning takes over a second
+};
+
+/// @brief What improve_schedule did.
+struct windowed_report {
+  double solve_seconds = 0;
+  int windows_total = 0;
+  int windows_optimal = 0;  ///< windows whose schedule Z3 proved optimal
+  double start_step_us = 0;
+  double final_step_us = 0;
+  double lower_bound_us = 0;  ///< plan::compute_lower_bound of the graph
+};
+
+namespace detail {
+
+// Longest path of durations from each task's end to the end of the step, ignoring resources.
+inline std::vector<double> work_after(const ir::graph& g, std::span<const double> d) {
+  std::vector<double> after(g.tasks.size(), 0.0);
+  const auto succ = g.successors();
+  const auto topo = g.topological_order();
+  for (auto it = topo.rbegin(); it != topo.rend(); ++it) {
+    const auto u = static_cast<std::size_t>(*it);
+    for (auto s : succ[u]) {
+      const auto v = static_cast<std::size_t>(s);
+      after[u] = std::max(after[u], d[v] + after[v]);
+    }
+  }
+  return after;
+}
+
+// Tasks by simulated start; ties (zero-length tasks) by topological rank, so that a
+// dependency never points from a later position to an earlier one.
+inline std::vector<ir::task_id> by_start(const sim::result& r, const std::vector<int>& topo_rank) {
+  std::vector<ir::task_id> list(r.start_us.size());
+  std::iota(list.begin(), list.end(), 0);
+  std::sort(list.begin(), list.end(), [&](ir::task_id a, ir::task_id b) {
+    const auto ua = static_cast<std::size_t>(a), ub = static_cast<std::size_t>(b);
+    if (r.start_us[ua] != r.start_us[ub]) return r.start_us[ua] < r.start_us[ub];
+    return topo_rank[ua] < topo_rank[ub];
+  });
+  return list;
+}
+
+struct window_cut {
+  window_problem problem;
+  std::vector<ir::task_id> tasks;  // window index -> task id
+};
+
+// The window list[begin, end) with the rest of the plan frozen around it.
+inline window_cut cut_window(const ir::graph& g, std::span<const double> d, const sim::result& r,
+                             const std::vector<ir::task_id>& list, std::size_t begin, std::size_t end,
+                             const std::vector<double>& after) {
+  window_cut cut;
+  std::vector<int> index(g.tasks.size(), -1);
+  for (std::size_t k = begin; k < end; ++k) {
+    index[static_cast<std::size_t>(list[k])] = static_cast<int>(k - begin);
+    cut.tasks.push_back(list[k]);
+  }
+  auto& p = cut.problem;
+  p.stream_free.assign(g.streams.size(), 0.0);
+  for (std::size_t k = 0; k < begin; ++k) {
+    const auto u = static_cast<std::size_t>(list[k]);
+    auto& f = p.stream_free[static_cast<std::size_t>(g.tasks[u].stream)];
+    f = std::max(f, r.end_us[u]);
+  }
+  const auto succ = g.successors();
+  for (auto id : cut.tasks) {
+    const auto u = static_cast<std::size_t>(id);
+    const auto& t = g.tasks[u];
+    window_task w;
+    w.stream = t.stream;
+    w.duration = d[u];
+    for (auto dep : t.deps) {
+      const auto v = static_cast<std::size_t>(dep);
+      if (index[v] >= 0) w.preds.push_back(index[v]);
+      else w.release = std::max(w.release, r.end_us[v]);
+    }
+    for (auto s : succ[u]) {
+      const auto v = static_cast<std::size_t>(s);
+      if (index[v] < 0) w.tail = std::max(w.tail, d[v] + after[v]);
+    }
+    p.tasks.push_back(std::move(w));
+    p.hint_start.push_back(r.start_us[u]);
+  }
+  return cut;
+}
+
+// The window's tasks take the window's positions in each stream's order, sorted by their
+// solved start; every other task keeps its place.
+inline std::vector<std::vector<ir::task_id>> splice(const ir::graph& g, const std::vector<std::vector<ir::task_id>>& order,
+                                                   const window_cut& cut, const window_solution& sol,
+                                                   const std::vector<int>& topo_rank) {
+  std::vector<int> index(g.tasks.size(), -1);
+  for (std::size_t k = 0; k < cut.tasks.size(); ++k) index[static_cast<std::size_t>(cut.tasks[k])] = static_cast<int>(k);
+  auto out = order;
+  for (auto& stream_order : out) {
+    std::vector<std::size_t> slots;
+    std::vector<ir::task_id> mine;
+    for (std::size_t k = 0; k < stream_order.size(); ++k)
+      if (index[static_cast<std::size_t>(stream_order[k])] >= 0) {
+        slots.push_back(k);
+        mine.push_back(stream_order[k]);
+      }
+    std::sort(mine.begin(), mine.end(), [&](ir::task_id a, ir::task_id b) {
+      const double sa = sol.start[static_cast<std::size_t>(index[static_cast<std::size_t>(a)])];
+      const double sb = sol.start[static_cast<std::size_t>(index[static_cast<std::size_t>(b)])];
+      return sa != sb ? sa < sb : topo_rank[static_cast<std::size_t>(a)] < topo_rank[static_cast<std::size_t>(b)];
+    });
+    for (std::size_t k = 0; k < slots.size(); ++k) stream_order[slots[k]] = mine[k];
+  }
+  return out;
+}
+
+} // namespace detail
+
+/// @brief Improves `start` window by window with Z3; the result is never slower than `start`.
+///
+/// `start.graph` is the graph scheduled (`g` when `start.graph` has no tasks); `durations[i]`
+/// is task i's uncontended duration and `overlap_slowdown` the simulator's contention factor.
+/// The step time of a candidate is always the simulator's, so the guarantee holds with
+/// contention even though each window is solved without it.
+///
+/// @code
+/// auto start = planner::list_schedule("xla_lhs", g, durations);
+/// planner::windowed_report rep;
+/// auto best = planner::improve_schedule(g, start, durations, 1.2, {.time_budget_s = 10}, &rep);
+/// std::printf("%.1f -> %.1f us (bound %.1f)\n", rep.start_step_us, rep.final_step_us, rep.lower_bound_us);
+/// @endcode
+inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<const double> durations,
+                                 double overlap_slowdown, const windowed_options& options,
+                                 windowed_report* report = nullptr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  if (start.graph.tasks.empty()) start.graph = g;
+  const ir::graph& graph = start.graph;
+  if (durations.size() != graph.tasks.size())
+    fail("improve_schedule of graph '" + graph.name + "': " + std::to_string(durations.size()) +
+         " durations for " + std::to_string(graph.tasks.size()) + " tasks");
+  if (options.window < 2) fail("windowed_options.window must be at least 2, not " + std::to_string(options.window));
+  if (options.rounds < 0) fail("windowed_options.rounds must not be negative");
+
+  auto best_sim = sim::simulate(graph, start.order, durations, overlap_slowdown);
+  windowed_report rep;
+  rep.start_step_us = best_sim.step_us;
+  rep.lower_bound_us = plan::compute_lower_bound(graph, durations).value;
+
+  const auto topo = graph.topological_order();
+  std::vector<int> topo_rank(graph.tasks.size());
+  for (std::size_t k = 0; k < topo.size(); ++k) topo_rank[static_cast<std::size_t>(topo[k])] = static_cast<int>(k);
+  const auto after = detail::work_after(graph, durations);
+  const auto n = graph.tasks.size();
+  const auto w = static_cast<std::size_t>(options.window);
+  z3::context ctx;
+  double last_progress = 0;
+  bool out_of_time = false;
+
+  for (int round = 0; round < options.rounds && !out_of_time; ++round) {
+    if (best_sim.step_us <= rep.lower_bound_us * (1 + 1e-9)) break;  // nothing left to gain
+    // Odd rounds shift the boundaries by half a window; the first window is then a half one.
+    const std::size_t shift = round % 2 == 0 ? 0 : w / 2;
+    auto list = detail::by_start(best_sim, topo_rank);
+    for (std::size_t begin = 0; begin < n;) {
+      const std::size_t end = std::min(n, begin == 0 && shift > 0 ? shift : begin + w);
+      const double left = options.time_budget_s - elapsed();
+      if (left <= 0) {
+        out_of_time = true;
+        break;
+      }
+      const auto cut = detail::cut_window(graph, durations, best_sim, list, begin, end, after);
+      const auto sol = solve_window(cut.problem, std::min(options.window_time_limit_s, left), &ctx);
+      ++rep.windows_total;
+      rep.windows_optimal += sol.optimal ? 1 : 0;
+      if (sol.improved) {
+        auto order = detail::splice(graph, start.order, cut, sol, topo_rank);
+        std::optional<sim::result> candidate;
+        try {
+          candidate = sim::simulate(graph, order, durations, overlap_slowdown);
+        } catch (const concerto::error&) {
+          // A splice that deadlocks the plan (zero-length ties) is a rejected candidate.
+        }
+        if (candidate && candidate->step_us <= best_sim.step_us) {
+          start.order = std::move(order);
+          best_sim = std::move(*candidate);
+          list = detail::by_start(best_sim, topo_rank);
+        }
+      }
+      begin = end;
+      const double now = elapsed();
+      if (options.progress && now > 1.0 && now - last_progress >= 1.0) {
+        last_progress = now;
+        std::fprintf(stderr, "concerto: planning '%s': round %d/%d, %d windows (%d proven), step %.1f us (start %.1f), gap to bound %.1f%%\n",
+                     graph.name.c_str(), round + 1, options.rounds, rep.windows_total, rep.windows_optimal,
+                     best_sim.step_us, rep.start_step_us,
+                     rep.lower_bound_us > 0 ? 100.0 * (best_sim.step_us / rep.lower_bound_us - 1) : 0.0);
+      }
+    }
+  }
+  rep.final_step_us = best_sim.step_us;
+  rep.solve_seconds = elapsed();
+  if (report) *report = rep;
+  return start;
+}
+
+} // namespace concerto::planner

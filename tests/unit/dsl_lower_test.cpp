@@ -1,0 +1,206 @@
+#include <concerto/concerto.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <random>
+
+using namespace concerto;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+inline constexpr axis<"dp"> dp;
+inline constexpr axis<"tp"> tp;
+constexpr auto act = spec(shard(dp), replicate);
+constexpr auto x = input<"x">(act);
+constexpr auto w1 = param<"w1">(spec(replicate, shard(tp)));
+constexpr auto w2 = param<"w2">(spec(shard(tp), replicate));
+constexpr auto loss = mse(matmul(gelu(matmul(x, w1)), w2), input<"target">(act));
+constexpr auto step = program(loss, sgd{});
+
+shape_map mlp_shapes(std::int64_t batch = 8, std::int64_t hidden = 16, std::int64_t ffn = 32) {
+  return {{"x", {batch, hidden}}, {"target", {batch, hidden}}, {"w1", {hidden, ffn}}, {"w2", {ffn, hidden}}};
+}
+const ir::task& task_named(const ir::graph& g, const std::string& name) {
+  for (const auto& t : g.tasks)
+    if (t.name == name) return t;
+  FAIL("no task " << name);
+  return g.tasks.front();
+}
+const ir::buffer& buffer_named(const ir::graph& g, const std::string& name) {
+  for (const auto& b : g.buffers)
+    if (b.name == name) return b;
+  FAIL("no buffer " << name);
+  return g.buffers.front();
+}
+int count(const ir::graph& g, ir::op_kind k, int axis = -2) {
+  int n = 0;
+  for (const auto& t : g.tasks) n += t.kind == k && (axis == -2 || t.axis == axis);
+  return n;
+}
+} // namespace
+
+TEST_CASE("the DP x TP MLP lowers to the expected per-rank graph", "[dsl][lower]") {
+  const auto m = mesh::from_world(4, {{"dp", 2, ir::link_class::inter_node}, {"tp", 2}});
+  const auto g = lower(step, mlp_shapes(), m);
+  SECTION("buffers have local shapes") {
+    CHECK(buffer_named(g, "x").shape == std::vector<std::int64_t>{4, 16});
+    CHECK(buffer_named(g, "w1").shape == std::vector<std::int64_t>{16, 16});
+    CHECK(buffer_named(g, "w2").shape == std::vector<std::int64_t>{16, 16});
+    CHECK(buffer_named(g, "w1").role == ir::buffer_role::param);
+    CHECK(buffer_named(g, "w1.grad").role == ir::buffer_role::gradient);
+    CHECK(buffer_named(g, "x").bytes == 4 * 16 * 4);
+  }
+  SECTION("forward matmuls carry m, n, k of the local operands") {
+    const auto& fc1 = task_named(g, "matmul#2");
+    CHECK(fc1.attr("m") == 4);
+    CHECK(fc1.attr("n") == 16);
+    CHECK(fc1.attr("k") == 16);
+    CHECK(fc1.attr("trans_a") == 0);
+    CHECK(fc1.flops == 2.0 * 4 * 16 * 16);
+  }
+  SECTION("the weight-gradient matmul reads the activation transposed") {
+    const auto w2_grad_matmul = step.nodes[step.find("w2.grad")].in[0];
+    const auto& t = task_named(g, step.name_of(w2_grad_matmul));
+    CHECK(t.attr("trans_a") == 1);
+    CHECK(t.attr("m") == 16); // ffn/tp rows of w2
+    CHECK(t.attr("k") == 4);  // the local batch is contracted
+    CHECK(t.attr("n") == 16);
+    CHECK(t.step_phase == ir::phase::backward);
+  }
+  SECTION("collectives run on their axis's lane, as many as the program says") {
+    CHECK(count(g, ir::op_kind::all_reduce, 1) == step.count(collective::all_reduce, tp));
+    CHECK(count(g, ir::op_kind::all_reduce, 0) == step.count(collective::all_reduce, dp));
+    for (const auto& t : g.tasks)
+      if (ir::is_collective(t.kind)) CHECK(g.streams[static_cast<std::size_t>(t.stream)].axis == t.axis);
+    const auto& fwd_ar = task_named(g, "all_reduce#7");
+    CHECK(fwd_ar.axis == 1);
+    CHECK(fwd_ar.bytes == 4 * 16 * 4);
+    CHECK(fwd_ar.step_phase == ir::phase::forward);
+  }
+  SECTION("every op has its fn and the optimizer updates the parameters in place") {
+    CHECK(task_named(g, "gelu#3").fn == "gelu");
+    CHECK(task_named(g, "mse#8").fn == "mse");
+    const auto& upd = task_named(g, "w1.update");
+    CHECK(upd.fn == "sgd");
+    CHECK(upd.kind == ir::op_kind::optimizer_update);
+    CHECK(upd.step_phase == ir::phase::optimizer);
+    CHECK(g.buffers[static_cast<std::size_t>(upd.writes.at(0))].name == "w1");
+  }
+  SECTION("the update of a weight waits for its gradient all-reduce") {
+    const auto& upd = task_named(g, "w1.update");
+    const auto ar = task_named(g, "w1.grad").id;
+    CHECK(std::find(upd.deps.begin(), upd.deps.end(), ar) != upd.deps.end());
+  }
+}
+
+TEST_CASE("lowering refuses shapes that do not fit", "[dsl][lower]") {
+  const auto m = mesh::from_world(8, {{"dp", 4}, {"tp", 2}});
+  SECTION("a dimension that does not divide names the tensor, dimension and axis") {
+    auto shapes = mlp_shapes();
+    shapes["x"] = {6, 16};
+    shapes["target"] = {6, 16};
+    CHECK_THROWS_WITH(lower(step, shapes, m),
+                      ContainsSubstring("'x' dimension 0 (size 6)") && ContainsSubstring("'dp' (size 4)"));
+    auto odd = mlp_shapes(8, 16, 33);
+    CHECK_THROWS_WITH(lower(step, odd, m), ContainsSubstring("'w1' dimension 1") && ContainsSubstring("'tp'"));
+  }
+  SECTION("a missing shape names the leaf") {
+    auto shapes = mlp_shapes();
+    shapes.erase("w2");
+    CHECK_THROWS_WITH(lower(step, shapes, m), ContainsSubstring("'w2'"));
+  }
+  SECTION("a shape of the wrong rank names the leaf and its spec") {
+    auto shapes = mlp_shapes();
+    shapes["w1"] = {16, 32, 2};
+    CHECK_THROWS_WITH(lower(step, shapes, m), ContainsSubstring("'w1'") && ContainsSubstring("[R,tp]"));
+  }
+  SECTION("contracted sizes must agree") {
+    auto shapes = mlp_shapes();
+    shapes["w1"] = {24, 32};
+    CHECK_THROWS_WITH(lower(step, shapes, m), ContainsSubstring("contracted sizes differ"));
+  }
+  SECTION("a mesh without an axis the program uses is named") {
+    CHECK_THROWS_WITH(lower(step, mlp_shapes(), mesh::from_world(4, {{"dp", 4}})), ContainsSubstring("'tp'"));
+  }
+}
+
+TEST_CASE("ZeRO lowers to sharded storage and in-place updates", "[dsl][lower][zero]") {
+  const auto m = mesh::from_world(4, {{"dp", 2}, {"tp", 2}});
+  SECTION("ZeRO-3 stores a shard and gathers it") {
+    constexpr auto z3 = program(loss, zero<3>(adamw{}, dp));
+    const auto g = lower(z3, mlp_shapes(), m);
+    CHECK(buffer_named(g, "w1").shape == std::vector<std::int64_t>{8, 16});
+    CHECK(count(g, ir::op_kind::all_gather, 0) == 4);
+    CHECK(count(g, ir::op_kind::reduce_scatter, 0) == 2);
+    CHECK(buffer_named(g, "w1.m").role == ir::buffer_role::optimizer_state);
+    CHECK(buffer_named(g, "w1.m").shape == std::vector<std::int64_t>{8, 16});
+    const auto& upd = task_named(g, "w1.update");
+    CHECK(upd.fn == "adamw");
+    CHECK(upd.reads.size() == 4);
+    CHECK(g.buffers[static_cast<std::size_t>(upd.writes.at(0))].name == "w1");
+    // Each weight is split over dp along its first dimension not already split (w2 is [tp,dp]).
+    for (const auto& t : g.tasks)
+      if (t.kind == ir::op_kind::all_gather)
+        CHECK(t.attr("dim", -1) == (g.buffers[static_cast<std::size_t>(t.reads[0])].name == "w1" ? 0 : 1));
+  }
+  SECTION("ZeRO-2 updates a shard and gathers it into the parameter") {
+    constexpr auto z2 = program(loss, zero<2>(adamw{}, dp));
+    const auto g = lower(z2, mlp_shapes(), m);
+    CHECK(buffer_named(g, "w1").shape == std::vector<std::int64_t>{16, 16});
+    CHECK(buffer_named(g, "w1.grad").shape == std::vector<std::int64_t>{8, 16});
+    const auto& gather = task_named(g, "w1.new");
+    CHECK(gather.kind == ir::op_kind::all_gather);
+    CHECK(g.buffers[static_cast<std::size_t>(gather.writes.at(0))].name == "w1");
+    CHECK(gather.step_phase == ir::phase::optimizer);
+  }
+}
+
+TEST_CASE("a GPT block lowers with attention attributes", "[dsl][lower][gpt]") {
+  constexpr auto vec = spec(replicate);
+  constexpr auto col = spec(replicate, shard(tp));
+  constexpr auto row = spec(shard(tp), replicate);
+  constexpr auto res = spec(shard(dp), shard(tp), replicate); // sequence parallel
+  constexpr auto h = input<"x">(res);
+  constexpr auto a = layernorm(h, param<"ln.g">(vec), param<"ln.b">(vec));
+  constexpr auto att = causal_attention(matmul(a, param<"wq">(col)), matmul(a, param<"wk">(col)), matmul(a, param<"wv">(col)));
+  constexpr auto blk = program(mse(h + matmul(att, param<"wo">(row)), data<"y">(res)), adamw{});
+  const auto m = mesh::from_world(4, {{"dp", 2}, {"tp", 2}});
+  const shape_map shapes{{"x", {4, 8, 32}}, {"y", {4, 8, 32}}, {"ln.g", {32}}, {"ln.b", {32}},
+                         {"wq", {32, 32}}, {"wk", {32, 32}}, {"wv", {32, 32}}, {"wo", {32, 32}}};
+  const auto g = lower(blk, shapes, m, {"gpt", 4});
+  const auto& fwd = task_named(g, blk.name_of([&] {
+    for (int i = 0; i < blk.size; ++i)
+      if (blk.nodes[i].op == op_code::attention) return i;
+    return -1;
+  }()));
+  CHECK(fwd.attr("batch") == 2);
+  CHECK(fwd.attr("seq") == 8);   // gathered over tp before attention
+  CHECK(fwd.attr("heads") == 2); // 4 heads split over tp = 2
+  CHECK(fwd.attr("head_dim") == 8);
+  CHECK(fwd.attr("causal") == 1);
+  CHECK(count(g, ir::op_kind::all_gather, 1) == blk.count(collective::all_gather, tp));
+  CHECK(count(g, ir::op_kind::reduce_scatter, 1) == blk.count(collective::reduce_scatter, tp));
+  // dq, dk, dv are views of the packed attention gradient.
+  int views = 0;
+  for (const auto& b : g.buffers) views += b.view_of >= 0;
+  CHECK(views == 3);
+  CHECK(buffer_named(g, "x").shape == std::vector<std::int64_t>{2, 4, 32});
+}
+
+TEST_CASE("lowering keeps global sizes over random meshes", "[dsl][lower][property]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 25; ++trial) {
+    const int dps = 1 + static_cast<int>(rng() % 4), tps = 1 + static_cast<int>(rng() % 4);
+    const auto m = mesh::from_world(dps * tps, {{"dp", dps}, {"tp", tps}});
+    const std::int64_t batch = dps * (1 + rng() % 3), hidden = 4 * (1 + rng() % 3), ffn = tps * (1 + rng() % 5);
+    const auto g = lower(step, mlp_shapes(batch, hidden, ffn), m);
+    REQUIRE_NOTHROW(g.validate());
+    // A leaf's local elements times the ranks that split it give its global size.
+    CHECK(buffer_named(g, "x").bytes * dps == batch * hidden * 4);
+    CHECK(buffer_named(g, "w1").bytes * tps == hidden * ffn * 4);
+    CHECK(buffer_named(g, "w2.grad").bytes * tps == hidden * ffn * 4);
+    CHECK(count(g, ir::op_kind::all_reduce) == 4);
+    CHECK(g.tasks.size() == static_cast<std::size_t>(step.size - 4)); // leaves make no task
+  }
+}
