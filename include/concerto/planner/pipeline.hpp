@@ -1,0 +1,92 @@
+#pragma once
+/// @file
+/// @brief From a task graph and a cost model to a verified plan, with any policy.
+///
+/// The pipeline is the one entry point the tools, the benchmarks and the runtime call:
+/// durations come from the cost model; a list scheduler (the baselines) or the solver
+/// (`concerto`, warm-started from the best baseline) orders every stream; the simulator
+/// turns the orders into start times with contention; the verifier checks the result.
+///
+/// @code
+/// auto graph = ir::make_workload("gpt-zero3", {.layers = 4});
+/// auto model = cost::model::preset("h100x64");
+/// plan::plan p = planner::make_plan(graph, model, {.policy = "concerto"});
+/// std::cout << p.step_us() << " us\n";
+/// @endcode
+
+#include <concerto/cost/model.hpp>
+#include <concerto/plan/lower_bound.hpp>
+#include <concerto/plan/plan.hpp>
+#include <concerto/plan/verify.hpp>
+#include <concerto/planner/list.hpp>
+#include <concerto/planner/windowed.hpp>
+#include <concerto/sim/simulate.hpp>
+
+#include <chrono>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace concerto::planner {
+
+/// @brief How to plan.
+struct plan_options {
+  std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs) or concerto
+  windowed_options solver{};       ///< the solver's window size, rounds and time budget
+};
+
+/// @brief Every policy make_plan accepts.
+inline std::vector<std::string> policy_names() {
+  auto names = list_policy_names();
+  names.emplace_back("concerto");
+  return names;
+}
+
+/// @brief The list schedule with the smallest simulated step time: the solver's warm start.
+inline schedule best_list_schedule(const ir::graph& g, std::span<const double> durations, double slowdown,
+                                   std::string* chosen_policy = nullptr) {
+  schedule best;
+  double best_step = std::numeric_limits<double>::infinity();
+  for (const auto& name : list_policy_names()) {
+    auto candidate = list_schedule(name, g, durations);
+    const double step = sim::simulate(candidate.graph, candidate.order, durations, slowdown).step_us;
+    if (step < best_step) {
+      best_step = step;
+      best = std::move(candidate);
+      if (chosen_policy) *chosen_policy = name;
+    }
+  }
+  return best;
+}
+
+/// @brief Plans `g` with `options.policy`; the plan is verified before it is returned.
+inline plan::plan make_plan(const ir::graph& g, const cost::model& model, const plan_options& options = {}) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto known = policy_names();
+  if (std::find(known.begin(), known.end(), options.policy) == known.end()) {
+    std::string list;
+    for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
+    fail("unknown planning policy '" + options.policy + "' (known: " + list + ")");
+  }
+  const auto durations = model.durations_us(g);
+  const double slowdown = model.overlap_slowdown();
+  schedule chosen;
+  windowed_report report{};
+  if (options.policy == "concerto") {
+    chosen = improve_schedule(g, best_list_schedule(g, durations, slowdown), durations, slowdown, options.solver,
+                              &report);
+  } else {
+    chosen = list_schedule(options.policy, g, durations);
+  }
+  const auto final_durations = model.durations_us(chosen.graph);
+  auto p = sim::to_plan(std::move(chosen.graph), std::move(chosen.order), final_durations, slowdown, options.policy,
+                        model.hw().name);
+  p.stats.lower_bound_us = plan::compute_lower_bound(g, durations).value;
+  p.stats.windows_total = report.windows_total;
+  p.stats.windows_optimal = report.windows_optimal;
+  p.stats.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  plan::verify(p);
+  return p;
+}
+
+} // namespace concerto::planner
