@@ -8,18 +8,25 @@
 
 #include <concerto/core/error.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <fstream> // kept: includers of this header write streams too
 #include <random>
 #include <string>
 #include <string_view>
 #include <system_error>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace concerto {
 
 /// @brief Writes `content` to `path` through a temporary file in the same directory and a
 /// rename, which POSIX makes atomic on one file system. Creates missing parent directories.
 /// Throws concerto::error naming the path when anything fails; the temporary file is removed.
+/// The temporary file is fsynced before the rename and the directory after it, so that after a
+/// crash or power loss the path holds the old content or the whole new one, never a prefix.
 ///
 /// @code
 /// concerto::write_file_atomically("out/step.trace.json", concerto::trace::chrome_trace(g, r));
@@ -39,14 +46,31 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
   fs::path temp = path;
   temp += ".tmp." + suffix;
   {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot open '" + temp.string() + "' to write '" + path.string() + "'");
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      fs::remove(temp, ec);
-      fail("cannot write '" + path.string() + "' (through '" + temp.string() + "')");
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+      fail("cannot open '" + temp.string() + "' to write '" + path.string() + "': " + std::strerror(errno));
+    const auto give_up = [&](std::string_view what) {
+      const int saved = errno;
+      ::close(fd);
+      std::error_code ignored;
+      fs::remove(temp, ignored);
+      fail("cannot " + std::string(what) + " '" + path.string() + "' (through '" + temp.string() +
+           "'): " + std::strerror(saved));
+    };
+    for (std::size_t done = 0; done < content.size();) {
+      const auto n = ::write(fd, content.data() + done, content.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) give_up("write");
+      done += static_cast<std::size_t>(n);
+    }
+    // Without this, the rename can reach the disk before the data: a crash would leave the
+    // new name on an empty or partial file.
+    if (::fsync(fd) != 0) give_up("flush to disk");
+    if (::close(fd) != 0) {
+      const int saved = errno;
+      std::error_code ignored;
+      fs::remove(temp, ignored);
+      fail("cannot write '" + path.string() + "' (closing '" + temp.string() + "'): " + std::strerror(saved));
     }
   }
   fs::rename(temp, path, ec);
@@ -54,6 +78,14 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
     std::error_code ignored;
     fs::remove(temp, ignored);
     fail("cannot rename '" + temp.string() + "' to '" + path.string() + "': " + ec.message());
+  }
+  // The rename lives in the directory; syncing it makes the new name durable. Best effort:
+  // the content is already complete under the new name, and some file systems refuse fsync
+  // on a directory.
+  const fs::path dir = parent.empty() ? fs::path(".") : parent;
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
   }
 }
 

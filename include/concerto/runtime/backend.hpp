@@ -1,0 +1,80 @@
+#pragma once
+/// @file
+/// @brief What an executor needs from a backend (MPI on CPU, NCCL + CUDA on GPU).
+///
+/// The executor owns the schedule: which task of which stream is issued when. A backend owns
+/// the resources: memory, kernels, communicators, streams. The split is drawn so that both
+/// kinds of backend fit the same loop:
+///
+/// - On MPI (`stream_ordered == false`) a compute task runs to completion inside
+///   `run_compute`, and a collective is a non-blocking MPI request that completes only when
+///   tested; a task may start only once every dependency has *completed*.
+/// - On a GPU (`stream_ordered == true`) `run_compute` and `start_collective` only enqueue on
+///   the task's stream; a dependency is satisfied as soon as it is *issued*, because the
+///   device orders work on one stream, and across streams the executor calls
+///   `record(dep)` after issuing a task that a task of another stream waits for and
+///   `stream_wait(stream, dep)` before issuing that task (an event record and a
+///   cudaStreamWaitEvent). Only the plan's cross-stream dependencies produce such waits.
+///
+/// Plan agreement needs three primitives on the world group: broadcast of bytes from a root,
+/// a min-reduction of an integer, and a barrier.
+
+#include <concerto/ir/graph.hpp>
+#include <concerto/plan/plan.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace concerto::runtime {
+
+/// @brief The clock every deadline and measured time uses.
+using clock = std::chrono::steady_clock;
+
+/// @brief A backend the executor can drive.
+///
+/// Members (b a backend, t a task, h a handle):
+/// - `B::handle`: an in-flight collective (an MPI_Request, a CUDA event); default-constructible.
+/// - `B::stream_ordered`: true when issuing a task orders it after the earlier tasks of its stream.
+/// - `b.prepare(plan)`: once, before the first step: allocate the arena from the plan's
+///   memory layout, resolve every compute task to a kernel, create one communicator per lane.
+/// - `b.begin_step(step)` / `b.end_step()`: around each step (step counts from 1); a GPU
+///   backend synchronises its streams in `end_step`.
+/// - `b.run_compute(t)`: run (MPI) or enqueue (GPU) a compute task.
+/// - `b.start_collective(t) -> handle`: start a non-blocking collective on the task's lane.
+/// - `b.test(h) -> bool`: progress and test one collective.
+/// - `b.wait_any(in_flight, deadline) -> optional<index>`: block until one completes, or
+///   nullopt at the deadline.
+/// - `b.record(t)`, `b.stream_wait(stream, t)`: the cross-stream dependency pair (no-ops on MPI).
+/// - `b.rank()`, `b.world_size()`, `b.broadcast(bytes, root)`, `b.min_all(v)`, `b.barrier()`:
+///   plan agreement over all ranks.
+/// @code
+/// static_assert(runtime::backend<runtime::mpi::backend>);
+/// @endcode
+template <class B>
+concept backend = requires(B& b, const B& cb, const plan::plan& p, const ir::task& t, ir::stream_id s,
+                           typename B::handle& h, std::span<typename B::handle> in_flight, clock::time_point deadline,
+                           std::string& bytes, int root, std::int64_t value) {
+  requires std::default_initializable<typename B::handle>;
+  { B::stream_ordered } -> std::convertible_to<bool>;
+  b.prepare(p);
+  b.begin_step(value);
+  b.end_step();
+  b.run_compute(t);
+  { b.start_collective(t) } -> std::same_as<typename B::handle>;
+  { b.test(h) } -> std::same_as<bool>;
+  { b.wait_any(in_flight, deadline) } -> std::same_as<std::optional<std::size_t>>;
+  b.record(t);
+  b.stream_wait(s, t);
+  { cb.rank() } -> std::convertible_to<int>;
+  { cb.world_size() } -> std::convertible_to<int>;
+  b.broadcast(bytes, root);
+  { b.min_all(value) } -> std::same_as<std::int64_t>;
+  b.barrier();
+};
+
+} // namespace concerto::runtime
