@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   app.add_option("--layers", wopt.layers, "layers of the workload (0: full depth)");
   app.add_option("--ranks", wopt.ranks, "ranks of the workload's mesh");
   app.add_option("--ranks-per-node", wopt.ranks_per_node, "ranks per node");
+  app.add_option("--micro-batch", wopt.micro_batch, "sequences per rank per step")->capture_default_str();
   app.add_option("-p,--policy", policy, "policy: " + join(planner::policy_names()))->capture_default_str();
   app.add_option("--preset", preset, "cost-model preset: " + join(cost::preset_names()))->capture_default_str();
   app.add_option("--time-budget", popt.solver.time_budget_s, "solver time budget in seconds (concerto policy)")

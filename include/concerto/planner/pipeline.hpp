@@ -14,6 +14,7 @@
 /// std::cout << p.step_us() << " us\n";
 /// @endcode
 
+#include <concerto/core/hash.hpp>
 #include <concerto/cost/model.hpp>
 #include <concerto/plan/lower_bound.hpp>
 #include <concerto/plan/plan.hpp>
@@ -34,6 +35,14 @@ struct plan_options {
   std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs) or concerto
   windowed_options solver{};       ///< the solver's window size, rounds and time budget
 };
+
+/// @brief Hash of the options that change the plan make_plan returns (for the plan cache key);
+/// `progress` only changes what is printed, so it is left out.
+inline std::uint64_t hash(const plan_options& o) {
+  hasher h;
+  h.add(o.policy).add(o.solver.window).add(o.solver.rounds).add(o.solver.window_time_limit_s).add(o.solver.time_budget_s);
+  return h.value();
+}
 
 /// @brief Every policy make_plan accepts.
 inline std::vector<std::string> policy_names() {

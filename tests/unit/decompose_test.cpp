@@ -1,0 +1,266 @@
+#include <concerto/ir/builder.hpp>
+#include <concerto/ir/workloads.hpp>
+#include <concerto/plan/verify.hpp>
+#include <concerto/planner/decompose.hpp>
+
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+using namespace concerto;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+constexpr std::int64_t tok = 16384, hid = 4096, out_n = 4096;
+
+ir::task_id find(const ir::graph& g, const std::string& name) {
+  for (const auto& t : g.tasks)
+    if (t.name == name) return t.id;
+  FAIL("no task named " << name);
+  return -1;
+}
+
+std::vector<const ir::task*> named_prefix(const ir::graph& g, const std::string& prefix) {
+  std::vector<const ir::task*> out;
+  for (const auto& t : g.tasks)
+    if (t.name.rfind(prefix, 0) == 0) out.push_back(&t);
+  return out;
+}
+
+// all_gather of a sequence-parallel activation feeding a column-parallel matmul (Megatron-SP).
+// With `hidden`, an independent matmul comes first, so the gather runs under it.
+ir::graph gather_graph(bool hidden) {
+  ir::builder b("tp-gather");
+  const int tp = b.axis("tp", 8);
+  const auto x = b.buffer("x.sp", {tok / 8, hid}, ir::buffer_role::input, ir::dtype::bf16);
+  const auto w = b.buffer("w", {hid, out_n}, ir::buffer_role::param, ir::dtype::bf16);
+  if (hidden) {
+    const auto u = b.buffer("u", {tok, hid}, ir::buffer_role::input, ir::dtype::bf16);
+    const auto z = b.buffer("z", {tok, out_n}, ir::buffer_role::activation, ir::dtype::bf16);
+    b.matmul("independent", u, w, z, tok, out_n, hid);
+  }
+  const auto xf = b.buffer("x.full", {tok, hid}, ir::buffer_role::activation, ir::dtype::bf16);
+  b.collective(ir::op_kind::all_gather, "x.ag", tp, x, xf);
+  const auto y = b.buffer("y", {tok, out_n}, ir::buffer_role::activation, ir::dtype::bf16);
+  b.matmul("fc", xf, w, y, tok, out_n, hid);
+  const auto o = b.buffer("o", {tok, out_n}, ir::buffer_role::activation, ir::dtype::bf16);
+  b.compute(ir::op_kind::elementwise, "gelu", {y}, {o}, {"gelu", double(tok * out_n), -1, {}});
+  return std::move(b).finish();
+}
+
+// A row-parallel matmul whose partial sums are reduce-scattered, and a weight gradient
+// (A stored transposed) that is all-reduced.
+ir::graph scatter_and_reduce_graph() {
+  ir::builder b("tp-scatter");
+  const int tp = b.axis("tp", 4);
+  const int dp = b.axis("dp", 2, ir::link_class::inter_node);
+  const auto a = b.buffer("a", {tok, hid}, ir::buffer_role::input, ir::dtype::bf16);
+  const auto w = b.buffer("w", {hid, out_n}, ir::buffer_role::param, ir::dtype::bf16);
+  const auto y = b.buffer("y.partial", {tok, out_n}, ir::buffer_role::activation, ir::dtype::bf16);
+  b.matmul("proj", a, w, y, tok, out_n, hid);
+  const auto z = b.buffer("y", {tok / 4, out_n}, ir::buffer_role::activation, ir::dtype::bf16);
+  b.collective(ir::op_kind::reduce_scatter, "y.rs", tp, y, z);
+  const auto dy = b.buffer("dy", {tok, out_n}, ir::buffer_role::input, ir::dtype::bf16);
+  const auto gw = b.buffer("w.grad", {hid, out_n}, ir::buffer_role::gradient, ir::dtype::bf16);
+  b.at(ir::phase::backward);
+  b.matmul("proj.wgrad", a, dy, gw, hid, out_n, tok, 1, /*trans_a=*/true);
+  b.collective(ir::op_kind::all_reduce, "w.grad.ar", dp, gw, gw);
+  return std::move(b).finish();
+}
+
+double sum_of(const std::vector<const ir::task*>& tasks, double ir::task::*field) {
+  double s = 0;
+  for (const auto* t : tasks) s += t->*field;
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("find_candidates reports exposed collectives next to a matmul", "[decompose][candidates]") {
+  const auto model = cost::model::preset("h100x64");
+
+  SECTION("an all_gather feeding a matmul at the start of the step is a candidate for every k") {
+    const auto g = gather_graph(false);
+    const auto c = planner::find_candidates(g, model);
+    REQUIRE(c.size() == 3);
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      CHECK(c[i].collective == find(g, "x.ag"));
+      CHECK(c[i].compute == find(g, "fc"));
+    }
+    CHECK(c[0].chunks == 2);
+    CHECK(c[1].chunks == 4);
+    CHECK(c[2].chunks == 8);
+  }
+  SECTION("the same all_gather hidden under an independent matmul is no candidate") {
+    CHECK(planner::find_candidates(gather_graph(true), model).empty());
+  }
+}
+
+TEST_CASE("apply splits an all_gather and its matmul into chunks over views", "[decompose][apply]") {
+  const auto g = gather_graph(false);
+  const auto ag = find(g, "x.ag"), fc = find(g, "fc");
+  {
+    const int k = GENERATE(2, 4, 8);
+    const std::vector<planner::decomposition> d{{ag, fc, k}};
+    const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+    INFO("k = " << k);
+    REQUIRE_NOTHROW(split.validate());
+    const auto gathers = named_prefix(split, "x.ag.chunk");
+    const auto matmuls = named_prefix(split, "fc.chunk");
+    REQUIRE(gathers.size() == static_cast<std::size_t>(k));
+    REQUIRE(matmuls.size() == static_cast<std::size_t>(k));
+    CHECK(sum_of(gathers, &ir::task::bytes) == Catch::Approx(g[ag].bytes));
+    CHECK(sum_of(matmuls, &ir::task::flops) == Catch::Approx(g[fc].flops));
+    CHECK(sum_of(matmuls, &ir::task::bytes) == Catch::Approx(g[fc].bytes));
+    for (const auto* t : gathers) CHECK(t->kind == ir::op_kind::all_gather);
+    for (const auto* t : matmuls) CHECK(t->attr("m") == tok / k);
+
+    SECTION("chunk i's matmul waits for chunk i's gather only, so later gathers overlap it") {
+      for (int j = 0; j < k; ++j) {
+        const auto& deps = matmuls[static_cast<std::size_t>(j)]->deps;
+        for (int i = 0; i < k; ++i) {
+          const bool has = std::find(deps.begin(), deps.end(), gathers[static_cast<std::size_t>(i)]->id) != deps.end();
+          CHECK(has == (i == j));
+        }
+      }
+    }
+    SECTION("each chunk gathers a contiguous row range of the shard, as a view") {
+      for (int j = 0; j < k; ++j) {
+        const auto& in = split.buffers[static_cast<std::size_t>(gathers[static_cast<std::size_t>(j)]->reads[0])];
+        CHECK(split.buffers[static_cast<std::size_t>(in.view_of)].name == "x.sp");
+        CHECK(in.offset == j * in.bytes);
+        CHECK(in.bytes * k == g.buffers[static_cast<std::size_t>(g[ag].reads[0])].bytes);
+      }
+    }
+    SECTION("one concat restores the output's row order across the 8 ranks, before its consumer") {
+      const auto concat = named_prefix(split, "fc.concat");
+      REQUIRE(concat.size() == 1);
+      CHECK(concat[0]->kind == ir::op_kind::concat);
+      CHECK(concat[0]->attr("outer") == 8);
+      CHECK(concat[0]->attr("length") == tok / 8 / k);
+      CHECK(concat[0]->reads.size() == static_cast<std::size_t>(k));
+      const auto& gelu_deps = split[find(split, "gelu")].deps;
+      CHECK(gelu_deps == std::vector<ir::task_id>{concat[0]->id});
+    }
+    SECTION("the split graph plans and verifies") {
+      REQUIRE_NOTHROW(plan::verify(planner::list_plan(split, cost::model::preset("h100x64"))));
+    }
+  }
+}
+
+TEST_CASE("apply splits matmuls feeding a reduce_scatter or an all_reduce", "[decompose][apply]") {
+  const auto g = scatter_and_reduce_graph();
+  const auto model = cost::model::preset("a800x32");
+
+  SECTION("a reduce_scatter's chunks write contiguous row ranges of its output, fed by row slices") {
+    const std::vector<planner::decomposition> d{{find(g, "y.rs"), find(g, "proj"), 4}};
+    const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+    const auto scatters = named_prefix(split, "y.rs.chunk");
+    const auto slices = named_prefix(split, "proj.slice");
+    REQUIRE(scatters.size() == 4);
+    REQUIRE(slices.size() == 4);
+    CHECK(sum_of(scatters, &ir::task::bytes) == Catch::Approx(g[find(g, "y.rs")].bytes));
+    CHECK(sum_of(named_prefix(split, "proj.chunk"), &ir::task::flops) == Catch::Approx(g[find(g, "proj")].flops));
+    for (std::size_t j = 0; j < 4; ++j) {
+      const auto& out = split.buffers[static_cast<std::size_t>(scatters[j]->writes[0])];
+      CHECK(split.buffers[static_cast<std::size_t>(out.view_of)].name == "y");
+      CHECK(out.offset == static_cast<std::int64_t>(j) * out.bytes);
+      CHECK(slices[j]->attr("outer") == 4);              // one block per rank of the group
+      CHECK(slices[j]->attr("extent") == tok / 4);
+      CHECK(slices[j]->attr("offset") == static_cast<std::int64_t>(j) * (tok / 16));
+    }
+    REQUIRE_NOTHROW(plan::verify(planner::list_plan(split, model)));
+  }
+  SECTION("an all_reduce of a transposed-A weight gradient splits into column slices and in-place views") {
+    const std::vector<planner::decomposition> d{{find(g, "w.grad.ar"), find(g, "proj.wgrad"), 2}};
+    const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+    const auto reduces = named_prefix(split, "w.grad.ar.chunk");
+    REQUIRE(reduces.size() == 2);
+    for (std::size_t j = 0; j < 2; ++j) {
+      const auto& buf = split.buffers[static_cast<std::size_t>(reduces[j]->reads[0])];
+      CHECK(reduces[j]->reads == reduces[j]->writes);
+      CHECK(split.buffers[static_cast<std::size_t>(buf.view_of)].name == "w.grad");
+      CHECK(buf.role == ir::buffer_role::gradient);
+    }
+    const auto slices = named_prefix(split, "proj.wgrad.slice");
+    REQUIRE(slices.size() == 2);
+    CHECK(slices[1]->attr("outer") == tok); // columns of the [tok, hid] input
+    CHECK(slices[1]->attr("inner") == 1);
+    CHECK(slices[1]->attr("offset") == hid / 2);
+    REQUIRE_NOTHROW(plan::verify(planner::list_plan(split, model)));
+  }
+  SECTION("two decompositions apply together and leave the other tasks untouched") {
+    const std::vector<planner::decomposition> d{{find(g, "y.rs"), find(g, "proj"), 2},
+                                                {find(g, "w.grad.ar"), find(g, "proj.wgrad"), 4}};
+    const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+    CHECK(named_prefix(split, "y.rs.chunk").size() == 2);
+    CHECK(named_prefix(split, "w.grad.ar.chunk").size() == 4);
+  }
+}
+
+TEST_CASE("apply rejects decompositions that do not fit, naming the tasks", "[decompose][errors]") {
+  const auto g = gather_graph(false);
+  const auto ag = find(g, "x.ag");
+  const auto apply1 = [&](planner::decomposition d) {
+    const std::vector<planner::decomposition> v{d};
+    return planner::apply(g, std::span<const planner::decomposition>(v));
+  };
+  SECTION("a compute task that is not a matmul") {
+    CHECK_THROWS_WITH(apply1({ag, find(g, "gelu"), 2}),
+                      ContainsSubstring("'x.ag'") && ContainsSubstring("'gelu'") && ContainsSubstring("not a matmul"));
+  }
+  SECTION("a chunk count that does not divide the rows of a rank's shard") {
+    CHECK_THROWS_WITH(apply1({ag, find(g, "fc"), 3}), ContainsSubstring("3 chunks") && ContainsSubstring("'fc'"));
+  }
+  SECTION("the same task in two decompositions") {
+    const std::vector<planner::decomposition> v{{ag, find(g, "fc"), 2}, {ag, find(g, "fc"), 4}};
+    CHECK_THROWS_WITH(planner::apply(g, std::span<const planner::decomposition>(v)),
+                      ContainsSubstring("already part of another decomposition"));
+  }
+}
+
+TEST_CASE("decompose keeps only splits that shorten the simulated step", "[decompose][search]") {
+  const auto model = cost::model::preset("h100x64");
+  const auto judge = planner::simulated_step(model);
+
+  SECTION("an exposed all_gather is split and the step gets shorter") {
+    const auto g = gather_graph(false);
+    const auto r = planner::decompose(g, model);
+    REQUIRE(r.chosen.size() == 1);
+    CHECK(r.step_us_after < r.step_us_before);
+    CHECK(r.step_us_before == Catch::Approx(judge(g)));
+    CHECK(r.step_us_after == Catch::Approx(judge(r.graph)));
+    CHECK(r.graph == planner::apply(g, std::span<const planner::decomposition>(r.chosen)));
+  }
+  SECTION("a graph whose communication is hidden comes back unchanged") {
+    const auto g = gather_graph(true);
+    const auto r = planner::decompose(g, model);
+    CHECK(r.chosen.empty());
+    CHECK(r.graph == g);
+    CHECK(r.step_us_after == r.step_us_before);
+  }
+  SECTION("on a tensor-parallel transformer every candidate applies and the result is never slower") {
+    const auto g = ir::make_workload("llama-tp-sp", {.layers = 1, .ranks = 16});
+    const auto candidates = planner::find_candidates(g, model);
+    REQUIRE(!candidates.empty());
+    double matmul_flops = 0;
+    for (const auto& t : g.tasks) matmul_flops += t.kind == ir::op_kind::matmul ? t.flops : 0;
+    for (const auto& c : candidates) {
+      const std::vector<planner::decomposition> one{c};
+      const auto split = planner::apply(g, std::span<const planner::decomposition>(one));
+      double flops = 0;
+      for (const auto& t : split.tasks) flops += t.kind == ir::op_kind::matmul ? t.flops : 0;
+      CHECK(flops == Catch::Approx(matmul_flops));
+    }
+    const auto r = planner::decompose(g, model);
+    CHECK(r.step_us_after <= r.step_us_before);
+    CHECK(!r.chosen.empty());
+    REQUIRE_NOTHROW(plan::verify(planner::list_plan(r.graph, model)));
+  }
+}
