@@ -62,8 +62,10 @@ constexpr auto wte = param<"wte">(spec(shard(tp), replicate));
 constexpr auto lm = program(
     cross_entropy(matmul(block(embedding(ids, wte)), param<"head">(col)), data<"labels">(spec(shard(dp), replicate))),
     adamw{});
-// Forward on tp: the embedding's pending sum, the block's two, and the gathered logits.
-static_assert(lm.count(collective::all_reduce, tp, fwd) == 3 && lm.count(collective::all_gather, tp, fwd) == 1);
+// Forward on tp: the embedding's pending sum, the block's two, and the vocab-parallel cross-entropy's
+// row max, target logit and sum of exponentials; the logits stay split over the vocabulary.
+static_assert(lm.count(collective::all_reduce, tp, fwd) == 6 && lm.count(collective::all_gather, tp) == 0);
+static_assert(lm.count(op_code::ce_grad) == 1 && lm.count(op_code::cross_entropy) == 0);
 static_assert(lm.spec_of("wte.grad") == spec(shard(tp), replicate) && lm.find("ids.grad") == -1);
-static_assert(lm.count(op_code::embedding_grad) == 1 && lm.count(op_code::cross_entropy_grad) == 1);
+static_assert(lm.count(op_code::embedding_grad) == 1 && lm.count(op_code::cross_entropy_grad) == 0);
 } // namespace

@@ -20,9 +20,12 @@ enum class op_code : std::uint8_t {
   input, data, param, state,
   // forward ops
   matmul, add, bias, gelu, relu, layernorm, softmax, attention, embedding, mse, cross_entropy, to, repeat_in,
+  repeat_out,
+  // vocab-parallel cross-entropy (Megatron-LM): logits split over an axis on the vocabulary dimension
+  ce_max, ce_target, ce_sumexp, ce_loss,
   // backward ops
   gelu_grad, relu_grad, bias_grad, layernorm_grad, layernorm_grad_gamma, softmax_grad, attention_grad, select,
-  embedding_grad, mse_grad, cross_entropy_grad,
+  embedding_grad, mse_grad, cross_entropy_grad, ce_grad,
   // redistribution
   all_reduce, all_gather, reduce_scatter, all_to_all, local_slice, keep_one,
   // optimizer
@@ -33,9 +36,9 @@ inline constexpr int op_code_count = static_cast<int>(op_code::adamw) + 1;
 [[nodiscard]] constexpr std::string_view to_string(op_code op) noexcept {
   constexpr std::string_view names[op_code_count] = {
       "input", "data", "param", "state", "matmul", "add", "bias", "gelu", "relu", "layernorm", "softmax",
-      "attention", "embedding", "mse", "cross_entropy", "to", "repeat_in", "gelu_grad", "relu_grad", "bias_grad",
-      "layernorm_grad", "layernorm_grad_gamma", "softmax_grad", "attention_grad", "select", "embedding_grad",
-      "mse_grad", "cross_entropy_grad", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_slice",
+      "attention", "embedding", "mse", "cross_entropy", "to", "repeat_in", "repeat_out", "ce_max", "ce_target",
+      "ce_sumexp", "ce_loss", "gelu_grad", "relu_grad", "bias_grad", "layernorm_grad", "layernorm_grad_gamma",
+      "softmax_grad", "attention_grad", "select", "embedding_grad", "mse_grad", "cross_entropy_grad", "ce_grad", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_slice",
       "keep_one", "sgd", "adamw"};
   return names[static_cast<int>(op)];
 }
@@ -134,6 +137,42 @@ template <fixed_string Name, spec_type S, spec_type T>
                 "param: the storage spec has another rank than the compute spec; give both one placement per "
                 "dimension of the tensor");
   return {};
+}
+
+// ---- repeat ------------------------------------------------------------------------------------------
+
+/// @brief The input of a repeated block while it is traced (see `repeat`): stands for the previous
+/// layer's output, or for the stack's input in layer 0.
+template <fixed_string Name>
+struct block_input : expr_base<block_input<Name>> {
+  static constexpr auto name = Name;
+  static constexpr std::size_t size = 1;
+};
+
+/// @brief A stack of identical blocks: `Body` is the block traced once on `block_input<Name>`,
+/// `In` the stack's input.
+template <fixed_string Name, class Body, class In>
+struct repeat_expr : expr_base<repeat_expr<Name, Body, In>> {
+  static_assert(Name.size() > 0 && Name.size() <= 15, "repeat names must have 1 to 15 characters: shorten the name");
+  static constexpr auto name = Name;
+  static constexpr std::size_t size = Body::size + In::size + 2;
+};
+
+/// @brief A stack of identical blocks whose depth is given at lowering: `block` is called once, on
+/// a placeholder, to trace the block; its `param` leaves are per layer (`wq` is lowered as
+/// `layers.<i>.wq`), its `data` leaves are shared by every layer, and it must return a value
+/// with the spec of its input (the output of layer i is the input of layer i+1).
+/// @code
+/// constexpr auto body = [](auto h) { return h + matmul(gelu(matmul(h, param<"fc1">(col))), param<"fc2">(row)); };
+/// constexpr auto y = repeat<"layers">(body, x); // lower(..., {.depth = {{"layers", 24}}})
+/// @endcode
+template <fixed_string Name, class F, expression X>
+[[nodiscard]] constexpr auto repeat(F, X) noexcept {
+  static_assert(std::is_invocable_v<F, block_input<Name>>,
+                "repeat: the block must be callable with one expression (write it as [](auto h) { ... })");
+  using body = std::remove_cvref_t<std::invoke_result_t<F, block_input<Name>>>;
+  static_assert(expression<body>, "repeat: the block must return an expression built from its argument");
+  return repeat_expr<Name, body, std::remove_cvref_t<X>>{};
 }
 
 } // namespace concerto

@@ -27,6 +27,8 @@ enum class errc : std::uint8_t {
   no_parameters,          ///< nothing to train
   capacity,               ///< internal node capacity exceeded
   repeat_spec_changed,    ///< a repeated block returns another spec than it takes
+  repeat_leaf_scope,      ///< a leaf is used both inside and outside a repeated block, or an input inside one
+  repeat_nested,          ///< a repeat inside a repeated block
 };
 
 namespace rules {

@@ -30,6 +30,8 @@ struct lower_options {
   std::string name = "step";
   std::int64_t heads = 1; ///< attention heads (over the whole model; split like the hidden dimension)
   ir::dtype type = ir::dtype::f32;
+  /// Depth of each `repeat<"name">` of the program, by name: its block is emitted that many times.
+  std::map<std::string, int> depth = {};
 };
 
 namespace graph::detail {
@@ -51,7 +53,10 @@ inline std::int64_t elements(const std::vector<std::int64_t>& s) {
 
 /// @brief Lowers a program to the task graph of one rank (all ranks share it). Throws
 /// concerto::error naming the tensor for a missing or wrong shape, a dimension that does not
-/// divide over its mesh axis, or a mesh that lacks an axis the program uses.
+/// divide over its mesh axis, a mesh that lacks an axis the program uses, or a repeat without a depth.
+/// A repeated block is unrolled: layer i's tasks are named `<repeat>.<i>.<name>` and carry
+/// `ir::task::layer` (numbered across the repeats of the program in order), forward layers run
+/// 0..L-1, backward layers L-1..0.
 template <std::size_t N>
 [[nodiscard]] ir::graph lower(const graph::program<N>& p, const shape_map& shapes, const mesh& m,
                               const lower_options& options = {}) {
@@ -140,6 +145,14 @@ template <std::size_t N>
         fail("cross_entropy '" + name + "': labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
       global[i] = {};
       break;
+    case op_code::ce_max:
+    case op_code::ce_sumexp: global[i] = std::vector<std::int64_t>(in(0).begin(), in(0).end() - 1); break;
+    case op_code::ce_target:
+      if (in(1).size() + 1 != in(0).size() || !std::equal(in(1).begin(), in(1).end(), in(0).begin()))
+        fail("cross_entropy '" + name + "': labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
+      global[i] = in(1);
+      break;
+    case op_code::ce_loss: global[i] = {}; break;
     default: global[i] = in(0); break;
     }
   }
@@ -164,9 +177,67 @@ template <std::size_t N>
       }
   }
 
+  // Depths and the first layer number of each repeat.
+  const auto repeats = static_cast<std::size_t>(p.repeat_count);
+  std::vector<int> depth(repeats), first_layer(repeats);
+  for (const auto& [rname, d] : options.depth)
+    if (p.repeat_index(rname) < 0) fail("a depth is given for repeat '" + rname + "', which the program does not have");
+  for (std::size_t k = 0, next = 0; k < repeats; ++k) {
+    const auto& r = p.repeats[k];
+    const std::string rname(r.name.view());
+    const auto it = options.depth.find(rname);
+    if (it == options.depth.end())
+      fail("no depth given for repeat '" + rname + "'; pass it as lower_options{.depth = {{\"" + rname + "\", L}}}");
+    if (it->second < 1) fail("repeat '" + rname + "' has depth " + std::to_string(it->second) + "; give it at least 1");
+    if (global[static_cast<std::size_t>(r.out)] != global[static_cast<std::size_t>(r.in)])
+      fail("repeat '" + rname + "': the block returns shape " + dims_text(global[static_cast<std::size_t>(r.out)]) +
+           " but takes " + dims_text(global[static_cast<std::size_t>(r.in)]) + "; layer i+1 reads layer i's output");
+    depth[k] = it->second;
+    first_layer[k] = static_cast<int>(next);
+    next += static_cast<std::size_t>(it->second);
+  }
+
   ir::builder b(options.name);
   for (const auto& ax : m.axes()) b.axis(ax.name, ax.size, ax.link);
+  // Buffers per node, and per layer for the nodes of a block (data leaves of a block are shared).
   std::vector<ir::buffer_id> buf(n, -1);
+  std::vector<std::vector<ir::buffer_id>> layer_buf(n);
+  const auto per_layer = [&](std::size_t j) { return p.nodes[j].block >= 0 && p.nodes[j].op != op_code::data; };
+  for (std::size_t j = 0; j < n; ++j)
+    if (per_layer(j)) layer_buf[j].assign(static_cast<std::size_t>(depth[static_cast<std::size_t>(p.nodes[j].block)]), -1);
+  int cur_block = -1, cur_layer = -1; // what is being emitted
+  const auto slot = [&](std::size_t j) -> ir::buffer_id& {
+    return per_layer(j) ? layer_buf[j][static_cast<std::size_t>(cur_layer)] : buf[j];
+  };
+  // The buffer node j denotes for the task being emitted: inside a block, the same layer's; the
+  // last layer's output gradient is the one from outside, the others the next layer's input
+  // gradient; outside, the last layer's values, and layer 0's input gradient.
+  const auto resolve = [&](std::size_t j) -> ir::buffer_id {
+    if (cur_block >= 0) {
+      const auto& r = p.repeats[cur_block];
+      if (static_cast<int>(j) == r.grad_out && cur_layer < depth[static_cast<std::size_t>(cur_block)] - 1) {
+        const auto gi = static_cast<std::size_t>(r.grad_in);
+        return per_layer(gi) ? layer_buf[gi][static_cast<std::size_t>(cur_layer + 1)] : buf[gi];
+      }
+    }
+    if (!per_layer(j)) return buf[j];
+    const int k = p.nodes[j].block;
+    if (k == cur_block) return layer_buf[j][static_cast<std::size_t>(cur_layer)];
+    const bool first = static_cast<int>(j) == p.repeats[k].grad_in;
+    return layer_buf[j][first ? 0 : static_cast<std::size_t>(depth[static_cast<std::size_t>(k)] - 1)];
+  };
+  const auto full_name = [&](std::size_t j) {
+    auto base = p.name_of(static_cast<int>(j));
+    if (!per_layer(j)) return base;
+    // A layer's input gradient may also be the gradient of the stack's input leaf ("x.grad"):
+    // only layer 0's is.
+    const auto& r = p.repeats[p.nodes[j].block];
+    if (static_cast<int>(j) == r.grad_in && p.nodes[j].name < 0 && base.ends_with(".grad")) {
+      if (cur_layer == 0) return base;
+      base = std::string(to_string(p.nodes[j].op)) + "#" + std::to_string(j);
+    }
+    return std::string(p.repeats[p.nodes[j].block].name.view()) + "." + std::to_string(cur_layer) + "." + base;
+  };
   std::vector<std::pair<ir::task_id, std::map<std::string, std::int64_t>>> collective_attrs;
   const auto role_of = [](graph::role r) {
     switch (r) {
@@ -181,17 +252,23 @@ template <std::size_t N>
   };
   const auto new_buffer = [&](std::size_t i, graph::role r) {
     const auto type = p.nodes[i].op == op_code::data ? ir::dtype::i64 : options.type;
-    buf[i] = b.buffer(p.name_of(static_cast<int>(i)), local[i], role_of(r), type);
-    return buf[i];
+    slot(i) = b.buffer(full_name(i), local[i], role_of(r), type);
+    return slot(i);
   };
   // The parameter leaf behind an update chain, whose buffer an in-place update writes.
-  const auto param_buffer = [&](const node& x) { return buf[static_cast<std::size_t>(x.of)]; };
+  const auto param_buffer = [&](const node& x) { return resolve(static_cast<std::size_t>(x.of)); };
+  // The mesh axis splitting the vocabulary (last) dimension of node j, -1 if none.
+  const auto vocab_axis_of = [&](int j) {
+    const pspec& s = p.nodes[static_cast<std::size_t>(j)].spec;
+    const auto a = s.rank > 0 ? s.dims[s.rank - 1][0] : -1;
+    return a >= 0 ? axis_of[static_cast<std::size_t>(a)] : -1;
+  };
 
-  for (std::size_t i = 0; i < n; ++i) {
+  const auto emit = [&](std::size_t i) {
     const node& x = p.nodes[i];
-    const auto name = p.name_of(static_cast<int>(i));
-    b.at(x.phase, -1);
-    const auto I = [&](int k) { return buf[static_cast<std::size_t>(x.in[k])]; };
+    const auto name = full_name(i);
+    b.at(x.phase, cur_block >= 0 ? first_layer[static_cast<std::size_t>(cur_block)] + cur_layer : -1);
+    const auto I = [&](int k) { return resolve(static_cast<std::size_t>(x.in[k])); };
     const auto L = [&](int k) -> const std::vector<std::int64_t>& { return local[static_cast<std::size_t>(x.in[k])]; };
     const auto& out_shape = local[i];
     const std::int64_t elems = elements(out_shape);
@@ -201,15 +278,23 @@ template <std::size_t N>
     };
     const auto compute = [&](ir::op_kind kind, std::string fn, std::vector<ir::buffer_id> reads,
                              std::map<std::string, std::int64_t> attrs, double flops_per_elem) {
-      const auto out = buf[i] >= 0 ? buf[i] : new_buffer(i, x.kind);
+      const auto out = slot(i) >= 0 ? slot(i) : new_buffer(i, x.kind);
       b.compute(kind, name, std::move(reads), {out},
                 {std::move(fn), flops_per_elem * static_cast<double>(elems), -1, std::move(attrs)});
     };
     switch (x.op) {
     case op_code::input:
-    case op_code::data:
     case op_code::param:
     case op_code::state: new_buffer(i, x.kind); break;
+    case op_code::data:
+      if (buf[i] < 0) new_buffer(i, x.kind);
+      break;
+    case op_code::repeat_in: {
+      // No task: layer 0 reads the stack's input, layer i the output of layer i-1.
+      const auto& r = p.repeats[x.block];
+      slot(i) = cur_layer == 0 ? I(0) : layer_buf[static_cast<std::size_t>(r.out)][static_cast<std::size_t>(cur_layer - 1)];
+      break;
+    }
     case op_code::matmul: {
       // Operands as 2-D (or batched 2-D) matrices; the backward ones read a transposed operand.
       const bool ta = x.has(graph::flag_trans_a), tb = x.has(graph::flag_trans_b);
@@ -247,9 +332,9 @@ template <std::size_t N>
       const bool fwd = x.op == op_code::attention;
       if (!fwd) {
         local[i].insert(local[i].begin(), 3); // dq, dk, dv packed
-        buf[i] = b.buffer(name, local[i], ir::buffer_role::gradient, options.type);
+        slot(i) = b.buffer(name, local[i], ir::buffer_role::gradient, options.type);
       }
-      const auto out = fwd ? new_buffer(i, x.kind) : buf[i];
+      const auto out = fwd ? new_buffer(i, x.kind) : slot(i);
       std::vector<ir::buffer_id> reads{I(0), I(1), I(2)};
       if (!fwd) reads.push_back(I(3));
       b.compute(ir::op_kind::attention, name, reads, {out},
@@ -258,7 +343,7 @@ template <std::size_t N>
     }
     case op_code::select: {
       const auto bytes = elems * static_cast<std::int64_t>(ir::size_of(options.type));
-      buf[i] = b.view(name, I(0), x.dim * bytes, bytes, out_shape);
+      slot(i) = b.view(name, I(0), x.dim * bytes, bytes, out_shape);
       break;
     }
     case op_code::embedding:
@@ -286,6 +371,31 @@ template <std::size_t N>
       compute(ir::op_kind::loss, std::string(to_string(x.op)), {I(0), I(1)}, attrs, 5);
       break;
     }
+    case op_code::ce_max:
+      compute(ir::op_kind::loss, "vocab_ce_max", {I(0)}, shape_attrs(L(0)), 1.0 * static_cast<double>(L(0).back()));
+      break;
+    case op_code::ce_target: {
+      auto attrs = shape_attrs(L(0));
+      attrs["vocab_axis"] = vocab_axis_of(x.in[0]);
+      compute(ir::op_kind::loss, "vocab_ce_target", {I(0), I(1), I(2)}, attrs, 1);
+      break;
+    }
+    case op_code::ce_sumexp:
+      compute(ir::op_kind::loss, "vocab_ce_sumexp", {I(0), I(1)}, shape_attrs(L(0)), 3.0 * static_cast<double>(L(0).back()));
+      break;
+    case op_code::ce_loss: {
+      auto attrs = shape_attrs(L(0));
+      attrs["global_rows"] = elements(global[static_cast<std::size_t>(x.in[0])]);
+      compute(ir::op_kind::loss, "vocab_ce_loss", {I(0), I(1)}, attrs, 2.0 * static_cast<double>(elements(L(0))));
+      break;
+    }
+    case op_code::ce_grad: {
+      auto attrs = shape_attrs(L(0));
+      attrs["vocab_axis"] = vocab_axis_of(x.in[0]);
+      attrs["global_rows"] = elements(global[static_cast<std::size_t>(x.in[1])]);
+      compute(ir::op_kind::loss, "vocab_ce_grad", {I(0), I(1), I(2), I(3)}, attrs, 4);
+      break;
+    }
     case op_code::local_slice:
     case op_code::keep_one: {
       const int axis = axis_of[static_cast<std::size_t>(x.axis)];
@@ -305,8 +415,9 @@ template <std::size_t N>
                         : x.op == op_code::all_gather ? ir::op_kind::all_gather
                         : x.op == op_code::reduce_scatter ? ir::op_kind::reduce_scatter
                                                           : ir::op_kind::all_to_all;
-      const auto out = x.has(graph::flag_writes_param) ? (buf[i] = param_buffer(x)) : new_buffer(i, x.kind);
-      const auto t = b.collective(kind, name, axis_of[static_cast<std::size_t>(x.axis)], I(0), out);
+      const auto out = x.has(graph::flag_writes_param) ? (slot(i) = param_buffer(x)) : new_buffer(i, x.kind);
+      const auto t = b.collective(kind, name, axis_of[static_cast<std::size_t>(x.axis)], I(0), out, -1,
+                                  x.has(graph::flag_max) ? "max" : "sum");
       std::map<std::string, std::int64_t> attrs;
       if (x.op == op_code::all_gather) attrs["dim"] = x.dim2;
       if (x.op == op_code::reduce_scatter) attrs["dim"] = x.dim;
@@ -321,8 +432,8 @@ template <std::size_t N>
     case op_code::adamw: {
       // In place on the parameter (or on its shard, for ZeRO-1/2, before the gather).
       const bool in_place = x.has(graph::flag_writes_param);
-      buf[i] = in_place ? param_buffer(x) : I(0);
-      std::vector<ir::buffer_id> reads{I(0), I(1)}, writes{buf[i]};
+      slot(i) = in_place ? param_buffer(x) : I(0);
+      std::vector<ir::buffer_id> reads{I(0), I(1)}, writes{slot(i)};
       if (x.op == op_code::adamw) {
         reads.push_back(I(2));
         reads.push_back(I(3));
@@ -336,6 +447,27 @@ template <std::size_t N>
     }
     default: fail("lowering: node " + std::to_string(i) + " '" + name + "' has an op the lowering does not know");
     }
+  };
+
+  // Nodes in order; a run of one block's nodes in one phase is emitted once per layer (backward
+  // from the last layer down), so the layers chain through repeat_in and grad_in.
+  for (std::size_t i = 0; i < n;) {
+    const int k = p.nodes[i].block;
+    if (k < 0) {
+      emit(i++);
+      continue;
+    }
+    std::size_t end = i;
+    while (end < n && p.nodes[end].block == k && p.nodes[end].phase == p.nodes[i].phase) ++end;
+    const int layers = depth[static_cast<std::size_t>(k)];
+    const bool down = p.nodes[i].phase == ir::phase::backward;
+    cur_block = k;
+    for (int l = 0; l < layers; ++l) {
+      cur_layer = down ? layers - 1 - l : l;
+      for (std::size_t j = i; j < end; ++j) emit(j);
+    }
+    cur_block = cur_layer = -1;
+    i = end;
   }
   auto g = std::move(b).finish();
   for (auto& [t, attrs] : collective_attrs)

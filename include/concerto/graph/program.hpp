@@ -48,6 +48,51 @@ struct program {
   op_code optimizer = op_code::sgd;
   int zero_stage = 0;
   int zero_axis = -1;
+  repeat_info repeats[max_repeats]{};
+  int repeat_count = 0;
+
+  /// @brief Index of a repeat by name, -1 if the program has none of that name.
+  [[nodiscard]] constexpr int repeat_index(std::string_view name) const noexcept {
+    for (int k = 0; k < repeat_count; ++k)
+      if (repeats[k].name == name) return k;
+    return -1;
+  }
+
+  /// @brief Collectives of a kind on an axis inside one repeated block (each block is traced once,
+  /// so these are per layer; lowering with depth L emits L times as many). -1 if there is no such repeat.
+  /// @code
+  /// static_assert(step.count_in("layers", collective::all_reduce, tp, ir::phase::forward) == 2);
+  /// @endcode
+  template <mesh_axis_type Axis>
+  [[nodiscard]] constexpr int count_in(std::string_view block, collective kind, Axis, int phase = -1) const noexcept {
+    const int k = repeat_index(block);
+    if (k < 0) return -1;
+    const int a = axes.find(axis_name(Axis::name()));
+    int c = 0;
+    for (int i = 0; i < size; ++i)
+      c += nodes[i].block == k && nodes[i].op == to_op(kind) && nodes[i].axis == a && a >= 0 &&
+           (phase < 0 || static_cast<int>(nodes[i].phase) == phase);
+    return c;
+  }
+  template <mesh_axis_type Axis>
+  [[nodiscard]] constexpr int count_in(std::string_view block, collective kind, Axis ax, ir::phase phase) const noexcept {
+    return count_in(block, kind, ax, static_cast<int>(phase));
+  }
+  /// @brief Collectives of a kind on an axis once the repeats are unrolled to the given depths
+  /// (one per repeat, in the order they appear in the program).
+  /// @code
+  /// static_assert(step.count_unrolled({4}, collective::all_reduce, tp) == 4 * 4 + 3);
+  /// @endcode
+  template <mesh_axis_type Axis>
+  [[nodiscard]] constexpr int count_unrolled(std::initializer_list<int> depths, collective kind, Axis ax,
+                                             int phase = -1) const noexcept {
+    int total = count(kind, ax, phase), k = 0;
+    for (int d : depths) {
+      if (k < repeat_count) total += (d - 1) * count_in(repeats[k].name.view(), kind, ax, phase);
+      ++k;
+    }
+    return total;
+  }
 
   /// @brief Number of collectives of a kind on an axis, optionally in one phase.
   /// @code
@@ -134,11 +179,15 @@ struct program {
       line.resize(5, ' ');
       line += ir::to_string(x.phase).substr(0, 3);
       line += "  ";
+      if (x.block >= 0) {
+        line += repeats[x.block].name.view();
+        line += ": ";
+      }
       line += name_of(i);
       if (x.axis >= 0) {
         line += '(';
         line += axes.names[x.axis].view();
-        line += ')';
+        line += x.has(flag_max) ? ",max)" : ")";
       }
       line.resize(std::max<std::size_t>(line.size() + 1, 40), ' ');
       line += to_string(spec_at(i));
@@ -247,6 +296,15 @@ struct diagnose {
                 "same spec for both");
   static_assert(E != errc::loss_not_scalar,
                 "concerto: program(...) needs a scalar loss: end the expression with mse(...) or cross_entropy(...)");
+  static_assert(E != errc::repeat_spec_changed,
+                "concerto: a repeated block returns another spec than it takes: the output of layer i is the input "
+                "of layer i+1; end the block with .to(...) of its input's spec");
+  static_assert(E != errc::repeat_leaf_scope,
+                "concerto: a repeated block reads a leaf that is not its own: inside repeat<...>(block, x) use param "
+                "(one per layer) and data leaves that appear only in the block, and pass other values through x");
+  static_assert(E != errc::repeat_nested,
+                "concerto: repeat inside a repeated block (or more than 4 repeats): make the inner stack part of the "
+                "outer block, or unroll it");
   static_assert(E != errc::capacity, "concerto: the program exceeds its node capacity (48 leaves); use repeat(...) for "
                                      "stacks of identical blocks");
   static constexpr bool ok = true; // the asserts above speak; a second, silent one would only add noise
@@ -269,6 +327,8 @@ constexpr program<N> finish(const W& w) noexcept {
   p.optimizer = w.opt;
   p.zero_stage = w.stage;
   p.zero_axis = w.zero_axis;
+  p.repeat_count = w.repeat_count;
+  for (int k = 0; k < max_repeats; ++k) p.repeats[k] = w.repeats[k];
   return p;
 }
 

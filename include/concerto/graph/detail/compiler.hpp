@@ -25,9 +25,26 @@ enum class role : std::uint8_t { input, data, param, activation, gradient, state
 inline constexpr std::uint8_t flag_trans_a = 1;
 inline constexpr std::uint8_t flag_trans_b = 2;
 inline constexpr std::uint8_t flag_pinned = 4;       ///< a pending sum the user asked for
-inline constexpr std::uint8_t flag_repeat = 8;       ///< inside a repeated block
+inline constexpr std::uint8_t flag_repeat = 8;       ///< reserved (inside a repeated block: see node::block)
 inline constexpr std::uint8_t flag_writes_param = 16; ///< its result is the parameter's new value
 inline constexpr std::uint8_t flag_needs_grad = 32;
+inline constexpr std::uint8_t flag_max = 64;         ///< an all_reduce that takes the maximum, not the sum
+
+inline constexpr int max_repeats = 4;
+using repeat_name = short_name<16>;
+
+/// @brief One `repeat<"name">(block, x)` of a program: where its block starts and ends, and the
+/// gradients that cross its boundary (what lowering chains from one layer to the next).
+struct repeat_info {
+  repeat_name name{};
+  std::int16_t raw_in = -1;   ///< trace: the repeat_in raw node, and the stack's input
+  std::int16_t raw_x = -1;
+  std::int16_t raw_out = -1;  ///< trace: the repeat_out raw node
+  std::int16_t in = -1;       ///< repeat_in node: layer i reads layer i-1's `out` (layer 0: the stack's input)
+  std::int16_t out = -1;      ///< the block's output node
+  std::int16_t grad_out = -1; ///< gradient of the last layer's output (outside the block)
+  std::int16_t grad_in = -1;  ///< gradient of a layer's input: layer i-1 reads it as its grad_out
+};
 
 inline constexpr int max_leaves = 48;
 using leaf_name = short_name<20>;
@@ -47,6 +64,7 @@ struct node {
   std::int8_t axis = -1;  ///< redistributions: the mesh axis
   std::int8_t dim = -1;   ///< redistributions: split dimension after (slice, reduce_scatter, all_to_all); select: index
   std::int8_t dim2 = -1;  ///< redistributions: split dimension before (all_gather, all_to_all)
+  std::int8_t block = -1; ///< the repeat this node belongs to (its layers are copies), -1 outside
   [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
 };
 
@@ -86,6 +104,9 @@ struct work {
   op_code opt = op_code::sgd;
   int stage = 0;
   int zero_axis = -1;
+  repeat_info repeats[max_repeats]{};
+  int repeat_count = 0;
+  int cur_block = -1; // the repeat whose block is being traced or emitted; stamped on new nodes
 
   constexpr bool failed(errc e, int raw_index) noexcept {
     if (err == errc::none) {
@@ -101,6 +122,7 @@ struct work {
       failed(errc::capacity, -1);
       return 0;
     }
+    if (cur_block >= 0) x.block = static_cast<std::int8_t>(cur_block);
     nodes[n] = x;
     acc[n] = -1;
     return n++;
@@ -140,10 +162,11 @@ struct work {
       c.dim = step.to_dim;
       c.dim2 = step.from_dim;
       c.of = nodes[src].of >= 0 ? nodes[src].of : static_cast<std::int16_t>(src);
-      c.flags = static_cast<std::uint8_t>(nodes[src].flags & (flag_repeat | flag_needs_grad));
+      c.flags = static_cast<std::uint8_t>(nodes[src].flags & flag_needs_grad);
       int found = -1;
       for (int i = 0; i < n && found < 0; ++i)
-        if (nodes[i].op == c.op && nodes[i].in[0] == c.in[0] && nodes[i].phase == ph && nodes[i].spec == c.spec)
+        if (nodes[i].op == c.op && nodes[i].in[0] == c.in[0] && nodes[i].phase == ph && nodes[i].spec == c.spec &&
+            nodes[i].block == cur_block && !nodes[i].has(flag_max))
           found = i;
       cur = found >= 0 ? found : add(c);
     }
@@ -168,6 +191,7 @@ struct work {
       failed(errc::capacity, -1);
       return 0;
     }
+    if (cur_block >= 0) x.block = static_cast<std::int8_t>(cur_block);
     raw[raw_n] = x;
     return raw_n++;
   }
@@ -181,9 +205,24 @@ struct work {
     if (!intern(use, x.use, self) || !intern(stored, x.spec, self)) return 0;
     if (x.op == op_code::param && stage == 3 && x.spec == x.use) x.spec = shard_more(x.spec, zero_axis);
     if (x.use.has_partial()) x.flags |= flag_pinned;
+    // Parameters of a block are per layer and data leaves are shared by its layers: neither can
+    // also be a value outside the block, and an input's gradient would mix every layer's.
+    if (cur_block >= 0 && x.op == op_code::input && name_count < max_leaves) {
+      names[name_count] = leaf_name(name);
+      x.name = static_cast<std::int16_t>(name_count++);
+      raw_add(x);
+      failed(errc::repeat_leaf_scope, self);
+      return 0;
+    }
     for (int i = 0; i < name_count; ++i)
       if (names[i] == name) {
         const auto& old = raw[leaf_node[i]];
+        if (old.block != cur_block) {
+          x.name = static_cast<std::int16_t>(i);
+          raw_add(x);
+          failed(errc::repeat_leaf_scope, self);
+          return 0;
+        }
         if (old.op != x.op || !(old.spec == x.spec) || !(old.use == x.use)) {
           x.name = static_cast<std::int16_t>(i);
           raw_add(x);
@@ -212,10 +251,54 @@ struct work {
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use)
+          o.use == x.use && o.block == cur_block)
         return i;
     }
     return raw_add(x);
+  }
+
+  /// The raw node a repeat already traced on this input stands for, or -1.
+  [[nodiscard]] constexpr int traced_repeat(std::string_view name, int x) const noexcept {
+    for (int k = 0; k < repeat_count; ++k)
+      if (repeats[k].name == name && repeats[k].raw_x == x && repeats[k].raw_out >= 0) return repeats[k].raw_out;
+    return -1;
+  }
+  constexpr int begin_repeat(std::string_view name, int x) noexcept {
+    if (err != errc::none) return 0;
+    if (cur_block >= 0 || repeat_count == max_repeats) {
+      failed(errc::repeat_nested, x);
+      return 0;
+    }
+    auto& r = repeats[repeat_count];
+    r.name = repeat_name(name);
+    r.raw_x = static_cast<std::int16_t>(x);
+    cur_block = repeat_count++;
+    node in;
+    in.op = op_code::repeat_in;
+    in.in[0] = static_cast<std::int16_t>(x);
+    in.n_in = 1;
+    r.raw_in = static_cast<std::int16_t>(raw_add(in));
+    return r.raw_in;
+  }
+  /// The placeholder of the block being traced; a placeholder of another repeat means nesting.
+  [[nodiscard]] constexpr int block_input(std::string_view name) noexcept {
+    if (err != errc::none) return 0;
+    if (cur_block < 0 || !(repeats[cur_block].name == name)) {
+      failed(errc::repeat_nested, -1);
+      return 0;
+    }
+    return repeats[cur_block].raw_in;
+  }
+  constexpr int end_repeat(int body) noexcept {
+    if (err != errc::none) return 0;
+    node out;
+    out.op = op_code::repeat_out;
+    out.in[0] = static_cast<std::int16_t>(body);
+    out.n_in = 1;
+    const int r = raw_add(out);
+    repeats[cur_block].raw_out = static_cast<std::int16_t>(r);
+    cur_block = -1;
+    return r;
   }
 
   // ---- 2. propagate --------------------------------------------------------------------------------
@@ -239,6 +322,7 @@ struct work {
     const int A = axes.count;
     for (int r = 0; r < raw_n && err == errc::none; ++r) {
       const node& x = raw[r];
+      cur_block = x.block;
       int in[4] = {-1, -1, -1, -1};
       std::uint8_t ng = 0;
       for (int i = 0; i < x.n_in; ++i) {
@@ -327,6 +411,12 @@ struct work {
       case op_code::cross_entropy: {
         const int rk = sp(in[0]).rank;
         if (rk < 2 || sp(in[1]).rank != rk - 1) { rank_error(); break; }
+        if (const auto vp = rules::nonlinear(sp(in[0]), pinned(in[0]));
+            vp.err == errc::none && vp.need[0].dims[rk - 1][0] >= 0 && vp.need[0].dims[rk - 1][1] < 0) {
+          map[r] = static_cast<std::int16_t>(vocab_parallel_ce(in[0], in[1], vp.need[0], ng));
+          outputs = -1;
+          break;
+        }
         rr = rules::rowwise(sp(in[0]), pinned(in[0]), rk - 1, A);
         if (rr.err != errc::none) { failed(rr.err, r); break; }
         rr.need[1] = pspec{};
@@ -335,6 +425,38 @@ struct work {
           if (const int s = rr.need[0].state(a); s >= 0 && s < rk - 1) rr.need[1].set_state(a, s);
         rr.out = pspec{};
         rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
+        break;
+      }
+      case op_code::repeat_in: {
+        // A pending sum the program made (a vocab-parallel embedding's) is made once before the
+        // stack, not in every layer; the conversion belongs to the outside.
+        if (sp(in[0]).has_partial() && !pinned(in[0])) {
+          cur_block = -1;
+          in[0] = convert(in[0], sp(in[0]).without_partial(), ir::phase::forward);
+          cur_block = x.block;
+        }
+        node o;
+        o.op = op_code::repeat_in;
+        o.in[0] = static_cast<std::int16_t>(in[0]);
+        o.n_in = 1;
+        o.spec = sp(in[0]);
+        // Layers after the first read a value that depends on parameters, whatever the stack's input is.
+        o.flags = static_cast<std::uint8_t>(flag_needs_grad | (nodes[in[0]].flags & flag_pinned));
+        map[r] = static_cast<std::int16_t>(add(o));
+        repeats[x.block].in = map[r];
+        outputs = -1;
+        break;
+      }
+      case op_code::repeat_out: {
+        auto& rep = repeats[x.block];
+        int o = in[0];
+        const pspec want = sp(rep.in);
+        // A pending sum the block made itself is made here, as any op would; other changes are the user's.
+        if (!(sp(o) == want) && !pinned(o) && sp(o).without_partial() == want) o = convert(o, want, ir::phase::forward);
+        if (!(sp(o) == want)) { failed(errc::repeat_spec_changed, r); break; }
+        rep.out = static_cast<std::int16_t>(o);
+        map[r] = static_cast<std::int16_t>(o);
+        outputs = -1;
         break;
       }
       case op_code::to: {
@@ -358,6 +480,35 @@ struct work {
       o.spec = rr.out;
       map[r] = static_cast<std::int16_t>(add(o));
     }
+  }
+
+  /// Megatron-LM's vocab-parallel cross-entropy: the logits stay split over `axis` on the vocabulary;
+  /// the row max is all-reduced (max), then the target logit and the sum of exponentials (sums).
+  constexpr int vocab_parallel_ce(int logits, int labels, const pspec& lspec, std::uint8_t ng) noexcept {
+    const int rk = lspec.rank, axis = lspec.dims[rk - 1][0];
+    pspec rows;
+    rows.rank = static_cast<std::int8_t>(rk - 1);
+    for (int a = 0; a < axes.count; ++a)
+      if (const int s = lspec.state(a); s >= 0 && s < rk - 1) rows.set_state(a, s);
+    const int lg = convert(logits, lspec, ir::phase::forward), lb = convert(labels, rows, ir::phase::forward);
+    const auto fwd = ir::phase::forward;
+    const int local_max = emit(op_code::ce_max, {lg}, rows, fwd, role::activation);
+    node c;
+    c.op = op_code::all_reduce;
+    c.flags = flag_max;
+    c.in[0] = static_cast<std::int16_t>(local_max);
+    c.n_in = 1;
+    c.spec = rows;
+    c.axis = static_cast<std::int8_t>(axis);
+    c.of = static_cast<std::int16_t>(local_max);
+    const int mx = add(c);
+    pspec part = rows;
+    part.set_state(axis, state_partial);
+    const int t = convert(emit(op_code::ce_target, {lg, lb, mx}, part, fwd, role::activation), rows, fwd);
+    const int s = convert(emit(op_code::ce_sumexp, {lg, mx}, part, fwd, role::activation), rows, fwd);
+    pspec loss_spec;
+    loss_spec.partial = rules::axes_splitting(rows, 0, max_rank, axes.count);
+    return emit(op_code::ce_loss, {s, t}, loss_spec, fwd, role::loss, ng);
   }
 
   // ---- 3. autodiff -----------------------------------------------------------------------------------
@@ -410,7 +561,28 @@ struct work {
   constexpr void autodiff() noexcept {
     forward_end = n;
     const int A = axes.count;
+    bool entered[max_repeats]{};
     for (int i = forward_end - 1; i >= 0 && err == errc::none; --i) {
+      cur_block = -1;
+      if (const int k = nodes[i].block; k >= 0) {
+        auto& rep = repeats[k];
+        if (!entered[k] && rep.out >= 0 && acc[rep.out] >= 0) {
+          // Every layer but the last receives its output gradient from the next layer's grad_in,
+          // so both are brought to one spec.
+          acc[rep.out] = static_cast<std::int16_t>(convert(acc[rep.out], sp(rep.out).without_partial(), ir::phase::backward));
+          rep.grad_out = acc[rep.out];
+        }
+        entered[k] = true;
+        cur_block = k;
+        if (i == rep.in) {
+          if (acc[i] < 0) continue;
+          const int g = convert(acc[i], sp(i).without_partial(), ir::phase::backward);
+          rep.grad_in = static_cast<std::int16_t>(g);
+          cur_block = -1;
+          if (needs_grad(nodes[i].in[0])) accumulate(nodes[i].in[0], g);
+          continue;
+        }
+      }
       if (i != loss && acc[i] < 0) continue;
       const node y = nodes[i];
       if (y.op == op_code::input || y.op == op_code::param) {
@@ -495,6 +667,17 @@ struct work {
       case op_code::cross_entropy:
         if (needs_grad(a)) accumulate(a, bwd(op_code::cross_entropy_grad, {a, b}, sp(a), a));
         break;
+      case op_code::ce_loss: {
+        const auto before = [&](int j) {
+          while (is_redistribution(nodes[j].op)) j = nodes[j].in[0];
+          return j;
+        };
+        const int sumexp = before(a), target = before(b);
+        const int logits = nodes[sumexp].in[0], labels = nodes[target].in[1], mx = nodes[sumexp].in[1];
+        if (needs_grad(logits))
+          accumulate(logits, bwd(op_code::ce_grad, {logits, labels, mx, a}, sp(logits), logits));
+        break;
+      }
       default: break;
       }
     }
@@ -506,6 +689,7 @@ struct work {
     for (int l = 0; l < name_count && err == errc::none; ++l) {
       const int p = leaf_node[l];
       if (nodes[p].op != op_code::param || grad_of[l] < 0) continue;
+      cur_block = nodes[p].block; // a block's parameters are updated layer by layer
       const pspec storage = nodes[p].spec;
       const bool sharded_state = stage == 1 || stage == 2;
       const pspec shard = sharded_state ? shard_more(storage, zero_axis) : storage;
@@ -527,6 +711,7 @@ struct work {
       nodes[out].flags |= flag_writes_param;
       nodes[out].name = static_cast<std::int16_t>(l);
     }
+    cur_block = -1;
   }
 };
 
@@ -554,6 +739,25 @@ struct tracer<node_expr<Op, Extra, Args...>> {
       constexpr spec_value target = Extra::value;
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), &target);
     }
+  }
+};
+
+template <fixed_string Name>
+struct tracer<block_input<Name>> {
+  template <class W>
+  static constexpr int run(W& w) noexcept {
+    return w.block_input(Name.view());
+  }
+};
+
+template <fixed_string Name, class Body, class In>
+struct tracer<repeat_expr<Name, Body, In>> {
+  template <class W>
+  static constexpr int run(W& w) noexcept {
+    const int x = tracer<In>::run(w);
+    if (const int done = w.traced_repeat(Name.view(), x); done >= 0) return done;
+    w.begin_repeat(Name.view(), x);
+    return w.end_repeat(tracer<Body>::run(w));
   }
 };
 
