@@ -22,11 +22,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> policies = planner::policy_names();
   std::string json_path, export_dir;
   int layers = 0;
+  int micro_batch = 1;
   double budget = 20;
   app.add_option("--workloads", workloads, "workloads to plan")->capture_default_str();
   app.add_option("--presets", presets, "cost-model presets")->capture_default_str();
   app.add_option("--policies", policies, "policies")->capture_default_str();
-  app.add_option("--layers", layers, "layers per workload (0: each model's full depth)")->capture_default_str();
+
+  app.add_option("--micro-batch", micro_batch, "sequences per rank per step")->capture_default_str();
   app.add_option("--time-budget", budget, "solver time budget per plan, seconds")->capture_default_str();
   app.add_option("--json", json_path, "write one record per (workload, preset, policy) here");
   app.add_option("--export-dir", export_dir, "write every graph and plan as JSON into this folder");
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
       for (const auto& workload : workloads) {
         ir::workload_options wopt;
         wopt.layers = layers;
+        wopt.micro_batch = micro_batch;
         wopt.ranks = model.hw().nodes * model.hw().ranks_per_node;
         wopt.ranks_per_node = model.hw().ranks_per_node;
         const auto graph = ir::make_workload(workload, wopt);
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
                              {"preset", preset},
                              {"policy", policy},
                              {"layers", layers},
+                             {"micro_batch", micro_batch},
                              {"tasks", p.graph.size()},
                              {"step_ms", replay.step_us / 1e3},
                              {"exposed_comm_ms", replay.exposed_comm_us / 1e3},

@@ -19,12 +19,16 @@
 #include <concerto/plan/lower_bound.hpp>
 #include <concerto/plan/plan.hpp>
 #include <concerto/plan/verify.hpp>
+#include <concerto/planner/bucket.hpp>
+#include <concerto/planner/decompose.hpp>
 #include <concerto/planner/list.hpp>
+#include <concerto/planner/memory_cap.hpp>
 #include <concerto/planner/windowed.hpp>
 #include <concerto/sim/simulate.hpp>
 
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +38,9 @@ namespace concerto::planner {
 struct plan_options {
   std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs) or concerto
   windowed_options solver{};       ///< the solver's window size, rounds and time budget
+  bool decompose = true;           ///< concerto: split exposed collectives with their matmuls
+  bool bucket = true;              ///< concerto: fuse small gradient collectives into buckets
+  std::optional<std::int64_t> memory_cap_bytes; ///< peak memory per rank the plan must respect
 };
 
 /// @brief Hash of the options that change the plan make_plan returns (for the plan cache key);
@@ -41,6 +48,7 @@ struct plan_options {
 inline std::uint64_t hash(const plan_options& o) {
   hasher h;
   h.add(o.policy).add(o.solver.window).add(o.solver.rounds).add(o.solver.window_time_limit_s).add(o.solver.time_budget_s);
+  h.add(o.decompose).add(o.bucket).add(o.memory_cap_bytes.value_or(-1));
   return h.value();
 }
 
@@ -77,24 +85,34 @@ inline plan::plan make_plan(const ir::graph& g, const cost::model& model, const 
     for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
     fail("unknown planning policy '" + options.policy + "' (known: " + list + ")");
   }
-  const auto durations = model.durations_us(g);
   const double slowdown = model.overlap_slowdown();
   schedule chosen;
   windowed_report report{};
   if (options.policy == "concerto") {
-    chosen = improve_schedule(g, best_list_schedule(g, durations, slowdown), durations, slowdown, options.solver,
-                              &report);
+    // Rewrites first (each judged by simulated step time, so none makes the step slower),
+    // then the solver orders the rewritten graph, warm-started from the best baseline.
+    const auto judge = simulated_step(model, options.memory_cap_bytes);
+    ir::graph rewritten = options.decompose ? decompose(g, model, judge).graph : g;
+    if (options.bucket) rewritten = apply_buckets(rewritten, choose_buckets(rewritten, model, judge));
+    if (options.memory_cap_bytes && !prefetch_units(rewritten).empty())
+      rewritten = limit_memory(rewritten, model, *options.memory_cap_bytes).graph;
+    const auto durations = model.durations_us(rewritten);
+    chosen = improve_schedule(rewritten, best_list_schedule(rewritten, durations, slowdown), durations, slowdown,
+                              options.solver, &report);
   } else {
-    chosen = list_schedule(options.policy, g, durations);
+    chosen = list_schedule(options.policy, g, model.durations_us(g));
   }
   const auto final_durations = model.durations_us(chosen.graph);
   auto p = sim::to_plan(std::move(chosen.graph), std::move(chosen.order), final_durations, slowdown, options.policy,
                         model.hw().name);
-  p.stats.lower_bound_us = plan::compute_lower_bound(g, durations).value;
+  // The bound of the graph as given, or of the rewritten one where bucketing made the
+  // communication cheaper than any schedule of the original could be.
+  p.stats.lower_bound_us = std::min(plan::compute_lower_bound(g, model.durations_us(g)).value,
+                                    plan::compute_lower_bound(p.graph, final_durations).value);
   p.stats.windows_total = report.windows_total;
   p.stats.windows_optimal = report.windows_optimal;
   p.stats.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  plan::verify(p);
+  plan::verify(p, {.memory_cap_bytes = options.memory_cap_bytes});
   return p;
 }
 

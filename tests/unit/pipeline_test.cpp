@@ -1,0 +1,106 @@
+#include <concerto/ir/workloads.hpp>
+#include <concerto/plan/memory.hpp>
+#include <concerto/planner/pipeline.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+using namespace concerto;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+planner::plan_options quick(std::string policy) {
+  planner::plan_options o;
+  o.policy = std::move(policy);
+  o.solver.time_budget_s = 1;
+  o.solver.progress = false;
+  return o;
+}
+} // namespace
+
+TEST_CASE("the concerto policy is never slower than any baseline", "[planner][pipeline]") {
+  const auto model = cost::model::preset("h100x64");
+  for (const char* workload : {"gpt-dp", "gpt-zero3", "llama-tp-sp"}) {
+    CAPTURE(workload);
+    const auto graph = ir::make_workload(workload, {.layers = 2, .ranks = 64, .ranks_per_node = 8});
+    const auto best = planner::make_plan(graph, model, quick("concerto"));
+    CHECK(best.policy == "concerto");
+    CHECK(best.step_us() <= best.stats.lower_bound_us * 1.5);
+    CHECK(best.step_us() >= best.stats.lower_bound_us * (1 - 1e-9));
+    for (const auto& baseline : planner::list_policy_names()) {
+      CAPTURE(baseline);
+      const auto p = planner::make_plan(graph, model, quick(baseline));
+      CHECK(plan::check(p).empty());
+      CHECK(best.step_us() <= p.step_us() * (1 + 1e-9));
+    }
+  }
+}
+
+TEST_CASE("the pipeline rewrites only under the concerto policy", "[planner][pipeline]") {
+  const auto model = cost::model::preset("h100x64");
+  const auto graph = ir::make_workload("llama-tp-sp", {.layers = 1, .ranks = 64, .ranks_per_node = 8});
+  SECTION("baselines plan the graph as given") {
+    const auto p = planner::make_plan(graph, model, quick("program_order"));
+    CHECK(p.graph.tasks.size() == graph.tasks.size());
+  }
+  SECTION("concerto splits exposed tensor-parallel collectives") {
+    const auto p = planner::make_plan(graph, model, quick("concerto"));
+    CHECK(p.graph.tasks.size() > graph.tasks.size());
+  }
+  SECTION("and plans the graph as given when rewrites are off") {
+    auto o = quick("concerto");
+    o.decompose = false;
+    o.bucket = false;
+    const auto p = planner::make_plan(graph, model, o);
+    CHECK(p.graph.tasks.size() == graph.tasks.size());
+  }
+}
+
+TEST_CASE("a memory cap is respected or refused", "[planner][pipeline][memory]") {
+  const auto model = cost::model::preset("h100x64");
+  const auto graph = ir::make_workload("gpt-zero3", {.layers = 3, .ranks = 8, .ranks_per_node = 8});
+  // The better list plan prefetches parameters without a limit: the memory-hungry reference.
+  const auto eager_plan = planner::list_plan(graph, model);
+  const auto uncapped_peak = plan::peak_memory(eager_plan).peak_bytes;
+  SECTION("a cap below the uncapped peak gives a plan within it") {
+    auto o = quick("concerto");
+    const auto smallest_peak =
+        plan::peak_memory(planner::list_plan(planner::limit_prefetch(graph, 0), model)).peak_bytes;
+    REQUIRE(smallest_peak < uncapped_peak);
+    o.memory_cap_bytes = (smallest_peak + uncapped_peak) / 2;
+    const auto p = planner::make_plan(graph, model, o);
+    CHECK(plan::peak_memory(p).peak_bytes <= *o.memory_cap_bytes);
+    SECTION("and the eager baseline above it is refused by the verifier") {
+      auto eager = quick(eager_plan.policy);
+      eager.memory_cap_bytes = o.memory_cap_bytes;
+      CHECK_THROWS_WITH(planner::make_plan(graph, model, eager), ContainsSubstring("memory"));
+    }
+  }
+  SECTION("an impossible cap is an error that names it") {
+    auto o = quick("concerto");
+    o.memory_cap_bytes = 1024;
+    CHECK_THROWS_WITH(planner::make_plan(graph, model, o), ContainsSubstring("1024"));
+  }
+}
+
+TEST_CASE("unknown policies are refused with the known ones listed", "[planner][pipeline]") {
+  const auto graph = ir::make_workload("gpt-dp", {.layers = 1});
+  CHECK_THROWS_WITH(planner::make_plan(graph, cost::model::preset("a800x32"), quick("fastest")),
+                    ContainsSubstring("'fastest'") && ContainsSubstring("xla_lhs") && ContainsSubstring("concerto"));
+}
+
+TEST_CASE("the options hash covers what changes the plan", "[planner][pipeline][cache]") {
+  const auto base = quick("concerto");
+  auto other = base;
+  CHECK(planner::hash(base) == planner::hash(other));
+  other.solver.progress = true;
+  CHECK(planner::hash(base) == planner::hash(other));
+  other.decompose = false;
+  CHECK(planner::hash(base) != planner::hash(other));
+  other = base;
+  other.memory_cap_bytes = 1 << 30;
+  CHECK(planner::hash(base) != planner::hash(other));
+  other = base;
+  other.solver.window = 20;
+  CHECK(planner::hash(base) != planner::hash(other));
+}
