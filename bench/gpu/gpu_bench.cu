@@ -1,0 +1,119 @@
+// Kernel figures for the cost model on one GPU: cuBLASLt matmul efficiency by shape (fp32,
+// TF32 and bf16), and the slowdown of a matmul while a device copy or an NCCL all-reduce runs
+// on another stream (SM and memory contention). Writes JSON to argv[1] (default gpu_bench.json).
+// Build: bench/gpu/run does it (nvcc, one translation unit).
+#include <concerto/runtime/cuda/blas.hpp>
+#include <concerto/runtime/cuda/memory.hpp>
+#include <concerto/runtime/cuda/stream.hpp>
+#include <concerto/runtime/nccl/communicator.hpp>
+
+#include <cuda_bf16.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace cu = concerto::runtime::cuda;
+
+namespace {
+
+// Mean milliseconds of `reps` back-to-back runs of f on s, after a warm-up.
+template <class F>
+float time_ms(cudaStream_t s, int reps, F&& f) {
+  for (int i = 0; i < 3; ++i) f();
+  cu::event a(true), b(true);
+  a.record(s);
+  for (int i = 0; i < reps; ++i) f();
+  b.record(s);
+  b.synchronize();
+  return cu::event::elapsed_ms(a, b) / static_cast<float>(reps);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  const std::string out_path = argc > 1 ? argv[1] : "gpu_bench.json";
+  if (cu::device_count() == 0) {
+    std::fprintf(stderr, "gpu_bench: no CUDA device\n");
+    MPI_Finalize();
+    return 4;
+  }
+  cudaDeviceProp prop{};
+  cu::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  cu::stream compute(cu::stream_priorities().least), side(cu::stream_priorities().greatest);
+  cu::blas_handle lt;
+  cu::device_buffer ws(cu::gemm::default_workspace);
+  const std::size_t max_elems = std::size_t{8192} * 8192;
+  cu::device_buffer A(max_elems * 4), B(max_elems * 4), C(max_elems * 4);
+  std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n  \"sms\": " + std::to_string(prop.multiProcessorCount) +
+                     ",\n  \"matmul\": [\n";
+  const std::size_t shapes[][3] = {{256, 256, 256},   {512, 512, 512},    {1024, 1024, 1024}, {2048, 2048, 2048},
+                                   {4096, 4096, 4096}, {8192, 8192, 8192}, {2048, 768, 768},   {2048, 3072, 768},
+                                   {2048, 768, 3072},  {8192, 4096, 1024}, {128, 4096, 4096}};
+  bool first = true;
+  for (const auto& sh : shapes)
+    for (int kind = 0; kind < 3; ++kind) { // fp32, tf32, bf16
+      cu::gemm_shape g{.m = sh[0], .n = sh[1], .k = sh[2]};
+      if (kind == 1) g.allow_tf32 = true;
+      if (kind == 2) g.ab = g.c = cu::gemm_type::bf16;
+      cu::gemm p(lt, g, ws.size());
+      const double flops = 2.0 * static_cast<double>(sh[0] * sh[1]) * static_cast<double>(sh[2]);
+      const int reps = flops > 1e11 ? 5 : 20;
+      const float ms = time_ms(compute.get(), reps, [&] { p.run(lt, A.data(), B.data(), C.data(), ws.data(), compute.get()); });
+      const char* names[] = {"fp32", "tf32", "bf16"};
+      char line[256];
+      std::snprintf(line, sizeof line, "%s    {\"m\": %zu, \"n\": %zu, \"k\": %zu, \"type\": \"%s\", \"ms\": %.4f, \"tflops\": %.2f}",
+                    first ? "" : ",\n", sh[0], sh[1], sh[2], names[kind], ms, flops / (ms * 1e-3) / 1e12);
+      json += line;
+      first = false;
+      std::printf("matmul %5zu x %5zu x %5zu %s: %.3f ms, %.1f TFLOP/s\n", sh[0], sh[1], sh[2], names[kind], ms,
+                  flops / (ms * 1e-3) / 1e12);
+    }
+  // Overlap: a bf16 4096^3 matmul alone, then while a 256 MiB D2D copy or an NCCL all-reduce
+  // of 256 MiB runs on a second stream (one rank: NCCL still launches its kernels).
+  cu::gemm big(lt, {.m = 4096, .n = 4096, .k = 4096, .ab = cu::gemm_type::bf16, .c = cu::gemm_type::bf16}, ws.size());
+  const auto run_big = [&] { big.run(lt, A.data(), B.data(), C.data(), ws.data(), compute.get()); };
+  const float alone = time_ms(compute.get(), 20, run_big);
+  const std::size_t copy_bytes = std::size_t{256} << 20;
+  cu::device_buffer src(copy_bytes), dst(copy_bytes);
+  const auto overlapped = [&](auto&& side_work) {
+    // The side stream's work is queued long enough to cover every timed matmul.
+    for (int i = 0; i < 40; ++i) side_work();
+    const float ms = time_ms(compute.get(), 20, run_big);
+    side.synchronize();
+    return ms;
+  };
+  const float with_copy = overlapped([&] {
+    cu::check(cudaMemcpyAsync(dst.data(), src.data(), copy_bytes, cudaMemcpyDeviceToDevice, side.get()), "cudaMemcpyAsync");
+  });
+  std::string nccl_json;
+  for (const int channels : {-1, 2, 8}) {
+    auto comm = concerto::runtime::nccl::communicator::from_mpi(MPI_COMM_WORLD, {.max_channels = channels});
+    const float with_ar = overlapped([&] {
+      concerto::runtime::nccl::check(ncclAllReduce(src.data(), dst.data(), copy_bytes / 4, ncclFloat32, ncclSum, comm.get(),
+                                                   side.get()),
+                                     "ncclAllReduce");
+    });
+    char line[200];
+    std::snprintf(line, sizeof line, "%s    {\"max_channels\": %d, \"ms\": %.4f, \"slowdown\": %.3f}", nccl_json.empty() ? "" : ",\n",
+                  channels, with_ar, with_ar / alone);
+    nccl_json += line;
+    std::printf("matmul while all-reduce (max_channels %d): %.3f ms (x%.2f)\n", channels, with_ar, with_ar / alone);
+  }
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "\n  ],\n  \"overlap\": {\"matmul\": \"bf16 4096^3\", \"alone_ms\": %.4f, \"with_copy_ms\": %.4f, "
+                "\"copy_slowdown\": %.3f,\n  \"with_allreduce\": [\n",
+                alone, with_copy, with_copy / alone);
+  json += line;
+  json += nccl_json + "\n  ]}\n}\n";
+  std::printf("matmul alone %.3f ms, with a D2D copy %.3f ms (x%.2f)\n", alone, with_copy, with_copy / alone);
+  if (FILE* f = std::fopen(out_path.c_str(), "w")) {
+    std::fputs(json.c_str(), f);
+    std::fclose(f);
+  }
+  MPI_Finalize();
+  return 0;
+}

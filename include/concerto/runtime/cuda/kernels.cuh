@@ -1,0 +1,646 @@
+#pragma once
+/// @file
+/// @brief CUDA kernels for every op the CPU kernels have, forward and backward (matmul is in
+/// blas.hpp). Needs nvcc.
+///
+/// Each host function enqueues on a stream and returns; it takes device pointers and the
+/// extents of the CPU kernel of the same name (runtime/cpu/), and computes the same function,
+/// so the two backends agree to rounding: the tests check each pair on random data. The
+/// kernels are simple and correct rather than fast: one block per row for row-wise ops
+/// (deterministic block reductions, no atomics), grid-stride loops for elementwise ones, and
+/// an attention that keeps one row of scores in shared memory (not flash attention). Kernels
+/// are templates so that a header included by several translation units links.
+///
+/// Where the CPU kernel throws on bad data (a target or id outside its range), a device kernel
+/// cannot; it skips the value and writes `code` into `*status` (first error wins), which the
+/// backend reads after the step and turns into an error naming the task.
+///
+/// @code
+/// namespace cu = concerto::runtime::cuda;
+/// cu::gelu(d_x, d_y, n, stream);
+/// cu::layernorm(d_x, d_gamma, d_beta, d_out, d_mean, d_rstd, rows, cols, 1e-5f, stream);
+/// @endcode
+
+#ifndef __CUDACC__
+#error "concerto/runtime/cuda/kernels.cuh holds CUDA kernels: compile this source with nvcc (concerto_cuda_sources(target) in CMake)"
+#endif
+
+#include <concerto/core/error.hpp>
+#include <concerto/runtime/cpu/optimizer.hpp>
+#include <concerto/runtime/cuda/check.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace concerto::runtime::cuda {
+
+namespace detail {
+
+inline constexpr int block = 256;       // threads of elementwise and row-wise kernels
+inline constexpr int attention_block = 128;
+
+inline unsigned grid_for(std::size_t n, int threads = block) {
+  const std::size_t blocks = (n + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
+}
+inline unsigned rows_grid(std::size_t rows, const char* kernel) {
+  CONCERTO_CHECK(rows <= 0x7fffffffu, std::string(kernel) + ": " + std::to_string(rows) + " rows exceed the grid");
+  return static_cast<unsigned>(rows);
+}
+inline void launched(const char* kernel) {
+  const auto e = cudaGetLastError();
+  if (e != cudaSuccess) fail(std::string(kernel) + ": kernel launch failed: " + cudaGetErrorString(e));
+}
+
+struct sum_op {
+  template <class T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct max_op {
+  template <class T>
+  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// Reduces one value per thread over the block; every thread gets the result. The order of the
+// additions is fixed (warp tree, then warps in order), so results do not vary run to run.
+// `shared` holds 32 values; the leading barrier lets a caller reuse it call after call.
+template <class T, class Op>
+__device__ T block_reduce(T v, Op op, T* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  T r = shared[0];
+  const int warps = (static_cast<int>(blockDim.x) + 31) >> 5;
+  for (int w = 1; w < warps; ++w) r = op(r, shared[w]);
+  return r;
+}
+
+__device__ inline void flag(int* status, int code) {
+  if (status != nullptr) atomicCAS(status, 0, code);
+}
+
+#define CONCERTO_GRID_STRIDE(i, n)                                                                 \
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);   \
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+
+inline constexpr float gelu_k0 = 0.7978845608028654f; // sqrt(2/pi), as the CPU kernel
+inline constexpr float gelu_k1 = 0.044715f;
+
+// ---- elementwise ----------------------------------------------------------------------------
+template <int = 0>
+__global__ void add_k(const float* a, const float* b, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+template <int = 0>
+__global__ void add_inplace_k(float* acc, const float* x, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) acc[i] += x[i];
+}
+template <int = 0>
+__global__ void scale_k(const float* x, float alpha, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = alpha * x[i];
+}
+template <int = 0>
+__global__ void bias_add_k(const float* x, const float* bias, float* out, std::size_t n, std::size_t cols) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] + bias[i % cols];
+}
+// One thread per column walking down the rows: coalesced across the threads of a warp.
+template <int = 0>
+__global__ void column_sum_k(const float* x, float* out, std::size_t rows, std::size_t cols, bool accumulate) {
+  CONCERTO_GRID_STRIDE(c, cols) {
+    float s = 0.0f;
+    for (std::size_t r = 0; r < rows; ++r) s += x[r * cols + c];
+    out[c] = accumulate ? out[c] + s : s;
+  }
+}
+template <int = 0>
+__global__ void gelu_k(const float* x, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + tanhf(gelu_k0 * (v + gelu_k1 * v * v * v)));
+  }
+}
+template <int = 0>
+__global__ void gelu_grad_k(const float* x, const float* dout, float* dx, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float t = tanhf(gelu_k0 * (v + gelu_k1 * v * v * v));
+    const float dinner = gelu_k0 * (1.0f + 3.0f * gelu_k1 * v * v);
+    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
+  }
+}
+template <int = 0>
+__global__ void relu_k(const float* x, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+template <int = 0>
+__global__ void relu_grad_k(const float* x, const float* dout, float* dx, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) dx[i] = x[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+// ---- row-wise -------------------------------------------------------------------------------
+template <int = 0>
+__global__ void layernorm_k(const float* x, const float* gamma, const float* beta, float* out, float* mean,
+                            float* rstd, std::size_t cols, float eps) {
+  __shared__ float red[32];
+  const std::size_t r = blockIdx.x;
+  const float* px = x + r * cols;
+  float* po = out + r * cols;
+  float s = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += px[c];
+  const float mu = block_reduce(s, sum_op{}, red) / static_cast<float>(cols);
+  float sq = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = px[c] - mu;
+    sq += d * d;
+  }
+  const float rs = rsqrtf(block_reduce(sq, sum_op{}, red) / static_cast<float>(cols) + eps);
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) po[c] = (px[c] - mu) * rs * gamma[c] + beta[c];
+  if (threadIdx.x == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+template <int = 0>
+__global__ void layernorm_dx_k(const float* dout, const float* x, const float* gamma, const float* mean,
+                               const float* rstd, float* dx, std::size_t cols) {
+  __shared__ float red[32];
+  const std::size_t r = blockIdx.x;
+  const float* pg = dout + r * cols;
+  const float* px = x + r * cols;
+  const float mu = mean[r], rs = rstd[r];
+  float sg = 0.0f, sgx = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float g = pg[c] * gamma[c];
+    sg += g;
+    sgx += g * (px[c] - mu) * rs;
+  }
+  const float mg = block_reduce(sg, sum_op{}, red) / static_cast<float>(cols);
+  const float mgx = block_reduce(sgx, sum_op{}, red) / static_cast<float>(cols);
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float xhat = (px[c] - mu) * rs;
+    dx[r * cols + c] = rs * (pg[c] * gamma[c] - mg - xhat * mgx);
+  }
+}
+template <int = 0>
+__global__ void layernorm_dparams_k(const float* dout, const float* x, const float* mean, const float* rstd,
+                                    float* dgamma, float* dbeta, std::size_t rows, std::size_t cols, bool accumulate) {
+  CONCERTO_GRID_STRIDE(c, cols) {
+    float g = 0.0f, b = 0.0f;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float d = dout[r * cols + c];
+      g += d * (x[r * cols + c] - mean[r]) * rstd[r];
+      b += d;
+    }
+    dgamma[c] = accumulate ? dgamma[c] + g : g;
+    dbeta[c] = accumulate ? dbeta[c] + b : b;
+  }
+}
+template <int = 0>
+__global__ void softmax_k(const float* x, float* out, std::size_t cols) {
+  __shared__ float red[32];
+  const float* px = x + blockIdx.x * cols;
+  float* po = out + blockIdx.x * cols;
+  float m = -INFINITY;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, px[c]);
+  m = block_reduce(m, max_op{}, red);
+  float s = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(px[c] - m);
+  const float inv = 1.0f / block_reduce(s, sum_op{}, red);
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) po[c] = expf(px[c] - m) * inv;
+}
+template <int = 0>
+__global__ void softmax_grad_k(const float* y, const float* dy, float* dx, std::size_t cols) {
+  __shared__ float red[32];
+  const std::size_t off = blockIdx.x * cols;
+  float dot = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) dot += dy[off + c] * y[off + c];
+  dot = block_reduce(dot, sum_op{}, red);
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) dx[off + c] = y[off + c] * (dy[off + c] - dot);
+}
+
+// ---- causal attention -----------------------------------------------------------------------
+// Layout as the CPU kernel: q, k, v, out [batch, seq, heads·head_dim]; lse [batch, heads, seq].
+// Grid (seq, batch·heads); block i of a head owns query row i (forward, dq) or key row j (dk, dv).
+struct attention_dims {
+  std::size_t seq, heads, head_dim;
+  float scale;
+  __device__ std::size_t base(std::size_t bh) const { return (bh / heads) * seq * heads * head_dim + (bh % heads) * head_dim; }
+  __device__ std::size_t ld() const { return heads * head_dim; }
+};
+__device__ inline float dot_rows(const float* a, const float* b, std::size_t n) {
+  float s = 0.0f;
+  for (std::size_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+template <int = 0>
+__global__ void attention_k(const float* q, const float* k, const float* v, float* out, float* lse, attention_dims a) {
+  extern __shared__ float sh[];
+  float* red = sh;
+  float* p = sh + 32;
+  const std::size_t i = blockIdx.x, bh = blockIdx.y, ld = a.ld(), base = a.base(bh), D = a.head_dim;
+  const float* qi = q + base + i * ld;
+  float m = -INFINITY;
+  for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    p[j] = a.scale * dot_rows(qi, k + base + j * ld, D);
+    m = fmaxf(m, p[j]);
+  }
+  m = block_reduce(m, max_op{}, red);
+  float s = 0.0f;
+  for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    p[j] = expf(p[j] - m);
+    s += p[j];
+  }
+  s = block_reduce(s, sum_op{}, red); // its barriers also publish p[]
+  const float inv = 1.0f / s;
+  for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (std::size_t j = 0; j <= i; ++j) acc += p[j] * v[base + j * ld + d];
+    out[base + i * ld + d] = acc * inv;
+  }
+  if (threadIdx.x == 0) lse[bh * a.seq + i] = m + logf(s);
+}
+// dq for query row i, and delta_i = Σ_j P_ij·dP_ij, which the key-row kernel needs.
+template <int = 0>
+__global__ void attention_dq_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
+                               float* dq, float* delta, attention_dims a) {
+  extern __shared__ float sh[];
+  float* red = sh;
+  float* p = sh + 32;
+  float* ds = p + a.seq;
+  const std::size_t i = blockIdx.x, bh = blockIdx.y, ld = a.ld(), base = a.base(bh), D = a.head_dim;
+  const float* qi = q + base + i * ld;
+  const float* gi = dout + base + i * ld;
+  const float l = lse[bh * a.seq + i];
+  float dot = 0.0f;
+  for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    p[j] = expf(a.scale * dot_rows(qi, k + base + j * ld, D) - l);
+    ds[j] = dot_rows(gi, v + base + j * ld, D);
+    dot += p[j] * ds[j];
+  }
+  dot = block_reduce(dot, sum_op{}, red);
+  for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot);
+  __syncthreads();
+  for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (std::size_t j = 0; j <= i; ++j) acc += ds[j] * k[base + j * ld + d];
+    dq[base + i * ld + d] = a.scale * acc;
+  }
+  if (threadIdx.x == 0) delta[bh * a.seq + i] = dot;
+}
+// dk and dv for key row j, from every query row i >= j.
+template <int = 0>
+__global__ void attention_dkv_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
+                                const float* delta, float* dk, float* dv, attention_dims a) {
+  extern __shared__ float sh[];
+  float* p = sh + 32;
+  float* ds = p + a.seq;
+  const std::size_t j = blockIdx.x, bh = blockIdx.y, ld = a.ld(), base = a.base(bh), D = a.head_dim, T = a.seq;
+  const float* kj = k + base + j * ld;
+  const float* vj = v + base + j * ld;
+  for (std::size_t i = j + threadIdx.x; i < T; i += blockDim.x) {
+    const float pij = expf(a.scale * dot_rows(q + base + i * ld, kj, D) - lse[bh * T + i]);
+    p[i] = pij;
+    ds[i] = pij * (dot_rows(dout + base + i * ld, vj, D) - delta[bh * T + i]);
+  }
+  __syncthreads();
+  for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc_v = 0.0f, acc_k = 0.0f;
+    for (std::size_t i = j; i < T; ++i) {
+      acc_v += p[i] * dout[base + i * ld + d];
+      acc_k += ds[i] * q[base + i * ld + d];
+    }
+    dv[base + j * ld + d] = acc_v;
+    dk[base + j * ld + d] = a.scale * acc_k;
+  }
+}
+
+// ---- losses ---------------------------------------------------------------------------------
+template <int = 0>
+__global__ void cross_entropy_rows_k(const float* logits, const std::int32_t* targets, float* lse, std::size_t classes,
+                                     int* status, int code) {
+  __shared__ float red[32];
+  const float* pl = logits + blockIdx.x * classes;
+  float m = -INFINITY;
+  for (std::size_t c = threadIdx.x; c < classes; c += blockDim.x) m = fmaxf(m, pl[c]);
+  m = block_reduce(m, max_op{}, red);
+  float s = 0.0f;
+  for (std::size_t c = threadIdx.x; c < classes; c += blockDim.x) s += expf(pl[c] - m);
+  s = block_reduce(s, sum_op{}, red);
+  if (threadIdx.x == 0) {
+    lse[blockIdx.x] = m + logf(s);
+    const auto t = targets[blockIdx.x];
+    if (t < 0 || static_cast<std::size_t>(t) >= classes) flag(status, code);
+  }
+}
+// One block: the mean over rows in double, as the CPU kernel sums.
+template <int = 0>
+__global__ void cross_entropy_mean_k(const float* logits, const std::int32_t* targets, const float* lse, float* loss,
+                                     std::size_t rows, std::size_t classes) {
+  __shared__ double red[32];
+  double s = 0.0;
+  for (std::size_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const auto t = targets[r];
+    if (t < 0 || static_cast<std::size_t>(t) >= classes) continue;
+    s += static_cast<double>(lse[r]) - static_cast<double>(logits[r * classes + static_cast<std::size_t>(t)]);
+  }
+  s = block_reduce(s, sum_op{}, red);
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(rows));
+}
+template <int = 0>
+__global__ void cross_entropy_grad_k(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
+                                     std::size_t rows, std::size_t classes, float s) {
+  CONCERTO_GRID_STRIDE(i, rows * classes) {
+    const std::size_t r = i / classes, c = i % classes;
+    const float g = s * expf(logits[i] - lse[r]);
+    dlogits[i] = static_cast<std::size_t>(targets[r]) == c ? g - s : g;
+  }
+}
+template <int = 0>
+__global__ void mse_k(const float* pred, const float* target, float* loss, std::size_t n) {
+  __shared__ double red[32];
+  double s = 0.0;
+  for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double d = static_cast<double>(pred[i]) - static_cast<double>(target[i]);
+    s += d * d;
+  }
+  s = block_reduce(s, sum_op{}, red);
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(n));
+}
+template <int = 0>
+__global__ void mse_grad_k(const float* pred, const float* target, float* dpred, std::size_t n, float s) {
+  CONCERTO_GRID_STRIDE(i, n) dpred[i] = s * (pred[i] - target[i]);
+}
+
+// ---- embedding ------------------------------------------------------------------------------
+template <int = 0>
+__global__ void embedding_k(const std::int32_t* ids, const float* table, float* out, std::size_t n, std::size_t dim,
+                            std::int64_t first_row, std::size_t rows, bool reject, int* status, int code) {
+  CONCERTO_GRID_STRIDE(i, n * dim) {
+    const std::int64_t r = static_cast<std::int64_t>(ids[i / dim]) - first_row;
+    if (r < 0 || r >= static_cast<std::int64_t>(rows)) {
+      out[i] = 0.0f;
+      if (reject) flag(status, code);
+    } else {
+      out[i] = table[static_cast<std::size_t>(r) * dim + i % dim];
+    }
+  }
+}
+template <int = 0>
+__global__ void embedding_grad_k(const std::int32_t* ids, const float* dout, float* dtable, std::size_t n, std::size_t dim,
+                                 std::int64_t first_row, std::size_t rows, bool reject, int* status, int code) {
+  CONCERTO_GRID_STRIDE(i, n * dim) {
+    const std::int64_t r = static_cast<std::int64_t>(ids[i / dim]) - first_row;
+    if (r < 0 || r >= static_cast<std::int64_t>(rows)) {
+      if (reject) flag(status, code);
+    } else {
+      atomicAdd(dtable + static_cast<std::size_t>(r) * dim + i % dim, dout[i]);
+    }
+  }
+}
+
+// ---- optimizers -----------------------------------------------------------------------------
+template <int = 0>
+__global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, float lr, float momentum, float wd) {
+  CONCERTO_GRID_STRIDE(i, n) {
+    const float gi = g[i] + wd * p[i];
+    if (buf == nullptr) {
+      p[i] -= lr * gi;
+    } else {
+      buf[i] = momentum * buf[i] + gi;
+      p[i] -= lr * buf[i];
+    }
+  }
+}
+// The step is read from device memory, so that a captured CUDA graph replays with the current step.
+template <int = 0>
+__global__ void adamw_k(float* p, const float* g, float* m, float* v, std::size_t n, cpu::adamw_config cfg,
+                        const std::int64_t* step) {
+  const double t = static_cast<double>(*step);
+  const double bc1 = 1.0 - pow(static_cast<double>(cfg.beta1), t);
+  const double bc2 = 1.0 - pow(static_cast<double>(cfg.beta2), t);
+  const float step_size = static_cast<float>(static_cast<double>(cfg.lr) / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / sqrt(bc2));
+  const float decay = 1.0f - cfg.lr * cfg.weight_decay;
+  CONCERTO_GRID_STRIDE(i, n) {
+    const float gi = g[i];
+    m[i] = cfg.beta1 * m[i] + (1.0f - cfg.beta1) * gi;
+    v[i] = cfg.beta2 * v[i] + (1.0f - cfg.beta2) * gi * gi;
+    p[i] = p[i] * decay - step_size * m[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + cfg.eps);
+  }
+}
+
+#undef CONCERTO_GRID_STRIDE
+
+inline attention_dims make_dims(std::size_t seq, std::size_t heads, std::size_t head_dim) {
+  return {seq, heads, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim))};
+}
+inline std::size_t attention_smem(std::size_t seq, std::size_t rows_of_seq, const char* kernel) {
+  const std::size_t bytes = (32 + rows_of_seq * seq) * sizeof(float);
+  CONCERTO_CHECK(bytes <= 48 * 1024, std::string(kernel) + ": seq = " + std::to_string(seq) +
+                                         " needs " + std::to_string(bytes) +
+                                         " bytes of shared memory per block, more than the 48 KiB these simple kernels use");
+  return bytes;
+}
+inline dim3 attention_grid(std::size_t batch, std::size_t seq, std::size_t heads, const char* kernel) {
+  CONCERTO_CHECK(batch * heads <= 65535 && seq <= 0x7fffffffu,
+                 std::string(kernel) + ": batch·heads = " + std::to_string(batch * heads) + " exceeds the grid");
+  return dim3(static_cast<unsigned>(seq), static_cast<unsigned>(batch * heads));
+}
+
+} // namespace detail
+
+// ---- host entry points (enqueue on `s`; sizes as in runtime/cpu/) ----------------------------
+
+/// @brief `out = a + b` over n floats. out may alias a or b.
+inline void add(const float* a, const float* b, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  detail::add_k<<<detail::grid_for(n), detail::block, 0, s>>>(a, b, out, n);
+  detail::launched("add");
+}
+/// @brief `acc += x` over n floats.
+inline void add_inplace(float* acc, const float* x, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  detail::add_inplace_k<<<detail::grid_for(n), detail::block, 0, s>>>(acc, x, n);
+  detail::launched("add_inplace");
+}
+/// @brief `out = alpha·x` over n floats.
+inline void scale(const float* x, float alpha, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  detail::scale_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, alpha, out, n);
+  detail::launched("scale");
+}
+/// @brief `out[r,c] = x[r,c] + bias[c]`.
+inline void bias_add(const float* x, const float* bias, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  detail::bias_add_k<<<detail::grid_for(rows * cols), detail::block, 0, s>>>(x, bias, out, rows * cols, cols);
+  detail::launched("bias_add");
+}
+/// @brief `dbias[c] (+)= Σ_r dout[r,c]`.
+inline void bias_add_grad(const float* dout, float* dbias, std::size_t rows, std::size_t cols, bool accumulate,
+                          cudaStream_t s) {
+  if (cols == 0) return;
+  detail::column_sum_k<<<detail::grid_for(cols), detail::block, 0, s>>>(dout, dbias, rows, cols, accumulate);
+  detail::launched("bias_add_grad");
+}
+/// @brief GELU (tanh approximation), as cpu::gelu.
+inline void gelu(const float* x, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  detail::gelu_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, out, n);
+  detail::launched("gelu");
+}
+/// @brief `dx = dout·gelu'(x)`.
+inline void gelu_grad(const float* x, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  detail::gelu_grad_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, dout, dx, n);
+  detail::launched("gelu_grad");
+}
+/// @brief `out = max(x, 0)`.
+inline void relu(const float* x, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  detail::relu_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, out, n);
+  detail::launched("relu");
+}
+/// @brief `dx = x > 0 ? dout : 0`.
+inline void relu_grad(const float* x, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  detail::relu_grad_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, dout, dx, n);
+  detail::launched("relu_grad");
+}
+/// @brief Layer normalisation over rows, saving mean and rstd (as cpu::layernorm).
+inline void layernorm(const float* x, const float* gamma, const float* beta, float* out, float* mean, float* rstd,
+                      std::size_t rows, std::size_t cols, float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  CONCERTO_CHECK(cols > 0, "layernorm: a row needs at least one column");
+  detail::layernorm_k<<<detail::rows_grid(rows, "layernorm"), detail::block, 0, s>>>(x, gamma, beta, out, mean, rstd, cols, eps);
+  detail::launched("layernorm");
+}
+/// @brief Backward of layernorm (as cpu::layernorm_grad).
+inline void layernorm_grad(const float* dout, const float* x, const float* gamma, const float* mean, const float* rstd,
+                           float* dx, float* dgamma, float* dbeta, std::size_t rows, std::size_t cols, bool accumulate,
+                           cudaStream_t s) {
+  if (cols == 0) return;
+  if (rows > 0) {
+    detail::layernorm_dx_k<<<detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s>>>(dout, x, gamma, mean, rstd, dx, cols);
+    detail::launched("layernorm_grad");
+  }
+  detail::layernorm_dparams_k<<<detail::grid_for(cols), detail::block, 0, s>>>(dout, x, mean, rstd, dgamma, dbeta, rows,
+                                                                              cols, accumulate);
+  detail::launched("layernorm_grad");
+}
+/// @brief Row-wise stable softmax.
+inline void softmax(const float* x, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  detail::softmax_k<<<detail::rows_grid(rows, "softmax"), detail::block, 0, s>>>(x, out, cols);
+  detail::launched("softmax");
+}
+/// @brief `dx = y·(dy - Σ dy·y)` per row.
+inline void softmax_grad(const float* y, const float* dy, float* dx, std::size_t rows, std::size_t cols, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  detail::softmax_grad_k<<<detail::rows_grid(rows, "softmax_grad"), detail::block, 0, s>>>(y, dy, dx, cols);
+  detail::launched("softmax_grad");
+}
+/// @brief Causal attention forward (as cpu::causal_attention); seq ≤ about 12000.
+inline void causal_attention(const float* q, const float* k, const float* v, float* out, float* lse, std::size_t batch,
+                             std::size_t seq, std::size_t heads, std::size_t head_dim, cudaStream_t s) {
+  if (batch * seq * heads == 0) return;
+  const auto smem = detail::attention_smem(seq, 1, "causal_attention");
+  detail::attention_k<<<detail::attention_grid(batch, seq, heads, "causal_attention"), detail::attention_block, smem, s>>>(
+      q, k, v, out, lse, detail::make_dims(seq, heads, head_dim));
+  detail::launched("causal_attention");
+}
+/// @brief Floats of device workspace `causal_attention_grad` needs (one value per query row).
+[[nodiscard]] constexpr std::size_t causal_attention_grad_workspace_floats(std::size_t batch, std::size_t seq,
+                                                                           std::size_t heads) noexcept {
+  return batch * heads * seq;
+}
+/// @brief Causal attention backward (as cpu::causal_attention_grad); `workspace` holds
+/// `causal_attention_grad_workspace_floats` floats; seq ≤ about 6000.
+inline void causal_attention_grad(const float* q, const float* k, const float* v, const float* dout, const float* lse,
+                                  float* dq, float* dk, float* dv, float* workspace, std::size_t batch, std::size_t seq,
+                                  std::size_t heads, std::size_t head_dim, cudaStream_t s) {
+  if (batch * seq * heads == 0) return;
+  const auto smem = detail::attention_smem(seq, 2, "causal_attention_grad");
+  const auto grid = detail::attention_grid(batch, seq, heads, "causal_attention_grad");
+  const auto dims = detail::make_dims(seq, heads, head_dim);
+  detail::attention_dq_k<<<grid, detail::attention_block, smem, s>>>(q, k, v, dout, lse, dq, workspace, dims);
+  detail::launched("causal_attention_grad");
+  detail::attention_dkv_k<<<grid, detail::attention_block, smem, s>>>(q, k, v, dout, lse, workspace, dk, dv, dims);
+  detail::launched("causal_attention_grad");
+}
+/// @brief Mean cross-entropy into `loss[0]` (device), saving lse per row. A target outside
+/// [0, classes) is skipped and sets `*status = code`.
+inline void cross_entropy(const float* logits, const std::int32_t* targets, float* lse, float* loss, std::size_t rows,
+                          std::size_t classes, int* status, int code, cudaStream_t s) {
+  CONCERTO_CHECK(rows > 0, "cross_entropy: the mean over rows needs at least one row");
+  detail::cross_entropy_rows_k<<<detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s>>>(logits, targets, lse,
+                                                                                                 classes, status, code);
+  detail::launched("cross_entropy");
+  detail::cross_entropy_mean_k<<<1, 1024, 0, s>>>(logits, targets, lse, loss, rows, classes);
+  detail::launched("cross_entropy");
+}
+/// @brief `dlogits = dloss·(softmax(logits) - onehot)/rows`.
+inline void cross_entropy_grad(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
+                               std::size_t rows, std::size_t classes, float dloss, cudaStream_t s) {
+  CONCERTO_CHECK(rows > 0, "cross_entropy_grad: the mean over rows needs at least one row");
+  detail::cross_entropy_grad_k<<<detail::grid_for(rows * classes), detail::block, 0, s>>>(
+      logits, targets, lse, dlogits, rows, classes, dloss / static_cast<float>(rows));
+  detail::launched("cross_entropy_grad");
+}
+/// @brief Mean squared error into `loss[0]` (device), summed in double.
+inline void mse(const float* pred, const float* target, float* loss, std::size_t n, cudaStream_t s) {
+  CONCERTO_CHECK(n > 0, "mse: the mean needs at least one value");
+  detail::mse_k<<<1, 1024, 0, s>>>(pred, target, loss, n);
+  detail::launched("mse");
+}
+/// @brief `dpred = dloss·2·(pred - target)/n`.
+inline void mse_grad(const float* pred, const float* target, float* dpred, std::size_t n, float dloss, cudaStream_t s) {
+  CONCERTO_CHECK(n > 0, "mse_grad: the mean needs at least one value");
+  detail::mse_grad_k<<<detail::grid_for(n), detail::block, 0, s>>>(pred, target, dpred, n,
+                                                                   2.0f * dloss / static_cast<float>(n));
+  detail::launched("mse_grad");
+}
+/// @brief `out[i,:] = table[ids[i] - first_row, :]`; ids outside the table give zero rows, and
+/// with `reject` also set `*status = code`.
+inline void embedding(const std::int32_t* ids, const float* table, float* out, std::size_t n, std::size_t dim,
+                      std::size_t table_rows, std::int64_t first_row, bool reject, int* status, int code, cudaStream_t s) {
+  if (n * dim == 0) return;
+  detail::embedding_k<<<detail::grid_for(n * dim), detail::block, 0, s>>>(ids, table, out, n, dim, first_row, table_rows,
+                                                                          reject, status, code);
+  detail::launched("embedding");
+}
+/// @brief `dtable[ids[i] - first_row, :] += dout[i, :]` (zeroed first unless `accumulate`);
+/// atomic adds, so repeated ids sum in an unspecified order.
+inline void embedding_grad(const std::int32_t* ids, const float* dout, float* dtable, std::size_t n, std::size_t dim,
+                           std::size_t table_rows, bool accumulate, std::int64_t first_row, bool reject, int* status,
+                           int code, cudaStream_t s) {
+  if (!accumulate) check(cudaMemsetAsync(dtable, 0, table_rows * dim * sizeof(float), s), "cudaMemsetAsync");
+  if (n * dim == 0) return;
+  detail::embedding_grad_k<<<detail::grid_for(n * dim), detail::block, 0, s>>>(ids, dout, dtable, n, dim, first_row,
+                                                                               table_rows, reject, status, code);
+  detail::launched("embedding_grad");
+}
+/// @brief SGD update in place (as cpu::sgd_update); `momentum_buf` may be null when momentum is 0.
+inline void sgd_update(float* params, const float* grads, float* momentum_buf, std::size_t n, const cpu::sgd_config& cfg,
+                       cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CHECK(cfg.momentum == 0.0f || momentum_buf != nullptr, "sgd_update: momentum needs a momentum buffer");
+  detail::sgd_k<<<detail::grid_for(n), detail::block, 0, s>>>(params, grads, cfg.momentum == 0.0f ? nullptr : momentum_buf,
+                                                              n, cfg.lr, cfg.momentum, cfg.weight_decay);
+  detail::launched("sgd_update");
+}
+/// @brief AdamW update in place (as cpu::adamw_update); `step` points to the device's step
+/// counter (from 1), read when the kernel runs.
+inline void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n, const cpu::adamw_config& cfg,
+                         const std::int64_t* step, cudaStream_t s) {
+  if (n == 0) return;
+  detail::adamw_k<<<detail::grid_for(n), detail::block, 0, s>>>(params, grads, m, v, n, cfg, step);
+  detail::launched("adamw_update");
+}
+
+} // namespace concerto::runtime::cuda

@@ -1,0 +1,580 @@
+#pragma once
+/// @file
+/// @brief The GPU backend: one CUDA device per MPI rank, a compute stream, one stream and one
+/// NCCL communicator per communication lane, CUDA kernels and cuBLASLt products. Needs nvcc.
+///
+/// It satisfies runtime::backend with `stream_ordered = true`: `run_compute` and
+/// `start_collective` only enqueue, the executor issues every stream's tasks in the plan's
+/// order and calls `record` / `stream_wait` (cudaEventRecord / cudaStreamWaitEvent) only for
+/// the plan's cross-stream dependencies, and `end_step` waits for the device. MPI stays the
+/// bootstrap: it carries the NCCL unique ids, the plan agreement and the lane groups (the
+/// ranks that share every mesh coordinate but the lane's axis, as in runtime::mpi::backend).
+///
+/// The constructor mirrors runtime::mpi::backend's (`backend(backend_options = {})`), so a
+/// training layer picks one by the CMake target it is built with: concerto::nccl defines
+/// CONCERTO_BACKEND_NCCL=1. Buffers live on the device: fill and read them with
+/// `buffers().upload(...)` / `buffers().download<T>(...)`.
+///
+/// Collective operands follow runtime::mpi::backend's conventions (in place when input and
+/// output coincide; all_gather's input may be this rank's slice of the output; reduce_scatter's
+/// output may be this rank's slice of the input, or its first shard as MPI_IN_PLACE leaves it).
+/// A send immediately followed on its lane by a recv (or the reverse) is issued as one NCCL
+/// group, so that a ring shift cannot deadlock.
+///
+/// With `capture_graph`, step 1 runs eagerly (NCCL and cuBLASLt initialise lazily, which
+/// capture forbids), step 2 is captured into one CUDA graph across all streams and every later
+/// step replays it: the host then only launches the graph. Kernel settings are baked into the
+/// graph except the optimizer step (read from device memory); after changing `settings()`, call
+/// `invalidate_graph()`.
+///
+/// @code
+/// runtime::mpi::environment env(argc, argv);
+/// runtime::nccl::backend be({.capture_graph = true});
+/// runtime::executor ex(plan, be);
+/// be.buffers().upload(w_id, host_w);
+/// for (int s = 0; s < 100; ++s) ex.run_step();
+/// auto loss = be.buffers().download<float>(loss_id);
+/// @endcode
+
+#ifndef __CUDACC__
+#error "concerto/runtime/nccl/backend.hpp holds CUDA kernels: compile this source with nvcc (concerto_cuda_sources(target) in CMake)"
+#endif
+
+#include <concerto/core/error.hpp>
+#include <concerto/ir/graph.hpp>
+#include <concerto/mesh/mesh.hpp>
+#include <concerto/plan/plan.hpp>
+#include <concerto/runtime/backend.hpp>
+#include <concerto/runtime/cuda/blas.hpp>
+#include <concerto/runtime/cuda/dispatch.cuh>
+#include <concerto/runtime/cuda/memory.hpp>
+#include <concerto/runtime/cuda/stream.hpp>
+#include <concerto/runtime/dispatch.hpp>
+#include <concerto/runtime/mpi/environment.hpp>
+#include <concerto/runtime/nccl/communicator.hpp>
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <climits>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace concerto::runtime::nccl {
+
+/// @brief How the NCCL backend runs.
+struct backend_options {
+  kernel_settings kernels{};        ///< optimizer hyperparameters and the like (as on MPI)
+  MPI_Comm world = MPI_COMM_WORLD;  ///< the ranks the plan's mesh covers
+  int device = -1;                  ///< CUDA device; -1: the rank's index on its node modulo the device count
+  /// Communication streams at the device's greatest priority: when a collective's kernel and a
+  /// compute kernel both wait for SMs, the collective's blocks go first, so that communication
+  /// is not starved by a long run of compute kernels. false: every stream at the default priority.
+  bool comm_high_priority = true;
+  comm_options comm{};              ///< NCCL channels / CTA policy of every lane's communicator
+  bool capture_graph = false;       ///< replay each step from step 2 on as one CUDA graph
+  bool allow_tf32 = false;          ///< fp32 products on TF32 tensor cores (faster, ~1e-3 relative error)
+  std::size_t blas_workspace_bytes = cuda::gemm::default_workspace;
+};
+
+/// @brief NCCL + CUDA behind the runtime::backend concept.
+class backend {
+public:
+  /// An in-flight collective: the task whose completion event `test` queries.
+  struct handle {
+    ir::task_id task = -1;
+  };
+  static constexpr bool stream_ordered = true;
+
+  explicit backend(backend_options options = {}) : options_(std::move(options)) {
+    mpi::check(MPI_Comm_rank(options_.world, &rank_), "MPI_Comm_rank");
+    mpi::check(MPI_Comm_size(options_.world, &size_), "MPI_Comm_size");
+    const int devices = cuda::device_count();
+    if (devices == 0) fail("nccl::backend on rank " + std::to_string(rank_) + ": no CUDA device is visible");
+    device_ = options_.device;
+    if (device_ < 0) {
+      // The rank's index among the ranks of its node picks the device: one GPU per rank.
+      MPI_Comm node = MPI_COMM_NULL;
+      mpi::check(MPI_Comm_split_type(options_.world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                 "MPI_Comm_split_type");
+      int local = 0;
+      MPI_Comm_rank(node, &local);
+      MPI_Comm_free(&node);
+      device_ = local % devices;
+    }
+    if (device_ >= devices)
+      fail("nccl::backend on rank " + std::to_string(rank_) + ": device " + std::to_string(device_) + " requested, " +
+           std::to_string(devices) + " visible");
+    cuda::check(cudaSetDevice(device_), "cudaSetDevice");
+    const auto range = cuda::stream_priorities();
+    compute_.emplace(range.least);
+    blas_.emplace();
+    words_ = cuda::device_buffer(2 * sizeof(std::int64_t));
+    cuda::check(cudaMallocHost(reinterpret_cast<void**>(&host_step_), sizeof(std::int64_t)), "cudaMallocHost");
+  }
+  backend(const backend&) = delete;
+  backend& operator=(const backend&) = delete;
+  ~backend() {
+    if (compute_) cuda::captured_graph::abandon(compute_->get());
+    (void)cudaDeviceSynchronize();
+    if (host_step_ != nullptr) (void)cudaFreeHost(host_step_);
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int world_size() const noexcept { return size_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  /// The plan's mesh (valid after prepare).
+  [[nodiscard]] const concerto::mesh& mesh() const noexcept { return mesh_; }
+  /// This rank's coordinate on each mesh axis.
+  [[nodiscard]] const std::vector<int>& coords() const noexcept { return coords_; }
+  /// The plan's buffers on the device (valid after prepare).
+  [[nodiscard]] cuda::device_arena& buffers() noexcept { return arena_; }
+  /// Kernel settings; with a captured graph, call invalidate_graph() after changing them.
+  [[nodiscard]] kernel_settings& settings() noexcept { return options_.kernels; }
+  [[nodiscard]] const backend_options& options() const noexcept { return options_; }
+  [[nodiscard]] cudaStream_t compute_stream() const noexcept { return compute_->get(); }
+  /// The CUDA stream of a lane (stream id >= 1) or the compute stream (0).
+  [[nodiscard]] cudaStream_t stream_of(ir::stream_id s) const {
+    return s == ir::compute_stream ? compute_->get() : lanes_.at(static_cast<std::size_t>(s)).get();
+  }
+  /// The NCCL communicator of a lane (stream id >= 1).
+  [[nodiscard]] const communicator& lane_communicator(ir::stream_id s) const { return comms_.at(static_cast<std::size_t>(s)); }
+  /// True once a step has been captured (the following steps replay it).
+  [[nodiscard]] bool graph_ready() const noexcept { return graph_.ready(); }
+  /// Nodes of the captured step (0 before capture).
+  [[nodiscard]] std::size_t graph_nodes() const { return graph_.nodes(); }
+  /// Drops the captured step: the next step runs eagerly and is captured again.
+  void invalidate_graph() noexcept {
+    graph_.reset();
+    eager_steps_ = 0;
+  }
+  /// Device time of the last step in milliseconds, from the first enqueue to the last stream's end.
+  [[nodiscard]] float last_step_device_ms() const { return last_ms_; }
+
+  /// Selects the device's streams, builds the mesh, the lane communicators (one per lane, from
+  /// an MPI split of the world) and the device arena; describes every product. Collective over
+  /// the world (the executor's constructor calls it on every rank).
+  void prepare(const plan::plan& p) {
+    cuda::check(cudaSetDevice(device_), "cudaSetDevice");
+    graph_.reset();
+    eager_steps_ = 0;
+    graph_ptr_ = &p.graph;
+    const auto& g = p.graph;
+    mesh_ = concerto::mesh(g.axes);
+    if (mesh_.rank_count() != size_) {
+      std::string dims;
+      for (const auto& a : g.axes) dims += (dims.empty() ? "" : "x") + a.name + "=" + std::to_string(a.size);
+      fail("the plan of graph '" + g.name + "' is for a mesh of " + std::to_string(mesh_.rank_count()) + " ranks (" +
+           (dims.empty() ? "no axes" : dims) + ") but the MPI world has " + std::to_string(size_));
+    }
+    coords_ = mesh_.coords(rank_);
+    const auto range = cuda::stream_priorities();
+    lanes_.clear();
+    comms_.clear();
+    lanes_.reserve(g.streams.size());
+    comms_.reserve(g.streams.size());
+    lanes_.emplace_back(range.least); // slot 0 unused: the compute stream is compute_
+    comms_.emplace_back();
+    for (std::size_t s = 1; s < g.streams.size(); ++s) {
+      const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
+      lanes_.emplace_back(options_.comm_high_priority ? range.greatest : range.least);
+      const auto group = mpi::communicator::split(options_.world, mesh_.group_index(axis.name, rank_),
+                                                  coords_[static_cast<std::size_t>(g.streams[s].axis)]);
+      auto o = options_.comm;
+      if (o.name.empty()) o.name = g.name + "/" + g.streams[s].name;
+      comms_.push_back(communicator::from_mpi(group.get(), o));
+      if (comms_.back().size() != axis.size)
+        fail("lane '" + g.streams[s].name + "' has " + std::to_string(comms_.back().size()) + " ranks, mesh axis '" +
+             axis.name + "' has size " + std::to_string(axis.size));
+    }
+    const auto attention = cuda::attention_workspace_bytes(g);
+    arena_ = cuda::device_arena(
+        g, make_layout(g, static_cast<std::int64_t>(options_.blas_workspace_bytes) + attention, cuda::device_alignment));
+    kernels_.assign(g.tasks.size(), kernel::copy);
+    products_.clear();
+    products_.resize(g.tasks.size());
+    calls_.assign(g.tasks.size(), {});
+    events_.clear();
+    events_.reserve(g.tasks.size());
+    for (std::size_t i = 0; i < g.tasks.size(); ++i) events_.emplace_back();
+    joins_.clear();
+    for (std::size_t s = 0; s < g.streams.size(); ++s) joins_.emplace_back();
+    for (const auto& t : g.tasks) {
+      const auto i = static_cast<std::size_t>(t.id);
+      if (ir::is_collective(t.kind)) {
+        calls_[i] = describe_call(t);
+        continue;
+      }
+      kernels_[i] = resolve(t);
+      if (!cuda::gpu_supports(kernels_[i]))
+        fail("task " + std::to_string(t.id) + " '" + t.name + "' (fn '" + t.fn +
+             "') has a CPU kernel but no GPU kernel yet; the NCCL backend cannot run this plan");
+      if (kernels_[i] == kernel::gemm)
+        products_[i] = cuda::describe_gemm(g, t, arena_, *blas_, options_.blas_workspace_bytes, options_.allow_tf32);
+    }
+    // A send next to a recv on the same lane becomes one NCCL group (see the file comment).
+    partner_.assign(g.tasks.size(), -1);
+    for (std::size_t s = 1; s < p.order.size(); ++s) {
+      const auto& order = p.order[s];
+      for (std::size_t i = 0; i + 1 < order.size(); ++i) {
+        const auto& a = g.tasks[static_cast<std::size_t>(order[i])];
+        const auto& b = g.tasks[static_cast<std::size_t>(order[i + 1])];
+        const bool pair = (a.kind == ir::op_kind::send && b.kind == ir::op_kind::recv) ||
+                          (a.kind == ir::op_kind::recv && b.kind == ir::op_kind::send);
+        if (pair && partner_[static_cast<std::size_t>(a.id)] < 0) {
+          partner_[static_cast<std::size_t>(a.id)] = b.id;
+          partner_[static_cast<std::size_t>(b.id)] = a.id;
+          ++i;
+        }
+      }
+    }
+    enqueued_.assign(g.tasks.size(), 0);
+    record_pending_.assign(g.tasks.size(), 0);
+    ctx_ = {compute_->get(),
+            &*blas_,
+            arena_.scratch(),
+            options_.blas_workspace_bytes,
+            reinterpret_cast<float*>(arena_.scratch() + options_.blas_workspace_bytes),
+            words_.as<int>(),
+            reinterpret_cast<const std::int64_t*>(words_.data() + sizeof(std::int64_t))};
+    start_.emplace(true);
+    stop_.emplace(true);
+    fork_.emplace();
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
+  void begin_step(std::int64_t step) {
+    CONCERTO_CHECK(graph_ptr_ != nullptr, "nccl::backend: begin_step before prepare");
+    options_.kernels.step = step;
+    std::fill(enqueued_.begin(), enqueued_.end(), std::uint8_t{0});
+    std::fill(record_pending_.begin(), record_pending_.end(), std::uint8_t{0});
+    const auto c = compute_->get();
+    // The step counter is copied outside any capture, so a replayed graph reads the current one.
+    *host_step_ = step;
+    cuda::check(cudaMemcpyAsync(words_.data() + sizeof(std::int64_t), host_step_, sizeof(std::int64_t),
+                                cudaMemcpyHostToDevice, c),
+                "cudaMemcpyAsync");
+    start_->record(c);
+    mode_ = !options_.capture_graph || eager_steps_ < 1 ? mode::eager : graph_.ready() ? mode::replay : mode::capture;
+    if (mode_ == mode::capture) {
+      graph_.begin(c);
+      fork_->record(c);
+      for (std::size_t s = 1; s < lanes_.size(); ++s) fork_->wait_on(lanes_[s].get());
+    } else if (mode_ == mode::eager) {
+      // Lanes start after the previous step's end and the step counter's copy.
+      fork_->record(c);
+      for (std::size_t s = 1; s < lanes_.size(); ++s) fork_->wait_on(lanes_[s].get());
+    }
+  }
+
+  void end_step() {
+    const auto c = compute_->get();
+    try {
+      for (std::size_t i = 0; i < partner_.size(); ++i)
+        if (partner_[i] >= 0 && enqueued_[i] == 2)
+          fail(std::string(ir::to_string(graph_ptr_->tasks[i].kind)) + " '" + graph_ptr_->tasks[i].name +
+               "' was never issued with its partner " + graph_ptr_->tasks[static_cast<std::size_t>(partner_[i])].name);
+      if (mode_ != mode::replay) // every lane joins the compute stream, so its end is the step's end
+        for (std::size_t s = 1; s < lanes_.size(); ++s) {
+          joins_[s].record(lanes_[s].get());
+          joins_[s].wait_on(c);
+        }
+      if (mode_ == mode::capture) graph_.end(c);
+      if (mode_ != mode::eager) graph_.launch(c);
+    } catch (...) {
+      cuda::captured_graph::abandon(c);
+      graph_.reset();
+      throw;
+    }
+    stop_->record(c);
+    stop_->synchronize();
+    if (mode_ == mode::eager) ++eager_steps_;
+    last_ms_ = cuda::event::elapsed_ms(*start_, *stop_);
+    for (std::size_t s = 1; s < comms_.size(); ++s) comms_[s].check_async();
+    int status = 0;
+    cuda::check(cudaMemcpy(&status, words_.data(), sizeof status, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (status != 0) {
+      cuda::check(cudaMemset(words_.data(), 0, sizeof status), "cudaMemset");
+      const auto& t = graph_ptr_->tasks.at(static_cast<std::size_t>(status - 1));
+      fail("step " + std::to_string(options_.kernels.step) + ": task " + std::to_string(t.id) + " '" + t.name + "' (fn '" +
+           t.fn + "') met a target or id outside its range (the GPU kernel skipped it)");
+    }
+  }
+
+  void run_compute(const ir::task& t) {
+    if (mode_ == mode::replay) return;
+    const auto i = static_cast<std::size_t>(t.id);
+    cuda::run_kernel(*graph_ptr_, t, kernels_[i], arena_, options_.kernels, ctx_,
+                     kernels_[i] == kernel::gemm ? &products_[i] : nullptr);
+  }
+
+  handle start_collective(const ir::task& t) {
+    if (mode_ == mode::replay) return {t.id};
+    const auto i = static_cast<std::size_t>(t.id);
+    const auto partner = partner_[i];
+    if (partner >= 0 && enqueued_[static_cast<std::size_t>(partner)] != 2) {
+      enqueued_[i] = 2; // deferred until its partner is issued
+      return {t.id};
+    }
+    const auto s = stream_of(t.stream);
+    if (partner >= 0) {
+      const auto& other = graph_ptr_->tasks[static_cast<std::size_t>(partner)];
+      check(ncclGroupStart(), "ncclGroupStart");
+      enqueue(other, s);
+      enqueue(t, s);
+      check(ncclGroupEnd(), "ncclGroupEnd");
+      finish_enqueue(other, s);
+    } else {
+      enqueue(t, s);
+    }
+    finish_enqueue(t, s);
+    return {t.id};
+  }
+
+  bool test(handle& h) {
+    if (mode_ != mode::eager || h.task < 0) return false; // captured work completes at end_step
+    const auto i = static_cast<std::size_t>(h.task);
+    return enqueued_[i] == 1 && events_[i].done();
+  }
+
+  /// Polls the collectives' completion events until one has finished or the deadline passes.
+  std::optional<std::size_t> wait_any(std::span<handle> in_flight, clock::time_point deadline) {
+    if (in_flight.empty() || mode_ != mode::eager) return std::nullopt;
+    for (std::uint64_t polls = 0;; ++polls) {
+      for (std::size_t i = 0; i < in_flight.size(); ++i)
+        if (test(in_flight[i])) return i;
+      if ((polls & 63) == 0 && clock::now() >= deadline) return std::nullopt;
+      std::this_thread::yield();
+    }
+  }
+
+  void record(const ir::task& t) {
+    if (mode_ == mode::replay) return;
+    const auto i = static_cast<std::size_t>(t.id);
+    if (enqueued_[i] == 2) {
+      record_pending_[i] = 1;
+      return;
+    }
+    events_[i].record(stream_of(t.stream));
+  }
+
+  void stream_wait(ir::stream_id s, const ir::task& t) {
+    if (mode_ == mode::replay) return;
+    const auto i = static_cast<std::size_t>(t.id);
+    if (enqueued_[i] == 2)
+      fail("task '" + t.name + "' waits to be issued with its partner '" +
+           graph_ptr_->tasks[static_cast<std::size_t>(partner_[i])].name +
+           "', but a task of another stream already needs it; order the pair next to each other in the plan");
+    events_[i].wait_on(stream_of(s));
+  }
+
+  void broadcast(std::string& bytes, int root) {
+    auto n = static_cast<long long>(bytes.size());
+    mpi::check(MPI_Bcast(&n, 1, MPI_LONG_LONG, root, options_.world), "MPI_Bcast");
+    CONCERTO_CHECK(n <= INT_MAX, "broadcast of " + std::to_string(n) + " bytes exceeds MPI's int count");
+    bytes.resize(static_cast<std::size_t>(n));
+    if (n > 0) mpi::check(MPI_Bcast(bytes.data(), static_cast<int>(n), MPI_CHAR, root, options_.world), "MPI_Bcast");
+  }
+  std::int64_t min_all(std::int64_t v) {
+    std::int64_t out = 0;
+    mpi::check(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, options_.world), "MPI_Allreduce");
+    return out;
+  }
+  void barrier() { mpi::check(MPI_Barrier(options_.world), "MPI_Barrier"); }
+
+private:
+  enum class mode : std::uint8_t { eager, capture, replay };
+
+  // Everything an NCCL call needs, resolved once in prepare so a step only switches on it.
+  struct call {
+    const void* send = nullptr;
+    void* recv = nullptr;
+    std::size_t count = 0;
+    ncclDataType_t type = ncclUint8;
+    ncclRedOp_t op = ncclSum;
+    int peer = 0;                      ///< broadcast root or send/recv partner, as a lane rank
+    void* copy_to = nullptr;           ///< reduce_scatter into the first shard: copy the result there
+    std::size_t copy_bytes = 0;
+  };
+
+  int coord_on(const ir::task& t) const { return coords_[static_cast<std::size_t>(t.axis)]; }
+
+  void enqueue(const ir::task& t, cudaStream_t s) {
+    const auto& c = calls_[static_cast<std::size_t>(t.id)];
+    const auto comm = comms_.at(static_cast<std::size_t>(t.stream)).get();
+    const auto what = "starting " + std::string(ir::to_string(t.kind)) + " '" + t.name + "'";
+    switch (t.kind) {
+    case ir::op_kind::all_reduce: check(ncclAllReduce(c.send, c.recv, c.count, c.type, c.op, comm, s), what.c_str()); break;
+    case ir::op_kind::all_gather: check(ncclAllGather(c.send, c.recv, c.count, c.type, comm, s), what.c_str()); break;
+    case ir::op_kind::reduce_scatter:
+      check(ncclReduceScatter(c.send, c.recv, c.count, c.type, c.op, comm, s), what.c_str());
+      break;
+    case ir::op_kind::all_to_all: {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+      check(ncclAlltoAll(c.send, c.recv, c.count, c.type, comm, s), what.c_str());
+#else
+      const int n = comms_.at(static_cast<std::size_t>(t.stream)).size();
+      check(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < n; ++r) {
+        check(ncclSend(static_cast<const std::byte*>(c.send) + r * c.count, c.count, c.type, r, comm, s), what.c_str());
+        check(ncclRecv(static_cast<std::byte*>(c.recv) + r * c.count, c.count, c.type, r, comm, s), what.c_str());
+      }
+      check(ncclGroupEnd(), "ncclGroupEnd");
+#endif
+      break;
+    }
+    case ir::op_kind::broadcast: check(ncclBroadcast(c.send, c.recv, c.count, c.type, c.peer, comm, s), what.c_str()); break;
+    case ir::op_kind::send: check(ncclSend(c.send, c.count, c.type, c.peer, comm, s), what.c_str()); break;
+    case ir::op_kind::recv: check(ncclRecv(c.recv, c.count, c.type, c.peer, comm, s), what.c_str()); break;
+    default: fail("task '" + t.name + "' is not a collective");
+    }
+  }
+
+  // After the NCCL call (or its group) is enqueued: the post-copy, the completion event and
+  // a deferred record.
+  void finish_enqueue(const ir::task& t, cudaStream_t s) {
+    const auto i = static_cast<std::size_t>(t.id);
+    const auto& c = calls_[i];
+    if (c.copy_to != nullptr)
+      cuda::check(cudaMemcpyAsync(c.copy_to, c.recv, c.copy_bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    events_[i].record(s);
+    enqueued_[i] = 1;
+    record_pending_[i] = 0;
+  }
+
+  call describe_call(const ir::task& t) {
+    const auto& g = *graph_ptr_;
+    const auto who = std::string(ir::to_string(t.kind)) + " '" + t.name + "' (task " + std::to_string(t.id) + ")";
+    if (t.reads.size() != 1 || t.writes.size() != 1)
+      fail(who + " must read one buffer and write one; it reads " + std::to_string(t.reads.size()) + " and writes " +
+           std::to_string(t.writes.size()));
+    const auto in = t.reads[0], out = t.writes[0];
+    const auto& bin = g.buffers[static_cast<std::size_t>(in)];
+    const auto& bout = g.buffers[static_cast<std::size_t>(out)];
+    const int group = g.group_size(t);
+    const bool same = in == out || (g.root_of(in) == g.root_of(out) && g.root_offset(in) == g.root_offset(out) &&
+                                    bin.bytes == bout.bytes);
+    const bool reduces = t.kind == ir::op_kind::all_reduce || t.kind == ir::op_kind::reduce_scatter;
+    call c;
+    std::size_t elem = 1;
+    if (reduces) {
+      switch (bin.type) {
+      case ir::dtype::f32: c.type = ncclFloat32; break;
+      case ir::dtype::bf16: c.type = ncclBfloat16; break;
+      case ir::dtype::f16: c.type = ncclFloat16; break;
+      case ir::dtype::i32: c.type = ncclInt32; break;
+      case ir::dtype::i64: c.type = ncclInt64; break;
+      }
+      elem = ir::size_of(bin.type);
+      if (t.fn.empty() || t.fn == "sum") c.op = ncclSum;
+      else if (t.fn == "max") c.op = ncclMax;
+      else if (t.fn == "min") c.op = ncclMin;
+      else fail(who + " has fn '" + t.fn + "'; the NCCL backend reduces with sum, max or min");
+    }
+    const auto count = [&](std::int64_t bytes, const char* what) {
+      if (bytes % static_cast<std::int64_t>(elem) != 0)
+        fail(who + ": " + what + " of " + std::to_string(bytes) + " bytes is not a whole number of elements");
+      return static_cast<std::size_t>(bytes / static_cast<std::int64_t>(elem));
+    };
+    const auto need_disjoint = [&] {
+      if (g.overlap(in, out)) fail(who + ": input '" + bin.name + "' and output '" + bout.name + "' overlap");
+    };
+    auto* pin = arena_.ptr(in);
+    auto* pout = arena_.ptr(out);
+    c.send = pin;
+    c.recv = pout;
+    switch (t.kind) {
+    case ir::op_kind::all_reduce:
+      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
+      if (same) c.send = pout;
+      else need_disjoint();
+      c.count = count(bin.bytes, "the buffer");
+      break;
+    case ir::op_kind::all_gather:
+      if (bout.bytes != bin.bytes * group)
+        fail(who + ": output '" + bout.name + "' holds " + std::to_string(bout.bytes) + " bytes, expected " +
+             std::to_string(group) + " x the shard '" + bin.name + "' (" + std::to_string(bin.bytes) + ")");
+      if (g.overlap(in, out) && pin != pout + static_cast<std::ptrdiff_t>(bin.bytes) * coord_on(t))
+        fail(who + ": input '" + bin.name + "' overlaps the output but is not this rank's slice of it");
+      c.count = count(bin.bytes, "the shard");
+      break;
+    case ir::op_kind::reduce_scatter:
+      if (bin.bytes != bout.bytes * group)
+        fail(who + ": input '" + bin.name + "' holds " + std::to_string(bin.bytes) + " bytes, expected " +
+             std::to_string(group) + " x the output shard '" + bout.name + "' (" + std::to_string(bout.bytes) + ")");
+      if (g.overlap(in, out)) {
+        auto* mine = pin + static_cast<std::ptrdiff_t>(bout.bytes) * coord_on(t);
+        if (pout == pin && mine != pout) { // MPI_IN_PLACE's convention: NCCL reduces into this rank's slice, then copy
+          c.recv = mine;
+          c.copy_to = pout;
+          c.copy_bytes = static_cast<std::size_t>(bout.bytes);
+        } else if (pout != mine) {
+          fail(who + ": output '" + bout.name + "' overlaps the input but is neither its first shard nor this rank's");
+        }
+      }
+      c.count = count(bout.bytes, "the shard");
+      break;
+    case ir::op_kind::all_to_all:
+      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
+      if (bin.bytes % group != 0) fail(who + ": the buffer does not split into " + std::to_string(group) + " blocks");
+      need_disjoint();
+      c.count = count(bin.bytes / group, "a block");
+      break;
+    case ir::op_kind::broadcast:
+      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
+      c.peer = static_cast<int>(t.attr("root", 0));
+      if (c.peer < 0 || c.peer >= group) fail(who + ": root " + std::to_string(c.peer) + " is outside the group");
+      if (same) c.send = pout;
+      else need_disjoint();
+      c.count = count(bout.bytes, "the buffer");
+      break;
+    case ir::op_kind::send:
+    case ir::op_kind::recv: {
+      const auto peer = t.attrs.count("peer") ? t.attr("peer")
+                                              : ((coord_on(t) + t.attr("shift", 1)) % group + group) % group;
+      if (peer < 0 || peer >= group) fail(who + ": peer " + std::to_string(peer) + " is outside the group");
+      c.peer = static_cast<int>(peer);
+      c.count = count(t.kind == ir::op_kind::send ? bin.bytes : bout.bytes, "the message");
+      break;
+    }
+    default: fail(who + " is not a collective");
+    }
+    return c;
+  }
+
+  backend_options options_;
+  int rank_ = 0, size_ = 1, device_ = 0;
+  const ir::graph* graph_ptr_ = nullptr;
+  concerto::mesh mesh_;
+  std::vector<int> coords_;
+  std::optional<cuda::stream> compute_;
+  std::optional<cuda::blas_handle> blas_;
+  std::vector<cuda::stream> lanes_;
+  std::vector<communicator> comms_;
+  cuda::device_arena arena_;
+  cuda::device_buffer words_;           // [0]: status word (int), [8]: step counter (int64)
+  std::int64_t* host_step_ = nullptr;   // pinned, the source of the step counter's copy
+  std::vector<kernel> kernels_;
+  std::vector<cuda::gemm> products_;
+  std::vector<call> calls_;
+  std::vector<cuda::event> events_;     // per task: recorded after it on its stream
+  std::vector<cuda::event> joins_;      // per lane: its end of the step
+  std::vector<ir::task_id> partner_;
+  std::vector<std::uint8_t> enqueued_;  // 0 not yet, 1 enqueued, 2 deferred (waits for its partner)
+  std::vector<std::uint8_t> record_pending_;
+  cuda::device_context ctx_{};
+  std::optional<cuda::event> start_, stop_, fork_; // made in prepare, on the backend's device
+  cuda::captured_graph graph_;
+  mode mode_ = mode::eager;
+  int eager_steps_ = 0;
+  float last_ms_ = 0;
+};
+
+static_assert(runtime::backend<backend>);
+
+} // namespace concerto::runtime::nccl

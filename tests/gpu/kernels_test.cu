@@ -1,0 +1,286 @@
+// Every CUDA kernel and the cuBLASLt products against the CPU kernel of the same name, on
+// random data with fixed seeds. Skips (exit code 4) where no GPU is visible.
+#include "gpu_testing.hpp"
+
+#include <concerto/runtime/cpu/kernels.hpp>
+#include <concerto/runtime/cuda/blas.hpp>
+#include <concerto/runtime/cuda/kernels.cuh>
+#include <concerto/runtime/cuda/stream.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace cpu = concerto::runtime::cpu;
+namespace cu = concerto::runtime::cuda;
+using gpu_testing::dev;
+using gpu_testing::random;
+using gpu_testing::check_close;
+
+TEST_CASE("elementwise kernels match the CPU kernels", "[gpu][kernels]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  const std::size_t rows = 37, cols = 129, n = rows * cols; // odd sizes: partial blocks
+  const auto a = random(n, 1, -3, 3), b = random(n, 2), bias = random(cols, 3);
+  dev<float> da(a), db(b), dbias(bias), out(n), small(cols);
+  std::vector<float> want(n), want_small(cols, 0.5f);
+
+  SECTION("add, add_inplace and scale") {
+    cu::add(da.p(), db.p(), out.p(), n, s.get());
+    cpu::add(a, b, want);
+    check_close(out.get(), want);
+    cu::add_inplace(out.p(), da.p(), n, s.get());
+    cpu::add_inplace(want, a);
+    check_close(out.get(), want);
+    cu::scale(da.p(), -0.25f, out.p(), n, s.get());
+    cpu::scale(a, -0.25f, want);
+    check_close(out.get(), want);
+  }
+  SECTION("bias_add and its gradient, overwriting and accumulating") {
+    cu::bias_add(da.p(), dbias.p(), out.p(), rows, cols, s.get());
+    cpu::bias_add(a, bias, want, rows, cols);
+    check_close(out.get(), want);
+    cu::bias_add_grad(da.p(), small.p(), rows, cols, false, s.get());
+    cpu::bias_add_grad(a, want_small, rows, cols, false);
+    check_close(small.get(), want_small, 1e-4f, 1e-4f);
+    cu::bias_add_grad(db.p(), small.p(), rows, cols, true, s.get());
+    cpu::bias_add_grad(b, want_small, rows, cols, true);
+    check_close(small.get(), want_small, 1e-4f, 1e-4f);
+  }
+  SECTION("gelu, relu and their gradients") {
+    cu::gelu(da.p(), out.p(), n, s.get());
+    cpu::gelu(a, want);
+    check_close(out.get(), want);
+    cu::gelu_grad(da.p(), db.p(), out.p(), n, s.get());
+    cpu::gelu_grad(a, b, want);
+    check_close(out.get(), want);
+    cu::relu(da.p(), out.p(), n, s.get());
+    cpu::relu(a, want);
+    check_close(out.get(), want);
+    cu::relu_grad(da.p(), db.p(), out.p(), n, s.get());
+    cpu::relu_grad(a, b, want);
+    check_close(out.get(), want);
+  }
+}
+
+TEST_CASE("row-wise kernels match the CPU kernels", "[gpu][kernels]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  const std::size_t rows = 19, cols = 300, n = rows * cols; // cols > block: several passes per thread
+  const auto x = random(n, 11, -2, 2), g = random(n, 12), gamma = random(cols, 13, 0.5f, 1.5f), beta = random(cols, 14);
+  dev<float> dx(x), dg(g), dgamma(gamma), dbeta(beta), out(n), mean(rows), rstd(rows), ddx(n), dgam(cols), dbet(cols);
+
+  SECTION("layernorm forward and backward") {
+    std::vector<float> w(n), wm(rows), wr(rows), wdx(n), wdg(cols, 1.0f), wdb(cols, 1.0f);
+    cu::layernorm(dx.p(), dgamma.p(), dbeta.p(), out.p(), mean.p(), rstd.p(), rows, cols, 1e-5f, s.get());
+    cpu::layernorm(x, gamma, beta, w, wm, wr, rows, cols, 1e-5f);
+    check_close(out.get(), w);
+    check_close(mean.get(), wm, 1e-4f, 1e-5f);
+    check_close(rstd.get(), wr);
+    for (const bool accumulate : {false, true}) {
+      cu::layernorm_grad(dg.p(), dx.p(), dgamma.p(), mean.p(), rstd.p(), ddx.p(), dgam.p(), dbet.p(), rows, cols, accumulate,
+                         s.get());
+      cpu::layernorm_grad(g, x, gamma, wm, wr, wdx, wdg, wdb, rows, cols, accumulate);
+      check_close(ddx.get(), wdx, 1e-3f, 1e-5f);
+      check_close(dgam.get(), wdg, 1e-4f, 1e-4f);
+      check_close(dbet.get(), wdb, 1e-4f, 1e-4f);
+    }
+  }
+  SECTION("softmax forward and backward") {
+    std::vector<float> y(n), d(n);
+    cu::softmax(dx.p(), out.p(), rows, cols, s.get());
+    cpu::softmax(x, y, rows, cols);
+    check_close(out.get(), y, 1e-4f, 1e-7f);
+    cu::softmax_grad(out.p(), dg.p(), ddx.p(), rows, cols, s.get());
+    cpu::softmax_grad(y, g, d, rows, cols);
+    check_close(ddx.get(), d, 1e-3f, 1e-7f);
+  }
+}
+
+TEST_CASE("causal attention matches the CPU kernel forward and backward", "[gpu][kernels][attention]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  const cpu::attention_shape sh{.batch = 2, .seq = 33, .heads = 3, .head_dim = 16};
+  const auto n = sh.qkv_floats(), nl = sh.lse_floats();
+  const auto q = random(n, 21), k = random(n, 22), v = random(n, 23), dout = random(n, 24);
+  std::vector<float> out(n), lse(nl), dq(n), dk(n), dv(n), ws(cpu::causal_attention_grad_workspace_floats(sh));
+  cpu::causal_attention(q, k, v, out, lse, ws, sh);
+  cpu::causal_attention_grad(q, k, v, dout, lse, dq, dk, dv, ws, sh);
+  dev<float> gq(q), gk(k), gv(v), gdout(dout), gout(n), glse(nl), gdq(n), gdk(n), gdv(n),
+      gws(cu::causal_attention_grad_workspace_floats(sh.batch, sh.seq, sh.heads));
+  cu::causal_attention(gq.p(), gk.p(), gv.p(), gout.p(), glse.p(), sh.batch, sh.seq, sh.heads, sh.head_dim, s.get());
+  check_close(gout.get(), out, 1e-3f, 1e-5f);
+  check_close(glse.get(), lse, 1e-4f, 1e-5f);
+  cu::causal_attention_grad(gq.p(), gk.p(), gv.p(), gdout.p(), glse.p(), gdq.p(), gdk.p(), gdv.p(), gws.p(), sh.batch,
+                            sh.seq, sh.heads, sh.head_dim, s.get());
+  check_close(gdq.get(), dq, 1e-3f, 1e-5f);
+  check_close(gdk.get(), dk, 1e-3f, 1e-5f);
+  check_close(gdv.get(), dv, 1e-3f, 1e-5f);
+}
+
+TEST_CASE("losses match the CPU kernels and flag bad targets", "[gpu][kernels][loss]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  const std::size_t rows = 45, classes = 67;
+  const auto logits = random(rows * classes, 31, -4, 4);
+  auto targets = gpu_testing::random_ids(rows, static_cast<std::int32_t>(classes), 32);
+  dev<float> dl(logits), lse(rows), loss(1), dlog(rows * classes);
+  dev<std::int32_t> dt(targets), status(1);
+  std::vector<float> wl(rows), wd(rows * classes);
+
+  SECTION("cross-entropy, its lse and its gradient") {
+    const float want = cpu::cross_entropy(logits, targets, wl, rows, classes);
+    cu::cross_entropy(dl.p(), dt.p(), lse.p(), loss.p(), rows, classes, status.p(), 7, s.get());
+    check_close(loss.get(), {want}, 1e-5f, 1e-6f);
+    check_close(lse.get(), wl);
+    cpu::cross_entropy_grad(logits, targets, wl, wd, rows, classes, 0.5f);
+    cu::cross_entropy_grad(dl.p(), dt.p(), lse.p(), dlog.p(), rows, classes, 0.5f, s.get());
+    check_close(dlog.get(), wd, 1e-4f, 1e-7f);
+    CHECK(status.get()[0] == 0);
+  }
+  SECTION("a target outside the classes sets the status word to the caller's code") {
+    targets[5] = static_cast<std::int32_t>(classes);
+    dev<std::int32_t> bad(targets);
+    cu::cross_entropy(dl.p(), bad.p(), lse.p(), loss.p(), rows, classes, status.p(), 7, s.get());
+    CHECK(status.get()[0] == 7);
+  }
+  SECTION("mean squared error and its gradient") {
+    const auto pred = random(1000, 33), target = random(1000, 34);
+    dev<float> dp(pred), dtg(target), dd(1000);
+    std::vector<float> want(1000);
+    cu::mse(dp.p(), dtg.p(), loss.p(), 1000, s.get());
+    check_close(loss.get(), {cpu::mse(pred, target)}, 1e-5f, 1e-7f);
+    cu::mse_grad(dp.p(), dtg.p(), dd.p(), 1000, 2.0f, s.get());
+    cpu::mse_grad(pred, target, want, 2.0f);
+    check_close(dd.get(), want);
+  }
+}
+
+TEST_CASE("embedding lookup and scatter-add match the CPU kernels", "[gpu][kernels][embedding]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  const std::size_t vocab = 50, dim = 24, n = 200; // n > vocab: repeated ids must add up
+  const auto table = random(vocab * dim, 41);
+  const auto ids = gpu_testing::random_ids(n, static_cast<std::int32_t>(vocab), 42);
+  const auto dout = random(n * dim, 43);
+  dev<float> dtab(table), out(n * dim), dgrad(vocab * dim), ddout(dout);
+  dev<std::int32_t> did(ids), status(1);
+  std::vector<float> want(n * dim), wgrad(vocab * dim, 0.25f);
+
+  SECTION("a whole table") {
+    cu::embedding(did.p(), dtab.p(), out.p(), n, dim, vocab, 0, true, status.p(), 3, s.get());
+    cpu::embedding(ids, table, want, dim);
+    check_close(out.get(), want, 0, 0);
+    for (const bool accumulate : {false, true}) {
+      cu::embedding_grad(did.p(), ddout.p(), dgrad.p(), n, dim, vocab, accumulate, 0, true, status.p(), 3, s.get());
+      cpu::embedding_grad(ids, dout, wgrad, dim, accumulate);
+      check_close(dgrad.get(), wgrad, 1e-5f, 1e-5f);
+    }
+    CHECK(status.get()[0] == 0);
+  }
+  SECTION("a vocabulary shard gives zero rows for ids another rank holds") {
+    const std::size_t rows = 20;
+    const std::vector<float> shard(table.begin() + 15 * dim, table.begin() + 35 * dim);
+    dev<float> dshard(shard), sgrad(rows * dim);
+    std::vector<float> wsg(rows * dim);
+    cu::embedding(did.p(), dshard.p(), out.p(), n, dim, rows, 15, false, status.p(), 3, s.get());
+    cpu::embedding(ids, shard, want, dim, 15, cpu::id_outside_table::zero_row);
+    check_close(out.get(), want, 0, 0);
+    cu::embedding_grad(did.p(), ddout.p(), sgrad.p(), n, dim, rows, false, 15, false, status.p(), 3, s.get());
+    cpu::embedding_grad(ids, dout, wsg, dim, false, 15, cpu::id_outside_table::zero_row);
+    check_close(sgrad.get(), wsg, 1e-5f, 1e-5f);
+    CHECK(status.get()[0] == 0);
+  }
+}
+
+TEST_CASE("optimizer updates match the CPU kernels over several steps", "[gpu][kernels][optimizer]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  const std::size_t n = 3000;
+  auto p = random(n, 51), m = std::vector<float>(n, 0.0f), v = std::vector<float>(n, 0.0f);
+  dev<float> dp(p), dm(m), dv(v);
+  SECTION("AdamW reads the step from device memory") {
+    const cpu::adamw_config cfg{.lr = 1e-2f, .weight_decay = 0.1f};
+    dev<std::int64_t> step(1);
+    for (std::int64_t t = 1; t <= 3; ++t) {
+      const auto g = random(n, 52 + static_cast<std::uint32_t>(t));
+      dev<float> dg(g);
+      cu::check(cudaMemcpy(step.p(), &t, sizeof t, cudaMemcpyHostToDevice), "cudaMemcpy");
+      cu::adamw_update(dp.p(), dg.p(), dm.p(), dv.p(), n, cfg, step.p(), s.get());
+      cpu::adamw_update(p, g, m, v, cfg, t);
+      s.synchronize();
+    }
+    check_close(dp.get(), p, 1e-5f, 1e-6f);
+    check_close(dm.get(), m, 1e-5f, 1e-7f);
+    check_close(dv.get(), v, 1e-5f, 1e-8f);
+  }
+  SECTION("SGD with momentum and weight decay") {
+    const cpu::sgd_config cfg{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
+    for (int t = 0; t < 3; ++t) {
+      const auto g = random(n, 60 + static_cast<std::uint32_t>(t));
+      dev<float> dg(g);
+      cu::sgd_update(dp.p(), dg.p(), dm.p(), n, cfg, s.get());
+      cpu::sgd_update(p, g, m, cfg);
+      s.synchronize();
+    }
+    check_close(dp.get(), p, 1e-5f, 1e-6f);
+    check_close(dm.get(), m, 1e-5f, 1e-6f);
+  }
+}
+
+namespace {
+std::vector<float> round_bf16(const std::vector<float>& x, std::vector<__nv_bfloat16>& out) {
+  std::vector<float> r(x.size());
+  out.resize(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    out[i] = __float2bfloat16(x[i]);
+    r[i] = __bfloat162float(out[i]);
+  }
+  return r;
+}
+} // namespace
+
+TEST_CASE("cuBLASLt products match the CPU matmul for every flag combination", "[gpu][kernels][matmul]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  cu::blas_handle lt;
+  cu::device_buffer ws(cu::gemm::default_workspace);
+  const std::size_t m = 45, n = 70, k = 33, batch = 3;
+  const auto a = random(batch * m * k, 71), b = random(batch * k * n, 72), c0 = random(batch * m * n, 73);
+  dev<float> da(a), db(b);
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const bool acc : {false, true}) {
+        DYNAMIC_SECTION("fp32, trans_a " << ta << ", trans_b " << tb << ", accumulate " << acc) {
+          const cpu::matmul_options o{.trans_a = ta, .trans_b = tb, .accumulate = acc, .alpha = 0.5f};
+          auto want = c0;
+          cpu::matmul_batched(a, b, want, batch, m, n, k, o);
+          dev<float> dc(c0);
+          cu::gemm g(lt, {.m = m, .n = n, .k = k, .batch = batch, .trans_a = ta, .trans_b = tb, .accumulate = acc, .alpha = 0.5f},
+                     ws.size());
+          g.run(lt, da.p(), db.p(), dc.p(), ws.data(), s.get());
+          check_close(dc.get(), want, 1e-4f, 1e-5f);
+        }
+      }
+  SECTION("bf16 inputs accumulate in fp32, into an fp32 or a bf16 output") {
+    std::vector<__nv_bfloat16> ha, hb;
+    const auto ra = round_bf16(std::vector<float>(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(m * k)), ha);
+    const auto rb = round_bf16(std::vector<float>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(k * n)), hb);
+    std::vector<float> want(m * n);
+    cpu::matmul(ra, rb, want, m, n, k, {.trans_b = false});
+    dev<__nv_bfloat16> ga(ha), gb(hb);
+    dev<float> c32(m * n);
+    cu::gemm g32(lt, {.m = m, .n = n, .k = k, .ab = cu::gemm_type::bf16, .c = cu::gemm_type::f32}, ws.size());
+    g32.run(lt, ga.p(), gb.p(), c32.p(), ws.data(), s.get());
+    check_close(c32.get(), want, 1e-4f, 1e-4f);
+    dev<__nv_bfloat16> c16(m * n);
+    cu::gemm g16(lt, {.m = m, .n = n, .k = k, .ab = cu::gemm_type::bf16, .c = cu::gemm_type::bf16}, ws.size());
+    g16.run(lt, ga.p(), gb.p(), c16.p(), ws.data(), s.get());
+    std::vector<float> got;
+    for (const auto x : c16.get()) got.push_back(__bfloat162float(x));
+    check_close(got, want, 8e-3f, 1e-3f); // bf16 keeps 8 bits of mantissa
+  }
+}
