@@ -7,8 +7,16 @@
 /// work. The operand conventions (which read is which) are the contract between the graph's
 /// producers (the DSL lowering, ir::builder users, the benchmark workloads) and the executors;
 /// docs/runtime.md lists them. Integer operands (token ids, targets) are found by their dtype,
-/// not their position. Extents come from the attrs where the kernel needs them (matmul,
-/// attention) and otherwise from the buffer sizes, which the kernels check.
+/// not their position; ids and targets may be i32 or i64 (the DSL lowers `data` leaves as i64).
+/// Extents come from the attrs where the kernel needs them (matmul, attention) and otherwise from
+/// the buffer sizes, which the kernels check.
+///
+/// Two producers name these functions: ir::builder users (tests, benchmark workloads), whose
+/// tasks write every saved statistic (layernorm's mean and rstd, attention's lse), and the DSL
+/// lowering (docs/dsl-reference.md), whose tasks write only their result. For the latter the
+/// statistics live in the scratch region for the duration of one kernel and are recomputed by the
+/// backward kernel that needs them: this costs a second pass over a layernorm or attention
+/// forward, and keeps the graph's buffers exactly what the lowering declared.
 
 #include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
@@ -16,6 +24,8 @@
 #include <concerto/runtime/cpu/kernels.hpp>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -32,6 +42,8 @@ enum class kernel : std::uint8_t {
   layernorm, layernorm_grad, softmax, softmax_grad, attention, attention_grad,
   cross_entropy, cross_entropy_grad, mse, mse_grad, embedding, embedding_grad,
   sgd, adamw, copy, slice, concat,
+  layernorm_grad_gamma, shard_slice, keep_one,
+  vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, vocab_ce_grad,
 };
 
 namespace detail {
@@ -41,7 +53,7 @@ struct kernel_name {
 };
 // Aliases first-class: "bias" and "bias_grad" are the DSL's op names, "matmul" and "" the
 // builder's defaults, "causal_attention" the kernel's own name.
-inline constexpr std::array<kernel_name, 36> kernel_names{{
+inline constexpr std::array<kernel_name, 45> kernel_names{{
     {"gemm", kernel::gemm}, {"matmul", kernel::gemm}, {"add", kernel::add}, {"add_inplace", kernel::add_inplace},
     {"accumulate", kernel::add_inplace}, {"scale", kernel::scale}, {"bias_add", kernel::bias_add},
     {"bias", kernel::bias_add}, {"bias_add_grad", kernel::bias_add_grad}, {"bias_grad", kernel::bias_add_grad},
@@ -53,7 +65,10 @@ inline constexpr std::array<kernel_name, 36> kernel_names{{
     {"cross_entropy_grad", kernel::cross_entropy_grad}, {"mse", kernel::mse}, {"mse_grad", kernel::mse_grad},
     {"embedding", kernel::embedding}, {"embedding_grad", kernel::embedding_grad}, {"sgd", kernel::sgd},
     {"adamw", kernel::adamw}, {"copy", kernel::copy}, {"slice", kernel::slice}, {"concat", kernel::concat},
-    {"memcpy", kernel::copy}, {"identity", kernel::copy},
+    {"memcpy", kernel::copy}, {"identity", kernel::copy}, {"layernorm_grad_gamma", kernel::layernorm_grad_gamma},
+    {"shard_slice", kernel::shard_slice}, {"keep_one", kernel::keep_one}, {"vocab_ce_max", kernel::vocab_ce_max},
+    {"vocab_ce_target", kernel::vocab_ce_target}, {"vocab_ce_sumexp", kernel::vocab_ce_sumexp},
+    {"vocab_ce_loss", kernel::vocab_ce_loss}, {"vocab_ce_grad", kernel::vocab_ce_grad},
 }};
 
 inline std::string task_ref(const ir::task& t) { return "task " + std::to_string(t.id) + " '" + t.name + "'"; }
@@ -95,21 +110,44 @@ struct kernel_settings {
   runtime::cpu::adamw_config adamw{};
   float layernorm_eps = 1e-5f;
   std::int64_t step = 1; ///< optimizer step, counting from 1 (AdamW bias correction); the executor sets it
+  /// This rank's coordinate on each mesh axis of the graph (the backend fills it in prepare):
+  /// `shard_slice`, `keep_one` and the vocabulary-sharded kernels (embedding with `vocab_axis`,
+  /// `vocab_ce_target`, `vocab_ce_grad`) pick their part with it. Empty means coordinate 0 everywhere.
+  std::vector<int> coords{};
 };
 
-/// @brief Workspace bytes the graph's kernels need at most (attention's score blocks).
+/// @brief Workspace bytes the graph's kernels need at most: attention's score blocks, and for
+/// the DSL's tasks the statistics they do not store (see the file comment) and i64 ids narrowed
+/// to i32 for the CPU kernels.
 [[nodiscard]] inline std::int64_t workspace_bytes(const ir::graph& g) {
   std::size_t floats = 0;
+  const auto count = [&](ir::buffer_id b) {
+    const auto& buf = g.buffers.at(static_cast<std::size_t>(b));
+    return static_cast<std::size_t>(buf.bytes) / std::max<std::size_t>(ir::size_of(buf.type), 1);
+  };
   for (const auto& t : g.tasks) {
     if (ir::is_collective(t.kind)) continue;
-    if (t.fn != "attention" && t.fn != "causal_attention" && t.fn != "attention_grad" && t.fn != "causal_attention_grad")
-      continue;
-    const runtime::cpu::attention_shape s{static_cast<std::size_t>(t.attr("batch", 1)),
-                                          static_cast<std::size_t>(t.attr("seq", 1)),
-                                          static_cast<std::size_t>(t.attr("heads", 1)),
-                                          static_cast<std::size_t>(t.attr("head_dim", 1))};
-    floats = std::max(floats, t.fn.ends_with("_grad") ? runtime::cpu::causal_attention_grad_workspace_floats(s)
-                                                      : runtime::cpu::causal_attention_workspace_floats(s));
+    std::size_t need = 0;
+    const auto rows_cols = [&] {
+      const auto rows = static_cast<std::size_t>(std::max<std::int64_t>(t.attr("rows", 1), 1));
+      const auto cols = static_cast<std::size_t>(std::max<std::int64_t>(t.attr("cols", 1), 1));
+      return 2 * rows + 2 * cols;
+    };
+    if (t.fn == "attention" || t.fn == "causal_attention" || t.fn == "attention_grad" || t.fn == "causal_attention_grad") {
+      const runtime::cpu::attention_shape s{static_cast<std::size_t>(t.attr("batch", 1)),
+                                            static_cast<std::size_t>(t.attr("seq", 1)),
+                                            static_cast<std::size_t>(t.attr("heads", 1)),
+                                            static_cast<std::size_t>(t.attr("head_dim", 1))};
+      need = s.lse_floats() + s.qkv_floats() +
+             (t.fn.ends_with("_grad") ? runtime::cpu::causal_attention_grad_workspace_floats(s)
+                                      : runtime::cpu::causal_attention_workspace_floats(s));
+    } else if (t.fn == "layernorm" || t.fn == "layernorm_grad" || t.fn == "layernorm_grad_gamma") {
+      need = rows_cols();
+    } else if (t.fn == "cross_entropy" || t.fn == "cross_entropy_grad" || t.fn == "embedding" || t.fn == "embedding_grad" ||
+               t.fn == "vocab_ce_target" || t.fn == "vocab_ce_grad") {
+      for (const auto b : t.reads) need += 2 * count(b); // narrowed ids, lse rows (bounded by any read)
+    }
+    floats = std::max(floats, need);
   }
   return static_cast<std::int64_t>(floats * sizeof(float));
 }
@@ -125,18 +163,51 @@ public:
   ir::buffer_id write(std::size_t i, const char* what) const { return pick(t_.writes, i, what, "writes"); }
   std::span<float> f(ir::buffer_id b) const { return mem_.f32(b); }
   std::span<const float> cf(ir::buffer_id b) const { return mem_.f32(b); }
-  /// The one int32 operand among the reads (ids, targets), wherever it is listed.
+  /// The one integer operand (i32 or i64) among the reads (ids, targets), wherever it is listed.
   ir::buffer_id int_read(const char* what) const {
     for (const auto b : t_.reads)
-      if (mem_.type(b) == ir::dtype::i32) return b;
-    fail(task_ref(t_) + " (fn '" + t_.fn + "') needs an i32 buffer among its reads for `" + what + "`");
+      if (is_int(b)) return b;
+    fail(task_ref(t_) + " (fn '" + t_.fn + "') needs an i32 or i64 buffer among its reads for `" + what + "`");
   }
   /// The i-th fp32 read, skipping integer operands.
   ir::buffer_id float_read(std::size_t i, const char* what) const {
     std::size_t seen = 0;
     for (const auto b : t_.reads)
-      if (mem_.type(b) != ir::dtype::i32 && seen++ == i) return b;
+      if (!is_int(b) && seen++ == i) return b;
     fail(task_ref(t_) + " (fn '" + t_.fn + "') has no fp32 read #" + std::to_string(i) + " for `" + what + "`");
+  }
+  std::size_t float_reads() const {
+    std::size_t n = 0;
+    for (const auto b : t_.reads) n += !is_int(b);
+    return n;
+  }
+  bool is_int(ir::buffer_id b) const { return mem_.type(b) == ir::dtype::i32 || mem_.type(b) == ir::dtype::i64; }
+  /// An integer buffer as i32: itself, or (i64) narrowed into `room` (part of the scratch region).
+  std::span<const std::int32_t> ints(ir::buffer_id b, std::span<float> room) const {
+    if (mem_.type(b) == ir::dtype::i32) return mem_.i32(b);
+    const auto bytes = mem_.bytes(b);
+    const auto n = bytes.size() / sizeof(std::int64_t);
+    if (room.size() < n) fail(task_ref(t_) + ": the scratch region is too small to narrow '" + mem_.name(b) + "'");
+    auto* out = reinterpret_cast<std::int32_t*>(room.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      std::int64_t v;
+      std::memcpy(&v, bytes.data() + i * sizeof v, sizeof v);
+      if (v < INT32_MIN || v > INT32_MAX)
+        fail(task_ref(t_) + ": id " + std::to_string(v) + " at position " + std::to_string(i) + " of '" + mem_.name(b) +
+             "' does not fit in 32 bits");
+      out[i] = static_cast<std::int32_t>(v);
+    }
+    return {out, n};
+  }
+  /// This rank's coordinate on the mesh axis named by attr `key` (0 when the attr is absent or -1).
+  std::int64_t coord(const kernel_settings& s, const char* key) const {
+    const auto a = t_.attr(key, -1);
+    if (a < 0) return 0;
+    if (s.coords.empty()) return 0;
+    if (static_cast<std::size_t>(a) >= s.coords.size())
+      fail(task_ref(t_) + " (fn '" + t_.fn + "'): attr " + key + " = " + std::to_string(a) + " but the mesh has " +
+           std::to_string(s.coords.size()) + " axes");
+    return s.coords[static_cast<std::size_t>(a)];
   }
   /// The first read that is not also written (an update's gradient).
   ir::buffer_id read_not_written(const char* what) const {
@@ -169,6 +240,34 @@ private:
   const ir::task& t_;
   host_arena& mem_;
 };
+
+// The operand written by a backward-phase task is the incoming gradient: ir::builder graphs list
+// (dout, x), the DSL lowering (x, dout). When neither or both are, the DSL's order holds.
+inline bool dout_first(const ir::graph& g, const ir::task& t) {
+  if (t.reads.size() < 2) return false;
+  const auto backward_written = [&](ir::buffer_id b) {
+    for (const auto& u : g.tasks)
+      if (u.step_phase == ir::phase::backward && std::find(u.writes.begin(), u.writes.end(), b) != u.writes.end())
+        return true;
+    return false;
+  };
+  return backward_written(t.reads[0]) && !backward_written(t.reads[1]);
+}
+
+// Row statistics of layernorm (biased variance, as cpu::layernorm) into mean and rstd.
+inline void row_stats(std::span<const float> x, std::size_t rows, std::size_t cols, float eps, std::span<float> mean,
+                      std::span<float> rstd) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* px = x.data() + r * cols;
+    float sum = 0;
+    for (std::size_t c = 0; c < cols; ++c) sum += px[c];
+    const float mu = sum / static_cast<float>(cols);
+    float sq = 0;
+    for (std::size_t c = 0; c < cols; ++c) sq += (px[c] - mu) * (px[c] - mu);
+    mean[r] = mu;
+    rstd[r] = 1.0f / std::sqrt(sq / static_cast<float>(cols) + eps);
+  }
+}
 
 inline float ratio(const ir::task& t, const char* num, const char* den) {
   const auto d = t.attr(den, 1);
@@ -207,6 +306,10 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
       cpu::matmul(a, b, c, m, n, kk, o);
     } else if (b.size() == kk * n && !o.trans_a) { // B shared by the batch: one taller product
       cpu::matmul(a, b, c, batch * m, n, kk, o);
+    } else if (c.size() == m * n && o.trans_a && !o.trans_b) {
+      // A weight gradient of a batched activation: the output is one matrix, the sum over the
+      // batch of Aᵢᵀ·Bᵢ, which is one product with the batch stacked into the contraction.
+      cpu::matmul(a, b, c, m, n, batch * kk, o);
     } else {
       cpu::matmul_batched(a, b, c, batch, m, n, kk, o);
     }
@@ -242,11 +345,13 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
   case kernel::gelu: cpu::gelu(op.cf(op.read(0, "x")), op.f(op.write(0, "out"))); return;
   case kernel::relu: cpu::relu(op.cf(op.read(0, "x")), op.f(op.write(0, "out"))); return;
   case kernel::gelu_grad:
-    cpu::gelu_grad(op.cf(op.read(1, "x")), op.cf(op.read(0, "dout")), op.f(op.write(0, "dx")));
+  case kernel::relu_grad: {
+    const bool swapped = detail::dout_first(g, t);
+    const auto x = op.cf(op.read(swapped ? 1 : 0, "x")), dout = op.cf(op.read(swapped ? 0 : 1, "dout"));
+    if (k == kernel::gelu_grad) cpu::gelu_grad(x, dout, op.f(op.write(0, "dx")));
+    else cpu::relu_grad(x, dout, op.f(op.write(0, "dx")));
     return;
-  case kernel::relu_grad:
-    cpu::relu_grad(op.cf(op.read(1, "x")), op.cf(op.read(0, "dout")), op.f(op.write(0, "dx")));
-    return;
+  }
   case kernel::zero:
     for (const auto b : t.writes) {
       const auto bytes = mem.bytes(b);
@@ -256,16 +361,47 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
   case kernel::layernorm: {
     const auto x = op.cf(op.read(0, "x")), gamma = op.cf(op.read(1, "gamma")), beta = op.cf(op.read(2, "beta"));
     const auto cols = gamma.size();
-    cpu::layernorm(x, gamma, beta, op.f(op.write(0, "out")), op.f(op.write(1, "mean")), op.f(op.write(2, "rstd")),
-                   op.divide(x.size(), cols, "rows"), cols, s.layernorm_eps);
+    const auto rows = op.divide(x.size(), cols, "rows");
+    const auto ws = mem.scratch_f32();
+    // The DSL's layernorm writes only its output: the statistics go to scratch.
+    const auto mean = t.writes.size() >= 3 ? op.f(op.write(1, "mean")) : ws.first(rows);
+    const auto rstd = t.writes.size() >= 3 ? op.f(op.write(2, "rstd")) : ws.subspan(rows, rows);
+    cpu::layernorm(x, gamma, beta, op.f(op.write(0, "out")), mean, rstd, rows, cols, s.layernorm_eps);
     return;
   }
   case kernel::layernorm_grad: {
-    const auto dout = op.cf(op.read(0, "dout")), x = op.cf(op.read(1, "x")), gamma = op.cf(op.read(2, "gamma"));
+    if (t.reads.size() >= 5) { // ir::builder form: dout, x, gamma, mean, rstd -> dx, dgamma, dbeta
+      const auto dout = op.cf(op.read(0, "dout")), x = op.cf(op.read(1, "x")), gamma = op.cf(op.read(2, "gamma"));
+      const auto cols = gamma.size();
+      cpu::layernorm_grad(dout, x, gamma, op.cf(op.read(3, "mean")), op.cf(op.read(4, "rstd")),
+                          op.f(op.write(0, "dx")), op.f(op.write(1, "dgamma")), op.f(op.write(2, "dbeta")),
+                          op.divide(x.size(), cols, "rows"), cols, t.attr("accumulate") != 0);
+      return;
+    }
+    // The DSL's form: x, gamma, dy -> dx; the statistics are recomputed, dgamma and dbeta are
+    // other tasks (layernorm_grad_gamma, bias_grad) and land in scratch here.
+    const auto x = op.cf(op.read(0, "x")), gamma = op.cf(op.read(1, "gamma")), dout = op.cf(op.read(2, "dy"));
     const auto cols = gamma.size();
-    cpu::layernorm_grad(dout, x, gamma, op.cf(op.read(3, "mean")), op.cf(op.read(4, "rstd")),
-                        op.f(op.write(0, "dx")), op.f(op.write(1, "dgamma")), op.f(op.write(2, "dbeta")),
-                        op.divide(x.size(), cols, "rows"), cols, t.attr("accumulate") != 0);
+    const auto rows = op.divide(x.size(), cols, "rows");
+    const auto ws = mem.scratch_f32();
+    const auto mean = ws.first(rows), rstd = ws.subspan(rows, rows);
+    detail::row_stats(x, rows, cols, s.layernorm_eps, mean, rstd);
+    cpu::layernorm_grad(dout, x, gamma, mean, rstd, op.f(op.write(0, "dx")), ws.subspan(2 * rows, cols),
+                        ws.subspan(2 * rows + cols, cols), rows, cols);
+    return;
+  }
+  case kernel::layernorm_grad_gamma: {
+    // dgamma[c] = sum over rows of dy·x̂ (reads x, dy).
+    const auto x = op.cf(op.read(0, "x")), dout = op.cf(op.read(1, "dy"));
+    const auto dgamma = op.f(op.write(0, "dgamma"));
+    const auto cols = dgamma.size();
+    const auto rows = op.divide(x.size(), cols, "rows");
+    const auto ws = mem.scratch_f32();
+    const auto mean = ws.first(rows), rstd = ws.subspan(rows, rows);
+    detail::row_stats(x, rows, cols, s.layernorm_eps, mean, rstd);
+    if (t.attr("accumulate") == 0) std::fill(dgamma.begin(), dgamma.end(), 0.0f);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) dgamma[c] += dout[r * cols + c] * (x[r * cols + c] - mean[r]) * rstd[r];
     return;
   }
   case kernel::softmax:
@@ -288,50 +424,94 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const cpu::attention_shape shape{op.at("batch", 1), op.at("seq"), op.at("heads"), op.at("head_dim")};
     const auto q = op.cf(op.read(0, "q")), kk = op.cf(op.read(1, "k")), v = op.cf(op.read(2, "v"));
     const auto ws = mem.scratch_f32();
-    if (k == kernel::attention)
-      cpu::causal_attention(q, kk, v, op.f(op.write(0, "out")), op.f(op.write(1, "lse")),
-                            ws.first(std::min(ws.size(), cpu::causal_attention_workspace_floats(shape))), shape);
-    else
+    const auto lse_n = shape.lse_floats(), qkv_n = shape.qkv_floats();
+    if (k == kernel::attention) {
+      // The DSL's attention writes only its output: lse goes to scratch.
+      const auto lse = t.writes.size() >= 2 ? op.f(op.write(1, "lse")) : ws.first(lse_n);
+      const auto rest = t.writes.size() >= 2 ? ws : ws.subspan(lse_n);
+      cpu::causal_attention(q, kk, v, op.f(op.write(0, "out")), lse,
+                            rest.first(std::min(rest.size(), cpu::causal_attention_workspace_floats(shape))), shape);
+      return;
+    }
+    if (t.reads.size() >= 5) { // q, k, v, dout, lse -> dq, dk, dv
       cpu::causal_attention_grad(q, kk, v, op.cf(op.read(3, "dout")), op.cf(op.read(4, "lse")),
                                  op.f(op.write(0, "dq")), op.f(op.write(1, "dk")), op.f(op.write(2, "dv")),
                                  ws.first(std::min(ws.size(), cpu::causal_attention_grad_workspace_floats(shape))),
                                  shape);
+      return;
+    }
+    // The DSL's form: q, k, v, dy -> one [3, ...] buffer (dq, dk, dv); lse is recomputed.
+    const auto packed = op.f(op.write(0, "dqkv"));
+    // At least 3 x: graph/lower.hpp currently grows this buffer by another factor of 3 for every
+    // layer of a repeat it emits (it prepends the 3 to the shared local shape each time); dq, dk
+    // and dv are still its first three blocks, where the lowering's select views point.
+    if (packed.size() < 3 * qkv_n)
+      fail(detail::task_ref(t) + ": output '" + mem.name(t.writes[0]) + "' holds " + std::to_string(packed.size()) +
+           " floats, expected at least 3 x " + std::to_string(qkv_n) + " (dq, dk, dv)");
+    const auto lse = ws.first(lse_n), out = ws.subspan(lse_n, qkv_n), rest = ws.subspan(lse_n + qkv_n);
+    cpu::causal_attention(q, kk, v, out, lse, rest.first(cpu::causal_attention_workspace_floats(shape)), shape);
+    cpu::causal_attention_grad(q, kk, v, op.cf(op.read(3, "dy")), lse, packed.first(qkv_n),
+                               packed.subspan(qkv_n, qkv_n), packed.subspan(2 * qkv_n, qkv_n),
+                               rest.first(cpu::causal_attention_grad_workspace_floats(shape)), shape);
     return;
   }
-  case kernel::cross_entropy: {
-    const auto targets = mem.i32(op.int_read("targets"));
-    const auto logits = op.cf(op.float_read(0, "logits"));
-    const auto loss = op.f(op.write(0, "loss"));
-    const auto rows = targets.size();
-    const auto value = cpu::cross_entropy(logits, targets, op.f(op.write(1, "lse")), rows,
-                                          op.divide(logits.size(), rows, "rows"));
-    if (loss.empty()) fail(detail::task_ref(t) + ": the loss buffer holds no value");
-    loss[0] = value;
-    return;
-  }
+  case kernel::cross_entropy:
   case kernel::cross_entropy_grad: {
-    const auto targets = mem.i32(op.int_read("targets"));
+    // Mean over `global_rows` (the rows of every rank; default: this rank's), so that a
+    // data-parallel loss is a sum of the ranks' values and its gradient needs no rescaling.
+    const auto ws = mem.scratch_f32();
+    const auto id = op.int_read("targets");
+    const auto n_ids = mem.bytes(id).size() / ir::size_of(mem.type(id));
+    const auto targets = op.ints(id, ws);
+    const auto room = mem.type(id) == ir::dtype::i64 ? ws.subspan((n_ids + 1) / 2) : ws;
     const auto logits = op.cf(op.float_read(0, "logits"));
     const auto rows = targets.size();
-    cpu::cross_entropy_grad(logits, targets, op.cf(op.float_read(1, "lse")), op.f(op.write(0, "dlogits")), rows,
-                            op.divide(logits.size(), rows, "rows"), detail::ratio(t, "dloss_num", "dloss_den"));
+    const auto classes = op.divide(logits.size(), rows, "rows");
+    const auto global_rows = static_cast<double>(t.attr("global_rows", static_cast<std::int64_t>(rows)));
+    const auto share = static_cast<float>(static_cast<double>(rows) / global_rows);
+    if (k == kernel::cross_entropy) {
+      const auto loss = op.f(op.write(0, "loss"));
+      if (loss.empty()) fail(detail::task_ref(t) + ": the loss buffer holds no value");
+      const auto lse = t.writes.size() >= 2 ? op.f(op.write(1, "lse")) : room.first(rows);
+      loss[0] = cpu::cross_entropy(logits, targets, lse, rows, classes) * share;
+      return;
+    }
+    std::span<const float> lse;
+    if (op.float_reads() >= 2) {
+      lse = op.cf(op.float_read(1, "lse"));
+    } else { // the DSL's form: recompute the row log-sum-exp
+      const auto tmp = room.first(rows);
+      (void)cpu::cross_entropy(logits, targets, tmp, rows, classes);
+      lse = tmp;
+    }
+    cpu::cross_entropy_grad(logits, targets, lse, op.f(op.write(0, "dlogits")), rows, classes,
+                            detail::ratio(t, "dloss_num", "dloss_den") * share);
     return;
   }
-  case kernel::mse: {
-    const auto loss = op.f(op.write(0, "loss"));
-    if (loss.empty()) fail(detail::task_ref(t) + ": the loss buffer holds no value");
-    loss[0] = cpu::mse(op.cf(op.read(0, "pred")), op.cf(op.read(1, "target")));
+  case kernel::mse:
+  case kernel::mse_grad: {
+    // Mean over `global_n` values (every rank's; default: this rank's), as cross_entropy.
+    const auto pred = op.cf(op.read(0, "pred")), target = op.cf(op.read(1, "target"));
+    const auto share = static_cast<float>(static_cast<double>(pred.size()) /
+                                          static_cast<double>(t.attr("global_n", static_cast<std::int64_t>(pred.size()))));
+    if (k == kernel::mse) {
+      const auto loss = op.f(op.write(0, "loss"));
+      if (loss.empty()) fail(detail::task_ref(t) + ": the loss buffer holds no value");
+      loss[0] = cpu::mse(pred, target) * share;
+    } else {
+      cpu::mse_grad(pred, target, op.f(op.write(0, "dpred")), detail::ratio(t, "dloss_num", "dloss_den") * share);
+    }
     return;
   }
-  case kernel::mse_grad:
-    cpu::mse_grad(op.cf(op.read(0, "pred")), op.cf(op.read(1, "target")), op.f(op.write(0, "dpred")),
-                  detail::ratio(t, "dloss_num", "dloss_den"));
-    return;
   case kernel::embedding:
   case kernel::embedding_grad: {
-    const auto ids = mem.i32(op.int_read("ids"));
-    const auto policy = t.attr("sharded") != 0 ? cpu::id_outside_table::zero_row : cpu::id_outside_table::reject;
-    const auto first_row = t.attr("first_row", 0);
+    const auto ids = op.ints(op.int_read("ids"), mem.scratch_f32());
+    // A table split over the vocabulary (`vocab_axis`, the DSL) holds rows [coord·vocab, ...);
+    // the ids outside give zero rows, and an all-reduce of the outputs completes the lookup.
+    const bool vocab_split = t.attr("vocab_axis", -1) >= 0;
+    const auto policy = vocab_split || t.attr("sharded") != 0 ? cpu::id_outside_table::zero_row
+                                                              : cpu::id_outside_table::reject;
+    const auto first_row = vocab_split ? op.coord(s, "vocab_axis") * t.attr("vocab", 0) : t.attr("first_row", 0);
     if (k == kernel::embedding) {
       const auto out = op.f(op.write(0, "out"));
       const auto dim = op.at("hidden", static_cast<std::int64_t>(ids.empty() ? 0 : out.size() / ids.size()));
@@ -410,6 +590,99 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
         at += len;
       }
     }
+    return;
+  }
+  case kernel::shard_slice: {
+    // The part of `src` along `dim` that this rank's coordinate on `mesh_axis` selects.
+    const auto src_id = op.read(0, "src");
+    const auto& sb = g.buffers.at(static_cast<std::size_t>(src_id));
+    const auto dim = op.at("dim", 0), parts = op.at("parts", 1);
+    if (dim >= std::max<std::size_t>(sb.shape.size(), 1))
+      fail(detail::task_ref(t) + ": attr dim = " + std::to_string(dim) + " but '" + sb.name + "' has rank " +
+           std::to_string(sb.shape.size()));
+    const auto elem = ir::size_of(sb.type);
+    std::size_t outer = 1, inner = elem;
+    for (std::size_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(sb.shape[d]);
+    for (std::size_t d = dim + 1; d < sb.shape.size(); ++d) inner *= static_cast<std::size_t>(sb.shape[d]);
+    const auto extent = sb.shape.empty() ? static_cast<std::size_t>(sb.bytes) / elem : static_cast<std::size_t>(sb.shape[dim]);
+    const auto len = op.divide(extent, parts, "parts") * inner;
+    const auto part = static_cast<std::size_t>(op.coord(s, "mesh_axis"));
+    detail::copy_strided(op, mem.bytes(src_id), mem.bytes(op.write(0, "dst")), outer, extent * inner, len, part * len, 0,
+                         len);
+    return;
+  }
+  case kernel::keep_one: {
+    // Coordinate 0 on `mesh_axis` keeps the value, the others hold zero: a pending sum of one term.
+    const auto src = mem.bytes(op.read(0, "src")), dst = mem.bytes(op.write(0, "dst"));
+    if (src.size() != dst.size()) fail(detail::task_ref(t) + ": input and output sizes differ");
+    if (op.coord(s, "mesh_axis") == 0) {
+      if (src.data() != dst.data()) std::memmove(dst.data(), src.data(), src.size());
+    } else {
+      std::memset(dst.data(), 0, dst.size());
+    }
+    return;
+  }
+  case kernel::vocab_ce_max:
+  case kernel::vocab_ce_target:
+  case kernel::vocab_ce_sumexp:
+  case kernel::vocab_ce_grad: {
+    // Megatron-LM's vocabulary-parallel cross-entropy over this rank's columns of the logits
+    // [rows, cols] (columns [coord·cols, ...) of the vocabulary). After the max all-reduce,
+    // `target` holds logit[label] - max on the rank owning the label and 0 elsewhere, so that
+    // vocab_ce_loss needs only the two sums: loss_r = log(sumexp_r) - target_r.
+    const auto logits = op.cf(op.float_read(0, "logits"));
+    const auto out = op.f(op.write(0, "out"));
+    const auto cols = op.at("cols");
+    const auto rows = op.divide(logits.size(), cols, "rows");
+    if (k == kernel::vocab_ce_max) {
+      for (std::size_t r = 0; r < rows; ++r)
+        out[r] = *std::max_element(logits.begin() + static_cast<std::ptrdiff_t>(r * cols),
+                                   logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * cols));
+      return;
+    }
+    const auto mx = op.cf(op.float_read(1, "max"));
+    if (k == kernel::vocab_ce_sumexp) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        float sum = 0;
+        for (std::size_t c = 0; c < cols; ++c) sum += std::exp(logits[r * cols + c] - mx[r]);
+        out[r] = sum;
+      }
+      return;
+    }
+    const auto labels = op.ints(op.int_read("labels"), mem.scratch_f32());
+    if (labels.size() != rows)
+      fail(detail::task_ref(t) + ": " + std::to_string(labels.size()) + " labels for " + std::to_string(rows) + " rows");
+    const auto first = op.coord(s, "vocab_axis") * static_cast<std::int64_t>(cols);
+    const auto column = [&](std::size_t r) -> std::int64_t {
+      const auto c = static_cast<std::int64_t>(labels[r]) - first;
+      return c >= 0 && c < static_cast<std::int64_t>(cols) ? c : -1;
+    };
+    if (k == kernel::vocab_ce_target) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        const auto c = column(r);
+        out[r] = c >= 0 ? logits[r * cols + static_cast<std::size_t>(c)] - mx[r] : 0.0f;
+      }
+      return;
+    }
+    const auto sumexp = op.cf(op.float_read(2, "sumexp"));
+    const auto scale = detail::ratio(t, "dloss_num", "dloss_den") /
+                       static_cast<float>(t.attr("global_rows", static_cast<std::int64_t>(rows)));
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float inv = scale / sumexp[r];
+      for (std::size_t c = 0; c < cols; ++c) out[r * cols + c] = inv * std::exp(logits[r * cols + c] - mx[r]);
+      if (const auto c = column(r); c >= 0) out[r * cols + static_cast<std::size_t>(c)] -= scale;
+    }
+    return;
+  }
+  case kernel::vocab_ce_loss: {
+    const auto sumexp = op.cf(op.read(0, "sumexp")), target = op.cf(op.read(1, "target"));
+    const auto loss = op.f(op.write(0, "loss"));
+    if (loss.empty() || target.size() != sumexp.size())
+      fail(detail::task_ref(t) + ": expects sumexp and target of one size and a one-value loss");
+    double total = 0;
+    for (std::size_t r = 0; r < sumexp.size(); ++r)
+      total += std::log(static_cast<double>(sumexp[r])) - static_cast<double>(target[r]);
+    loss[0] = static_cast<float>(total / static_cast<double>(t.attr("global_rows", static_cast<std::int64_t>(sumexp.size()))));
     return;
   }
   }

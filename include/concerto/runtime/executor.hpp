@@ -134,6 +134,13 @@ public:
     for (const auto& d : cross_deps_) c += d.size();
     return c;
   }
+  /// Steps run so far; the next step is number completed_steps() + 1.
+  [[nodiscard]] std::int64_t completed_steps() const noexcept { return step_; }
+  /// Continues the step count (optimizer bias correction) after a checkpoint of `n` steps was loaded.
+  void set_completed_steps(std::int64_t n) {
+    CONCERTO_CHECK(n >= 0, "executor: a step count cannot be negative");
+    step_ = n;
+  }
   /// The report of the last step.
   [[nodiscard]] const step_report& last() const noexcept { return report_; }
 

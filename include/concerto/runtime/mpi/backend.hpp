@@ -15,7 +15,11 @@
 /// the input and output are the same buffer; all_gather's input is this rank's shard and may
 /// be the matching slice of the output (in place); reduce_scatter's output is this rank's
 /// shard and may be the first shard of the input only when it is that very slice; all_to_all
-/// needs disjoint buffers. fn "sum" (default), "max" or "min" picks the reduction. Attrs:
+/// needs disjoint buffers. all_gather and reduce_scatter along a dimension other than the
+/// leading one (attr `dim`, the DSL's sequence parallelism), and all_to_all between dimensions
+/// (attrs `from_dim`, `to_dim`), go through a staging buffer made in prepare: the parts are packed
+/// into MPI's contiguous blocks before the call and unpacked when the request is seen complete.
+/// fn "sum" (default), "max" or "min" picks the reduction. Attrs:
 /// broadcast "root" (coordinate on the axis, default 0); send/recv "peer" (coordinate) or
 /// "shift" (peer = coordinate + shift mod size) and "tag" (default 0).
 
@@ -58,7 +62,12 @@ struct backend_options {
 /// @endcode
 class backend {
 public:
-  using handle = MPI_Request;
+  /// An in-flight collective: the MPI request and the task, whose staged output (if any) is
+  /// unpacked when `test` or `wait_any` sees the request complete.
+  struct handle {
+    MPI_Request request = MPI_REQUEST_NULL;
+    ir::task_id task = -1;
+  };
   static constexpr bool stream_ordered = false;
 
   explicit backend(backend_options options = {}) : options_(options) {
@@ -93,6 +102,7 @@ public:
            (dims.empty() ? "no axes" : dims) + ") but the MPI world has " + std::to_string(size_));
     }
     coords_ = mesh_.coords(rank_);
+    options_.kernels.coords = coords_;
     runtime::cpu::init_blas_threads(options_.blas_threads);
     lanes_.clear();
     lanes_.resize(g.streams.size());
@@ -123,7 +133,8 @@ public:
   }
 
   handle start_collective(const ir::task& t) {
-    const auto& c = calls_[static_cast<std::size_t>(t.id)];
+    auto& c = calls_[static_cast<std::size_t>(t.id)];
+    if (c.pack.outer > 0) c.pack.apply(static_cast<const std::byte*>(c.pack_from), c.stage_send.data(), true);
     MPI_Request r = MPI_REQUEST_NULL;
     int rc = MPI_SUCCESS;
     switch (t.kind) {
@@ -140,24 +151,23 @@ public:
     default: fail("task '" + t.name + "' is not a collective");
     }
     if (rc != MPI_SUCCESS) check(rc, ("starting " + std::string(ir::to_string(t.kind)) + " '" + t.name + "'").c_str());
-    return r;
+    return {r, t.id};
   }
 
   bool test(handle& h) {
     int flag = 0;
-    check(MPI_Test(&h, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    check(MPI_Test(&h.request, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (flag != 0) finish(h);
     return flag != 0;
   }
 
-  /// Polls MPI_Testany until a request completes or the deadline passes, yielding the core
-  /// between polls (ranks may outnumber cores).
+  /// Polls the requests until one completes or the deadline passes, yielding the core between
+  /// polls (ranks may outnumber cores).
   std::optional<std::size_t> wait_any(std::span<handle> in_flight, clock::time_point deadline) {
     if (in_flight.empty()) return std::nullopt;
     for (std::uint64_t polls = 0;; ++polls) {
-      int index = MPI_UNDEFINED, flag = 0;
-      check(MPI_Testany(static_cast<int>(in_flight.size()), in_flight.data(), &index, &flag, MPI_STATUS_IGNORE),
-            "MPI_Testany");
-      if (flag && index != MPI_UNDEFINED) return static_cast<std::size_t>(index);
+      for (std::size_t i = 0; i < in_flight.size(); ++i)
+        if (test(in_flight[i])) return i;
       if ((polls & 63) == 0 && clock::now() >= deadline) return std::nullopt;
       if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
       else std::this_thread::yield();
@@ -182,8 +192,26 @@ public:
   void barrier() { check(MPI_Barrier(options_.world), "MPI_Barrier"); }
 
 private:
+  // Moves `parts` blocks between a tensor laid out whole along one dimension (each of `outer`
+  // rows holds the parts side by side, `len` bytes each) and MPI's layout (part k's rows contiguous).
+  struct restride {
+    std::size_t outer = 0; ///< 0: no staging
+    std::size_t parts = 1, len = 0;
+    void apply(const std::byte* from, std::byte* to, bool to_blocks) const {
+      for (std::size_t k = 0; k < parts; ++k)
+        for (std::size_t o = 0; o < outer; ++o) {
+          const auto whole = (o * parts + k) * len, block = (k * outer + o) * len;
+          std::memcpy(to + (to_blocks ? block : whole), from + (to_blocks ? whole : block), len);
+        }
+    }
+  };
+
   // Everything an MPI call needs, resolved once in prepare so a step only switches on it.
   struct call {
+    restride pack, unpack;            ///< before the call (input -> stage_send), after (stage_recv -> output)
+    const void* pack_from = nullptr;
+    void* unpack_to = nullptr;
+    std::vector<std::byte> stage_send, stage_recv;
     const void* send = nullptr;
     void* recv = nullptr;
     int count = 0;
@@ -196,6 +224,33 @@ private:
   };
 
   int coord_on(const ir::task& t) const { return coords_[static_cast<std::size_t>(t.axis)]; }
+
+  void finish(const handle& h) {
+    if (h.task < 0) return;
+    auto& c = calls_[static_cast<std::size_t>(h.task)];
+    if (c.unpack.outer > 0) c.unpack.apply(c.stage_recv.data(), static_cast<std::byte*>(c.unpack_to), false);
+  }
+
+  // The restride of buffer b split into `parts` along `dim`; outer = 0 when the parts are
+  // already contiguous (dim 0, or every dimension before it has extent 1).
+  static restride split_of(const ir::buffer& b, std::int64_t dim, int parts, const std::string& who) {
+    restride r;
+    if (dim <= 0 || b.shape.empty()) return r;
+    if (static_cast<std::size_t>(dim) >= b.shape.size())
+      fail(who + ": attr dim = " + std::to_string(dim) + " but '" + b.name + "' has rank " + std::to_string(b.shape.size()));
+    std::size_t outer = 1, inner = ir::size_of(b.type);
+    for (std::int64_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(b.shape[static_cast<std::size_t>(d)]);
+    for (auto d = static_cast<std::size_t>(dim) + 1; d < b.shape.size(); ++d) inner *= static_cast<std::size_t>(b.shape[d]);
+    const auto extent = static_cast<std::size_t>(b.shape[static_cast<std::size_t>(dim)]);
+    if (extent % static_cast<std::size_t>(parts) != 0)
+      fail(who + ": dimension " + std::to_string(dim) + " of '" + b.name + "' (" + std::to_string(extent) +
+           ") does not split into " + std::to_string(parts) + " parts");
+    if (outer == 1) return r;
+    r.outer = outer;
+    r.parts = static_cast<std::size_t>(parts);
+    r.len = extent / static_cast<std::size_t>(parts) * inner;
+    return r;
+  }
 
   call describe_call(const ir::task& t) {
     const auto& g = *graph_;
@@ -249,7 +304,13 @@ private:
       if (bout.bytes != bin.bytes * group)
         fail(who + ": output '" + bout.name + "' holds " + std::to_string(bout.bytes) + " bytes, expected " +
              std::to_string(group) + " x the shard '" + bin.name + "' (" + std::to_string(bin.bytes) + ")");
-      if (g.overlap(in, out)) {
+      c.unpack = split_of(bout, t.attr("dim", 0), group, who);
+      if (c.unpack.outer > 0) { // gathered along an inner dimension: receive blocks, then interleave
+        need_disjoint();
+        c.stage_recv.resize(static_cast<std::size_t>(bout.bytes));
+        c.recv = c.stage_recv.data();
+        c.unpack_to = pout;
+      } else if (g.overlap(in, out)) {
         if (pin != pout + static_cast<std::ptrdiff_t>(bin.bytes) * coord_on(t))
           fail(who + ": input '" + bin.name + "' overlaps the output but is not this rank's slice of it");
         c.send = MPI_IN_PLACE;
@@ -260,7 +321,13 @@ private:
       if (bin.bytes != bout.bytes * group)
         fail(who + ": input '" + bin.name + "' holds " + std::to_string(bin.bytes) + " bytes, expected " +
              std::to_string(group) + " x the output shard '" + bout.name + "' (" + std::to_string(bout.bytes) + ")");
-      if (g.overlap(in, out)) {
+      c.pack = split_of(bin, t.attr("dim", 0), group, who);
+      if (c.pack.outer > 0) { // scattered along an inner dimension: make each rank's part contiguous first
+        need_disjoint();
+        c.stage_send.resize(static_cast<std::size_t>(bin.bytes));
+        c.send = c.stage_send.data();
+        c.pack_from = pin;
+      } else if (g.overlap(in, out)) {
         // MPI_IN_PLACE reads the whole input from the receive buffer and leaves the result at its start.
         if (pin != pout) fail(who + ": output '" + bout.name + "' overlaps the input but is not its first shard");
         c.send = MPI_IN_PLACE;
@@ -272,6 +339,20 @@ private:
       if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
       if (bin.bytes % group != 0) fail(who + ": the buffer does not split into " + std::to_string(group) + " blocks");
       need_disjoint();
+      // Block k of the input is part k along to_dim; the block from coordinate j is part j of the
+      // output along from_dim.
+      c.pack = split_of(bin, t.attr("to_dim", 0), group, who);
+      c.unpack = split_of(bout, t.attr("from_dim", 0), group, who);
+      if (c.pack.outer > 0) {
+        c.stage_send.resize(static_cast<std::size_t>(bin.bytes));
+        c.send = c.stage_send.data();
+        c.pack_from = pin;
+      }
+      if (c.unpack.outer > 0) {
+        c.stage_recv.resize(static_cast<std::size_t>(bout.bytes));
+        c.recv = c.stage_recv.data();
+        c.unpack_to = pout;
+      }
       c.count = count(bin.bytes / group, "a block");
       break;
     case ir::op_kind::broadcast:

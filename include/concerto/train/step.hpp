@@ -1,0 +1,484 @@
+#pragma once
+/// @file
+/// @brief `train::compile(program, mesh, shapes, optimizer, options)`: a training step object.
+///
+/// Nothing runs at compile: the program is lowered (every rank, cheap). The first call of the
+/// step (or `prepare()`) plans on rank 0 (or loads the plan from the cache), broadcasts and
+/// verifies it, makes the executor over the backend of the build (train/backend_select.hpp) and
+/// initialises the parameters; later calls only run. Each call takes the global batch (every rank
+/// keeps its shard) or a loader that fills each rank's shard, and returns the loss of the whole
+/// batch on every rank.
+///
+/// Parameters are initialised from a seed per global element (train/detail/shard.hpp), so a
+/// model starts identical on every mesh shape: rank-1 parameters named `*.g` / `*gamma` are ones,
+/// other rank-1 parameters zeros, the rest uniform with standard deviation 1/√fan_in (fan_in: the
+/// first dimension, the `in` of an `[in, out]` weight).
+///
+/// @code
+/// runtime::mpi::environment env(argc, argv);
+/// const auto m = mesh::from_world(runtime::mpi::environment::world_size(), {{"dp", -1}, {"tp", 2}});
+/// auto step = train::compile(mlp, m, shapes, {.sgd = {.lr = 0.1f}}, {.policy = "concerto"});
+/// for (int i = 0; i < 100; ++i) {
+///   const auto r = step({{"x", {{64, 512}, x}}, {"target", {{64, 512}, y}}});
+///   if (r.rank == 0) std::printf("step %lld loss %.4f\n", (long long)r.step, r.loss);
+/// }
+/// @endcode
+
+#include <concerto/cache/key.hpp>
+#include <concerto/cache/plan_cache.hpp>
+#include <concerto/core/error.hpp>
+#include <concerto/core/file.hpp>
+#include <concerto/cost/model.hpp>
+#include <concerto/graph/lower.hpp>
+#include <concerto/mesh/mesh.hpp>
+#include <concerto/planner/decompose.hpp>
+#include <concerto/planner/pipeline.hpp>
+#include <concerto/runtime/executor.hpp>
+#include <concerto/train/backend_select.hpp>
+#include <concerto/train/detail/shard.hpp>
+
+#include <mpi.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace concerto::train {
+
+/// @brief Optimizer hyperparameters (the program chose sgd or adamw).
+struct optimizer_settings {
+  runtime::cpu::sgd_config sgd{};
+  runtime::cpu::adamw_config adamw{};
+};
+
+/// @brief How a step is planned and run.
+struct step_options {
+  std::string policy = "concerto";   ///< sync, program_order, xla_lhs or concerto
+  lower_options lower{};             ///< name, attention heads, repeat depths
+  std::string cost_preset = "cpu";   ///< cost::model preset the planner uses
+  planner::windowed_options solver{.time_budget_s = 10, .progress = false};
+  bool decompose = false;            ///< let planner::decompose split exposed collectives first
+  bool use_cache = true;             ///< look the plan up in (and store it to) the plan cache
+  std::filesystem::path cache_dir = cache::default_directory();
+  std::uint64_t seed = 1;            ///< parameter initialisation
+  MPI_Comm world = MPI_COMM_WORLD;   ///< the ranks of the mesh, in mesh order
+  runtime::executor_options executor{};
+};
+
+/// @brief What the first call decided (the same on every rank).
+struct plan_summary {
+  std::string policy;
+  double solver_seconds = 0;    ///< planning wall time on rank 0 (0 when the cache answered... as stored)
+  double predicted_us = 0;      ///< the plan's simulated step time
+  double sync_predicted_us = 0; ///< the `sync` policy's simulated step time on the same graph
+  bool cache_hit = false;
+  bool decomposed = false;      ///< planner::decompose rewrote the graph
+  std::size_t tasks = 0, collectives = 0;
+  /// One line: "plan concerto: 212 tasks (58 collectives), solver 1.2 s, predicted 830 us vs sync 1020 us (1.23x), cache miss".
+  [[nodiscard]] std::string text() const {
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "plan %s: %zu tasks (%zu collectives)%s, solver %.2f s, predicted %.0f us vs sync %.0f us (%.2fx), cache %s",
+                  policy.c_str(), tasks, collectives, decomposed ? ", decomposed" : "", solver_seconds, predicted_us,
+                  sync_predicted_us, predicted_us > 0 ? sync_predicted_us / predicted_us : 0.0, cache_hit ? "hit" : "miss");
+    return buf;
+  }
+};
+
+/// @brief A global tensor given to a step: f32 values or i64 ids, row-major.
+struct tensor {
+  std::vector<std::int64_t> shape;
+  std::vector<float> f32{};
+  std::vector<std::int64_t> i64{};
+};
+/// @brief Global inputs by leaf name.
+using batch = std::map<std::string, tensor>;
+
+/// @brief One rank's shard of an input, for a loader to fill (exactly one span is non-empty).
+struct shard_request {
+  std::string name;
+  std::vector<std::int64_t> global_shape, offset, local_shape;
+  std::span<float> f32;
+  std::span<std::int64_t> i64;
+};
+/// @brief Fills each input shard of this rank.
+using loader = std::function<void(const shard_request&)>;
+
+/// @brief What one step returns on every rank.
+struct step_result {
+  std::int64_t step = 0;        ///< counting from 1 (continues after a checkpoint load)
+  double loss = 0;              ///< the loss of the whole global batch
+  double step_us = 0;           ///< measured wall time of the executor's step on this rank
+  double exposed_comm_us = 0;   ///< compute idle while collectives were outstanding
+  int rank = 0;
+};
+
+/// @brief A compiled training step; see the file comment. Move-only.
+template <std::size_t N, class Backend = default_backend>
+class step {
+public:
+  step(const graph::program<N>& p, concerto::mesh m, shape_map shapes, optimizer_settings opt, step_options o)
+      : program_(p), mesh_(std::move(m)), shapes_(std::move(shapes)), options_(std::move(o)) {
+    settings_.sgd = opt.sgd;
+    settings_.adamw = opt.adamw;
+    MPI_Comm_rank(options_.world, &rank_);
+    MPI_Comm_size(options_.world, &size_);
+    if (mesh_.rank_count() != size_)
+      fail("train::compile: the mesh has " + std::to_string(mesh_.rank_count()) + " ranks but the communicator has " +
+           std::to_string(size_));
+    graph_ = lower(p, shapes_, mesh_, options_.lower);
+  }
+
+  /// @brief The lowered graph (before planning).
+  [[nodiscard]] const ir::graph& graph() const noexcept { return graph_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+
+  /// @brief Plans (rank 0, or the cache), builds the executor and initialises the parameters;
+  /// the first step does it if nobody did. Collective over the step's ranks.
+  void prepare() {
+    if (ex_) return;
+    const auto model = cost::model::preset(options_.cost_preset);
+    std::string summary_text;
+    auto p = runtime::distribute_plan(*(backend_ = make_backend(options_.world, settings_)), [&] {
+      plan_summary s;
+      s.policy = options_.policy;
+      const auto started = std::chrono::steady_clock::now();
+      ir::graph g = graph_;
+      if (options_.decompose) {
+        auto d = planner::decompose(g, model);
+        s.decomposed = !d.chosen.empty();
+        g = std::move(d.graph);
+      }
+      const auto make = [&] { return planner::make_plan(g, model, {.policy = options_.policy, .solver = options_.solver}); };
+      plan::plan made;
+      if (options_.use_cache) {
+        const auto& sv = options_.solver;
+        const auto key = cache::make_key(g, model, default_backend_name, options_.policy,
+                                         hasher{}.add(sv.window).add(sv.rounds).add(sv.window_time_limit_s).add(sv.time_budget_s).value());
+        made = cache::plan_cache(options_.cache_dir).silence().get_or_plan(key, make, &s.cache_hit);
+      } else {
+        made = make();
+      }
+      s.solver_seconds = s.cache_hit ? 0.0 : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      s.predicted_us = made.step_us();
+      s.sync_predicted_us = options_.policy == "sync" ? s.predicted_us : planner::make_plan(g, model, {.policy = "sync"}).step_us();
+      s.tasks = made.graph.tasks.size();
+      for (const auto& t : made.graph.tasks) s.collectives += ir::is_collective(t.kind);
+      summary_text = nlohmann::json{{"policy", s.policy}, {"solver", s.solver_seconds}, {"predicted", s.predicted_us},
+                                    {"sync", s.sync_predicted_us}, {"hit", s.cache_hit}, {"decomposed", s.decomposed},
+                                    {"tasks", s.tasks}, {"collectives", s.collectives}}
+                         .dump();
+      return made;
+    });
+    backend_->broadcast(summary_text, 0);
+    const auto j = nlohmann::json::parse(summary_text);
+    summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("decomposed"),
+                j.at("tasks"), j.at("collectives")};
+    ex_ = std::make_unique<runtime::executor<Backend>>(std::move(p), *backend_, options_.executor);
+    index_tensors();
+    initialise();
+  }
+
+  /// @brief What the first call decided.
+  [[nodiscard]] const plan_summary& summary() {
+    prepare();
+    return summary_;
+  }
+  /// @brief The executed plan (after prepare).
+  [[nodiscard]] const plan::plan& plan() {
+    prepare();
+    return ex_->plan();
+  }
+
+  /// @brief One step on the global batch: every rank keeps its shard of each input.
+  step_result operator()(const batch& b) {
+    return (*this)([&](const shard_request& r) {
+      const auto it = b.find(r.name);
+      if (it == b.end()) fail("train step: the batch has no tensor '" + r.name + "'");
+      if (it->second.shape != r.global_shape)
+        fail("train step: tensor '" + r.name + "' has shape " + graph::detail::dims_text(it->second.shape) +
+             " but the program expects " + graph::detail::dims_text(r.global_shape));
+      const detail::block blk{r.global_shape, r.offset, r.local_shape};
+      if (!r.f32.empty()) {
+        if (it->second.f32.size() != static_cast<std::size_t>(detail::count(r.global_shape)))
+          fail("train step: tensor '" + r.name + "' needs " + std::to_string(detail::count(r.global_shape)) + " f32 values");
+        detail::copy_block(blk, sizeof(float), reinterpret_cast<std::byte*>(const_cast<float*>(it->second.f32.data())),
+                           reinterpret_cast<std::byte*>(r.f32.data()), true);
+      } else {
+        if (it->second.i64.size() != static_cast<std::size_t>(detail::count(r.global_shape)))
+          fail("train step: tensor '" + r.name + "' needs " + std::to_string(detail::count(r.global_shape)) + " i64 ids");
+        detail::copy_block(blk, sizeof(std::int64_t),
+                           reinterpret_cast<std::byte*>(const_cast<std::int64_t*>(it->second.i64.data())),
+                           reinterpret_cast<std::byte*>(r.i64.data()), true);
+      }
+    });
+  }
+
+  /// @brief One step whose inputs a loader fills, shard by shard, on each rank.
+  step_result operator()(const loader& load) {
+    prepare();
+    for (const auto& in : inputs_) {
+      const auto& info = tensors_.at(in);
+      shard_request r{in, info.blk.global, info.blk.offset, info.blk.local, {}, {}};
+      if (info.type == ir::dtype::i64) {
+        staging_i64_.resize(static_cast<std::size_t>(detail::count(info.blk.local)));
+        r.i64 = staging_i64_;
+        load(r);
+        write_buffer(*backend_, info.id, std::as_bytes(std::span(staging_i64_)));
+      } else {
+        staging_.resize(static_cast<std::size_t>(detail::count(info.blk.local)));
+        r.f32 = staging_;
+        load(r);
+        write_buffer(*backend_, info.id, std::as_bytes(std::span(staging_)));
+      }
+    }
+    const auto& rep = ex_->run_step();
+    float local = 0;
+    read_buffer(*backend_, loss_id_, std::as_writable_bytes(std::span(&local, 1)));
+    double sum = 0, mine = local;
+    MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, options_.world);
+    return {rep.step, sum / loss_copies_, rep.measured.step_us, rep.measured.exposed_comm_us, rank_};
+  }
+
+  /// @brief Names of the trained parameters (as in the graph: `w1`, `layers.0.wq`, ...).
+  [[nodiscard]] std::vector<std::string> parameter_names() {
+    prepare();
+    return params_;
+  }
+  /// @brief A parameter gathered to its global shape, on every rank (collective).
+  [[nodiscard]] std::vector<float> parameter(const std::string& name) { return gather(name); }
+  /// @brief The final gradient of a parameter of the last step (`name` without ".grad"), global, on every rank.
+  [[nodiscard]] std::vector<float> gradient(const std::string& name) { return gather(name + ".grad"); }
+  /// @brief Sets a parameter (or optimizer state) from its global value; each rank keeps its shard.
+  void set_parameter(const std::string& name, std::span<const float> global) {
+    prepare();
+    const auto& t = info(name);
+    if (global.size() != static_cast<std::size_t>(detail::count(t.blk.global)))
+      fail("train step: '" + name + "' has " + std::to_string(detail::count(t.blk.global)) + " values, got " +
+           std::to_string(global.size()));
+    std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
+    detail::copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(const_cast<float*>(global.data())),
+                       reinterpret_cast<std::byte*>(local.data()), true);
+    write_buffer(*backend_, t.id, std::as_bytes(std::span(local)));
+  }
+  /// @brief The global shape of a named tensor of the graph.
+  [[nodiscard]] std::vector<std::int64_t> global_shape(const std::string& name) {
+    prepare();
+    return info(name).blk.global;
+  }
+
+  /// @brief Any named f32 tensor of the graph (parameters, gradients, optimizer state `w.m`),
+  /// gathered to its global shape on every rank. Collective.
+  [[nodiscard]] std::vector<float> gather(const std::string& name) {
+    prepare();
+    const auto& t = info(name);
+    if (t.type != ir::dtype::f32) fail("train step: tensor '" + name + "' is not f32");
+    if (t.partial) fail("train step: tensor '" + name + "' is a pending sum on this mesh; it has no global value yet");
+    const auto n = static_cast<std::size_t>(detail::count(t.blk.local));
+    std::vector<float> mine(n), all(n * static_cast<std::size_t>(size_)), out(static_cast<std::size_t>(detail::count(t.blk.global)));
+    read_buffer(*backend_, t.id, std::as_writable_bytes(std::span(mine)));
+    MPI_Allgather(mine.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n), MPI_FLOAT, options_.world);
+    for (int r = 0; r < size_; ++r) {
+      const auto blk = block_of(t.spec, t.blk.local, mesh_.coords(r));
+      detail::copy_block(blk, sizeof(float), reinterpret_cast<std::byte*>(out.data()),
+                         reinterpret_cast<std::byte*>(all.data() + static_cast<std::size_t>(r) * n), false);
+    }
+    return out;
+  }
+
+  /// @brief Writes every parameter and optimizer state, gathered to global tensors, and the step
+  /// count to `path` (rank 0 writes, atomically); loadable on any mesh the shapes divide over.
+  /// Collective. Format: a header line `concerto-checkpoint 1 <index bytes>`, a JSON index
+  /// {"step", "tensors": [{"name", "shape", "offset"}]} and the raw little-endian f32 values.
+  void save(const std::filesystem::path& path) {
+    prepare();
+    nlohmann::json index = nlohmann::json::array();
+    std::string payload;
+    for (const auto& name : state_names()) {
+      const auto v = gather(name);
+      index.push_back({{"name", name}, {"shape", info(name).blk.global}, {"offset", payload.size()}});
+      payload.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    }
+    const auto head = nlohmann::json{{"step", completed_steps()}, {"tensors", index}}.dump();
+    if (rank_ == 0)
+      write_file_atomically(path, "concerto-checkpoint 1 " + std::to_string(head.size()) + "\n" + head + payload);
+    MPI_Barrier(options_.world);
+  }
+
+  /// @brief Reads a checkpoint written by `save` (on any mesh): each rank keeps its shards;
+  /// the step count continues from the checkpoint's. Throws naming a missing or misshapen tensor.
+  void load(const std::filesystem::path& path) {
+    prepare();
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("checkpoint '" + path.string() + "' cannot be opened");
+    std::string magic, version;
+    std::size_t head_bytes = 0;
+    in >> magic >> version >> head_bytes;
+    in.get();
+    if (magic != "concerto-checkpoint" || version != "1") fail("'" + path.string() + "' is not a concerto checkpoint (version 1)");
+    std::string head(head_bytes, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head_bytes));
+    const std::string payload((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto doc = nlohmann::json::parse(head);
+    std::map<std::string, nlohmann::json> by_name;
+    for (const auto& t : doc.at("tensors")) by_name[t.at("name").template get<std::string>()] = t;
+    for (const auto& name : state_names()) {
+      const auto it = by_name.find(name);
+      if (it == by_name.end()) fail("checkpoint '" + path.string() + "' has no tensor '" + name + "'");
+      const auto& t = info(name);
+      const auto shape = it->second.at("shape").template get<std::vector<std::int64_t>>();
+      if (shape != t.blk.global)
+        fail("checkpoint '" + path.string() + "': tensor '" + name + "' has shape " + graph::detail::dims_text(shape) +
+             ", the program expects " + graph::detail::dims_text(t.blk.global));
+      const auto offset = it->second.at("offset").template get<std::size_t>();
+      const auto bytes = static_cast<std::size_t>(detail::count(shape)) * sizeof(float);
+      if (offset + bytes > payload.size()) fail("checkpoint '" + path.string() + "' is truncated at tensor '" + name + "'");
+      std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
+      detail::copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(const_cast<char*>(payload.data() + offset)),
+                         reinterpret_cast<std::byte*>(local.data()), true);
+      write_buffer(*backend_, t.id, std::as_bytes(std::span(local)));
+    }
+    ex_->set_completed_steps(doc.at("step").template get<std::int64_t>());
+  }
+
+  /// @brief Steps run so far (including those before a loaded checkpoint).
+  [[nodiscard]] std::int64_t completed_steps() const noexcept { return ex_ ? ex_->completed_steps() : 0; }
+
+private:
+  struct tensor_info {
+    ir::buffer_id id = -1;
+    ir::dtype type = ir::dtype::f32;
+    pspec spec{};
+    bool partial = false;
+    detail::block blk;
+  };
+
+  // The block of a tensor with this spec and local shape held by the rank at `coords`.
+  detail::block block_of(const pspec& spec, const std::vector<std::int64_t>& local, const std::vector<int>& coords) const {
+    detail::block b{local, std::vector<std::int64_t>(local.size(), 0), local};
+    for (int d = 0; d < spec.rank && static_cast<std::size_t>(d) < local.size(); ++d) {
+      std::int64_t index = 0, parts = 1;
+      for (const auto a : spec.dims[d]) {
+        if (a < 0) continue;
+        const auto m = *mesh_.index_of(program_.axes.names[a].view());
+        const auto size = mesh_.axes()[static_cast<std::size_t>(m)].size;
+        index = index * size + coords[static_cast<std::size_t>(m)];
+        parts *= size;
+      }
+      b.global[static_cast<std::size_t>(d)] = local[static_cast<std::size_t>(d)] * parts;
+      b.offset[static_cast<std::size_t>(d)] = local[static_cast<std::size_t>(d)] * index;
+    }
+    return b;
+  }
+
+  const tensor_info& info(const std::string& name) const {
+    const auto it = tensors_.find(name);
+    if (it == tensors_.end()) fail("train step: the graph has no tensor named '" + name + "'");
+    return it->second;
+  }
+
+  // Names the graph's buffers after the program's nodes (the lowering's naming: a repeated
+  // block's node j of layer l is "<repeat>.<l>.<name>"), with each node's spec.
+  void index_tensors() {
+    const auto& g = ex_->plan().graph;
+    std::map<std::string, ir::buffer_id> by_name;
+    for (const auto& b : g.buffers)
+      if (b.view_of < 0) by_name.emplace(b.name, b.id);
+    const auto coords = mesh_.coords(rank_);
+    for (int i = 0; i < program_.size; ++i) {
+      const auto& x = program_.nodes[i];
+      const auto base = program_.name_of(i);
+      std::vector<std::string> names;
+      if (x.block >= 0 && x.op != op_code::data) {
+        const std::string r(program_.repeats[x.block].name.view());
+        const auto depth = options_.lower.depth.at(r);
+        for (int l = 0; l < depth; ++l) names.push_back(r + "." + std::to_string(l) + "." + base);
+      } else {
+        names.push_back(base);
+      }
+      for (const auto& name : names) {
+        const auto it = by_name.find(name);
+        if (it == by_name.end()) continue;
+        const auto& buf = g.buffers[static_cast<std::size_t>(it->second)];
+        tensor_info t{buf.id, buf.type, x.spec, x.spec.partial != 0, block_of(x.spec, buf.shape, coords)};
+        tensors_[name] = t;
+        if (graph::is_leaf(x.op) && x.op != op_code::param) inputs_.push_back(name);
+        if (x.op == op_code::param) params_.push_back(name);
+        if (x.op == op_code::state) states_.push_back(name);
+      }
+    }
+    const auto loss_name = program_.name_of(program_.loss);
+    loss_id_ = info(loss_name).id;
+    // The loss is a sum over the axes it is pending on and a copy over the others.
+    int pending = 1;
+    for (int a = 0; a < program_.axes.count; ++a)
+      if (program_.nodes[program_.loss].spec.partial & (1u << a))
+        pending *= mesh_.axes()[static_cast<std::size_t>(*mesh_.index_of(program_.axes.names[a].view()))].size;
+    loss_copies_ = static_cast<double>(size_) / pending;
+  }
+
+  std::vector<std::string> state_names() const {
+    auto all = params_;
+    all.insert(all.end(), states_.begin(), states_.end());
+    return all;
+  }
+
+  void initialise() {
+    for (const auto& name : params_) {
+      const auto& t = info(name);
+      const auto& shape = t.blk.global;
+      std::vector<float> global(static_cast<std::size_t>(detail::count(shape)));
+      if (shape.size() == 1) {
+        const bool gain = name.ends_with(".g") || name.ends_with("gamma");
+        std::fill(global.begin(), global.end(), gain ? 1.0f : 0.0f);
+      } else {
+        const float scale = std::sqrt(3.0f / static_cast<float>(shape.front()));
+        for (std::size_t i = 0; i < global.size(); ++i) global[i] = scale * detail::uniform(options_.seed, name, i);
+      }
+      std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
+      detail::copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(global.data()),
+                         reinterpret_cast<std::byte*>(local.data()), true);
+      write_buffer(*backend_, t.id, std::as_bytes(std::span(local)));
+    }
+  }
+
+  graph::program<N> program_;
+  concerto::mesh mesh_;
+  shape_map shapes_;
+  step_options options_;
+  runtime::kernel_settings settings_;
+  int rank_ = 0, size_ = 1;
+  ir::graph graph_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<runtime::executor<Backend>> ex_;
+  plan_summary summary_;
+  std::map<std::string, tensor_info> tensors_;
+  std::vector<std::string> inputs_, params_, states_;
+  ir::buffer_id loss_id_ = -1;
+  double loss_copies_ = 1;
+  std::vector<float> staging_;
+  std::vector<std::int64_t> staging_i64_;
+};
+
+/// @brief Compiles a training step: lowers `p` for `m` and `shapes`; plans on the first call.
+/// @code
+/// auto step = train::compile(gpt, mesh, shapes, {.adamw = {.lr = 3e-3f}},
+///                            {.policy = "concerto", .lower = {.heads = 4, .depth = {{"layers", 2}}}});
+/// @endcode
+template <std::size_t N>
+[[nodiscard]] step<N> compile(const graph::program<N>& p, concerto::mesh m, shape_map shapes,
+                              optimizer_settings opt = {}, step_options options = {}) {
+  return step<N>(p, std::move(m), std::move(shapes), opt, std::move(options));
+}
+
+} // namespace concerto::train

@@ -1,0 +1,73 @@
+// The tutorial's MLP (docs/tutorial.md step 3) lowered, planned and trained through train::compile
+// on 1, 2 and 4 ranks with every mesh shape that divides (DP, TP, DP x TP): the loss of each step,
+// and the gradients and parameters after the last one, match the single-rank run within
+// train_testing::rel_tol (1e-5 relative); so do the sync, program_order and concerto plans.
+#include "train_testing.hpp"
+
+#include <concerto/concerto.hpp>
+
+#include <cmath>
+
+using namespace concerto;
+namespace tt = train_testing;
+
+namespace {
+
+inline constexpr axis<"dp"> dp;
+inline constexpr axis<"tp"> tp;
+constexpr auto act = spec(shard(dp), replicate);
+constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(act), param<"w1">(spec(replicate, shard(tp))))),
+                                        param<"w2">(spec(shard(tp), replicate))),
+                                 input<"target">(act)),
+                             sgd{});
+
+constexpr std::int64_t B = 8, K = 12, H = 16;
+const shape_map shapes{{"x", {B, K}}, {"target", {B, K}}, {"w1", {K, H}}, {"w2", {H, K}}};
+const std::vector<std::string> params{"w1", "w2"};
+
+train::batch data() {
+  train::tensor x{{B, K}}, t{{B, K}};
+  for (std::int64_t i = 0; i < B * K; ++i) {
+    x.f32.push_back(std::sin(0.37f * static_cast<float>(i)));
+    t.f32.push_back(0.5f * std::cos(0.23f * static_cast<float>(i)));
+  }
+  return {{"x", x}, {"target", t}};
+}
+
+tt::run_result run(MPI_Comm comm, int d, int t, const std::string& policy, int steps = 3) {
+  return tt::run(mlp, shapes, comm, {{"dp", d}, {"tp", t}}, data(), steps, {.sgd = {.lr = 0.2f}},
+                 {.policy = policy, .solver = {.time_budget_s = 2, .progress = false}}, params);
+}
+
+} // namespace
+
+TEST_CASE("the DSL MLP trains to the single-rank numbers on every mesh that divides", "[mpi][train][mlp]") {
+  const auto reference = run(MPI_COMM_SELF, 1, 1, "program_order");
+  REQUIRE(reference.loss.back() < reference.loss.front()); // it learns, so equal numbers mean something
+  const int world = runtime::mpi::environment::world_size();
+  for (int ranks : {2, 4}) {
+    if (ranks > world) continue;
+    tt::sub_world sub(ranks);
+    for (auto [d, t] : std::vector<std::pair<int, int>>{{ranks, 1}, {1, ranks}, {2, 2}}) {
+      if (d * t != ranks) continue;
+      if (!sub.member()) continue;
+      CAPTURE(ranks, d, t);
+      tt::check_same(run(sub.get(), d, t, "sync"), reference);
+    }
+  }
+}
+
+TEST_CASE("the sync, program_order and concerto plans of the DP x TP MLP give the same numbers", "[mpi][train][mlp]") {
+  const int world = runtime::mpi::environment::world_size();
+  const int t = world >= 4 ? 2 : 1, d = world / t;
+  const auto reference = run(MPI_COMM_SELF, 1, 1, "program_order");
+  for (const char* policy : {"sync", "program_order", "concerto"}) {
+    CAPTURE(policy);
+    const auto r = run(MPI_COMM_WORLD, d, t, policy);
+    CHECK(r.summary.policy == policy);
+    CHECK(r.summary.predicted_us > 0);
+    tt::check_same(r, reference);
+  }
+}
+
+CONCERTO_MPI_TEST_MAIN

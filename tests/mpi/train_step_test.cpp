@@ -1,0 +1,170 @@
+// train::compile's step object: a checkpoint saved on one mesh continues on another with the
+// losses of an uninterrupted run; the plan cache answers the second compile; a loader gives the
+// numbers of the global batch; parameters start identical on every mesh shape.
+#include "gpt_program.hpp"
+#include "train_testing.hpp"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+using namespace concerto;
+namespace tt = train_testing;
+namespace gt = gpt_testing;
+
+namespace {
+
+constexpr std::int64_t batch = 4, seq = 8, vocab = 32, hidden = 16;
+const auto shapes = gt::shapes(batch, seq, vocab, hidden);
+
+train::batch data(int step) {
+  train::tensor ids{{batch, seq}}, labels{{batch, seq}};
+  for (std::int64_t i = 0; i < batch * seq; ++i) {
+    ids.i64.push_back((i * 5 + step) % vocab);
+    labels.i64.push_back((i * 5 + step + 1) % vocab);
+  }
+  return {{"ids", ids}, {"labels", labels}};
+}
+
+train::step_options options(MPI_Comm comm) {
+  return {.policy = "program_order", .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", 2}}},
+          .use_cache = false, .world = comm};
+}
+
+// A directory every rank agrees on (rank 0's pid), removed by rank 0 at the end.
+std::filesystem::path shared_temp_dir() {
+  long pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  return std::filesystem::temp_directory_path() / ("concerto-train-test-" + std::to_string(pid));
+}
+
+train::step<gt::gpt_sp.size> compile_on(MPI_Comm comm, int d, int t) {
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  return train::compile(gt::gpt_sp, mesh::from_world(n, {{"dp", d}, {"tp", t}}), shapes, {.adamw = {.lr = 1e-2f}},
+                        options(comm));
+}
+
+} // namespace
+
+TEST_CASE("a checkpoint saved on one mesh shape continues on another like an uninterrupted run", "[mpi][train][checkpoint]") {
+  const int world = runtime::mpi::environment::world_size();
+  const auto dir = shared_temp_dir();
+  const auto file = dir / "gpt.ckpt";
+  // Uninterrupted: 4 steps on one rank.
+  std::vector<double> straight;
+  {
+    auto s = compile_on(MPI_COMM_SELF, 1, 1);
+    for (int i = 0; i < 4; ++i) straight.push_back(s(data(i)).loss);
+  }
+  // Two steps on the whole world as dp x tp (2x2 on 4 ranks, 1x2 on 2), saved...
+  {
+    auto s = compile_on(MPI_COMM_WORLD, world / 2, 2);
+    for (int i = 0; i < 2; ++i) CHECK(std::abs(s(data(i)).loss - straight[static_cast<std::size_t>(i)]) <= 1e-5 * straight[0]);
+    s.save(file);
+    CHECK(s.completed_steps() == 2);
+  }
+  // ...and continued on half the ranks as pure data parallelism.
+  {
+    tt::sub_world half(world / 2);
+    if (half.member()) {
+      auto s = compile_on(half.get(), world / 2, 1);
+      s.load(file);
+      CHECK(s.completed_steps() == 2);
+      for (int i = 2; i < 4; ++i) {
+        const auto r = s(data(i));
+        CAPTURE(i, r.loss, straight[static_cast<std::size_t>(i)]);
+        CHECK(r.step == i + 1);
+        CHECK(std::abs(r.loss - straight[static_cast<std::size_t>(i)]) <= tt::rel_tol * straight[static_cast<std::size_t>(i)]);
+      }
+    }
+  }
+  CHECK(straight[3] < straight[0]);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a checkpoint of another model is refused naming the tensor", "[mpi][train][checkpoint]") {
+  const auto dir = shared_temp_dir();
+  {
+    auto s = train::compile(gt::gpt_sp, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), gt::shapes(batch, seq, vocab, 2 * hidden),
+                            {}, options(MPI_COMM_SELF));
+    if (runtime::mpi::environment::world_rank() == 0) s.save(dir / "wide.ckpt");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto s = compile_on(MPI_COMM_SELF, 1, 1);
+  try {
+    s.load(dir / "wide.ckpt");
+    FAIL("the load should have thrown");
+  } catch (const concerto::error& e) {
+    CHECK(std::string(e.what()).find("tensor 'wte' has shape [32,32], the program expects [32,16]") != std::string::npos);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the second compile of a step is answered by the plan cache", "[mpi][train][cache]") {
+  const auto dir = shared_temp_dir();
+  const int world = runtime::mpi::environment::world_size();
+  auto o = options(MPI_COMM_WORLD);
+  o.use_cache = true;
+  o.cache_dir = dir;
+  o.policy = "concerto";
+  o.solver.time_budget_s = 2;
+  std::vector<double> loss;
+  for (int round = 0; round < 2; ++round) {
+    auto s = train::compile(gt::gpt_sp, mesh::from_world(world, {{"dp", world / 2}, {"tp", 2}}), shapes, {}, o);
+    const auto& summary = s.summary();
+    CHECK(summary.cache_hit == (round == 1));
+    CHECK(summary.policy == "concerto");
+    CHECK(summary.predicted_us > 0);
+    CHECK(summary.sync_predicted_us >= summary.predicted_us * 0.999); // concerto never loses to its warm start
+    CHECK(summary.text().find(round == 1 ? "cache hit" : "cache miss") != std::string::npos);
+    loss.push_back(s(data(0)).loss);
+  }
+  CHECK(loss[0] == loss[1]);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a loader filling each rank's shard gives the numbers of the global batch", "[mpi][train][loader]") {
+  const int world = runtime::mpi::environment::world_size();
+  auto a = compile_on(MPI_COMM_WORLD, world / 2, 2);
+  auto b = compile_on(MPI_COMM_WORLD, world / 2, 2);
+  const auto whole = data(3);
+  std::vector<std::string> seen;
+  const auto by_loader = b([&](const train::shard_request& r) {
+    seen.push_back(r.name);
+    REQUIRE(r.global_shape == std::vector<std::int64_t>{batch, seq});
+    CHECK(r.local_shape[0] * (world / 2) == batch); // split over dp only
+    CHECK(r.f32.empty());
+    const auto& src = whole.at(r.name).i64;
+    for (std::int64_t i = 0; i < r.local_shape[0] * seq; ++i)
+      r.i64[static_cast<std::size_t>(i)] = src[static_cast<std::size_t>(r.offset[0] * seq + i)];
+  });
+  CHECK(by_loader.loss == a(whole).loss);
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == std::vector<std::string>{"ids", "labels"});
+}
+
+TEST_CASE("parameters start identical on every mesh shape", "[mpi][train][init]") {
+  const int world = runtime::mpi::environment::world_size();
+  auto one = compile_on(MPI_COMM_SELF, 1, 1);
+  auto many = compile_on(MPI_COMM_WORLD, world / 2, 2);
+  const auto names = one.parameter_names();
+  CHECK(names.size() == 4 + 2 * 10); // wte, lnf.g, lnf.b, head and 10 per layer
+  for (const auto& name : names) {
+    CAPTURE(name);
+    const auto v = one.parameter(name);
+    CHECK(many.parameter(name) == v);
+    if (name.ends_with(".g")) CHECK(v.front() == 1.0f);
+  }
+  const auto w = one.parameter("layers.0.wq");
+  CHECK(w != one.parameter("layers.1.wq")); // layers differ
+  double sq = 0;
+  for (auto x : w) sq += static_cast<double>(x) * x;
+  CHECK(std::sqrt(sq / static_cast<double>(w.size())) == Catch::Approx(1.0 / std::sqrt(hidden)).epsilon(0.15));
+}
+
+CONCERTO_MPI_TEST_MAIN

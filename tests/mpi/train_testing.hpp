@@ -1,0 +1,92 @@
+#pragma once
+// Shared by the training tests: runs a compiled program for a few steps on the first `ranks`
+// ranks of the world (a sub-communicator), and compares results with a tolerance.
+#include "mpi_testing.hpp"
+
+#include <concerto/train/step.hpp>
+
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_test_macros.hpp>
+
+#include <cmath>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace train_testing {
+
+// The tolerance every comparison with the single-rank run uses: relative 1e-5 of the largest
+// reference value (the sums differ only in their order across ranks), plus 1e-7 absolute.
+inline constexpr double rel_tol = 1e-5, abs_tol = 1e-7;
+
+struct run_result {
+  std::vector<double> loss;                              // per step
+  std::map<std::string, std::vector<float>> grads, params; // after the last step, global
+  concerto::train::plan_summary summary;
+};
+
+/// The first `ranks` ranks of the world, or nullopt on the others (which skip the run).
+class sub_world {
+public:
+  explicit sub_world(int ranks) {
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_split(MPI_COMM_WORLD, me < ranks ? 0 : MPI_UNDEFINED, me, &comm_);
+  }
+  ~sub_world() {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  sub_world(const sub_world&) = delete;
+  sub_world& operator=(const sub_world&) = delete;
+  [[nodiscard]] bool member() const noexcept { return comm_ != MPI_COMM_NULL; }
+  [[nodiscard]] MPI_Comm get() const noexcept { return comm_; }
+
+private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+template <std::size_t N>
+run_result run(const concerto::graph::program<N>& p, const concerto::shape_map& shapes, MPI_Comm comm,
+               std::vector<concerto::axis_request> axes, const concerto::train::batch& b, int steps,
+               concerto::train::optimizer_settings opt, concerto::train::step_options o,
+               const std::vector<std::string>& params) {
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  o.world = comm;
+  o.use_cache = false;
+  auto step = concerto::train::compile(p, concerto::mesh::from_world(n, axes), shapes, opt, o);
+  run_result r;
+  for (int s = 0; s < steps; ++s) r.loss.push_back(step(b).loss);
+  for (const auto& name : params) {
+    r.grads[name] = step.gradient(name);
+    r.params[name] = step.parameter(name);
+  }
+  r.summary = step.summary();
+  return r;
+}
+
+inline double worst_relative(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0, worst = 0;
+  for (auto v : want) scale = std::max(scale, std::abs(static_cast<double>(v)));
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]) / (scale + abs_tol / rel_tol));
+  return worst;
+}
+
+/// Every loss, gradient and parameter of `got` matches `want` within the tolerance.
+inline void check_same(const run_result& got, const run_result& want) {
+  REQUIRE(got.loss.size() == want.loss.size());
+  for (std::size_t s = 0; s < got.loss.size(); ++s) {
+    CAPTURE(s, got.loss[s], want.loss[s]);
+    CHECK(std::abs(got.loss[s] - want.loss[s]) <= rel_tol * std::abs(want.loss[s]) + abs_tol);
+  }
+  for (const auto& [name, g] : want.grads) {
+    CAPTURE(name);
+    CHECK(worst_relative(got.grads.at(name), g) <= rel_tol);
+    CHECK(worst_relative(got.params.at(name), want.params.at(name)) <= rel_tol);
+  }
+}
+
+} // namespace train_testing
