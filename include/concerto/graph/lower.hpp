@@ -331,8 +331,10 @@ template <std::size_t N>
       const double flops = 2.0 * static_cast<double>(q[0] * q[1]) * static_cast<double>(q[1] * q[2]); // causal half of 4bs²h
       const bool fwd = x.op == op_code::attention;
       if (!fwd) {
-        local[i].insert(local[i].begin(), 3); // dq, dk, dv packed
-        slot(i) = b.buffer(name, local[i], ir::buffer_role::gradient, options.type);
+        // dq, dk, dv packed; a copy, because a repeated block lowers this node once per layer.
+        auto packed = local[i];
+        packed.insert(packed.begin(), 3);
+        slot(i) = b.buffer(name, std::move(packed), ir::buffer_role::gradient, options.type);
       }
       const auto out = fwd ? new_buffer(i, x.kind) : slot(i);
       std::vector<ir::buffer_id> reads{I(0), I(1), I(2)};

@@ -442,12 +442,9 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     }
     // The DSL's form: q, k, v, dy -> one [3, ...] buffer (dq, dk, dv); lse is recomputed.
     const auto packed = op.f(op.write(0, "dqkv"));
-    // At least 3 x: graph/lower.hpp currently grows this buffer by another factor of 3 for every
-    // layer of a repeat it emits (it prepends the 3 to the shared local shape each time); dq, dk
-    // and dv are still its first three blocks, where the lowering's select views point.
-    if (packed.size() < 3 * qkv_n)
+    if (packed.size() != 3 * qkv_n)
       fail(detail::task_ref(t) + ": output '" + mem.name(t.writes[0]) + "' holds " + std::to_string(packed.size()) +
-           " floats, expected at least 3 x " + std::to_string(qkv_n) + " (dq, dk, dv)");
+           " floats, expected 3 x " + std::to_string(qkv_n) + " (dq, dk, dv)");
     const auto lse = ws.first(lse_n), out = ws.subspan(lse_n, qkv_n), rest = ws.subspan(lse_n + qkv_n);
     cpu::causal_attention(q, kk, v, out, lse, rest.first(cpu::causal_attention_workspace_floats(shape)), shape);
     cpu::causal_attention_grad(q, kk, v, op.cf(op.read(3, "dy")), lse, packed.first(qkv_n),
