@@ -53,7 +53,7 @@ struct kernel_name {
 };
 // Aliases first-class: "bias" and "bias_grad" are the DSL's op names, "matmul" and "" the
 // builder's defaults, "causal_attention" the kernel's own name.
-inline constexpr std::array<kernel_name, 45> kernel_names{{
+inline constexpr kernel_name kernel_names[] = {
     {"gemm", kernel::gemm}, {"matmul", kernel::gemm}, {"add", kernel::add}, {"add_inplace", kernel::add_inplace},
     {"accumulate", kernel::add_inplace}, {"scale", kernel::scale}, {"bias_add", kernel::bias_add},
     {"bias", kernel::bias_add}, {"bias_add_grad", kernel::bias_add_grad}, {"bias_grad", kernel::bias_add_grad},
@@ -69,7 +69,7 @@ inline constexpr std::array<kernel_name, 45> kernel_names{{
     {"shard_slice", kernel::shard_slice}, {"keep_one", kernel::keep_one}, {"vocab_ce_max", kernel::vocab_ce_max},
     {"vocab_ce_target", kernel::vocab_ce_target}, {"vocab_ce_sumexp", kernel::vocab_ce_sumexp},
     {"vocab_ce_loss", kernel::vocab_ce_loss}, {"vocab_ce_grad", kernel::vocab_ce_grad},
-}};
+};
 
 inline std::string task_ref(const ir::task& t) { return "task " + std::to_string(t.id) + " '" + t.name + "'"; }
 } // namespace detail
