@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""The peer of the concerto MLP example: PyTorch on CPU with gloo, on the same hosts.
+
+Modes (run one after the other in one launch, so that torch is imported once per rank):
+  ddp          DistributedDataParallel, default bucket_cap_mb (25)
+  ddp:MB       DistributedDataParallel with bucket_cap_mb=MB (the tuned variants)
+  tp           a hand-written Megatron-style tensor-parallel MLP: column-parallel W1, GELU,
+               row-parallel W2, one all-reduce of the block's output forward and one of its
+               input gradient backward (Shoeybi et al., "Megatron-LM", 2019, section 3)
+
+Model: `layers` blocks of Linear(hidden, ffn*hidden) -> GELU -> Linear(ffn*hidden, hidden)
+(no bias unless --bias, like examples/mlp),
+MSE loss against fixed random targets, plain SGD. `--batch` is the global batch: DDP splits it
+over the ranks, TP gives every rank all of it. One thread per rank unless --threads says.
+
+Launched with one process per host (rank and size come from Open MPI's environment):
+  $CLUSTER_MPIRUN -np 4 -x GLOO_SOCKET_IFNAME=$CLUSTER_IFNAME \\
+      /usr/bin/python3 bench/cluster/peer/torch_peer.py --master $CLUSTER_MASTER --modes ddp,ddp:4,tp
+Rank 0 prints one JSON object per mode on stdout.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
+    p.add_argument("--hidden", type=int, default=1024, help="model width (default 1024)")
+    p.add_argument("--ffn", type=int, default=4, help="FFN expansion factor (default 4)")
+    p.add_argument("--layers", type=int, default=1, help="MLP blocks (default 1, as examples/mlp)")
+    p.add_argument("--bias", action="store_true", help="linear layers with bias (examples/mlp has none)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per mode (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--modes", default="ddp,ddp:4,tp", help="comma-separated: ddp, ddp:MB, tp")
+    p.add_argument("--master", default=os.environ.get("CLUSTER_MASTER", "127.0.0.1"),
+                   help="address of rank 0 for the rendezvous")
+    p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--label", default="", help="copied into the output")
+    return p.parse_args()
+
+
+def env_int(*names):
+    for n in names:
+        if n in os.environ:
+            return int(os.environ[n])
+    sys.exit(f"torch_peer.py: none of {', '.join(names)} is set; launch it with mpirun (one rank per host)")
+
+
+def main():
+    a = parse()
+    rank = env_int("OMPI_COMM_WORLD_RANK", "RANK")
+    world = env_int("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE")
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master}:{a.port}", rank=rank, world_size=world)
+    h, f = a.hidden, a.ffn * a.hidden
+
+    def mlp():
+        torch.manual_seed(1234)  # the same weights on every rank, as DDP expects
+        blocks = []
+        for _ in range(a.layers):
+            blocks += [nn.Linear(h, f, bias=a.bias), nn.GELU(), nn.Linear(f, h, bias=a.bias)]
+        return nn.Sequential(*blocks)
+
+    # Megatron's f and g: f is the identity forward and an all-reduce backward (the block's
+    # input gradient sums the partial gradients of every shard); g is the reverse.
+    class copy_to_tp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.contiguous()
+            dist.all_reduce(grad)
+            return grad
+
+    class reduce_from_tp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            x = x.contiguous()
+            dist.all_reduce(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    class tp_block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if f % world:
+                sys.exit(f"torch_peer.py: ffn width {f} is not divisible by {world} ranks")
+            shard = f // world
+            self.w1 = nn.Parameter(torch.randn(shard, h) * h ** -0.5)   # column-parallel: rows of W1
+            self.b1 = nn.Parameter(torch.zeros(shard)) if a.bias else None
+            self.w2 = nn.Parameter(torch.randn(h, shard) * f ** -0.5)   # row-parallel: columns of W2
+            self.b2 = nn.Parameter(torch.zeros(h)) if a.bias else None  # added once, after the sum
+
+        def forward(self, x):
+            x = copy_to_tp.apply(x)
+            y = F.gelu(F.linear(x, self.w1, self.b1))
+            out = reduce_from_tp.apply(F.linear(y, self.w2))
+            return out if self.b2 is None else out + self.b2
+
+    def run(mode):
+        torch.manual_seed(99 + rank)
+        if mode == "tp":
+            torch.manual_seed(1234 + rank)
+            model = nn.Sequential(*[tp_block() for _ in range(a.layers)])
+            local_batch = a.batch
+            bucket = None
+        else:
+            if a.batch % world:
+                sys.exit(f"torch_peer.py: batch {a.batch} is not divisible by {world} ranks")
+            local_batch = a.batch // world
+            bucket = float(mode.split(":")[1]) if ":" in mode else None
+            kwargs = {} if bucket is None else {"bucket_cap_mb": bucket}
+            model = nn.parallel.DistributedDataParallel(mlp(), **kwargs)
+        x = torch.randn(local_batch, h)
+        target = torch.randn(local_batch, h)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        times = []
+        for step in range(a.warmup + a.steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(model(x), target)
+            loss.backward()
+            opt.step()
+            # The step ends when its slowest rank ends: a second barrier, as cheap as a few RTTs.
+            dist.barrier()
+            if step >= a.warmup:
+                times.append(time.perf_counter() - t0)
+        params = sum(p.numel() for p in model.parameters())
+        return {"peer": "pytorch-gloo", "torch": torch.__version__, "label": a.label, "mode": mode,
+                "bucket_cap_mb": bucket if mode != "tp" else None, "ranks": world, "threads": a.threads,
+                "batch": a.batch, "hidden": h, "ffn": a.ffn, "layers": a.layers, "bias": a.bias,
+                "params_per_rank": params, "steps": a.steps,
+                "median_step_ms": 1e3 * statistics.median(times),
+                "min_step_ms": 1e3 * min(times), "max_step_ms": 1e3 * max(times)}
+
+    for mode in a.modes.split(","):
+        mode = mode.strip()
+        if mode != "tp" and mode != "ddp" and not mode.startswith("ddp:"):
+            sys.exit(f"torch_peer.py: unknown mode '{mode}' (ddp, ddp:MB or tp)")
+        result = run(mode)
+        if rank == 0:
+            print(json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
