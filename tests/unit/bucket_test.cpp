@@ -8,6 +8,8 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -163,5 +165,44 @@ TEST_CASE("choose_buckets fuses small gradients and keeps a large hidden one alo
     const auto fused = planner::apply_buckets(w, wb);
     CHECK(judge(fused) < judge(w));
     REQUIRE_NOTHROW(plan::verify(planner::list_plan(fused, model)));
+  }
+}
+
+namespace {
+// Everything written to stderr while `run` runs.
+template <class F> std::string stderr_of(F&& run) {
+  std::fflush(stderr);
+  std::FILE* sink = std::tmpfile();
+  REQUIRE(sink);
+  const int saved = ::dup(2);
+  ::dup2(::fileno(sink), 2);
+  run();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string out;
+  std::rewind(sink);
+  for (int ch; (ch = std::fgetc(sink)) != EOF;) out += static_cast<char>(ch);
+  std::fclose(sink);
+  return out;
+}
+} // namespace
+
+TEST_CASE("choose_buckets reports progress on stderr once it runs long, unless silenced", "[bucket][progress]") {
+  const auto model = cost::model::preset("h100x64");
+  const auto g = ir::make_workload("gpt-dp", {.layers = 2, .ranks = 8});
+  const auto judge = planner::simulated_step(model);
+  const auto quiet = planner::choose_buckets(g, model, judge, {.progress = false});
+  SECTION("past the quiet time it prints how many all-reduces are placed, and the same buckets come out") {
+    planner::bucketing loud;
+    const auto err = stderr_of([&] { loud = planner::choose_buckets(g, model, judge, {.progress_after_s = 0}); });
+    CHECK_THAT(err, ContainsSubstring("concerto: bucketing 'gpt-dp'") && ContainsSubstring("all-reduces placed") &&
+                        ContainsSubstring("done:"));
+    CHECK(loud == quiet);
+  }
+  SECTION("with progress off, or within the quiet time, it prints nothing") {
+    CHECK(stderr_of([&] { (void)planner::choose_buckets(g, model, judge, {.progress = false, .progress_after_s = 0}); })
+              .empty());
+    CHECK(stderr_of([&] { (void)planner::choose_buckets(g, model, judge); }).empty());
   }
 }

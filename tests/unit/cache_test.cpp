@@ -5,10 +5,12 @@
 #include <concerto/sim/simulate.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -111,7 +113,7 @@ TEST_CASE("a stored plan loads back equal", "[cache]") {
     cache.store(key, p);
     CHECK(cache.path_of(key) == dir.path / (key.hex() + ".plan"));
     const auto text = read_file(cache.path_of(key));
-    CHECK(text.starts_with("concerto-plan-cache 1 " + key.hex() + " "));
+    CHECK(text.starts_with("concerto-plan-cache 2 " + key.hex() + " "));
     const auto loaded = cache.load(key);
     REQUIRE(loaded);
     CHECK(*loaded == p);
@@ -218,7 +220,7 @@ TEST_CASE("a bad cache file is reported, set aside and replanned, never trusted"
     return why;
   };
   // A whole file around a payload document, with a correct checksum.
-  const auto forge = [&](const nlohmann::json& payload) { write_file(path, cache::detail::encode(key.hex(), payload.dump())); };
+  const auto forge = [&](const cache::detail::document& d) { write_file(path, cache::detail::encode(key.hex(), d)); };
 
   SECTION("a truncated file") {
     write_file(path, good.substr(0, good.size() - 17));
@@ -241,6 +243,12 @@ TEST_CASE("a bad cache file is reported, set aside and replanned, never trusted"
     bad[payload_at + (bad.size() - payload_at) / 2] ^= 0x01;
     write_file(path, bad);
     CHECK_THAT(rejection(), ContainsSubstring("checksum mismatch"));
+  }
+  SECTION("a file of format version 1 (JSON payload), which this library no longer reads") {
+    auto bad = good;
+    bad.replace(0, std::string("concerto-plan-cache 2").size(), "concerto-plan-cache 1");
+    write_file(path, bad);
+    CHECK_THAT(rejection(), ContainsSubstring("unknown format version 1 (this library reads version 2)"));
   }
   SECTION("an unknown format version") {
     auto bad = good;
@@ -268,13 +276,54 @@ TEST_CASE("a bad cache file is reported, set aside and replanned, never trusted"
   }
   SECTION("a payload whose key fields differ from the header's key") {
     auto doc = cache::detail::envelope(key, p);
-    doc["key"]["backend"] = "nccl";
+    doc.key.backend = "nccl";
     forge(doc);
-    CHECK_THAT(rejection(), ContainsSubstring("key mismatch: key field 'backend'"));
+    CHECK_THAT(rejection(), ContainsSubstring("key mismatch: key field 'backend' is 'nccl', expected 'mpi'"));
   }
-  SECTION("a checksummed payload that is not JSON") {
-    write_file(path, cache::detail::encode(key.hex(), "{\"key\": "));
-    CHECK_THAT(rejection(), ContainsSubstring("not valid JSON"));
+  SECTION("a checksummed payload that is not a plan") {
+    write_file(path, cache::detail::encode(key.hex(), std::string_view("{\"key\": ")));
+    CHECK_THAT(rejection(), ContainsSubstring("not a readable plan") && ContainsSubstring("byte-order mark"));
+  }
+  SECTION("a checksummed payload cut short") {
+    const auto payload = cache::detail::to_binary(cache::detail::envelope(key, p));
+    write_file(path, cache::detail::encode(key.hex(), std::string_view(payload).substr(0, payload.size() - 9)));
+    CHECK_THAT(rejection(), ContainsSubstring("not a readable plan") && ContainsSubstring("ends inside durations"));
+  }
+  SECTION("a checksummed payload with bytes after the plan") {
+    write_file(path, cache::detail::encode(key.hex(), cache::detail::to_binary(cache::detail::envelope(key, p)) + "!"));
+    CHECK_THAT(rejection(), ContainsSubstring("bytes follow the plan"));
+  }
+  SECTION("a checksummed payload with a count larger than the file") {
+    auto payload = cache::detail::to_binary(cache::detail::envelope(key, p));
+    // The mesh axis count follows the byte-order mark, the key, the hash and the plan's header.
+    const auto axes_at = 4 + 3 * 8 + (4 + key.backend.size()) + (4 + key.library_version.size()) +
+                         (4 + key.policy.size()) + 8 + 8 + (4 + p.policy.size()) + (4 + p.preset.size()) + 8 + 8 + 4 +
+                         4 + (4 + p.graph.name.size());
+    std::uint32_t axes = 0;
+    std::memcpy(&axes, payload.data() + axes_at, 4);
+    REQUIRE(axes == p.graph.axes.size());
+    axes = 0xfffffff0u;
+    std::memcpy(payload.data() + axes_at, &axes, 4);
+    write_file(path, cache::detail::encode(key.hex(), std::string_view(payload)));
+    CHECK_THAT(rejection(), ContainsSubstring("mesh axis count 4294967280 exceeds the payload"));
+  }
+  SECTION("a checksummed payload with an enum out of range") {
+    auto doc = cache::detail::envelope(key, p);
+    doc.plan.graph.tasks[1].kind = static_cast<ir::op_kind>(99);
+    forge(doc);
+    CHECK_THAT(rejection(), ContainsSubstring("task kind 99 is out of range"));
+  }
+  SECTION("a checksummed plan whose graph is invalid") {
+    auto doc = cache::detail::envelope(key, p);
+    doc.plan.graph.tasks[0].deps = {42};
+    forge(doc);
+    CHECK_THAT(rejection(), ContainsSubstring("not a readable plan") && ContainsSubstring("task 42"));
+  }
+  SECTION("a checksummed plan whose stream order names a missing task") {
+    auto doc = cache::detail::envelope(key, p);
+    doc.plan.order[0].push_back(77);
+    forge(doc);
+    CHECK_THAT(rejection(), ContainsSubstring("stream 'compute': the order names task 77"));
   }
   SECTION("a checksummed plan that fails verification") {
     auto unsound = p;
@@ -289,13 +338,13 @@ TEST_CASE("a bad cache file is reported, set aside and replanned, never trusted"
   }
   SECTION("a plan made for another graph") {
     auto doc = cache::detail::envelope(key, p);
-    doc["key"]["graph"] = hasher::to_hex(key.graph ^ 1);
+    doc.key.graph ^= 1;
     forge(doc);
     CHECK_THAT(rejection(), ContainsSubstring("stale: the plan was made for graph"));
   }
   SECTION("a plan whose graph no longer hashes to the recorded value") {
     auto doc = cache::detail::envelope(key, p);
-    doc["plan_graph"] = hasher::to_hex(plan::hash(p.graph) + 1);
+    doc.plan_graph = plan::hash(p.graph) + 1;
     forge(doc);
     CHECK_THAT(rejection(), ContainsSubstring("stale: the plan's graph hashes to " + hasher::to_hex(plan::hash(p.graph))));
   }
@@ -413,9 +462,10 @@ TEST_CASE("the cache directory follows the environment", "[cache][env]") {
 }
 
 // Not run by default: `unit_cache_test "[.bench]"` prints the load time of a large plan.
-TEST_CASE("load time of a plan of about 5,000 tasks (llama-tp-sp, 100 blocks)", "[.bench][cache]") {
+TEST_CASE("load time of a plan of 4,000-5,000 tasks (llama-tp-sp, full depth and 100 blocks)", "[.bench][cache]") {
   temp_dir dir;
-  const auto g = ir::make_workload("llama-tp-sp", {.layers = 100});
+  const int layers = GENERATE(0, 100); // 0: the model's 80
+  const auto g = ir::make_workload("llama-tp-sp", {.layers = layers});
   const auto m = cost::model::preset("h100x64");
   const auto p = make_plan(g, m, "xla_lhs");
   const auto key = cache::make_key(g, m, "nccl", "xla_lhs");

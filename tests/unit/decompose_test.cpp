@@ -9,6 +9,8 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,41 @@ ir::graph scatter_and_reduce_graph() {
   b.at(ir::phase::backward);
   b.matmul("proj.wgrad", a, dy, gw, hid, out_n, tok, 1, /*trans_a=*/true);
   b.collective(ir::op_kind::all_reduce, "w.grad.ar", dp, gw, gw);
+  return std::move(b).finish();
+}
+
+// Expert parallel MoE on `ep` ranks: dispatch all_to_all -> expert up matmul -> act -> down
+// matmul -> combine all_to_all; the backward's weight gradient reads the exchanged tokens
+// again, and the gradient's all_reduce over dp is followed by the optimizer.
+ir::graph exchange_graph(int ep = 4) {
+  ir::builder b("moe");
+  const int e = b.axis("ep", ep);
+  const int dp = b.axis("dp", 2, ir::link_class::inter_node);
+  const auto bf = ir::dtype::bf16;
+  const auto send = b.buffer("send", {tok, hid}, ir::buffer_role::input, bf);
+  const auto recv = b.buffer("recv", {tok, hid}, ir::buffer_role::activation, bf);
+  b.collective(ir::op_kind::all_to_all, "dispatch.a2a", e, send, recv);
+  const auto w1 = b.buffer("w1", {hid, out_n}, ir::buffer_role::param, bf);
+  const auto u = b.buffer("u", {tok, out_n}, ir::buffer_role::activation, bf);
+  b.matmul("up", recv, w1, u, tok, out_n, hid);
+  const auto a = b.buffer("a", {tok, out_n}, ir::buffer_role::activation, bf);
+  b.compute(ir::op_kind::elementwise, "act", {u}, {a}, {"gelu", double(tok * out_n), -1, {}});
+  const auto w2 = b.buffer("w2", {out_n, hid}, ir::buffer_role::param, bf);
+  const auto y = b.buffer("y", {tok, hid}, ir::buffer_role::activation, bf);
+  b.matmul("down", a, w2, y, tok, hid, out_n);
+  const auto back = b.buffer("back", {tok, hid}, ir::buffer_role::activation, bf);
+  b.collective(ir::op_kind::all_to_all, "combine.a2a", e, y, back);
+  const auto o = b.buffer("o", {tok, hid}, ir::buffer_role::activation, bf);
+  b.compute(ir::op_kind::elementwise, "combine", {back}, {o}, {"scale", double(tok * hid), -1, {}});
+  b.at(ir::phase::backward);
+  const auto du = b.buffer("du", {tok, out_n}, ir::buffer_role::input, bf);
+  const auto g1 = b.buffer("w1.grad", {hid, out_n}, ir::buffer_role::gradient, bf);
+  b.matmul("up.wgrad", recv, du, g1, hid, out_n, tok, 1, /*trans_a=*/true);
+  b.collective(ir::op_kind::all_reduce, "w1.grad.ar", dp, g1, g1);
+  const auto other = b.buffer("other", {tok, hid}, ir::buffer_role::activation, bf);
+  b.matmul("other.dgrad", du, w1, other, tok, hid, out_n, 1, false, /*trans_b=*/true);
+  b.at(ir::phase::optimizer);
+  b.compute(ir::op_kind::optimizer_update, "w1.adamw", {g1, w1}, {w1}, {"adamw", double(hid * out_n), -1, {}});
   return std::move(b).finish();
 }
 
@@ -225,6 +262,107 @@ TEST_CASE("apply rejects decompositions that do not fit, naming the tasks", "[de
   }
 }
 
+TEST_CASE("apply splits all_to_alls around expert matmuls along the tokens", "[decompose][apply][moe]") {
+  const auto g = exchange_graph();
+  const std::int64_t k = 4, c = tok / 4 / k; // rows per rank block and chunk
+
+  SECTION("dispatch -> up: chunk j exchanges rows [j·c, (j+1)·c) of each rank's block") {
+    const std::vector<planner::decomposition> d{{find(g, "dispatch.a2a"), find(g, "up"), 4}};
+    const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+    const auto slices = named_prefix(split, "dispatch.a2a.slice");
+    const auto chunks = named_prefix(split, "dispatch.a2a.chunk");
+    const auto mms = named_prefix(split, "up.chunk");
+    REQUIRE(slices.size() == 4);
+    REQUIRE(chunks.size() == 4);
+    REQUIRE(mms.size() == 4);
+    for (std::int64_t j = 0; j < k; ++j) {
+      const auto& sl = *slices[static_cast<std::size_t>(j)];
+      CHECK(sl.attrs == std::map<std::string, std::int64_t>{
+                            {"outer", 4}, {"extent", tok / 4}, {"inner", hid}, {"offset", j * c}, {"length", c}});
+      const auto& a2a = *chunks[static_cast<std::size_t>(j)];
+      CHECK(a2a.kind == ir::op_kind::all_to_all);
+      CHECK(a2a.reads == sl.writes);
+      CHECK(a2a.bytes == g[find(g, "dispatch.a2a")].bytes / 4);
+      CHECK(mms[static_cast<std::size_t>(j)]->reads[0] == a2a.writes[0]);
+      CHECK(mms[static_cast<std::size_t>(j)]->attr("m") == 4 * c);
+      // Chunk j's matmul waits for its own exchange only.
+      CHECK(mms[static_cast<std::size_t>(j)]->deps == std::vector<ir::task_id>{a2a.id});
+    }
+    CHECK(sum_of(mms, &ir::task::flops) == Catch::Approx(g[find(g, "up")].flops));
+    // One concat interleaves the chunk outputs back into u; the weight gradient reads the
+    // exchanged tokens again, so a second concat rebuilds them, before it.
+    const auto& out = split[find(split, "up.concat")];
+    CHECK(split.buffers[static_cast<std::size_t>(out.writes[0])].name == "u");
+    const auto& restore = split[find(split, "dispatch.a2a.concat")];
+    CHECK(split.buffers[static_cast<std::size_t>(restore.writes[0])].name == "recv");
+    CHECK(restore.attrs == std::map<std::string, std::int64_t>{{"outer", 4}, {"inner", hid}, {"length", c}, {"parts", 4}});
+    const auto& wgrad = split[find(split, "up.wgrad")];
+    CHECK(std::find(wgrad.deps.begin(), wgrad.deps.end(), restore.id) != wgrad.deps.end());
+    REQUIRE_NOTHROW(plan::verify(planner::list_plan(split, cost::model::preset("h100x64"))));
+  }
+  SECTION("down -> combine: chunk j computes the rows it sends, and a concat restores the received order") {
+    const std::vector<planner::decomposition> d{{find(g, "combine.a2a"), find(g, "down"), 2}};
+    const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+    const auto mms = named_prefix(split, "down.chunk");
+    const auto chunks = named_prefix(split, "combine.a2a.chunk");
+    REQUIRE(mms.size() == 2);
+    REQUIRE(chunks.size() == 2);
+    CHECK(named_prefix(split, "down.slice").size() == 2);
+    for (std::size_t j = 0; j < 2; ++j) {
+      CHECK(chunks[j]->reads == mms[j]->writes);
+      CHECK(chunks[j]->deps == std::vector<ir::task_id>{mms[j]->id});
+    }
+    const auto& join = split[find(split, "combine.a2a.concat")];
+    CHECK(join.reads == std::vector<ir::buffer_id>{chunks[0]->writes[0], chunks[1]->writes[0]});
+    CHECK(split.buffers[static_cast<std::size_t>(join.writes[0])].name == "back");
+    CHECK(split[find(split, "combine")].deps == std::vector<ir::task_id>{join.id});
+  }
+  SECTION("an exchange whose buffer is used between it and the matmul is refused") {
+    const std::vector<planner::decomposition> d{{find(g, "dispatch.a2a"), find(g, "up.wgrad"), 2}};
+    CHECK_THROWS_WITH(planner::apply(g, std::span<const planner::decomposition>(d)),
+                      ContainsSubstring("'dispatch.a2a'") && ContainsSubstring("transposed"));
+  }
+}
+
+TEST_CASE("apply turns an all_reduce into a reduce_scatter and an all_gather before the next use",
+          "[decompose][apply][all_reduce]") {
+  const auto g = exchange_graph();
+  const planner::decomposition split_ar{find(g, "w1.grad.ar"), -1, 1, planner::split_kind::reduce_scatter_all_gather};
+  const std::vector<planner::decomposition> d{split_ar};
+  const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+  REQUIRE(split.tasks.size() == g.tasks.size() + 1);
+  const auto& rs = split[find(split, "w1.grad.ar.rs")];
+  const auto& ag = split[find(split, "w1.grad.ar.ag")];
+  const auto& adamw = split[find(split, "w1.adamw")];
+  CHECK(rs.kind == ir::op_kind::reduce_scatter);
+  CHECK(ag.kind == ir::op_kind::all_gather);
+  const auto& shard = split.buffers[static_cast<std::size_t>(rs.writes[0])];
+  CHECK(shard.bytes == hid * out_n * 2 / 2);
+  CHECK(ag.reads == rs.writes);
+  CHECK(rs.bytes == g[find(g, "w1.grad.ar")].bytes);
+  CHECK(ag.bytes == g[find(g, "w1.grad.ar")].bytes);
+  // The gather waits for the scatter and runs just before the optimizer, after the rest of the
+  // backward, which the scatter no longer holds up.
+  CHECK(std::find(ag.deps.begin(), ag.deps.end(), rs.id) != ag.deps.end());
+  CHECK(std::all_of(ag.deps.begin(), ag.deps.end(), [&](ir::task_id d) { return d <= rs.id; }));
+  CHECK(ag.id == adamw.id - 1);
+  CHECK(ag.id > find(split, "other.dgrad"));
+  CHECK(ag.step_phase == ir::phase::optimizer);
+  CHECK(std::find(adamw.deps.begin(), adamw.deps.end(), ag.id) != adamw.deps.end());
+
+  SECTION("one that does not split evenly over the group is refused, naming it") {
+    ir::builder b("odd");
+    const int dp = b.axis("dp", 3);
+    const auto gr = b.buffer("g", {7}, ir::buffer_role::gradient);
+    b.compute(ir::op_kind::elementwise, "make", {}, {gr}, {"fill", 0, -1, {}});
+    const auto ar = b.collective(ir::op_kind::all_reduce, "g.ar", dp, gr, gr);
+    const auto odd = std::move(b).finish();
+    const std::vector<planner::decomposition> bad{{ar, -1, 1, planner::split_kind::reduce_scatter_all_gather}};
+    CHECK_THROWS_WITH(planner::apply(odd, std::span<const planner::decomposition>(bad)),
+                      ContainsSubstring("'g.ar'") && ContainsSubstring("7 elements"));
+  }
+}
+
 TEST_CASE("decompose keeps only splits that shorten the simulated step", "[decompose][search]") {
   const auto model = cost::model::preset("h100x64");
   const auto judge = planner::simulated_step(model);
@@ -262,5 +400,73 @@ TEST_CASE("decompose keeps only splits that shorten the simulated step", "[decom
     CHECK(r.step_us_after <= r.step_us_before);
     CHECK(!r.chosen.empty());
     REQUIRE_NOTHROW(plan::verify(planner::list_plan(r.graph, model)));
+  }
+}
+
+TEST_CASE("decompose finds the all_to_all and all_reduce splits of an MoE step", "[decompose][search][moe]") {
+  const auto model = cost::model::preset("h100x64");
+  const auto g = ir::make_workload("moe-ep", {.layers = 1});
+  const auto candidates = planner::find_candidates(g, model, {.min_exposed_fraction = 0});
+  const auto count = [&](ir::op_kind kind, planner::split_kind how) {
+    return std::count_if(candidates.begin(), candidates.end(), [&](const planner::decomposition& d) {
+      return g[d.collective].kind == kind && d.kind == how;
+    });
+  };
+  // Forward: dispatch -> up and down -> combine; backward: up.dgrad -> dispatch (the combine
+  // gradient's exchange feeds down.dgrad, but down.wgrad reads it too, before: it is restored).
+  CHECK(count(ir::op_kind::all_to_all, planner::split_kind::chunks) >= 3 * 3);
+  CHECK(count(ir::op_kind::all_reduce, planner::split_kind::reduce_scatter_all_gather) > 0);
+  double matmul_flops = 0;
+  for (const auto& t : g.tasks) matmul_flops += t.kind == ir::op_kind::matmul ? t.flops : 0;
+  for (const auto& c : candidates) {
+    const std::vector<planner::decomposition> one{c};
+    const auto split = planner::apply(g, std::span<const planner::decomposition>(one));
+    double flops = 0, bytes = 0;
+    for (const auto& t : split.tasks) {
+      flops += t.kind == ir::op_kind::matmul ? t.flops : 0;
+      bytes += t.name.rfind(g[c.collective].name + ".chunk", 0) == 0 ? t.bytes : 0;
+    }
+    CAPTURE(g[c.collective].name, c.chunks);
+    CHECK(flops == Catch::Approx(matmul_flops));
+    if (c.kind == planner::split_kind::chunks) CHECK(bytes == Catch::Approx(g[c.collective].bytes));
+  }
+  const auto r = planner::decompose(g, model, {}, {.progress = false});
+  CHECK(r.step_us_after <= r.step_us_before);
+  REQUIRE_NOTHROW(plan::verify(planner::list_plan(r.graph, model)));
+}
+
+namespace {
+// Everything written to stderr while `run` runs.
+template <class F> std::string stderr_of(F&& run) {
+  std::fflush(stderr);
+  std::FILE* sink = std::tmpfile();
+  REQUIRE(sink);
+  const int saved = ::dup(2);
+  ::dup2(::fileno(sink), 2);
+  run();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string out;
+  std::rewind(sink);
+  for (int ch; (ch = std::fgetc(sink)) != EOF;) out += static_cast<char>(ch);
+  std::fclose(sink);
+  return out;
+}
+} // namespace
+
+TEST_CASE("decompose reports progress on stderr once it runs long, unless silenced", "[decompose][progress]") {
+  const auto model = cost::model::preset("h100x64");
+  const auto g = exchange_graph();
+  SECTION("past the quiet time it prints what it tried and the step") {
+    const auto err = stderr_of([&] { (void)planner::decompose(g, model, {}, {.progress_after_s = 0}); });
+    CHECK_THAT(err, ContainsSubstring("concerto: decomposing 'moe'") && ContainsSubstring("collectives tried") &&
+                        ContainsSubstring("done:"));
+  }
+  SECTION("with progress off it prints nothing") {
+    CHECK(stderr_of([&] { (void)planner::decompose(g, model, {}, {.progress = false, .progress_after_s = 0}); }).empty());
+  }
+  SECTION("within the quiet time it prints nothing") {
+    CHECK(stderr_of([&] { (void)planner::decompose(g, model, {}, {.progress_after_s = 1e6}); }).empty());
   }
 }

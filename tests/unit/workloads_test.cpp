@@ -57,6 +57,7 @@ constexpr auto bwd = ir::phase::backward;
 constexpr auto ag = ir::op_kind::all_gather;
 constexpr auto rs = ir::op_kind::reduce_scatter;
 constexpr auto ar = ir::op_kind::all_reduce;
+constexpr auto a2a = ir::op_kind::all_to_all;
 
 } // namespace
 
@@ -133,6 +134,10 @@ TEST_CASE("every workload is a valid, executable training step", "[ir][workloads
         break;
       case ir::op_kind::reduce_scatter:
         CHECK(in == group * out);
+        CHECK(t.bytes == static_cast<double>(in));
+        break;
+      case ir::op_kind::all_to_all:
+        CHECK(in == out);
         CHECK(t.bytes == static_cast<double>(in));
         break;
       default:
@@ -242,6 +247,61 @@ TEST_CASE("gpt-ptd is tensor (sequence) parallel within a node and data parallel
   CHECK(collectives_of_layer(g, 0)[{ar, "dp", bwd}] == 6);
 }
 
+TEST_CASE("moe-ep exchanges tokens with all-to-alls inside the node and reduces gradients by kind",
+          "[ir][workloads][moe]") {
+  const auto g = ir::make_workload("moe-ep", {.layers = 2});
+  REQUIRE(g.axes.size() == 2);
+  CHECK(g.axes[0] == ir::mesh_axis{"ep", 8, ir::link_class::intra_node});
+  CHECK(g.axes[1] == ir::mesh_axis{"dp", 4, ir::link_class::inter_node});
+  // Dispatch and combine in forward and backward; the five non-expert weights (ln1, qkv, proj,
+  // ln2, router) all-reduced in the node and then across nodes, the expert's two only across.
+  for (int l = 0; l < 2; ++l)
+    CHECK(collectives_of_layer(g, l) == census{{{a2a, "ep", fwd}, 2},
+                                               {{a2a, "ep", bwd}, 2},
+                                               {{ar, "ep", bwd}, 5},
+                                               {{ar, "dp", bwd}, 7}});
+
+  SECTION("each rank holds one expert and exchanges capacity-sized blocks") {
+    // 4096 tokens × top-2 over 8 experts: capacity 1024 per expert and source rank.
+    const auto& dispatch = task_named(g, "L0.moe.dispatch.a2a");
+    CHECK(buf(g, dispatch.reads[0]).shape == std::vector<std::int64_t>{8192, 4096});
+    CHECK(dispatch.bytes == 8192.0 * 4096 * 2);
+    const auto& up = task_named(g, "L0.moe.expert0.up");
+    CHECK(up.attr("m") == 8192);
+    CHECK(up.attr("n") == 2 * 14336);
+    CHECK(up.attr("k") == 4096);
+    CHECK(up.reads[0] == dispatch.writes[0]);
+    CHECK(dep_names(g, task_named(g, "L0.moe.combine.a2a")) == std::vector<std::string>{"L0.moe.expert0.down"});
+    CHECK(dep_names(g, task_named(g, "L1.moe.dispatch.a2a.bwd")) == std::vector<std::string>{"L1.moe.expert0.up.dgrad"});
+  }
+  SECTION("non-expert gradients are summed over both axes, expert gradients over dp only") {
+    CHECK(dep_names(g, task_named(g, "L0.attn.qkv.w.grad.ar")) ==
+          std::vector<std::string>{"L0.attn.qkv.w.grad.ar.ep"});
+    CHECK_NOTHROW(task_named(g, "L0.moe.router.w.grad.ar.ep"));
+    for (const auto& t : g.tasks)
+      if (t.name.find("expert") != std::string::npos && t.kind == ar)
+        CHECK(g.axes[static_cast<std::size_t>(t.axis)].name == "dp");
+  }
+  SECTION("with two experts per rank, block transposes group each expert's rows") {
+    const auto g4 = ir::make_workload("moe-ep", {.layers = 1, .ranks = 16, .ranks_per_node = 4});
+    CHECK(g4.axes[0] == ir::mesh_axis{"ep", 4, ir::link_class::intra_node});
+    CHECK(task_named(g4, "L0.moe.group").attrs.at("a") == 4);
+    CHECK(task_named(g4, "L0.moe.expert1.up").attr("m") == 4 * 1024);
+    const auto& x1 = buf(g4, task_named(g4, "L0.moe.expert1.up").reads[0]);
+    CHECK(x1.view_of == task_named(g4, "L0.moe.group").writes[0]);
+    CHECK(x1.offset == 4 * 1024 * 4096 * 2);
+    CHECK(collectives_of_layer(g4, 0)[{ar, "dp", bwd}] == 5 + 4);
+  }
+  SECTION("on one node there is no data-parallel axis, on one rank no all-to-all") {
+    const auto one_node = ir::make_workload("moe-ep", {.layers = 1, .ranks = 8});
+    CHECK(one_node.axes.size() == 1);
+    CHECK(collectives_of_layer(one_node, 0)[{a2a, "ep", fwd}] == 2);
+    const auto one_rank = ir::make_workload("moe-ep", {.layers = 1, .ranks = 1, .ranks_per_node = 1});
+    CHECK(one_rank.axes.empty());
+    CHECK(task_named(one_rank, "L0.moe.expert7.down").attr("m") == 1024);
+  }
+}
+
 TEST_CASE("per-layer FLOPs match the analytic formula", "[ir][workloads][flops]") {
   SECTION("GPT: 24·b·s·h²·(1 + s/(6h)) forward, twice that backward") {
     const auto name = GENERATE(as<std::string>{}, "gpt-dp", "gpt-zero3");
@@ -262,11 +322,19 @@ TEST_CASE("per-layer FLOPs match the analytic formula", "[ir][workloads][flops]"
     CHECK_THAT(flops_of_layer(g, 0, fwd), WithinRel(forward, 0.01));
     CHECK_THAT(flops_of_layer(g, 0, bwd), WithinRel(2 * forward, 0.01));
   }
+  SECTION("MoE, top-k of E experts, per rank: 2·b·s·h·(2h + 2·h_kv + E + 3·k·f) + 4·b·s²·h") {
+    const int b = GENERATE(1, 2);
+    const auto g = ir::make_workload("moe-ep", {.layers = 1, .micro_batch = b});
+    const double s = 4096, h = 4096, h_kv = 8 * 128, f = 14336, E = 8, k = 2;
+    const double forward = b * (2 * s * h * (2 * h + 2 * h_kv + E + 3 * k * f) + 4 * s * s * h);
+    CHECK_THAT(flops_of_layer(g, 0, fwd), WithinRel(forward, 0.01));
+    CHECK_THAT(flops_of_layer(g, 0, bwd), WithinRel(2 * forward, 0.01));
+  }
 }
 
 TEST_CASE("full-depth workloads are generated whole", "[ir][workloads]") {
   const auto [name, depth] =
-      GENERATE(table<std::string, int>({{"gpt-dp", 24}, {"gpt-zero3", 24}, {"llama-tp-sp", 80}}));
+      GENERATE(table<std::string, int>({{"gpt-dp", 24}, {"gpt-zero3", 24}, {"llama-tp-sp", 80}, {"moe-ep", 32}}));
   CAPTURE(name);
   const auto g = ir::make_workload(name);
   int deepest = -1;
@@ -289,5 +357,9 @@ TEST_CASE("make_workload rejects what it cannot build, naming it", "[ir][workloa
                       ContainsSubstring("workload_options.ranks") && ContainsSubstring("ranks_per_node"));
     CHECK_THROWS_WITH(ir::make_workload("llama-tp-sp", {.ranks = 48, .ranks_per_node = 16}),
                       ContainsSubstring("kv heads"));
+    CHECK_THROWS_WITH(ir::make_workload("moe-ep", {.ranks = 36, .ranks_per_node = 3}),
+                      ContainsSubstring("workload_options.ranks_per_node") && ContainsSubstring("8 experts"));
+    CHECK_THROWS_WITH(ir::make_workload("moe-ep", {.ranks = 12}),
+                      ContainsSubstring("workload_options.ranks") && ContainsSubstring("expert-parallel"));
   }
 }

@@ -38,10 +38,12 @@ namespace detail::workloads {
 using i64 = std::int64_t;
 
 /// A transformer's sizes: GPT (LayerNorm, GELU MLP, learned positions) or Llama (RMSNorm,
-/// SwiGLU MLP, RoPE, grouped-query attention).
+/// SwiGLU MLP, RoPE, grouped-query attention); with experts > 0 the MLP is a mixture of
+/// `experts` SwiGLU experts of width ffn, each token routed to `top_k` of them (Mixtral).
 struct model_spec {
   i64 hidden = 0, layers = 0, seq = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
   bool llama = false;
+  i64 experts = 0, top_k = 0;
 };
 
 enum class grad_sync { all_reduce, zero3 };
@@ -49,7 +51,8 @@ enum class grad_sync { all_reduce, zero3 };
 // Per-element FLOP counts of the non-matmul kernels: approximate, and small next to the
 // matmuls (well under 1% of a block), so they only matter for tiny shapes.
 inline constexpr double norm_flops = 8, norm_grad_flops = 16, gelu_flops = 8, gelu_grad_flops = 12, swiglu_flops = 6,
-                        swiglu_grad_flops = 12, rope_flops = 3, ce_flops = 4, adamw_flops = 12;
+                        swiglu_grad_flops = 12, rope_flops = 3, ce_flops = 4, adamw_flops = 12,
+                        route_flops = 8, route_grad_flops = 8;
 
 struct param {
   std::string name;
@@ -62,13 +65,16 @@ struct param {
   buffer_id grad_out = -1; // what the optimizer reads (the reduce-scattered shard under ZeRO-3)
   buffer_id state = -1;    // AdamW master weight, m and v in f32
   bool tp_partial = false; // gradient is a partial sum over the tensor-parallel group (sequence-parallel norms)
+  bool expert = false;     // an expert's weight: replicated over dp only, not over the expert-parallel group
 };
 
 class transformer {
 public:
   transformer(builder& b, const model_spec& m, const workload_options& o, int tp, grad_sync sync)
       : b_(b), m_(m), tp_(tp), sync_(sync), type_(o.type) {
-    const int dp = o.ranks / tp;
+    moe_ = m.experts > 0;
+    ep_ = moe_ ? o.ranks_per_node : 1;
+    const int dp = o.ranks / (tp * ep_);
     batch_ = o.micro_batch;
     tok_ = batch_ * m.seq;
     tok_sp_ = tok_ / tp;
@@ -79,6 +85,8 @@ public:
     up_n_ = (m.llama ? 2 * m.ffn : m.ffn) / tp;
     if (tp > 1)
       tp_axis_ = b.axis("tp", tp, o.ranks_per_node >= tp ? link_class::intra_node : link_class::inter_node);
+    if (ep_ > 1)
+      ep_axis_ = b.axis("ep", ep_, link_class::intra_node);
     if (dp > 1)
       dp_axis_ = b.axis("dp", dp, o.ranks > o.ranks_per_node ? link_class::inter_node : link_class::intra_node);
     dp_ = dp;
@@ -101,6 +109,12 @@ public:
   }
 
 private:
+  struct moe_saved {
+    buffer_id n2 = -1, logits = -1, gates = -1, slots = -1, grouped = -1, back = -1;
+    param* router = nullptr;
+    std::vector<param*> up, down;
+    std::vector<buffer_id> x, u, a; // per local expert
+  };
   struct saved_block {
     buffer_id x_in, n1, n1f, qkv, attn, lse, x_mid, n2, n2f, u, a;
     param *norm1, *qkv_w, *o_w, *norm2, *up_w, *down_w;
@@ -165,6 +179,10 @@ private:
   void gradient_ready(param& p) {
     if (p.tp_partial)
       b_.collective(op_kind::all_reduce, p.name + ".grad.ar.tp", tp_axis_, p.grad, p.grad);
+    // The mesh is the product ep × dp, so "over all ranks" is two all-reduces: inside the node
+    // first (fast links, the full gradient), then across nodes.
+    if (!p.expert && ep_axis_ >= 0)
+      b_.collective(op_kind::all_reduce, p.name + ".grad.ar.ep", ep_axis_, p.grad, p.grad);
     if (dp_axis_ < 0)
       return;
     if (zero3())
@@ -324,8 +342,10 @@ private:
     s.qkv_w = &make_param(L + "attn.qkv.w", {h, qkv_n_}, l);
     s.o_w = &make_param(L + "attn.proj.w", {h / tp_, h}, l);
     s.norm2 = &make_param(L + "ln2.w", {m_.llama ? h : 2 * h}, l, true);
-    s.up_w = &make_param(L + "mlp.up.w", {h, up_n_}, l);
-    s.down_w = &make_param(L + "mlp.down.w", {f, h}, l);
+    if (!moe_) {
+      s.up_w = &make_param(L + "mlp.up.w", {h, up_n_}, l);
+      s.down_w = &make_param(L + "mlp.down.w", {f, h}, l);
+    }
 
     s.n1 = norm(L + "ln1", x_in, *s.norm1);
     s.n1f = gather_seq(L + "ln1.out", s.n1, h);
@@ -340,6 +360,11 @@ private:
     s.x_mid = add(L + "resid1", x_in, scatter_seq(L + "attn.proj.out", o, h));
 
     s.n2 = norm(L + "ln2", s.x_mid, *s.norm2);
+    if (moe_) {
+      const auto x_out = add(L + "resid2", s.x_mid, moe_forward(l, s.n2));
+      saved_.push_back(s);
+      return x_out;
+    }
     s.n2f = gather_seq(L + "ln2.out", s.n2, h);
     s.u = linear(L + "mlp.up", s.n2f, *s.up_w, up_n_, h, L + "mlp.up.out");
     s.a = act(L + "mlp.act.out", {tok_, f});
@@ -358,6 +383,11 @@ private:
     const i64 h = m_.hidden, f = m_.ffn / tp_;
     b_.at(phase::backward, l);
     auto& s = saved_[static_cast<std::size_t>(l)];
+    if (moe_) {
+      const auto dn2 = moe_backward(l, dx_out);
+      const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, *s.norm2));
+      return attention_backward(L, s, dx_mid);
+    }
     // x_out = x_mid + down(act(up(norm2(x_mid)))).
     const auto da = row_backward(L + "mlp.down", s.a, dx_out, *s.down_w, h, f);
     const auto du = act(L + "mlp.up.out.grad", {tok_, up_n_});
@@ -369,7 +399,12 @@ private:
                  info("gelu_grad", gelu_grad_flops * d(tok_ * f)));
     const auto dn2 = column_backward(L + "mlp.up", s.n2, s.n2f, du, *s.up_w, up_n_, h);
     const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, *s.norm2));
-    // x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
+    return attention_backward(L, s, dx_mid);
+  }
+
+  // x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
+  buffer_id attention_backward(const std::string& L, saved_block& s, buffer_id dx_mid) {
+    const i64 h = m_.hidden;
     const auto dattn = row_backward(L + "attn.proj", s.attn, dx_mid, *s.o_w, h, h / tp_);
     const auto dqkv = act(L + "attn.qkv.out.grad", {tok_, qkv_n_});
     b_.compute(op_kind::attention, L + "attention.grad", {dattn, s.qkv, s.attn, s.lse}, {dqkv},
@@ -379,6 +414,133 @@ private:
                  info("rope_grad", rope_flops * d(tok_ * qkv_n_)));
     const auto dn1 = column_backward(L + "attn.qkv", s.n1, s.n1f, dqkv, *s.qkv_w, qkv_n_, h);
     return add(L + "resid0.grad", dx_mid, norm_backward(L + "ln1", dn1, s.x_in, *s.norm1));
+  }
+
+  // Mixture of experts, expert parallel (GShard / Mixtral layout). Every rank routes its own T
+  // tokens to top_k of E experts; rank r of the ep group owns experts [r·E/ep, (r+1)·E/ep).
+  // Static shapes, capacity factor 1: each expert takes C = T·top_k/E tokens from each rank
+  // (over-capacity tokens are dropped, empty slots are zero), so the dispatch buffer is
+  // [E·C, h] expert-major, i.e. ep blocks of (E/ep)·C rows, one per destination rank, and the
+  // all-to-all returns ep blocks, one per source rank. With more than one expert per rank a
+  // block transpose groups each local expert's rows ([ep, E/ep, C, h] -> [E/ep, ep, C, h]).
+  [[nodiscard]] i64 local_experts() const { return m_.experts / ep_; }
+  [[nodiscard]] i64 capacity() const { return tok_ * m_.top_k / m_.experts; }
+  [[nodiscard]] std::map<std::string, std::int64_t> moe_attrs() const {
+    return {{"tokens", tok_},     {"experts", m_.experts}, {"top_k", m_.top_k},
+            {"capacity", capacity()}, {"hidden", m_.hidden}, {"ep", ep_}};
+  }
+
+  // The all-to-all over the ep group, or nothing on one rank.
+  buffer_id exchange(const std::string& task_name, buffer_id in, std::string out_name) {
+    if (ep_axis_ < 0)
+      return in;
+    const auto out = act(std::move(out_name), {m_.experts * capacity(), m_.hidden});
+    b_.collective(op_kind::all_to_all, task_name, ep_axis_, in, out);
+    return out;
+  }
+  // [a, b, C, h] -> [b, a, C, h]; the identity (no task) when a or b is 1.
+  buffer_id transpose_blocks(const std::string& name, buffer_id in, i64 a, i64 b) {
+    if (a == 1 || b == 1)
+      return in;
+    const auto out = act(name + ".out", {m_.experts * capacity(), m_.hidden});
+    b_.compute(op_kind::copy, name, {in}, {out},
+               info("transpose_blocks", 0, {{"a", a}, {"b", b}, {"rows", capacity()}, {"hidden", m_.hidden}}));
+    return out;
+  }
+  // Local expert e's M = ep·C rows of a grouped [E/ep · M, cols] buffer.
+  buffer_id expert_rows(const std::string& name, buffer_id all, i64 e, i64 cols) {
+    if (local_experts() == 1)
+      return all;
+    const i64 rows = ep_ * capacity();
+    const i64 row_bytes = cols * static_cast<i64>(size_of(type_));
+    return b_.view(name, all, e * rows * row_bytes, rows * row_bytes, {rows, cols});
+  }
+
+  buffer_id moe_forward(int l, buffer_id n2) {
+    const auto L = layer_prefix(l);
+    const i64 h = m_.hidden, f = m_.ffn, E = m_.experts, K = m_.top_k, el = local_experts(), M = ep_ * capacity();
+    moe_saved s{};
+    s.n2 = n2;
+    s.router = &make_param(L + "moe.router.w", {h, E}, l);
+    for (i64 e = 0; e < el; ++e) {
+      const auto X = L + "moe.expert" + std::to_string(e);
+      s.up.push_back(&make_param(X + ".up.w", {h, 2 * f}, l));
+      s.up.back()->expert = true;
+      s.down.push_back(&make_param(X + ".down.w", {f, h}, l));
+      s.down.back()->expert = true;
+    }
+    s.logits = act(L + "moe.router.out", {tok_, E});
+    b_.matmul(L + "moe.router", n2, s.router->store, s.logits, tok_, E, h);
+    s.gates = act(L + "moe.gates", {tok_, K}, dtype::f32);
+    s.slots = act(L + "moe.slots", {tok_, K}, dtype::i32);
+    b_.compute(op_kind::softmax, L + "moe.route", {s.logits}, {s.gates, s.slots},
+               info("moe_route", route_flops * d(tok_ * E), moe_attrs()));
+    const auto send = act(L + "moe.dispatch.out", {E * capacity(), h});
+    b_.compute(op_kind::copy, L + "moe.dispatch", {n2, s.slots}, {send}, info("moe_dispatch", 0, moe_attrs()));
+    const auto recv = exchange(L + "moe.dispatch.a2a", send, L + "moe.dispatch.recv");
+    s.grouped = transpose_blocks(L + "moe.group", recv, ep_, el);
+    const auto y = act(L + "moe.experts.out", {E * capacity(), h});
+    for (i64 e = 0; e < el; ++e) {
+      const auto X = L + "moe.expert" + std::to_string(e);
+      const auto x = expert_rows(X + ".in", s.grouped, e, h);
+      s.x.push_back(x);
+      s.u.push_back(act(X + ".up.out", {M, 2 * f}));
+      b_.matmul(X + ".up", x, s.up[static_cast<std::size_t>(e)]->store, s.u.back(), M, 2 * f, h);
+      s.a.push_back(act(X + ".act.out", {M, f}));
+      b_.compute(op_kind::elementwise, X + ".act", {s.u.back()}, {s.a.back()}, info("swiglu", swiglu_flops * d(M * f)));
+      b_.matmul(X + ".down", s.a.back(), s.down[static_cast<std::size_t>(e)]->store, expert_rows(X + ".out", y, e, h),
+                M, h, f);
+    }
+    const auto ungrouped = transpose_blocks(L + "moe.ungroup", y, el, ep_);
+    s.back = exchange(L + "moe.combine.a2a", ungrouped, L + "moe.combine.recv");
+    const auto out = act(L + "moe.out", {tok_, h});
+    b_.compute(op_kind::elementwise, L + "moe.combine", {s.back, s.gates, s.slots}, {out},
+               info("moe_combine", 2.0 * d(tok_ * K * h), moe_attrs()));
+    moe_saved_.push_back(std::move(s));
+    return out;
+  }
+
+  // Returns the gradient of the MoE input (ln2's output): dispatch path plus router path.
+  buffer_id moe_backward(int l, buffer_id dout) {
+    const auto L = layer_prefix(l);
+    const i64 h = m_.hidden, f = m_.ffn, E = m_.experts, K = m_.top_k, el = local_experts(), M = ep_ * capacity();
+    auto& s = moe_saved_[static_cast<std::size_t>(l)];
+    const auto dback = act(L + "moe.combine.in.grad", {E * capacity(), h});
+    const auto dgates = act(L + "moe.gates.grad", {tok_, K}, dtype::f32);
+    b_.compute(op_kind::elementwise, L + "moe.combine.grad", {dout, s.back, s.gates, s.slots}, {dback, dgates},
+               info("moe_combine_grad", 4.0 * d(tok_ * K * h), moe_attrs()));
+    const auto dy_recv = exchange(L + "moe.combine.a2a.bwd", dback, L + "moe.experts.out.grad.recv");
+    const auto dy = transpose_blocks(L + "moe.ungroup.grad", dy_recv, ep_, el);
+    const auto dx = act(L + "moe.experts.in.grad", {E * capacity(), h});
+    for (i64 e = 0; e < el; ++e) {
+      const auto X = L + "moe.expert" + std::to_string(e);
+      const auto ue = static_cast<std::size_t>(e);
+      const auto dy_e = expert_rows(X + ".out.grad", dy, e, h);
+      const auto da = act(X + ".act.out.grad", {M, f});
+      b_.matmul(X + ".down.dgrad", dy_e, s.down[ue]->store, da, M, f, h, 1, false, true);
+      b_.matmul(X + ".down.wgrad", s.a[ue], dy_e, s.down[ue]->grad, f, h, M, 1, true, false);
+      gradient_ready(*s.down[ue]);
+      const auto du = act(X + ".up.out.grad", {M, 2 * f});
+      b_.compute(op_kind::elementwise, X + ".act.grad", {da, s.u[ue]}, {du},
+                 info("swiglu_grad", swiglu_grad_flops * d(M * f)));
+      b_.matmul(X + ".up.dgrad", du, s.up[ue]->store, expert_rows(X + ".in.grad", dx, e, h), M, h, 2 * f, 1, false,
+                true);
+      b_.matmul(X + ".up.wgrad", s.x[ue], du, s.up[ue]->grad, h, 2 * f, M, 1, true, false);
+      gradient_ready(*s.up[ue]);
+    }
+    const auto dsend = exchange(L + "moe.dispatch.a2a.bwd", transpose_blocks(L + "moe.group.grad", dx, el, ep_),
+                                L + "moe.dispatch.out.grad");
+    const auto dn2_tokens = act(L + "moe.dispatch.in.grad", {tok_, h});
+    b_.compute(op_kind::copy, L + "moe.dispatch.grad", {dsend, s.slots}, {dn2_tokens},
+               info("moe_dispatch_grad", d(tok_ * K * h), moe_attrs()));
+    const auto dlogits = act(L + "moe.router.out.grad", {tok_, E});
+    b_.compute(op_kind::softmax, L + "moe.route.grad", {dgates, s.gates, s.logits, s.slots}, {dlogits},
+               info("moe_route_grad", route_grad_flops * d(tok_ * E), moe_attrs()));
+    const auto dn2_router = act(L + "moe.router.in.grad", {tok_, h});
+    b_.matmul(L + "moe.router.dgrad", dlogits, s.router->store, dn2_router, tok_, h, E, 1, false, true);
+    b_.matmul(L + "moe.router.wgrad", s.n2, dlogits, s.router->grad, h, E, tok_, 1, true, false);
+    gradient_ready(*s.router);
+    return add(L + "moe.in.grad", dn2_tokens, dn2_router);
   }
 
   // Built by appending: g++ 12 warns falsely (-Wrestrict) on "L" + std::to_string(l).
@@ -399,7 +561,10 @@ private:
   int tp_ = 1, dp_ = 1;
   grad_sync sync_;
   dtype type_;
-  int tp_axis_ = -1, dp_axis_ = -1;
+  int tp_axis_ = -1, dp_axis_ = -1, ep_axis_ = -1;
+  bool moe_ = false;
+  int ep_ = 1;
+  std::vector<moe_saved> moe_saved_;
   i64 batch_ = 1, tok_ = 0, tok_sp_ = 0, vocab_ = 0, head_dim_ = 0, qkv_n_ = 0, up_n_ = 0;
   buffer_id tokens_ = -1, labels_ = -1;
   param* wte_ = nullptr;
@@ -411,17 +576,19 @@ private:
 struct workload_entry {
   std::string_view name;
   model_spec model;
-  bool tensor_parallel; // tp = ranks_per_node, dp over nodes; otherwise dp over all ranks
+  bool tensor_parallel; // tp = ranks_per_node, dp over nodes; otherwise dp over all ranks (or, with experts,
+                        // ep = ranks_per_node over the experts and dp over nodes)
   grad_sync sync;
 };
 
 // GPT-3 XL-like (2048 hidden, 24 layers, 16 heads); Llama-2-70B (8192, 80 layers, 64 q / 8 kv heads,
 // SwiGLU 28672, vocabulary 32000) at seq 8192; Megatron's GPT 5120 × 40 (the paper's gpt-ptd size).
 inline constexpr workload_entry workload_table[] = {
-    {"gpt-dp", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false}, false, grad_sync::all_reduce},
-    {"gpt-zero3", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false}, false, grad_sync::zero3},
-    {"llama-tp-sp", {8192, 80, 8192, 64, 8, 28672, 32000, true}, true, grad_sync::all_reduce},
-    {"gpt-ptd", {5120, 40, 2048, 40, 40, 4 * 5120, 50257, false}, true, grad_sync::all_reduce},
+    {"gpt-dp", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::all_reduce},
+    {"gpt-zero3", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::zero3},
+    {"llama-tp-sp", {8192, 80, 8192, 64, 8, 28672, 32000, true, 0, 0}, true, grad_sync::all_reduce},
+    {"gpt-ptd", {5120, 40, 2048, 40, 40, 4 * 5120, 50257, false, 0, 0}, true, grad_sync::all_reduce},
+    {"moe-ep", {4096, 32, 4096, 32, 8, 14336, 32000, true, 8, 2}, false, grad_sync::all_reduce},
 };
 
 inline void check_divides(i64 part, i64 whole, std::string_view what, std::string_view workload) {
@@ -482,6 +649,18 @@ inline void check_divides(i64 part, i64 whole, std::string_view what, std::strin
     check_divides(tp, m.kv_heads, "kv heads", name);
     check_divides(tp, m.ffn, "ffn size", name);
     check_divides(tp, m.seq * options.micro_batch, "tokens per step (micro_batch × seq)", name);
+  }
+  if (m.experts > 0) {
+    const int ep = options.ranks_per_node;
+    if (options.ranks % ep != 0)
+      fail(where("ranks", options.ranks) + " is not a multiple of ranks_per_node (" + std::to_string(ep) +
+           "), the expert-parallel size");
+    if (m.experts % ep != 0)
+      fail(where("ranks_per_node", ep) + ": the expert-parallel size must divide the " + std::to_string(m.experts) +
+           " experts");
+    if (m.seq * options.micro_batch * m.top_k % m.experts != 0)
+      fail(where("micro_batch", options.micro_batch) + ": tokens × top_k must divide evenly over the " +
+           std::to_string(m.experts) + " experts (capacity per expert)");
   }
   builder b{std::string(name)};
   transformer t(b, m, options, tp, entry->sync);

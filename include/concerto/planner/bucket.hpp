@@ -19,6 +19,7 @@
 #include <concerto/cost/model.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/planner/detail/evaluate.hpp>
+#include <concerto/planner/detail/progress.hpp>
 #include <concerto/planner/detail/rewrite.hpp>
 
 #include <algorithm>
@@ -28,6 +29,12 @@
 #include <vector>
 
 namespace concerto::planner {
+
+/// @brief Tuning of choose_buckets.
+struct bucket_options {
+  bool progress = true;          ///< progress on stderr once choosing takes longer than ...
+  double progress_after_s = 1.0; ///< ... this many seconds
+};
 
 /// @brief Buckets of gradient all-reduces (task ids of the unbucketed graph); a bucket of one
 /// task leaves it alone. Every all-reduce not listed stays as it is.
@@ -173,22 +180,38 @@ inline std::vector<ir::task_id> checked(const ir::graph& g, const std::vector<ir
 /// finds the step faster that way, else it opens a new bucket. Small gradients, whose
 /// all-reduces are latency-bound, end up fused; a large one whose all-reduce is hidden stays
 /// alone, since waiting for later gradients would expose it.
+/// Reports progress on stderr once it takes over `options.progress_after_s`, unless
+/// `options.progress` is false.
 /// @code
-/// auto b = planner::choose_buckets(g, model, planner::simulated_step(model, cap_bytes));
+/// auto b = planner::choose_buckets(g, model, planner::simulated_step(model, cap_bytes), {.progress = false});
 /// @endcode
-[[nodiscard]] inline bucketing choose_buckets(const ir::graph& g, const cost::model& model, step_fn judge = {}) {
+[[nodiscard]] inline bucketing choose_buckets(const ir::graph& g, const cost::model& model, step_fn judge = {},
+                                              const bucket_options& options = {}) {
   if (!judge) judge = simulated_step(model);
   namespace rw = detail::rewrite;
   const auto order = rw::program_order(g);
   std::map<int, std::vector<ir::task_id>> lanes;
+  std::size_t total = 0, done = 0;
   for (auto id : order)
-    if (detail::bucket::fusable(g, g[id])) lanes[g[id].axis].push_back(id);
+    if (detail::bucket::fusable(g, g[id])) {
+      lanes[g[id].axis].push_back(id);
+      ++total;
+    }
 
+  detail::progress_meter meter("bucketing", g.name, options.progress, options.progress_after_s);
   bucketing best;
-  double best_step = judge(g);
+  const double start_step = judge(g);
+  double best_step = start_step;
+  const auto status = [&] {
+    return std::to_string(done) + "/" + std::to_string(total) + " all-reduces placed, " +
+           std::to_string(best.buckets.size()) + " buckets closed, step " + detail::progress_meter::us(start_step) +
+           " -> " + detail::progress_meter::us(best_step);
+  };
   for (const auto& [axis, list] : lanes) {
     std::vector<ir::task_id> open;
     for (auto id : list) {
+      ++done;
+      meter.tick(status);
       if (!open.empty() && g[id].fn == g[open.front()].fn) {
         auto trial = best;
         auto extended = open;
@@ -215,6 +238,7 @@ inline std::vector<ir::task_id> checked(const ir::graph& g, const std::vector<ir
     }
     if (open.size() > 1) best.buckets.push_back(open);
   }
+  meter.done(status);
   return best;
 }
 

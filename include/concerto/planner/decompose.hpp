@@ -28,6 +28,7 @@
 #include <concerto/cost/model.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/planner/detail/evaluate.hpp>
+#include <concerto/planner/detail/progress.hpp>
 #include <concerto/planner/detail/rewrite.hpp>
 
 #include <algorithm>
@@ -40,11 +41,20 @@
 
 namespace concerto::planner {
 
-/// @brief One split: a collective, its neighbouring matmul, and the number of chunks.
+/// @brief How a decomposition rewrites its collective.
+enum class split_kind : std::uint8_t {
+  chunks,                   ///< the collective and its matmul, split into `chunks` chunks
+  reduce_scatter_all_gather ///< an in-place all_reduce, split into a reduce_scatter where it was and
+                            ///< an all_gather just before the next task that touches the buffer
+};
+
+/// @brief One split: a collective, its neighbouring matmul, and the number of chunks; or, with
+/// kind reduce_scatter_all_gather, an all_reduce alone (compute = -1, chunks unused).
 struct decomposition {
   ir::task_id collective = -1;
   ir::task_id compute = -1;
   int chunks = 2;
+  split_kind kind = split_kind::chunks;
   friend bool operator==(const decomposition&, const decomposition&) = default;
 };
 
@@ -53,7 +63,10 @@ struct decompose_options {
   std::vector<int> chunk_choices{2, 4, 8}; ///< k values tried for each candidate
   double min_exposed_fraction = 0.05;      ///< a collective is a candidate when at least this fraction of it
                                            ///< runs while the compute stream is idle
-  int max_candidates = 64;                 ///< (collective, matmul) pairs evaluated, most exposed first
+  int max_candidates = 64;                 ///< collectives evaluated, most exposed first
+  bool split_all_reduce = true;            ///< also try all_reduce -> reduce_scatter + delayed all_gather
+  bool progress = true;                    ///< progress on stderr once choosing takes longer than ...
+  double progress_after_s = 1.0;           ///< ... this many seconds
 };
 
 /// @brief What decompose chose and what it gained.
@@ -66,13 +79,14 @@ struct decompose_result {
 
 namespace detail::decompose {
 
-enum class pattern : std::uint8_t { gather_matmul, matmul_scatter, matmul_reduce };
+enum class pattern : std::uint8_t { gather_matmul, matmul_scatter, matmul_reduce, exchange_matmul, matmul_exchange };
 
 struct match_info {
   pattern shape;
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t blocks = 1; ///< row blocks of the collective's layout: p for all_gather / reduce_scatter, else 1
   bool trans_a = false;
+  bool restore_a = false; ///< exchange_matmul: A has users after the matmul, so the chunks are joined back into it
 };
 
 inline std::string describe(const ir::graph& g, ir::task_id coll, ir::task_id comp) {
@@ -155,9 +169,34 @@ inline std::optional<match_info> match(const ir::graph& g, const std::vector<ir:
       }
     break;
   }
+  case ir::op_kind::all_to_all: {
+    info.blocks = p;
+    const auto from = pos[static_cast<std::size_t>(coll)], at = pos[static_cast<std::size_t>(comp)];
+    if (bytes_of(c.reads[0]) != bytes_of(c.writes[0]) || g.overlap(c.reads[0], c.writes[0]))
+      return why = "the all_to_all does not exchange between two distinct buffers of one size", std::nullopt;
+    if (c.writes[0] == a) {
+      // Tokens in, expert matmul after: chunk j exchanges rows [j·c, (j+1)·c) of every rank's block.
+      info.shape = pattern::exchange_matmul;
+      if (info.trans_a) return why = "A is stored transposed, so the exchanged rows are not the matmul's rows", std::nullopt;
+      if (from > at) return why = "the all_to_all comes after the matmul", std::nullopt;
+      for (auto other : rewrite::touchers(g, order, a)) {
+        if (other == coll || other == comp) continue;
+        if (pos[static_cast<std::size_t>(other)] < at)
+          return why = "a task between the all_to_all and the matmul uses the exchanged buffer", std::nullopt;
+        info.restore_a = true; // later users (the weight gradient) read it whole again
+      }
+    } else if (c.reads[0] == y) {
+      info.shape = pattern::matmul_exchange;
+      if (from < at) return why = "the all_to_all comes before the matmul", std::nullopt;
+      if (!only(y, {coll, comp})) return why = "the matmul's output has other users", std::nullopt;
+    } else {
+      return why = "the all_to_all neither produces the matmul's A operand nor reads its output", std::nullopt;
+    }
+    break;
+  }
   default:
     return why = "the collective is a " + std::string(ir::to_string(c.kind)) +
-                 " (all_gather, reduce_scatter and all_reduce are split)",
+                 " (all_gather, reduce_scatter, all_reduce and all_to_all are split)",
            std::nullopt;
   }
   if (info.m % info.blocks != 0 || (info.m / info.blocks) % chunks != 0)
@@ -165,6 +204,33 @@ inline std::optional<match_info> match(const ir::graph& g, const std::vector<ir:
                  ") do not divide into " + std::to_string(chunks) + " chunks",
            std::nullopt;
   return info;
+}
+
+/// Whether an all_reduce can become reduce_scatter + all_gather: in place on one buffer whose
+/// elements divide evenly over the group. Returns the task that the all_gather must precede
+/// (the next task touching the buffer), or -1 for the end of the step.
+inline std::optional<ir::task_id> match_split(const ir::graph& g, const std::vector<ir::task_id>& order,
+                                              const std::vector<std::size_t>& pos, ir::task_id coll, std::string& why) {
+  if (coll < 0 || static_cast<std::size_t>(coll) >= g.tasks.size()) return why = "a task id does not exist", std::nullopt;
+  const auto& c = g[coll];
+  if (c.kind != ir::op_kind::all_reduce) return why = "the collective is not an all_reduce", std::nullopt;
+  if (c.reads.size() != 1 || c.writes.size() != 1 || c.reads[0] != c.writes[0])
+    return why = "the all_reduce is not in place on one buffer", std::nullopt;
+  const auto p = static_cast<std::int64_t>(g.group_size(c));
+  if (p < 2) return why = "the group has one rank", std::nullopt;
+  const auto& b = g.buffers[static_cast<std::size_t>(c.reads[0])];
+  const auto es = static_cast<std::int64_t>(ir::size_of(b.type));
+  if (b.bytes % (es * p) != 0)
+    return why = "the buffer's " + std::to_string(b.bytes / es) + " elements do not split over " + std::to_string(p) +
+                 " ranks",
+           std::nullopt;
+  ir::task_id next = -1;
+  for (auto u : rewrite::touchers(g, order, b.id))
+    if (pos[static_cast<std::size_t>(u)] > pos[static_cast<std::size_t>(coll)]) {
+      next = u;
+      break;
+    }
+  return next;
 }
 
 /// Compute-idle time while each task runs (meaningful for collectives), from a plan's times.
@@ -227,10 +293,42 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
     return bufs.back().id;
   };
 
-  // What replaces each old task, emitted at its program position.
+  // What replaces each old task, emitted at its program position; what goes right before one.
   std::map<ir::task_id, std::vector<ir::task>> replacement;
+  std::map<ir::task_id, std::vector<std::pair<ir::task_id, ir::task>>> before; // (origin, task)
+  std::vector<std::pair<ir::task_id, ir::task>> at_end;
   for (const auto& dec : decompositions) {
     std::string why;
+    if (dec.kind == split_kind::reduce_scatter_all_gather) {
+      const auto next = match_split(g, order, pos, dec.collective, why);
+      if (!next) fail(describe(g, dec.collective, -1) + " into reduce_scatter + all_gather: " + why);
+      if (replacement.count(dec.collective))
+        fail(describe(g, dec.collective, -1) + ": task '" + g[dec.collective].name +
+             "' is already part of another decomposition");
+      const auto& ar = g[dec.collective];
+      const ir::buffer whole = bufs[static_cast<std::size_t>(ar.reads[0])];
+      const std::int64_t p = g.group_size(ar);
+      const auto shard = new_buffer(whole.name + ".shard", {whole.bytes / static_cast<std::int64_t>(ir::size_of(whole.type)) / p},
+                                    whole.bytes / p, whole);
+      ir::task rs = ar;
+      rs.name = ar.name + ".rs";
+      rs.kind = ir::op_kind::reduce_scatter;
+      rs.writes = {shard};
+      replacement[dec.collective].push_back(std::move(rs));
+      ir::task ag = ar;
+      ag.name = ar.name + ".ag";
+      ag.kind = ir::op_kind::all_gather;
+      ag.reads = {shard};
+      if (*next >= 0) {
+        // Stamped like the task it precedes: it runs with that phase (the optimizer's, typically).
+        ag.step_phase = g[*next].step_phase;
+        ag.layer = g[*next].layer;
+        before[*next].emplace_back(dec.collective, std::move(ag));
+      } else {
+        at_end.emplace_back(dec.collective, std::move(ag));
+      }
+      continue;
+    }
     const auto info = match(g, order, pos, dec.collective, dec.compute, dec.chunks, why);
     if (!info) fail(describe(g, dec.collective, dec.compute) + " into " + std::to_string(dec.chunks) + " chunks: " + why);
     for (auto id : {dec.collective, dec.compute})
@@ -341,6 +439,90 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
       }
       break;
     }
+    case pattern::exchange_matmul: {
+      // Chunk j sends rows [j·c, (j+1)·c) of each destination block (a slice of the input)
+      // and receives them from each source: rows {r·m/q + j·c + i} of the exchanged buffer.
+      const auto x = coll.reads[0];
+      const ir::buffer xa = bufs[static_cast<std::size_t>(x)];
+      std::vector<ir::buffer_id> parts, received;
+      for (std::int64_t j = 0; j < k; ++j) {
+        ir::buffer_id send = -1;
+        if (q == 1) {
+          send = new_buffer(rw::indexed(xa.name + ".c", j), {c, kk}, c * a_row, xa, x, j * c * a_row);
+        } else {
+          send = new_buffer(rw::indexed(xa.name + ".c", j), {q * c, kk}, q * c * a_row, xa);
+          ir::task s;
+          s.name = rw::indexed(coll.name + ".slice", j);
+          s.kind = ir::op_kind::slice;
+          s.stream = ir::compute_stream;
+          s.fn = "slice";
+          s.reads = {x};
+          s.writes = {send};
+          s.bytes = 2.0 * static_cast<double>(q * c * a_row);
+          s.attrs = {{"outer", q}, {"extent", m / q}, {"inner", kk}, {"offset", j * c}, {"length", c}};
+          s.step_phase = coll.step_phase;
+          s.layer = coll.layer;
+          at_coll.push_back(std::move(s));
+        }
+        const auto got = q == 1 ? new_buffer(rw::indexed(aa.name + ".c", j), {c, kk}, c * a_row, aa, a, j * c * a_row)
+                                : new_buffer(rw::indexed(aa.name + ".c", j), {q * c, kk}, q * c * a_row, aa);
+        chunk_collective(j, send, got);
+        const auto out = rows_of_y(j);
+        chunk_matmul(j, got, out);
+        parts.push_back(out);
+        received.push_back(got);
+      }
+      const auto join = [&](std::string name, std::vector<ir::buffer_id> from, ir::buffer_id to, std::int64_t inner) {
+        ir::task t;
+        t.name = std::move(name);
+        t.kind = ir::op_kind::concat;
+        t.stream = ir::compute_stream;
+        t.fn = "concat";
+        t.reads = std::move(from);
+        t.writes = {to};
+        t.bytes = 2.0 * static_cast<double>(bufs[static_cast<std::size_t>(to)].bytes);
+        t.attrs = {{"outer", q}, {"inner", inner}, {"length", c}, {"parts", k}};
+        t.step_phase = mm.step_phase;
+        t.layer = mm.layer;
+        at_comp.push_back(std::move(t));
+      };
+      if (q > 1) {
+        join(mm.name + ".concat", parts, y, n);
+        if (info->restore_a) join(coll.name + ".concat", received, a, kk);
+      }
+      break;
+    }
+    case pattern::matmul_exchange: {
+      // Chunk j computes the rows it sends to each rank ({r·m/q + j·c + i}, a slice of A), and
+      // receives rows j·c.. of each source's block; a concat puts them back in place.
+      const auto z = coll.writes[0];
+      const ir::buffer za = bufs[static_cast<std::size_t>(z)];
+      std::vector<ir::buffer_id> parts;
+      for (std::int64_t j = 0; j < k; ++j) {
+        const auto in = rows_of_a(j);
+        const auto out = rows_of_y(j);
+        chunk_matmul(j, in, out);
+        const auto got = q == 1 ? new_buffer(rw::indexed(za.name + ".c", j), {c, n}, c * y_row, za, z, j * c * y_row)
+                                : new_buffer(rw::indexed(za.name + ".c", j), {q * c, n}, q * c * y_row, za);
+        chunk_collective(j, out, got);
+        parts.push_back(got);
+      }
+      if (q > 1) {
+        ir::task t;
+        t.name = coll.name + ".concat";
+        t.kind = ir::op_kind::concat;
+        t.stream = ir::compute_stream;
+        t.fn = "concat";
+        t.reads = parts;
+        t.writes = {z};
+        t.bytes = 2.0 * static_cast<double>(za.bytes);
+        t.attrs = {{"outer", q}, {"inner", n}, {"length", c}, {"parts", k}};
+        t.step_phase = coll.step_phase;
+        t.layer = coll.layer;
+        at_coll.push_back(std::move(t));
+      }
+      break;
+    }
     case pattern::matmul_reduce: {
       const auto out_all = coll.writes[0];
       const ir::buffer oa = bufs[static_cast<std::size_t>(out_all)];
@@ -358,6 +540,8 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
   }
 
   for (auto id : order) {
+    if (const auto b = before.find(id); b != before.end())
+      for (auto& [origin, t] : b->second) d.add(std::move(t), {origin});
     const auto it = replacement.find(id);
     if (it == replacement.end()) {
       d.add(g[id], {id});
@@ -365,12 +549,14 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
     }
     for (auto& t : it->second) d.add(std::move(t), {id});
   }
+  for (auto& [origin, t] : at_end) d.add(std::move(t), {origin});
   return rw::finish(g, order, std::move(d));
 }
 
-/// @brief The splits worth trying: every (collective, matmul, k) the rewrite supports whose
-/// collective is exposed (runs at least `min_exposed_fraction` of its time while the compute
-/// stream idles) in the best list schedule of `g` on `model`. Most exposed first.
+/// @brief The splits worth trying: every (collective, matmul, k) the rewrite supports, and every
+/// all_reduce that can become reduce_scatter + all_gather, whose collective is exposed (runs at
+/// least `min_exposed_fraction` of its time while the compute stream idles) in the best list
+/// schedule of `g` on `model`. Most exposed first; one collective's alternatives are adjacent.
 /// @code
 /// for (const auto& c : planner::find_candidates(g, model))
 ///   std::cout << g[c.collective].name << " x" << c.chunks << '\n';
@@ -389,20 +575,43 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
     const double duration = p.duration_us[static_cast<std::size_t>(c.id)];
     const double idle = exposed[static_cast<std::size_t>(c.id)];
     if (!(duration > 0) || idle < options.min_exposed_fraction * duration) continue;
-    ir::task_id partner = -1;
+    const auto at = pos[static_cast<std::size_t>(c.id)];
+    // The matmul the collective feeds (the first one after it reading its output as A) ...
+    const auto consumer = [&] {
+      for (auto u : rw::touchers(g, order, c.writes[0]))
+        if (pos[static_cast<std::size_t>(u)] > at && g[u].kind == ir::op_kind::matmul && g[u].reads[0] == c.writes[0])
+          return u;
+      return ir::task_id{-1};
+    };
+    // ... or the one it drains (the last task before it touching its input, when a matmul).
+    const auto producer = [&] {
+      ir::task_id last = -1;
+      for (auto u : rw::touchers(g, order, c.reads[0])) {
+        if (pos[static_cast<std::size_t>(u)] >= at) break;
+        last = g[u].kind == ir::op_kind::matmul ? u : -1;
+      }
+      return last;
+    };
+    std::vector<ir::task_id> partners;
     if (c.kind == ir::op_kind::all_gather) {
       for (auto u : rw::touchers(g, order, c.writes[0]))
-        if (u != c.id && g[u].kind == ir::op_kind::matmul) partner = u;
+        if (u != c.id && g[u].kind == ir::op_kind::matmul) partners = {u};
     } else if (c.kind == ir::op_kind::reduce_scatter || c.kind == ir::op_kind::all_reduce) {
-      for (auto u : rw::touchers(g, order, c.reads[0])) {
-        if (pos[static_cast<std::size_t>(u)] >= pos[static_cast<std::size_t>(c.id)]) break;
-        partner = g[u].kind == ir::op_kind::matmul ? u : -1; // the last toucher before it
+      partners = {producer()};
+    } else if (c.kind == ir::op_kind::all_to_all) {
+      partners = {consumer(), producer()};
+    }
+    for (auto partner : partners) {
+      if (partner < 0) continue;
+      for (int k : options.chunk_choices) {
+        std::string why;
+        if (match(g, order, pos, c.id, partner, k, why)) found.push_back({idle, {c.id, partner, k}});
       }
     }
-    if (partner < 0) continue;
-    for (int k : options.chunk_choices) {
+    if (options.split_all_reduce && c.kind == ir::op_kind::all_reduce) {
       std::string why;
-      if (match(g, order, pos, c.id, partner, k, why)) found.push_back({idle, {c.id, partner, k}});
+      if (match_split(g, order, pos, c.id, why))
+        found.push_back({idle, {c.id, -1, 1, split_kind::reduce_scatter_all_gather}});
     }
   }
   std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
@@ -412,30 +621,40 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
   return out;
 }
 
-/// @brief Chooses which candidates to split and into how many chunks: in order of exposure,
-/// each candidate is tried with every k on top of the splits already kept, judged by `judge`
-/// (default: list schedule + simulator on `model`), and kept with its best k only if the step
-/// time improves. Never returns a graph judged slower than `g`.
+/// @brief Chooses which candidates to split and how: in order of exposure, each collective's
+/// alternatives (every k with each partner matmul, and the reduce_scatter + all_gather split)
+/// are tried on top of the splits already kept, judged by `judge` (default: list schedule +
+/// simulator on `model`), and the best is kept only if the step time improves. Never returns a
+/// graph judged slower than `g`. Reports progress on stderr once it takes over a second, unless
+/// `options.progress` is false.
 /// @code
 /// auto r = planner::decompose(g, model, planner::simulated_step(model, /*memory cap*/ 40LL << 30));
 /// @endcode
 [[nodiscard]] inline decompose_result decompose(const ir::graph& g, const cost::model& model, step_fn judge = {},
                                                 const decompose_options& options = {}) {
   if (!judge) judge = simulated_step(model);
+  detail::progress_meter meter("decomposing", g.name, options.progress, options.progress_after_s);
   decompose_result result{g, {}, 0, 0};
   result.step_us_before = result.step_us_after = judge(g);
   const auto candidates = find_candidates(g, model, options);
-  int pairs = 0;
-  for (std::size_t i = 0; i < candidates.size() && pairs < options.max_candidates;) {
+  std::size_t collectives = 0;
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (i == 0 || candidates[i].collective != candidates[i - 1].collective) ++collectives;
+  const auto to_try = std::min<std::size_t>(collectives, static_cast<std::size_t>(std::max(0, options.max_candidates)));
+  std::size_t tried = 0;
+  for (std::size_t i = 0; i < candidates.size() && tried < to_try;) {
     std::size_t end = i;
-    while (end < candidates.size() && candidates[end].collective == candidates[i].collective &&
-           candidates[end].compute == candidates[i].compute)
-      ++end;
-    ++pairs;
+    while (end < candidates.size() && candidates[end].collective == candidates[i].collective) ++end;
+    ++tried;
     std::optional<decomposition> best;
     ir::graph best_graph;
     double best_step = result.step_us_after;
     for (; i < end; ++i) {
+      // A matmul already split with another collective cannot be split again.
+      const bool taken = std::any_of(result.chosen.begin(), result.chosen.end(), [&](const decomposition& d) {
+        return candidates[i].compute >= 0 && (d.compute == candidates[i].compute || d.collective == candidates[i].compute);
+      });
+      if (taken) continue;
       auto trial = result.chosen;
       trial.push_back(candidates[i]);
       auto candidate_graph = planner::apply(g, std::span<const decomposition>(trial));
@@ -451,7 +670,16 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
       result.graph = std::move(best_graph);
       result.step_us_after = best_step;
     }
+    meter.tick([&] {
+      return std::to_string(tried) + "/" + std::to_string(to_try) + " collectives tried, " +
+             std::to_string(result.chosen.size()) + " split, step " + detail::progress_meter::us(result.step_us_before) +
+             " -> " + detail::progress_meter::us(result.step_us_after);
+    });
   }
+  meter.done([&] {
+    return std::to_string(result.chosen.size()) + " of " + std::to_string(to_try) + " collectives split, step " +
+           detail::progress_meter::us(result.step_us_before) + " -> " + detail::progress_meter::us(result.step_us_after);
+  });
   return result;
 }
 
