@@ -7,6 +7,7 @@
 #include <concerto/concerto.hpp>
 
 #include <cmath>
+#include <functional>
 
 using namespace concerto;
 namespace tt = train_testing;
@@ -34,10 +35,14 @@ train::batch data() {
   return {{"x", x}, {"target", t}};
 }
 
-tt::run_result run(MPI_Comm comm, int d, int t, const std::string& policy, int steps = 3) {
+tt::run_result run(MPI_Comm comm, int d, int t, const std::string& policy, int steps = 3,
+                   std::function<ir::graph(const ir::graph&)> rewrite = {}) {
   return tt::run(mlp, shapes, comm, {{"dp", d}, {"tp", t}}, data(), steps, {.sgd = {.lr = 0.2f}},
-                 {.policy = policy, .solver = {.time_budget_s = 2, .progress = false}}, params);
+                 {.policy = policy, .solver = {.time_budget_s = 2, .progress = false}, .rewrite = std::move(rewrite)},
+                 params);
 }
+
+
 
 } // namespace
 
@@ -68,6 +73,16 @@ TEST_CASE("the sync, program_order and concerto plans of the DP x TP MLP give th
     CHECK(r.summary.predicted_us > 0);
     tt::check_same(r, reference);
   }
+}
+
+TEST_CASE("a decomposed plan gives the numbers of the undecomposed one", "[mpi][train][mlp][decompose]") {
+  const int world = runtime::mpi::environment::world_size();
+  const int t = world >= 4 ? 2 : world, d = world / t;
+  const auto plain = run(MPI_COMM_WORLD, d, t, "program_order");
+  const auto split = run(MPI_COMM_WORLD, d, t, "program_order", 3, tt::split_everything);
+  REQUIRE(split.summary.rewritten);
+  CHECK(split.summary.tasks > plain.summary.tasks);
+  tt::check_same(split, plain);
 }
 
 CONCERTO_MPI_TEST_MAIN

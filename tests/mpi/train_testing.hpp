@@ -3,6 +3,7 @@
 // ranks of the world (a sub-communicator), and compares results with a tolerance.
 #include "mpi_testing.hpp"
 
+#include <concerto/planner/decompose.hpp>
 #include <concerto/train/step.hpp>
 
 #include <catch2/catch_approx.hpp>
@@ -11,10 +12,28 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 namespace train_testing {
+
+// Splits every collective the planner could split into 2 chunks with its matmul, exposed or not,
+// so that the decomposed graph really runs, whatever the cost model would have chosen.
+inline concerto::ir::graph split_everything(const concerto::ir::graph& g) {
+  const auto candidates = concerto::planner::find_candidates(g, concerto::cost::model::preset("h100x64"),
+                                                   {.chunk_choices = {2}, .min_exposed_fraction = 0, .progress = false});
+  std::vector<concerto::planner::decomposition> chosen;
+  std::set<concerto::ir::task_id> used;
+  for (const auto& c : candidates)
+    if (!used.contains(c.collective) && !used.contains(c.compute)) {
+      chosen.push_back(c);
+      used.insert(c.collective);
+      used.insert(c.compute);
+    }
+  return concerto::planner::apply(g, chosen);
+}
+
 
 // The tolerance every comparison with the single-rank run uses: relative 1e-5 of the largest
 // reference value (the sums differ only in their order across ranks), plus 1e-7 absolute.

@@ -58,6 +58,23 @@ struct decomposition {
   friend bool operator==(const decomposition&, const decomposition&) = default;
 };
 
+/// @brief Whether a collective gathers, scatters or exchanges along the outermost dimension of
+/// its buffers that is not 1. Only then is a chunk of rows a contiguous range of every rank's
+/// block, which the rewrite assumes; a collective along an inner dimension (the sequence
+/// dimension of [batch, seq, hidden] under sequence parallelism) is left whole.
+[[nodiscard]] inline bool splits_outer_dimension(const ir::graph& g, const ir::task& c) {
+  for (const char* key : {"dim", "from_dim", "to_dim"}) {
+    const auto dim = c.attr(key, 0);
+    for (const auto* list : {&c.reads, &c.writes})
+      for (auto b : *list) {
+        const auto& shape = g.buffers.at(static_cast<std::size_t>(b)).shape;
+        for (std::int64_t d = 0; d < dim && d < static_cast<std::int64_t>(shape.size()); ++d)
+          if (shape[static_cast<std::size_t>(d)] != 1) return false;
+      }
+  }
+  return true;
+}
+
 /// @brief Tuning of find_candidates and decompose.
 struct decompose_options {
   std::vector<int> chunk_choices{2, 4, 8}; ///< k values tried for each candidate
@@ -572,6 +589,7 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
   std::vector<std::pair<double, decomposition>> found;
   for (const auto& c : g.tasks) {
     if (!ir::is_collective(c.kind) || c.reads.size() != 1 || c.writes.size() != 1) continue;
+    if (!splits_outer_dimension(g, c)) continue;
     const double duration = p.duration_us[static_cast<std::size_t>(c.id)];
     const double idle = exposed[static_cast<std::size_t>(c.id)];
     if (!(duration > 0) || idle < options.min_exposed_fraction * duration) continue;

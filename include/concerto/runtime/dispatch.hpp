@@ -560,6 +560,24 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const auto whole = slicing ? op.read(0, "src") : op.write(0, "dst");
     const auto& wb = g.buffers.at(static_cast<std::size_t>(whole));
     const auto elem = ir::size_of(wb.type);
+    if (t.attrs.contains("outer")) {
+      // The planner's explicit form (docs/decomposition.md): the whole buffer seen as
+      // [outer, extent, inner] elements; a part is [outer, length, inner].
+      const auto outer = op.at("outer", 1), inner = op.at("inner", 1) * elem, length = op.at("length", 0) * inner;
+      if (slicing) {
+        detail::copy_strided(op, mem.bytes(whole), mem.bytes(op.write(0, "dst")), outer, op.at("extent", 0) * inner,
+                             length, op.at("offset", 0) * inner, 0, length);
+      } else {
+        const auto parts = op.at("parts", t.reads.size());
+        if (parts != t.reads.size())
+          fail(detail::task_ref(t) + ": attr parts = " + std::to_string(parts) + " but the task reads " +
+               std::to_string(t.reads.size()) + " buffer(s)");
+        for (std::size_t j = 0; j < parts; ++j)
+          detail::copy_strided(op, mem.bytes(t.reads[j]), mem.bytes(whole), outer, length, parts * length, 0,
+                               j * length, length);
+      }
+      return;
+    }
     const auto dim = op.at("dim", 0);
     const auto dims = std::max<std::size_t>(wb.shape.size(), 1);
     if (dim >= dims)

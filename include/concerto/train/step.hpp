@@ -67,7 +67,12 @@ struct step_options {
   lower_options lower{};             ///< name, attention heads, repeat depths
   std::string cost_preset = "cpu";   ///< cost::model preset the planner uses
   planner::windowed_options solver{.time_budget_s = 10, .progress = false};
-  bool decompose = false;            ///< let planner::decompose split exposed collectives first
+  bool decompose = true;             ///< concerto policy: split exposed collectives with their matmuls
+  bool bucket = true;                ///< concerto policy: fuse small gradient collectives
+  std::optional<std::int64_t> memory_cap_bytes; ///< peak memory per rank the plan must respect
+  /// Applied to the lowered graph before planning, on rank 0 (experiments and tests, e.g. forcing
+  /// a decomposition the cost model would not choose). Must keep the graph's buffers and names.
+  std::function<ir::graph(const ir::graph&)> rewrite;
   bool use_cache = true;             ///< look the plan up in (and store it to) the plan cache
   std::filesystem::path cache_dir = cache::default_directory();
   std::uint64_t seed = 1;            ///< parameter initialisation
@@ -82,14 +87,14 @@ struct plan_summary {
   double predicted_us = 0;      ///< the plan's simulated step time
   double sync_predicted_us = 0; ///< the `sync` policy's simulated step time on the same graph
   bool cache_hit = false;
-  bool decomposed = false;      ///< planner::decompose rewrote the graph
+  bool rewritten = false;       ///< the executed graph differs from the lowered one (split, buckets)
   std::size_t tasks = 0, collectives = 0;
   /// One line: "plan concerto: 212 tasks (58 collectives), solver 1.2 s, predicted 830 us vs sync 1020 us (1.23x), cache miss".
   [[nodiscard]] std::string text() const {
     char buf[320];
     std::snprintf(buf, sizeof buf,
                   "plan %s: %zu tasks (%zu collectives)%s, solver %.2f s, predicted %.0f us vs sync %.0f us (%.2fx), cache %s",
-                  policy.c_str(), tasks, collectives, decomposed ? ", decomposed" : "", solver_seconds, predicted_us,
+                  policy.c_str(), tasks, collectives, rewritten ? ", rewritten" : "", solver_seconds, predicted_us,
                   sync_predicted_us, predicted_us > 0 ? sync_predicted_us / predicted_us : 0.0, cache_hit ? "hit" : "miss");
     return buf;
   }
@@ -153,36 +158,35 @@ public:
       plan_summary s;
       s.policy = options_.policy;
       const auto started = std::chrono::steady_clock::now();
-      ir::graph g = graph_;
-      if (options_.decompose) {
-        auto d = planner::decompose(g, model);
-        s.decomposed = !d.chosen.empty();
-        g = std::move(d.graph);
-      }
-      const auto make = [&] { return planner::make_plan(g, model, {.policy = options_.policy, .solver = options_.solver}); };
+      const ir::graph g = options_.rewrite ? options_.rewrite(graph_) : graph_;
+      const planner::plan_options planning{.policy = options_.policy,
+                                           .solver = options_.solver,
+                                           .decompose = options_.decompose,
+                                           .bucket = options_.bucket,
+                                           .memory_cap_bytes = options_.memory_cap_bytes};
+      const auto make = [&] { return planner::make_plan(g, model, planning); };
       plan::plan made;
       if (options_.use_cache) {
-        const auto& sv = options_.solver;
-        const auto key = cache::make_key(g, model, default_backend_name, options_.policy,
-                                         hasher{}.add(sv.window).add(sv.rounds).add(sv.window_time_limit_s).add(sv.time_budget_s).value());
+        const auto key = cache::make_key(g, model, default_backend_name, options_.policy, planner::hash(planning));
         made = cache::plan_cache(options_.cache_dir).silence().get_or_plan(key, make, &s.cache_hit);
       } else {
         made = make();
       }
+      s.rewritten = !(made.graph.tasks.size() == graph_.tasks.size() && made.graph.buffers == graph_.buffers);
       s.solver_seconds = s.cache_hit ? 0.0 : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       s.predicted_us = made.step_us();
       s.sync_predicted_us = options_.policy == "sync" ? s.predicted_us : planner::make_plan(g, model, {.policy = "sync"}).step_us();
       s.tasks = made.graph.tasks.size();
       for (const auto& t : made.graph.tasks) s.collectives += ir::is_collective(t.kind);
       summary_text = nlohmann::json{{"policy", s.policy}, {"solver", s.solver_seconds}, {"predicted", s.predicted_us},
-                                    {"sync", s.sync_predicted_us}, {"hit", s.cache_hit}, {"decomposed", s.decomposed},
+                                    {"sync", s.sync_predicted_us}, {"hit", s.cache_hit}, {"rewritten", s.rewritten},
                                     {"tasks", s.tasks}, {"collectives", s.collectives}}
                          .dump();
       return made;
     });
     backend_->broadcast(summary_text, 0);
     const auto j = nlohmann::json::parse(summary_text);
-    summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("decomposed"),
+    summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("rewritten"),
                 j.at("tasks"), j.at("collectives")};
     ex_ = std::make_unique<runtime::executor<Backend>>(std::move(p), *backend_, options_.executor);
     index_tensors();
@@ -392,8 +396,8 @@ private:
   void index_tensors() {
     const auto& g = ex_->plan().graph;
     std::map<std::string, ir::buffer_id> by_name;
-    for (const auto& b : g.buffers)
-      if (b.view_of < 0) by_name.emplace(b.name, b.id);
+    // Views included: the planner's buckets turn gradients into views of one flat buffer.
+    for (const auto& b : g.buffers) by_name.emplace(b.name, b.id);
     const auto coords = mesh_.coords(rank_);
     for (int i = 0; i < program_.size; ++i) {
       const auto& x = program_.nodes[i];
