@@ -37,7 +37,7 @@ namespace concerto::planner {
 /// @brief How to plan.
 struct plan_options {
   std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs) or concerto
-  windowed_options solver{};       ///< the solver's window size, rounds and time budget
+  windowed_options solver{};       ///< window size, rounds; time_budget_s bounds the whole plan
   bool decompose = true;           ///< concerto: split exposed collectives with their matmuls
   bool bucket = true;              ///< concerto: fuse small gradient collectives into buckets
   std::optional<std::int64_t> memory_cap_bytes; ///< peak memory per rank the plan must respect
@@ -92,13 +92,21 @@ inline plan::plan make_plan(const ir::graph& g, const cost::model& model, const 
     // Rewrites first (each judged by simulated step time, so none makes the step slower),
     // then the solver orders the rewritten graph, warm-started from the best baseline.
     const auto judge = simulated_step(model, options.memory_cap_bytes);
-    ir::graph rewritten = options.decompose ? decompose(g, model, judge).graph : g;
-    if (options.bucket) rewritten = apply_buckets(rewritten, choose_buckets(rewritten, model, judge));
+    const bool progress = options.solver.progress;
+    ir::graph rewritten =
+        options.decompose ? decompose(g, model, judge, {.progress = progress}).graph : g;
+    if (options.bucket)
+      rewritten = apply_buckets(rewritten, choose_buckets(rewritten, model, judge, {.progress = progress}));
     if (options.memory_cap_bytes && !prefetch_units(rewritten).empty())
       rewritten = limit_memory(rewritten, model, *options.memory_cap_bytes).graph;
+    // One budget for the whole plan: the solver gets what the rewrites left (at least a tenth,
+    // so that a slow rewrite still leaves the solver some windows).
+    auto solver = options.solver;
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    solver.time_budget_s = std::max(options.solver.time_budget_s - spent, 0.1 * options.solver.time_budget_s);
     const auto durations = model.durations_us(rewritten);
     chosen = improve_schedule(rewritten, best_list_schedule(rewritten, durations, slowdown), durations, slowdown,
-                              options.solver, &report);
+                              solver, &report);
   } else {
     chosen = list_schedule(options.policy, g, model.durations_us(g));
   }
