@@ -238,17 +238,17 @@ public:
         staging_i64_.resize(static_cast<std::size_t>(detail::count(info.blk.local)));
         r.i64 = staging_i64_;
         load(r);
-        write_buffer(*backend_, info.id, std::as_bytes(std::span(staging_i64_)));
+        backend_->write(info.id, std::as_bytes(std::span(staging_i64_)));
       } else {
         staging_.resize(static_cast<std::size_t>(detail::count(info.blk.local)));
         r.f32 = staging_;
         load(r);
-        write_buffer(*backend_, info.id, std::as_bytes(std::span(staging_)));
+        backend_->write(info.id, std::as_bytes(std::span(staging_)));
       }
     }
     const auto& rep = ex_->run_step();
     float local = 0;
-    read_buffer(*backend_, loss_id_, std::as_writable_bytes(std::span(&local, 1)));
+    backend_->read(loss_id_, std::as_writable_bytes(std::span(&local, 1)));
     double sum = 0, mine = local;
     MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, options_.world);
     return {rep.step, sum / loss_copies_, rep.measured.step_us, rep.measured.exposed_comm_us, rank_};
@@ -273,7 +273,7 @@ public:
     std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
     detail::copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(const_cast<float*>(global.data())),
                        reinterpret_cast<std::byte*>(local.data()), true);
-    write_buffer(*backend_, t.id, std::as_bytes(std::span(local)));
+    backend_->write(t.id, std::as_bytes(std::span(local)));
   }
   /// @brief The global shape of a named tensor of the graph.
   [[nodiscard]] std::vector<std::int64_t> global_shape(const std::string& name) {
@@ -290,7 +290,7 @@ public:
     if (t.partial) fail("train step: tensor '" + name + "' is a pending sum on this mesh; it has no global value yet");
     const auto n = static_cast<std::size_t>(detail::count(t.blk.local));
     std::vector<float> mine(n), all(n * static_cast<std::size_t>(size_)), out(static_cast<std::size_t>(detail::count(t.blk.global)));
-    read_buffer(*backend_, t.id, std::as_writable_bytes(std::span(mine)));
+    backend_->read(t.id, std::as_writable_bytes(std::span(mine)));
     MPI_Allgather(mine.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n), MPI_FLOAT, options_.world);
     for (int r = 0; r < size_; ++r) {
       const auto blk = block_of(t.spec, t.blk.local, mesh_.coords(r));
@@ -350,7 +350,7 @@ public:
       std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
       detail::copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(const_cast<char*>(payload.data() + offset)),
                          reinterpret_cast<std::byte*>(local.data()), true);
-      write_buffer(*backend_, t.id, std::as_bytes(std::span(local)));
+      backend_->write(t.id, std::as_bytes(std::span(local)));
     }
     ex_->set_completed_steps(doc.at("step").template get<std::int64_t>());
   }
@@ -452,7 +452,7 @@ private:
       std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
       detail::copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(global.data()),
                          reinterpret_cast<std::byte*>(local.data()), true);
-      write_buffer(*backend_, t.id, std::as_bytes(std::span(local)));
+      backend_->write(t.id, std::as_bytes(std::span(local)));
     }
   }
 
@@ -481,8 +481,18 @@ private:
 /// @endcode
 template <std::size_t N>
 [[nodiscard]] step<N> compile(const graph::program<N>& p, concerto::mesh m, shape_map shapes,
-                              optimizer_settings opt = {}, step_options options = {}) {
+                              optimizer_settings opt, step_options options) {
   return step<N>(p, std::move(m), std::move(shapes), opt, std::move(options));
+}
+
+/// @brief As above with the default step_options. (A separate overload rather than a default
+/// argument: g++ 12 warns falsely, -Wmaybe-uninitialized, about a defaulted step_options
+/// temporary in the caller's frame, which would break users' -Werror builds.)
+template <std::size_t N>
+[[nodiscard]] step<N> compile(const graph::program<N>& p, concerto::mesh m, shape_map shapes,
+                              optimizer_settings opt = {}) {
+  step_options defaults;
+  return compile(p, std::move(m), std::move(shapes), opt, std::move(defaults));
 }
 
 } // namespace concerto::train
