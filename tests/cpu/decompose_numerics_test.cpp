@@ -49,6 +49,22 @@ std::span<float> span_of(const ir::graph& g, memory& m, ir::buffer_id b) {
                                         static_cast<std::size_t>(g.buffers[static_cast<std::size_t>(b)].bytes / 4));
 }
 
+// How a gathered (or scattered) buffer holds the p rank parts, as the MPI backend reads attr
+// `dim` of the collective against the buffer's shape: [outer, p, len] floats, part s at
+// [:, s, :]. Without a shape, or along dim 0, the parts are p contiguous blocks (outer = 1).
+std::pair<std::size_t, std::size_t> parts_along(const ir::graph& g, const ir::task& t, ir::buffer_id b, std::size_t p) {
+  const auto& buf = g.buffers[static_cast<std::size_t>(b)];
+  const auto dim = static_cast<std::size_t>(t.attr("dim", 0));
+  const auto elems = static_cast<std::size_t>(buf.bytes / 4);
+  if (dim == 0 || buf.shape.empty()) return {1, elems / p};
+  INFO("task " << t.name << " along dim " << dim << " of buffer " << buf.name);
+  REQUIRE(dim < buf.shape.size());
+  std::size_t outer = 1;
+  for (std::size_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(buf.shape[d]);
+  REQUIRE(static_cast<std::size_t>(buf.shape[dim]) % p == 0);
+  return {outer, elems / outer / p};
+}
+
 // Runs the tasks in id order (builder and rewrite graphs are in program order).
 void run(const ir::graph& g, std::vector<memory>& ranks) {
   const auto p = ranks.size();
@@ -96,10 +112,14 @@ void run(const ir::graph& g, std::vector<memory>& ranks) {
     case ir::op_kind::all_gather: {
       std::vector<std::vector<float>> in;
       for (std::size_t r = 0; r < p; ++r) in.emplace_back(at(r, t.reads[0]).begin(), at(r, t.reads[0]).end());
+      const auto [outer, len] = parts_along(g, t, t.writes[0], p);
       for (std::size_t r = 0; r < p; ++r) {
         auto out = at(r, t.writes[0]);
         REQUIRE(out.size() == p * in[0].size());
-        for (std::size_t s = 0; s < p; ++s) std::copy(in[s].begin(), in[s].end(), out.begin() + static_cast<std::ptrdiff_t>(s * in[s].size()));
+        for (std::size_t s = 0; s < p; ++s)
+          for (std::size_t o = 0; o < outer; ++o)
+            std::copy_n(in[s].begin() + static_cast<std::ptrdiff_t>(o * len), len,
+                        out.begin() + static_cast<std::ptrdiff_t>((o * p + s) * len));
       }
       break;
     }
@@ -125,10 +145,17 @@ void run(const ir::graph& g, std::vector<memory>& ranks) {
         auto in = at(r, t.reads[0]);
         for (std::size_t i = 0; i < size; ++i) sum[i] += in[i]; // rank order: the same in every variant
       }
+      if (t.kind == ir::op_kind::all_reduce) {
+        for (std::size_t r = 0; r < p; ++r) std::copy(sum.begin(), sum.end(), at(r, t.writes[0]).begin());
+        break;
+      }
+      const auto [outer, len] = parts_along(g, t, t.reads[0], p);
       for (std::size_t r = 0; r < p; ++r) {
         auto out = at(r, t.writes[0]);
-        const auto from = t.kind == ir::op_kind::all_reduce ? 0 : r * out.size();
-        std::copy(sum.begin() + static_cast<std::ptrdiff_t>(from), sum.begin() + static_cast<std::ptrdiff_t>(from + out.size()), out.begin());
+        REQUIRE(out.size() * p == size);
+        for (std::size_t o = 0; o < outer; ++o)
+          std::copy_n(sum.begin() + static_cast<std::ptrdiff_t>((o * p + r) * len), len,
+                      out.begin() + static_cast<std::ptrdiff_t>(o * len));
       }
       break;
     }
@@ -182,29 +209,38 @@ std::string named(std::string prefix, int i) {
 
 constexpr std::int64_t rows = 48, hid = 20, cols = 12;
 
-// The three shapes decomposition knows, on a group of `p` ranks, f32.
-ir::graph model_graph(int p) {
-  ir::builder b("numerics");
+// The three shapes decomposition knows, on a group of `p` ranks, f32. Sequence parallel: the
+// activations are [1, rows, ·] (one sequence of `rows` tokens, as the DSL lowers them) and the
+// all_gather / reduce_scatter run along dim 1, the sequence.
+ir::graph model_graph(int p, bool sequence_parallel = false) {
+  ir::builder b(sequence_parallel ? "numerics-sp" : "numerics");
+  const auto act = [&](std::vector<std::int64_t> shape) {
+    if (sequence_parallel) shape.insert(shape.begin(), 1);
+    return shape;
+  };
   const int tp = b.axis("tp", p);
-  const auto x = b.buffer("x.sp", {rows / p, hid}, ir::buffer_role::input);
+  const auto x = b.buffer("x.sp", act({rows / p, hid}), ir::buffer_role::input);
   const auto w1 = b.buffer("w1", {hid, cols}, ir::buffer_role::param);
-  const auto xf = b.buffer("x.full", {rows, hid});
-  b.collective(ir::op_kind::all_gather, "x.ag", tp, x, xf);
-  const auto y = b.buffer("y", {rows, cols});
+  const auto xf = b.buffer("x.full", act({rows, hid}));
+  const auto ag = b.collective(ir::op_kind::all_gather, "x.ag", tp, x, xf);
+  const auto y = b.buffer("y", act({rows, cols}));
   b.matmul("fc1", xf, w1, y, rows, cols, hid);
-  const auto a = b.buffer("a", {rows, cols});
+  const auto a = b.buffer("a", act({rows, cols}));
   b.compute(ir::op_kind::elementwise, "act", {y}, {a}, {"scale", 1, -1, {}});
   const auto w2 = b.buffer("w2", {cols, hid}, ir::buffer_role::param);
-  const auto z = b.buffer("z.partial", {rows, hid});
+  const auto z = b.buffer("z.partial", act({rows, hid}));
   b.matmul("fc2", a, w2, z, rows, hid, cols);
-  const auto zs = b.buffer("z", {rows / p, hid});
-  b.collective(ir::op_kind::reduce_scatter, "z.rs", tp, z, zs);
+  const auto zs = b.buffer("z", act({rows / p, hid}));
+  const auto rs = b.collective(ir::op_kind::reduce_scatter, "z.rs", tp, z, zs);
   b.at(ir::phase::backward);
-  const auto dz = b.buffer("dz", {rows, hid}, ir::buffer_role::input);
+  const auto dz = b.buffer("dz", act({rows, hid}), ir::buffer_role::input);
   const auto gw = b.buffer("w2.grad", {cols, hid}, ir::buffer_role::gradient);
   b.matmul("fc2.wgrad", a, dz, gw, cols, hid, rows, 1, /*trans_a=*/true);
   b.collective(ir::op_kind::all_reduce, "w2.grad.ar", tp, gw, gw);
-  return std::move(b).finish();
+  auto g = std::move(b).finish();
+  if (sequence_parallel)
+    for (auto id : {ag, rs}) g.tasks[static_cast<std::size_t>(id)].attrs["dim"] = 1;
+  return g;
 }
 
 } // namespace
@@ -233,6 +269,38 @@ TEST_CASE("a decomposed graph computes what the unsplit graph computes", "[decom
   bool nonzero = false;
   for (float v : span_of(g, want[0], g[find(g, "z.rs")].writes[0])) nonzero = nonzero || v != 0.0f;
   CHECK(nonzero);
+}
+
+TEST_CASE("a decomposed sequence-parallel graph gathers and scatters its chunks along their rows",
+          "[decompose][numerics][sp]") {
+  // The interpreter places rank parts along attr dim of the buffers, as the MPI backend does. The
+  // chunk buffers are [rows, columns]: a chunk collective that kept the original's dim = 1 would
+  // interleave the chunk's columns instead of stacking its rank blocks.
+  cpu::init_blas_threads(1);
+  const int p = GENERATE(2, 4);
+  const int k = GENERATE(2, 4);
+  if (rows / p % k != 0) return;
+  const auto g = model_graph(p, /*sequence_parallel=*/true);
+  const std::vector<planner::decomposition> d{{find(g, "x.ag"), find(g, "fc1"), k},
+                                              {find(g, "z.rs"), find(g, "fc2"), k}};
+  const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+  INFO("p = " << p << ", k = " << k);
+  std::size_t chunks = 0;
+  for (const auto& t : split.tasks)
+    if (t.name.starts_with("x.ag.chunk") || t.name.starts_with("z.rs.chunk")) {
+      INFO("chunk collective " << t.name);
+      CHECK(t.attr("dim", 0) == 0);
+      ++chunks;
+    }
+  CHECK(chunks == 2 * static_cast<std::size_t>(k));
+  auto want = initial(g, p);
+  auto got = initial(split, p);
+  run(g, want);
+  run(split, got);
+  for (const char* name : {"y", "a", "z"}) {
+    INFO("buffer " << name);
+    CHECK(difference(g, want, split, got, name) <= 1e-6);
+  }
 }
 
 // Expert parallel: dispatch all_to_all -> up matmul -> act -> down matmul -> combine

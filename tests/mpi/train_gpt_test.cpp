@@ -19,9 +19,9 @@ const auto shapes = gt::shapes(batch, seq, vocab, hidden);
 const std::vector<std::string> params{"wte", "layers.0.wq", "layers.1.wo", "layers.1.fc1", "layers.0.fc2",
                                       "layers.0.ln1.g", "layers.1.ln2.b", "lnf.g", "head"};
 
-train::batch data() {
-  train::tensor ids{{batch, seq}}, labels{{batch, seq}};
-  for (std::int64_t i = 0; i < batch * seq; ++i) {
+train::batch data(std::int64_t rows = batch) {
+  train::tensor ids{{rows, seq}}, labels{{rows, seq}};
+  for (std::int64_t i = 0; i < rows * seq; ++i) {
     ids.i64.push_back((i * 7 + 3) % vocab);
     labels.i64.push_back((i * 7 + 10) % vocab); // the next id of the same sequence rule
   }
@@ -107,6 +107,24 @@ TEST_CASE("the sync, program_order and concerto plans of the DP x TP GPT give th
     CAPTURE(policy);
     tt::check_same(run(gt::gpt_sp, MPI_COMM_WORLD, d, t, policy), reference);
   }
+}
+
+TEST_CASE("a decomposed sequence-parallel GPT gives the numbers of the undecomposed one", "[mpi][train][gpt][decompose]") {
+  const int world = runtime::mpi::environment::world_size();
+  const int t = 2, d = world / t;
+  // One sequence per data-parallel rank, so that the sequence dimension the SP collectives gather
+  // and scatter is the outermost one and the planner can split them (with their matmuls).
+  const std::int64_t rows = d;
+  const auto one_row_shapes = gt::shapes(rows, seq, vocab, hidden);
+  auto split_options = options("program_order");
+  split_options.rewrite = tt::split_everything;
+  const auto plain = tt::run(gt::gpt_sp, one_row_shapes, MPI_COMM_WORLD, {{"dp", d}, {"tp", t}}, data(rows), 3,
+                             {.adamw = {.lr = 1e-2f}}, options("program_order"), params);
+  const auto split = tt::run(gt::gpt_sp, one_row_shapes, MPI_COMM_WORLD, {{"dp", d}, {"tp", t}}, data(rows), 3,
+                             {.adamw = {.lr = 1e-2f}}, split_options, params);
+  REQUIRE(split.summary.rewritten);
+  CHECK(split.summary.tasks > plain.summary.tasks);
+  tt::check_same(split, plain);
 }
 
 CONCERTO_MPI_TEST_MAIN

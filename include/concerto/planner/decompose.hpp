@@ -371,6 +371,12 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
       t.bytes = coll.bytes / static_cast<double>(k);
       t.attrs["chunk"] = j;
       t.attrs["chunks"] = k;
+      // The layout attrs index the shape of the collective's buffers. The chunk buffers are
+      // [rows, columns] with the rank blocks along the rows (splits_outer_dimension admits only
+      // collectives with nothing but 1s before their dim), so an inherited dim = 1 of a
+      // [1, seq, hidden] original would make a backend interleave the chunk's columns.
+      for (const char* key : {"dim", "from_dim", "to_dim"})
+        if (t.attrs.contains(key)) t.attrs[key] = 0;
       at_coll.push_back(std::move(t));
     };
     const auto chunk_matmul = [&](std::int64_t j, ir::buffer_id in_a, ir::buffer_id out) {
