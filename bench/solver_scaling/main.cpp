@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
       ir::workload_options wopt;
       wopt.ranks = model.hw().nodes * model.hw().ranks_per_node;
       wopt.ranks_per_node = model.hw().ranks_per_node;
-      const int full = static_cast<int>(ir::make_workload(workload, wopt).tasks.back().layer) + 1;
+      int full = 0;
+      for (const auto& t : ir::make_workload(workload, wopt).tasks) full = std::max(full, t.layer + 1);
       std::vector<int> plan_depths = depths;
       if (plan_depths.empty()) {
         for (int l = 1; l < full; l *= 2) plan_depths.push_back(l);
