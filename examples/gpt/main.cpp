@@ -9,6 +9,8 @@
 // layernorm, a column-parallel LM head and the vocab-parallel cross-entropy; AdamW.
 // It prints the plan summary, then the loss per step with a progress line, and the median
 // measured step time; it exits with status 1 if the loss did not fall.
+#include "model.hpp"
+
 #include <concerto/concerto.hpp>
 #include <concerto/train/step.hpp>
 
@@ -21,31 +23,8 @@
 #include <vector>
 
 using namespace concerto;
-inline constexpr axis<"dp"> dp;
-inline constexpr axis<"tp"> tp;
-
-inline constexpr auto vec = spec(replicate);
-inline constexpr auto col = spec(replicate, shard(tp));
-inline constexpr auto row = spec(shard(tp), replicate);
-inline constexpr auto tokens = spec(shard(dp), replicate);
-
-// The residual stream's spec decides TP (replicated over tp) or TP+SP (sequence split over tp).
-template <auto Residual>
-constexpr auto gpt() {
-  constexpr auto block = [](auto h) {
-    auto a = layernorm(h, param<"ln1.g">(vec), param<"ln1.b">(vec));
-    auto att = causal_attention(matmul(a, param<"wq">(col)), matmul(a, param<"wk">(col)), matmul(a, param<"wv">(col)));
-    auto h2 = h + matmul(att, param<"wo">(row)).to(Residual);
-    auto m = layernorm(h2, param<"ln2.g">(vec), param<"ln2.b">(vec));
-    return h2 + matmul(gelu(matmul(m, param<"fc1">(col))), param<"fc2">(row)).to(Residual);
-  };
-  constexpr auto h0 = embedding(data<"ids">(tokens), param<"wte">(row)).to(Residual);
-  constexpr auto logits = matmul(layernorm(repeat<"layers">(block, h0), param<"lnf.g">(vec), param<"lnf.b">(vec)),
-                                 param<"head">(col));
-  return program(cross_entropy(logits, data<"labels">(tokens)), adamw{});
-}
-inline constexpr auto gpt_tp = gpt<spec(shard(dp), replicate, replicate)>();
-inline constexpr auto gpt_sp = gpt<spec(shard(dp), shard(tp), replicate)>();
+using gpt_model::gpt_sp;
+using gpt_model::gpt_tp;
 
 struct settings {
   int tp = 2, steps = 150, layers = 2, hidden = 64, heads = 4, seq = 32, batch = 16;
@@ -91,11 +70,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
     if (id_of[c] < 0) id_of[c] = static_cast<int>(vocab++);
   vocab = (vocab + 7) / 8 * 8;
 
-  const std::int64_t h = s.hidden, f = 4 * s.hidden;
-  const shape_map shapes{{"ids", {s.batch, s.seq}}, {"labels", {s.batch, s.seq}}, {"wte", {vocab, h}}, {"ln1.g", {h}},
-                         {"ln1.b", {h}},  {"wq", {h, h}},   {"wk", {h, h}},   {"wv", {h, h}},     {"wo", {h, h}},
-                         {"ln2.g", {h}},  {"ln2.b", {h}},   {"fc1", {h, f}},  {"fc2", {f, h}},    {"lnf.g", {h}},
-                         {"lnf.b", {h}},  {"head", {h, vocab}}};
+  const shape_map shapes = gpt_model::shapes(s.batch, s.seq, vocab, s.hidden);
   const int world = runtime::mpi::environment::world_size();
   auto step = train::compile(model, mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}}), shapes, {.adamw = {.lr = s.lr}},
                              {.policy = s.policy,

@@ -1,44 +1,5 @@
 #pragma once
-// A small GPT for the training tests (the block of docs/tutorial.md step 4 in a repeat, a
-// vocab-parallel embedding and LM head, Megatron-LM's vocab-parallel cross-entropy), with the
-// residual stream either replicated over tp (Megatron TP) or split over it on the sequence (SP).
-#include <concerto/concerto.hpp>
+// The training tests check the GPT example's own model.
+#include "../../examples/gpt/model.hpp"
 
-namespace gpt_testing {
-
-using namespace concerto;
-inline constexpr axis<"dp"> dp;
-inline constexpr axis<"tp"> tp;
-
-inline constexpr auto vec = spec(replicate);
-inline constexpr auto col = spec(replicate, shard(tp));
-inline constexpr auto row = spec(shard(tp), replicate);
-inline constexpr auto tokens = spec(shard(dp), replicate);
-
-template <auto Residual>
-constexpr auto make() {
-  constexpr auto block = [](auto h) {
-    auto a = layernorm(h, param<"ln1.g">(vec), param<"ln1.b">(vec));
-    auto att = causal_attention(matmul(a, param<"wq">(col)), matmul(a, param<"wk">(col)), matmul(a, param<"wv">(col)));
-    auto h2 = h + matmul(att, param<"wo">(row)).to(Residual);
-    auto m = layernorm(h2, param<"ln2.g">(vec), param<"ln2.b">(vec));
-    return h2 + matmul(gelu(matmul(m, param<"fc1">(col))), param<"fc2">(row)).to(Residual);
-  };
-  constexpr auto h0 = embedding(data<"ids">(tokens), param<"wte">(row)).to(Residual);
-  constexpr auto hn = repeat<"layers">(block, h0);
-  constexpr auto logits = matmul(layernorm(hn, param<"lnf.g">(vec), param<"lnf.b">(vec)), param<"head">(col));
-  return program(cross_entropy(logits, data<"labels">(tokens)), adamw{});
-}
-
-inline constexpr auto gpt_tp = make<spec(shard(dp), replicate, replicate)>();
-inline constexpr auto gpt_sp = make<spec(shard(dp), shard(tp), replicate)>();
-
-inline shape_map shapes(std::int64_t batch, std::int64_t seq, std::int64_t vocab, std::int64_t hidden) {
-  const auto h = hidden, f = 4 * hidden;
-  return {{"ids", {batch, seq}}, {"labels", {batch, seq}}, {"wte", {vocab, h}},   {"ln1.g", {h}},   {"ln1.b", {h}},
-          {"wq", {h, h}},        {"wk", {h, h}},          {"wv", {h, h}},         {"wo", {h, h}},   {"ln2.g", {h}},
-          {"ln2.b", {h}},        {"fc1", {h, f}},          {"fc2", {f, h}},        {"lnf.g", {h}},   {"lnf.b", {h}},
-          {"head", {h, vocab}}};
-}
-
-} // namespace gpt_testing
+namespace gpt_testing = gpt_model;

@@ -85,6 +85,31 @@ public:
   [[nodiscard]] const std::vector<int>& coords() const noexcept { return coords_; }
   /// The buffers of the plan (valid after prepare): fill inputs and parameters, read results.
   [[nodiscard]] host_arena& buffers() noexcept { return arena_; }
+  /// @brief Copies host bytes into buffer b (valid after prepare, between steps). The same
+  /// pair exists on runtime::nccl::backend, so code that fills parameters and inputs and reads
+  /// the loss is written once; it allocates nothing, so a step's steady state stays allocation-free.
+  /// @code
+  /// be.write(x_id, std::as_bytes(std::span(x)));
+  /// @endcode
+  void write(ir::buffer_id b, std::span<const std::byte> bytes) {
+    const auto dst = arena_.bytes(b);
+    CONCERTO_CHECK(dst.size() == bytes.size(), "write into buffer '" + arena_.name(b) + "': it holds " +
+                                                   std::to_string(dst.size()) + " bytes, " +
+                                                   std::to_string(bytes.size()) + " given");
+    if (!bytes.empty()) std::memcpy(dst.data(), bytes.data(), bytes.size());
+  }
+  /// @brief Copies buffer b into host bytes (`out` must be exactly its size); allocates nothing.
+  /// @code
+  /// float loss = 0;
+  /// be.read(loss_id, std::as_writable_bytes(std::span(&loss, 1)));
+  /// @endcode
+  void read(ir::buffer_id b, std::span<std::byte> out) {
+    const auto src = arena_.bytes(b);
+    CONCERTO_CHECK(src.size() == out.size(), "read of buffer '" + arena_.name(b) + "': it holds " +
+                                                 std::to_string(src.size()) + " bytes, " + std::to_string(out.size()) +
+                                                 " asked for");
+    if (!out.empty()) std::memcpy(out.data(), src.data(), out.size());
+  }
   [[nodiscard]] kernel_settings& settings() noexcept { return options_.kernels; }
   /// The communicator of a lane (stream id), for tests and tools.
   [[nodiscard]] MPI_Comm lane_communicator(ir::stream_id s) const { return lanes_.at(static_cast<std::size_t>(s)).get(); }

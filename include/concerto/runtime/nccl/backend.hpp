@@ -12,8 +12,10 @@
 ///
 /// The constructor mirrors runtime::mpi::backend's (`backend(backend_options = {})`), so a
 /// training layer picks one by the CMake target it is built with: concerto::nccl defines
-/// CONCERTO_BACKEND_NCCL=1. Buffers live on the device: fill and read them with
-/// `buffers().upload(...)` / `buffers().download<T>(...)`.
+/// CONCERTO_BACKEND_NCCL=1. Buffers live on the device: `write(id, bytes)` / `read(id, bytes)`
+/// copy between host bytes and a buffer, with the same signatures as runtime::mpi::backend's
+/// (train/backend_select.hpp relies on it); `buffers().upload(...)` / `buffers().download<T>(...)`
+/// are the typed conveniences.
 ///
 /// Collective operands follow runtime::mpi::backend's conventions (in place when input and
 /// output coincide; all_gather's input may be this rank's slice of the output; reduce_scatter's
@@ -52,6 +54,7 @@
 #include <concerto/runtime/dispatch.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
 #include <concerto/runtime/nccl/communicator.hpp>
+#include <concerto/runtime/nccl/options.hpp>
 
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -67,28 +70,11 @@
 
 namespace concerto::runtime::nccl {
 
-/// @brief How the NCCL backend runs.
-struct backend_options {
-  kernel_settings kernels{};        ///< optimizer hyperparameters and the like (as on MPI)
-  MPI_Comm world = MPI_COMM_WORLD;  ///< the ranks the plan's mesh covers
-  int device = -1;                  ///< CUDA device; -1: the rank's index on its node modulo the device count
-  /// Communication streams at the device's greatest priority: when a collective's kernel and a
-  /// compute kernel both wait for SMs, the collective's blocks go first, so that communication
-  /// is not starved by a long run of compute kernels. false: every stream at the default priority.
-  bool comm_high_priority = true;
-  comm_options comm{};              ///< NCCL channels / CTA policy of every lane's communicator
-  bool capture_graph = false;       ///< replay each step from step 2 on as one CUDA graph
-  bool allow_tf32 = false;          ///< fp32 products on TF32 tensor cores (faster, ~1e-3 relative error)
-  std::size_t blas_workspace_bytes = cuda::gemm::default_workspace;
-};
-
 /// @brief NCCL + CUDA behind the runtime::backend concept.
 class backend {
 public:
   /// An in-flight collective: the task whose completion event `test` queries.
-  struct handle {
-    ir::task_id task = -1;
-  };
+  using handle = task_handle;
   static constexpr bool stream_ordered = true;
 
   explicit backend(backend_options options = {}) : options_(std::move(options)) {
@@ -134,6 +120,38 @@ public:
   [[nodiscard]] const std::vector<int>& coords() const noexcept { return coords_; }
   /// The plan's buffers on the device (valid after prepare).
   [[nodiscard]] cuda::device_arena& buffers() noexcept { return arena_; }
+  /// @brief Copies host bytes into buffer b on the device (valid after prepare, between steps);
+  /// the same pair as runtime::mpi::backend's, so a training layer fills parameters and inputs
+  /// and reads the loss in one way on both backends. Ordered on the compute stream (every lane
+  /// joins it at the end of a step) and waited for, so the next step, eager or a replayed graph
+  /// (which reads the buffers at the same addresses), sees the new values.
+  /// @code
+  /// be.write(x_id, std::as_bytes(std::span(x)));
+  /// @endcode
+  void write(ir::buffer_id b, std::span<const std::byte> bytes) {
+    CONCERTO_CHECK(static_cast<std::int64_t>(bytes.size()) == arena_.bytes(b),
+                   "write into buffer '" + arena_.name(b) + "': it holds " + std::to_string(arena_.bytes(b)) +
+                       " bytes, " + std::to_string(bytes.size()) + " given");
+    if (bytes.empty()) return;
+    const auto c = compute_->get();
+    cuda::check(cudaMemcpyAsync(arena_.ptr(b), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, c), "cudaMemcpyAsync");
+    cuda::check(cudaStreamSynchronize(c), "cudaStreamSynchronize");
+  }
+  /// @brief Copies buffer b from the device into host bytes (`out` must be exactly its size),
+  /// after the work enqueued so far on the compute stream (hence after the last step).
+  /// @code
+  /// float loss = 0;
+  /// be.read(loss_id, std::as_writable_bytes(std::span(&loss, 1)));
+  /// @endcode
+  void read(ir::buffer_id b, std::span<std::byte> out) {
+    CONCERTO_CHECK(static_cast<std::int64_t>(out.size()) == arena_.bytes(b),
+                   "read of buffer '" + arena_.name(b) + "': it holds " + std::to_string(arena_.bytes(b)) + " bytes, " +
+                       std::to_string(out.size()) + " asked for");
+    if (out.empty()) return;
+    const auto c = compute_->get();
+    cuda::check(cudaMemcpyAsync(out.data(), arena_.ptr(b), out.size(), cudaMemcpyDeviceToHost, c), "cudaMemcpyAsync");
+    cuda::check(cudaStreamSynchronize(c), "cudaStreamSynchronize");
+  }
   /// Kernel settings; with a captured graph, call invalidate_graph() after changing them.
   [[nodiscard]] kernel_settings& settings() noexcept { return options_.kernels; }
   [[nodiscard]] const backend_options& options() const noexcept { return options_; }
@@ -173,6 +191,7 @@ public:
            (dims.empty() ? "no axes" : dims) + ") but the MPI world has " + std::to_string(size_));
     }
     coords_ = mesh_.coords(rank_);
+    options_.kernels.coords = coords_; // as on MPI: kernels that take the rank's shard read it here
     const auto range = cuda::stream_priorities();
     lanes_.clear();
     comms_.clear();
