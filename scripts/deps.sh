@@ -16,4 +16,9 @@ if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.
 fi
 echo "concerto: installing ${missing[*]}" >&2
 $sudo apt-get update -q
-$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -t bookworm-backports "${missing[@]}"
+stable=() backports=()
+for p in "${missing[@]}"; do
+  if [ "$p" = libcatch2-dev ]; then backports+=("$p"); else stable+=("$p"); fi
+done
+[ ${#stable[@]} -eq 0 ] || $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${stable[@]}"
+[ ${#backports[@]} -eq 0 ] || $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -t bookworm-backports "${backports[@]}"
