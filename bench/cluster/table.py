@@ -58,9 +58,56 @@ def main():
             x = rows[0][2][0]
             print(f"  (MLP: global batch {x['batch']}, hidden {x['hidden']}, FFN x{x['ffn']}, {x['layers']} blocks,"
                   f" {x['threads']} thread per rank; ddp:MB = bucket_cap_mb MB; tp = Megatron column/row MLP)")
-    examples = sorted(glob.glob(os.path.join(d, "example-*.json")))
+    peer_by_cfg = {cfg: by_mode for cfg, by_mode, _ in rows} if peers else {}
+    examples = sorted(glob.glob(os.path.join(d, "example-*.jsonl")), key=lambda p: cfg_key(p, "example-"))
     if examples:
-        print("\nconcerto examples: see", ", ".join(os.path.basename(e) for e in examples))
+        print_examples(examples, peer_by_cfg)
+
+
+def ratio(a, b):
+    return a / b if a and b else float("nan")
+
+
+def print_examples(files, peer_by_cfg):
+    """One row per configuration, example and mesh: the three plans measured in one process."""
+    print("\nconcerto examples: median step ms of the plans run in turn on the same ranks; LB, predicted with cpu-netns")
+    head = (f"{'config':>10} {'model':>4} {'mesh':>7} {'comm%':>6} {'sync':>8} {'p_order':>8} {'concerto':>9}"
+            f" {'c/sync':>7} {'LB':>8} {'c/LB':>6} {'pred':>8} {'pred/meas':>10} {'DDP':>8} {'DDPtuned':>9}"
+            f" {'TPpeer':>8} {'c/torch':>8}")
+    print(head)
+    for f in files:
+        cfg = cfg_key(f, "example-")[2]
+        runs = [json.loads(l) for l in open(f) if l.strip().startswith("{")]
+        groups = {}
+        for r in runs:
+            groups.setdefault((r["example"], r["tp"]), {})[r["policy"]] = r
+        peer = peer_by_cfg.get(cfg, {})
+        for (model, tp), by in sorted(groups.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0][0], kv[0][1])):
+            any_run = next(iter(by.values()))
+            world = any_run["world"]
+            ms = {p: by[p]["median_step_us"] / 1e3 for p in by}
+            sync, po, conc = ms.get("sync"), ms.get("program_order"), ms.get("concerto")
+            # sync runs every collective alone: its exposed communication is all of it.
+            comm = 100 * by["sync"]["median_exposed_comm_us"] / by["sync"]["median_step_us"] if "sync" in by else float("nan")
+            lb = min(r["lower_bound_us"] for r in by.values()) / 1e3
+            pred = by["concerto"]["predicted_us"] / 1e3 if "concerto" in by else float("nan")
+            ddp = ddp_tuned = tp_peer = None
+            mine = float("nan")
+            if model == "mlp" and tp == 1:
+                ddp = peer.get("ddp")
+                tuned = [v for k, v in peer.items() if k.startswith("ddp:")]
+                ddp_tuned = min(tuned) if tuned else None
+                mine = ratio(conc, min(x for x in (ddp, ddp_tuned) if x) if (ddp or ddp_tuned) else None)
+            elif model == "mlp" and tp == world:
+                tp_peer = peer.get("tp")
+                mine = ratio(conc, tp_peer)
+            fmt = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
+            print(f"{cfg:>10} {model:>4} {f'{world // tp}x{tp}':>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(conc, 9)}"
+                  f" {ratio(conc, sync):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f} {ratio(pred, conc):10.2f}"
+                  f" {fmt(ddp, 8)} {fmt(ddp_tuned, 9)} {fmt(tp_peer, 8)} {mine:8.2f}")
+    print("  (mesh = dp x tp; comm% = sync plan's exposed communication / its step; c = concerto; LB = the plan's lower"
+          " bound;\n   pred = simulated concerto step; DDPtuned = best of bucket 4 and 100 MB; c/torch = concerto / best"
+          " PyTorch (DDP for dp, Megatron TP for tp))")
 
 
 if __name__ == "__main__":

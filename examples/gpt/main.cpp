@@ -8,7 +8,11 @@
 // blocks (layernorm, causal attention, MLP; Megatron-LM's tensor parallelism), a final
 // layernorm, a column-parallel LM head and the vocab-parallel cross-entropy; AdamW.
 // It prints the plan summary, then the loss per step with a progress line, and the median
-// measured step time; it exits with status 1 if the loss did not fall.
+// measured step time; it exits with status 1 if the loss did not fall. A comma-separated
+// --policy (e.g. sync,program_order,concerto) compiles one step per policy on the same ranks and
+// runs them in turn, step by step (the order rotating each round), then prints one
+// "result {json}" line per policy: median measured step time, predicted time, lower bound.
+// --cost-preset NAME picks the planner's cost model (cpu-netns: the emulated cluster's).
 #include "model.hpp"
 
 #include <concerto/concerto.hpp>
@@ -19,6 +23,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,7 +35,7 @@ struct settings {
   int tp = 2, steps = 150, layers = 2, hidden = 64, heads = 4, seq = 32, batch = 16;
   bool sp = false;
   float lr = 3e-3f;
-  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3";
+  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu";
 };
 
 settings parse(int argc, char** argv) {
@@ -52,8 +57,9 @@ settings parse(int argc, char** argv) {
     else if (a == "--lr") s.lr = std::stof(next());
     else if (a == "--policy") s.policy = next();
     else if (a == "--text") s.text = next();
+    else if (a == "--cost-preset") s.cost_preset = next();
     else fail("unknown option '" + a + "' (known: --tp N --sp --steps N --layers N --hidden N --heads N --seq N "
-              "--batch N --lr X --policy sync|program_order|xla_lhs|concerto --text FILE)");
+              "--batch N --lr X --policy sync|program_order|xla_lhs|concerto[,...] --text FILE --cost-preset NAME)");
   }
   return s;
 }
@@ -72,25 +78,46 @@ int train_on(const graph::program<N>& model, const settings& s) {
 
   const shape_map shapes = gpt_model::shapes(s.batch, s.seq, vocab, s.hidden);
   const int world = runtime::mpi::environment::world_size();
-  auto step = train::compile(model, mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}}), shapes, {.adamw = {.lr = s.lr}},
-                             {.policy = s.policy,
-                              .lower = {.name = "gpt", .heads = s.heads, .depth = {{"layers", s.layers}}}});
-  const bool root = step.rank() == 0;
+  std::vector<std::string> policies;
+  {
+    std::stringstream list(s.policy);
+    for (std::string p; std::getline(list, p, ',');)
+      if (!p.empty()) policies.push_back(p);
+  }
+  if (policies.empty()) fail("option '--policy' needs at least one policy name");
+  const auto make = [&](const std::string& policy) {
+    return train::compile(model, mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}}), shapes, {.adamw = {.lr = s.lr}},
+                          {.policy = policy,
+                           .lower = {.name = "gpt", .heads = s.heads, .depth = {{"layers", s.layers}}},
+                           .cost_preset = s.cost_preset});
+  };
+  std::vector<decltype(make(""))> runs;
+  runs.reserve(policies.size());
+  for (const auto& p : policies) runs.push_back(make(p));
+  const bool root = runs.front().rank() == 0;
   if (root) {
     std::printf("gpt: %d layers, hidden %d, %d heads, seq %d, batch %d, vocab %lld, %zu chars of %s\n", s.layers, s.hidden,
                 s.heads, s.seq, s.batch, static_cast<long long>(vocab), text.size(), s.text.c_str());
-    std::printf("mesh: dp=%d x tp=%d%s on %d ranks\n", world / s.tp, s.tp, s.sp ? " (sequence parallel)" : "", world);
-    std::printf("%s\n", step.summary().text().c_str());
+    std::printf("mesh: dp=%d x tp=%d%s on %d ranks, cost preset %s\n", world / s.tp, s.tp, s.sp ? " (sequence parallel)" : "",
+                world, s.cost_preset.c_str());
+    for (auto& r : runs) {
+      std::printf("%s\n", r.summary().text().c_str());
+      std::printf("lower bound %.0f us (%s plan)\n", r.plan().stats.lower_bound_us, r.summary().policy.c_str());
+    }
     std::fflush(stdout);
+  } else {
+    for (auto& r : runs) r.prepare();
   }
-  // Every rank draws the same global batch (a fixed seed), and keeps its shard.
+  // Every rank draws the same global batch (a fixed seed), and keeps its shard; every policy of
+  // a round gets the same batch.
   std::uint64_t state = 12345;
   const auto next = [&] {
     state = train::detail::mix(state);
     return state;
   };
-  double first = 0, last = 0;
-  std::vector<double> times;
+  const std::size_t k = runs.size();
+  std::vector<double> first(k), last(k);
+  std::vector<std::vector<double>> times(k), exposed(k);
   for (int i = 0; i < s.steps; ++i) {
     train::tensor ids{{s.batch, s.seq}}, labels{{s.batch, s.seq}};
     for (int b = 0; b < s.batch; ++b) {
@@ -100,24 +127,55 @@ int train_on(const graph::program<N>& model, const settings& s) {
         labels.i64.push_back(id_of[static_cast<unsigned char>(text[at + static_cast<std::size_t>(t) + 1])]);
       }
     }
-    const auto r = step({{"ids", ids}, {"labels", labels}});
-    if (i == 0) first = r.loss;
-    last = 0.9 * (i == 0 ? r.loss : last) + 0.1 * r.loss;
-    if (i > 0) times.push_back(r.step_us); // the first step also warms caches
-    if (root) {
-      const int width = 30, done = (i + 1) * width / s.steps;
-      std::printf("step %4lld/%d  loss %.4f  (avg %.4f)  %7.0f us  [%s%s]\n", static_cast<long long>(r.step), s.steps,
-                  r.loss, last, r.step_us, std::string(static_cast<std::size_t>(done), '#').c_str(),
-                  std::string(static_cast<std::size_t>(width - done), '.').c_str());
-      std::fflush(stdout);
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::size_t p = (j + static_cast<std::size_t>(i)) % k; // rotate who goes first
+      const auto r = runs[p]({{"ids", ids}, {"labels", labels}});
+      if (i == 0) first[p] = r.loss;
+      last[p] = 0.9 * (i == 0 ? r.loss : last[p]) + 0.1 * r.loss;
+      if (i > 0) { // the first step also warms caches
+        times[p].push_back(r.step_us);
+        exposed[p].push_back(r.exposed_comm_us);
+      }
+      if (root && k == 1) {
+        const int width = 30, done = (i + 1) * width / s.steps;
+        std::printf("step %4lld/%d  loss %.4f  (avg %.4f)  %7.0f us  [%s%s]\n", static_cast<long long>(r.step), s.steps,
+                    r.loss, last[p], r.step_us, std::string(static_cast<std::size_t>(done), '#').c_str(),
+                    std::string(static_cast<std::size_t>(width - done), '.').c_str());
+        std::fflush(stdout);
+      }
     }
   }
-  std::sort(times.begin(), times.end());
-  if (root) {
-    std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first, last,
-                times.empty() ? 0.0 : times[times.size() / 2], s.policy.c_str());
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  for (std::size_t p = 0; root && p < k; ++p) {
+    const auto& sm = runs[p].summary();
+    std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
+                median(times[p]), sm.policy.c_str());
+    const nlohmann::json j{{"example", "gpt"},
+                           {"policy", sm.policy},
+                           {"world", world},
+                           {"tp", s.tp},
+                           {"sp", s.sp},
+                           {"layers", s.layers},
+                           {"hidden", s.hidden},
+                           {"heads", s.heads},
+                           {"seq", s.seq},
+                           {"batch", s.batch},
+                           {"cost_preset", s.cost_preset},
+                           {"steps", times[p].size()},
+                           {"median_step_us", median(times[p])},
+                           {"median_exposed_comm_us", median(exposed[p])},
+                           {"predicted_us", sm.predicted_us},
+                           {"sync_predicted_us", sm.sync_predicted_us},
+                           {"lower_bound_us", runs[p].plan().stats.lower_bound_us},
+                           {"step_us", times[p]}};
+    std::printf("result %s\n", j.dump().c_str());
   }
-  if (!(last < first)) fail("the loss did not fall");
+  if (root) std::fflush(stdout);
+  for (std::size_t p = 0; p < k; ++p)
+    if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");
   return 0;
 }
 

@@ -3,15 +3,23 @@
 //
 //   examples/mlp/run.sh                 # 4 ranks as dp=2 x tp=2
 //   NP=4 examples/mlp/run.sh --tp 4 --steps 100 --policy sync
+//   NP=2 examples/mlp/run.sh --tp 1 --batch 64 --hidden 1024 --policy sync,program_order,concerto
 //
 // It learns a fixed random teacher network and exits with status 1 if the loss did not fall.
+// A comma-separated --policy compiles one step per policy on the same ranks and runs them in
+// turn, step by step (the order rotating each round), so that every plan sees the same machine
+// state; it then prints one "result {json}" line per policy with the median measured step time,
+// the predicted one and the plan's lower bound (bench/cluster/run reads those lines).
 #include <concerto/concerto.hpp>
 #include <concerto/train/step.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
+#include <vector>
 
 using namespace concerto;
 inline constexpr axis<"dp"> dp;
@@ -23,52 +31,126 @@ constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(act), param<"w1">
                                  input<"target">(act)),
                              sgd{});
 
+namespace {
+
+std::vector<std::string> split_policies(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  for (std::string p; std::getline(in, p, ',');)
+    if (!p.empty()) out.push_back(p);
+  if (out.empty()) fail("option '--policy' needs at least one policy name");
+  return out;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+} // namespace
+
 int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
   return runtime::mpi::run_or_abort([&] {
     int tp_size = 2, steps = 60;
-    std::string policy = "concerto";
-    for (int i = 1; i + 1 < argc; i += 2) {
+    std::int64_t B = 64, F = 128, ffn = 4;
+    std::string policy = "concerto", cost_preset = "cpu";
+    for (int i = 1; i < argc; i += 2) {
       const std::string a = argv[i];
+      if (i + 1 >= argc) fail("option '" + a + "' needs a value");
       if (a == "--tp") tp_size = std::atoi(argv[i + 1]);
       else if (a == "--steps") steps = std::atoi(argv[i + 1]);
       else if (a == "--policy") policy = argv[i + 1];
-      else fail("unknown option '" + a + "' (known: --tp N, --steps N, --policy NAME)");
+      else if (a == "--batch") B = std::atoll(argv[i + 1]);
+      else if (a == "--hidden") F = std::atoll(argv[i + 1]);
+      else if (a == "--ffn") ffn = std::atoll(argv[i + 1]);
+      else if (a == "--cost-preset") cost_preset = argv[i + 1];
+      else fail("unknown option '" + a + "' (known: --tp N, --steps N, --policy NAME[,NAME...], --batch N, --hidden N, "
+                "--ffn N, --cost-preset NAME)");
     }
+    if (B < 1 || F < 1 || ffn < 1) fail("--batch, --hidden and --ffn must be positive");
     const int world = runtime::mpi::environment::world_size();
-    constexpr std::int64_t B = 64, F = 128, H = 512;
+    const std::int64_t H = ffn * F;
     const shape_map shapes{{"x", {B, F}}, {"target", {B, F}}, {"w1", {F, H}}, {"w2", {H, F}}};
-    train::step_options options;
-    options.policy = policy;
     train::optimizer_settings opt;
-    opt.sgd.lr = 2.0f; // the mean over 8192 values makes each gradient small
-    auto step = train::compile(mlp, mesh::from_world(world, {{"dp", -1}, {"tp", tp_size}}), shapes, opt, options);
-    const bool root = step.rank() == 0;
-    if (root) std::printf("%s\n", step.summary().text().c_str());
+    // The mean over B·F values makes each gradient small (~1/F): 2.0 suits the default 128 features.
+    opt.sgd.lr = 2.0f * static_cast<float>(F) / 128.0f;
+    const auto policies = split_policies(policy);
+    const auto make = [&](const std::string& p) {
+      train::step_options options;
+      options.policy = p;
+      options.cost_preset = cost_preset;
+      return train::compile(mlp, mesh::from_world(world, {{"dp", -1}, {"tp", tp_size}}), shapes, opt, options);
+    };
+    std::vector<decltype(make(""))> runs;
+    runs.reserve(policies.size());
+    for (const auto& p : policies) runs.push_back(make(p));
+    const bool root = runs.front().rank() == 0;
+    if (root) {
+      std::printf("mlp: batch %lld, %lld -> %lld -> %lld, dp=%d x tp=%d, cost preset %s\n", static_cast<long long>(B),
+                  static_cast<long long>(F), static_cast<long long>(H), static_cast<long long>(F), world / tp_size, tp_size,
+                  cost_preset.c_str());
+      for (auto& r : runs) {
+        std::printf("%s\n", r.summary().text().c_str());
+        std::printf("lower bound %.0f us (%s plan)\n", r.plan().stats.lower_bound_us, r.summary().policy.c_str());
+      }
+      std::fflush(stdout);
+    } else {
+      for (auto& r : runs) r.prepare();
+    }
 
-    // A teacher: target = tanh(x·T) for a fixed random T; x drawn fresh each step.
+    // A teacher: target = tanh(x·T) for a fixed random T; x drawn fresh each step, the same
+    // batch for every policy of a round.
     std::vector<float> teacher(static_cast<std::size_t>(F * F));
     for (std::size_t i = 0; i < teacher.size(); ++i) teacher[i] = train::detail::uniform(7, "teacher", i) / std::sqrt(static_cast<float>(F) / 3);
-    double first = 0, last = 0;
+    const std::size_t k = runs.size();
+    std::vector<double> first(k), last(k);
+    std::vector<std::vector<double>> times(k), exposed(k);
     for (int s = 0; s < steps; ++s) {
       train::tensor x{{B, F}}, t{{B, F}};
       const auto salt = static_cast<std::uint64_t>(s) * static_cast<std::uint64_t>(B * F);
       for (std::int64_t i = 0; i < B * F; ++i) x.f32.push_back(train::detail::uniform(11, "x", salt + static_cast<std::uint64_t>(i)));
       t.f32.assign(static_cast<std::size_t>(B * F), 0.0f);
       for (std::int64_t r = 0; r < B; ++r)
-        for (std::int64_t c = 0; c < F; ++c) {
-          float v = 0;
-          for (std::int64_t k = 0; k < F; ++k) v += x.f32[static_cast<std::size_t>(r * F + k)] * teacher[static_cast<std::size_t>(k * F + c)];
-          t.f32[static_cast<std::size_t>(r * F + c)] = std::tanh(v);
+        for (std::int64_t kk = 0; kk < F; ++kk) {
+          const float xv = x.f32[static_cast<std::size_t>(r * F + kk)];
+          for (std::int64_t c = 0; c < F; ++c) t.f32[static_cast<std::size_t>(r * F + c)] += xv * teacher[static_cast<std::size_t>(kk * F + c)];
         }
-      const auto r = step({{"x", x}, {"target", t}});
-      if (s == 0) first = r.loss;
-      last = r.loss;
-      if (root && (s % 10 == 0 || s + 1 == steps))
-        std::printf("step %4lld  loss %.5f  %.0f us (exposed comm %.0f us)\n", static_cast<long long>(r.step), r.loss,
-                    r.step_us, r.exposed_comm_us);
+      for (auto& v : t.f32) v = std::tanh(v);
+      for (std::size_t j = 0; j < k; ++j) {
+        const std::size_t p = (j + static_cast<std::size_t>(s)) % k; // rotate who goes first
+        const auto r = runs[p]({{"x", x}, {"target", t}});
+        if (s == 0) first[p] = r.loss;
+        last[p] = r.loss;
+        if (s > 0) { // the first step also warms caches and connections
+          times[p].push_back(r.step_us);
+          exposed[p].push_back(r.exposed_comm_us);
+        }
+        if (root && k == 1 && (s % 10 == 0 || s + 1 == steps))
+          std::printf("step %4lld  loss %.5f  %.0f us (exposed comm %.0f us)\n", static_cast<long long>(r.step), r.loss,
+                      r.step_us, r.exposed_comm_us);
+      }
     }
-    if (root) std::printf("loss %.5f -> %.5f\n", first, last);
-    if (!(last < first)) fail("the loss did not fall");
+    for (std::size_t p = 0; p < k; ++p) {
+      if (!root) continue;
+      const auto& sm = runs[p].summary();
+      std::printf("loss %.5f -> %.5f; median step %.0f us (measured, %s plan)\n", first[p], last[p], median(times[p]),
+                  sm.policy.c_str());
+      {
+        nlohmann::json j{{"example", "mlp"},         {"policy", sm.policy},
+                         {"world", world},           {"tp", tp_size},
+                         {"batch", B},               {"hidden", F},
+                         {"ffn", ffn},               {"cost_preset", cost_preset},
+                         {"steps", times[p].size()}, {"median_step_us", median(times[p])},
+                         {"median_exposed_comm_us", median(exposed[p])},
+                         {"predicted_us", sm.predicted_us}, {"sync_predicted_us", sm.sync_predicted_us},
+                         {"lower_bound_us", runs[p].plan().stats.lower_bound_us}, {"step_us", times[p]}};
+        std::printf("result %s\n", j.dump().c_str());
+      }
+    }
+    if (root) std::fflush(stdout);
+    for (std::size_t p = 0; p < k; ++p)
+      if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");
   });
 }

@@ -307,10 +307,10 @@ TEST_CASE("an elementwise op is memory bound", "[cost][compute]") {
 
 TEST_CASE("presets are named, documented numbers", "[cost][preset]") {
   SECTION("the known presets are listed and an unknown one is an error that lists them") {
-    CHECK(cost::preset_names() == std::vector<std::string>{"a800x32", "h100x64", "cpu"});
+    CHECK(cost::preset_names() == std::vector<std::string>{"a800x32", "h100x64", "cpu", "cpu-netns"});
     CHECK_THROWS_AS(cost::model::preset("tpu-v5"), concerto::error);
     CHECK_THROWS_WITH(cost::model::preset("tpu-v5"),
-                      ContainsSubstring("'tpu-v5'") && ContainsSubstring("a800x32, h100x64, cpu"));
+                      ContainsSubstring("'tpu-v5'") && ContainsSubstring("a800x32, h100x64, cpu, cpu-netns"));
   }
   SECTION("the GPU presets carry the datasheet peaks and the cluster shapes") {
     const auto a = cost::model::preset("a800x32").hw();
@@ -458,6 +458,62 @@ TEST_CASE("the cpu preset reads this machine's cached calibration", "[cost][pres
       CHECK(cost::model::preset("cpu").hw() == cost::presets::cpu_defaults());
       CHECK_THAT(err.str(), ContainsSubstring("version"));
     }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the cpu-netns preset reads the emulated cluster's calibration file", "[cost][preset][cluster]") {
+  const auto dir = fresh_temp_dir("cost-netns-test");
+  const env_guard cache("CONCERTO_CACHE_DIR", dir.string());
+  // What bench/cluster's probe writes for 4 hosts at 1 Gbit/s (rounded).
+  auto probed = cost::presets::cpu_defaults();
+  probed.name = "cpu-netns-4x1gbit";
+  probed.nodes = 4;
+  probed.ranks_per_node = 1;
+  probed.peak_tflops = 0.0305;
+  probed.inter_node = {608.0, 0.0926};
+  probed.algorithm = cost::collective_algorithm::ring;
+  probed.overlap_slowdown = 1.5;
+  const auto write = [](const std::filesystem::path& f, const std::string& text) { std::ofstream(f, std::ios::trunc) << text; };
+
+  SECTION("without $CONCERTO_COST_FILE it reads cost-cpu-netns.json in the cache folder") {
+    const env_guard file("CONCERTO_COST_FILE", "");
+    REQUIRE(cost::cpu_netns_file() == dir / "cost-cpu-netns.json");
+    write(dir / "cost-cpu-netns.json", nlohmann::json(probed).dump());
+    const auto m = cost::model::preset("cpu-netns");
+    CHECK(m.hw() == probed);
+    // Priced with the probed link: a 4-rank ring all-reduce of 16 MiB over 1 Gbit/s is
+    // 2·3·(608 µs + 4 MiB / 0.0926 GB/s) = 2·3·(608 + 45295) µs, about 276 ms.
+    const double n = 16.0 * 1024 * 1024;
+    CHECK_THAT(m.collective_us(ir::op_kind::all_reduce, n, 4, ir::link_class::inter_node),
+               WithinRel(2 * 3 * (608.0 + n / 4 / (0.0926 * 1e3)), 1e-9));
+  }
+  SECTION("$CONCERTO_COST_FILE names the file, whatever the cache folder holds") {
+    auto other = probed;
+    other.name = "cpu-netns-2x10gbit";
+    other.inter_node = {108.0, 0.909};
+    write(dir / "cost-cpu-netns.json", nlohmann::json(probed).dump());
+    write(dir / "2x10.json", nlohmann::json(other).dump());
+    const env_guard file("CONCERTO_COST_FILE", (dir / "2x10.json").string());
+    CHECK(cost::model::preset("cpu-netns").hw() == other);
+    CHECK(cost::model::preset("cpu-netns").hw().hash() != probed.hash());
+  }
+  SECTION("a missing file is an error naming the file, not a silent default") {
+    const env_guard file("CONCERTO_COST_FILE", (dir / "absent.json").string());
+    CHECK_THROWS_AS(cost::model::preset("cpu-netns"), concerto::error);
+    CHECK_THROWS_WITH(cost::model::preset("cpu-netns"), ContainsSubstring("absent.json") && ContainsSubstring("CONCERTO_COST_FILE"));
+  }
+  SECTION("a file with a bad field is an error naming the file and the field") {
+    auto j = nlohmann::json(probed);
+    j["inter_node"].erase("bandwidth_gbps");
+    write(dir / "bad.json", j.dump());
+    const env_guard file("CONCERTO_COST_FILE", (dir / "bad.json").string());
+    CHECK_THROWS_WITH(cost::model::preset("cpu-netns"), ContainsSubstring("bad.json") && ContainsSubstring("bandwidth_gbps"));
+  }
+  SECTION("a file that is not JSON is an error naming the file") {
+    write(dir / "text.json", "inter_node: fast");
+    const env_guard file("CONCERTO_COST_FILE", (dir / "text.json").string());
+    CHECK_THROWS_WITH(cost::model::preset("cpu-netns"), ContainsSubstring("text.json"));
   }
   std::filesystem::remove_all(dir);
 }

@@ -355,8 +355,11 @@ int probe(int argc, char** argv) {
   hw.ranks_per_node = 1;
   hw.algorithm = concerto::cost::collective_algorithm::ring; // forced by the launcher
   hw.overlap_slowdown = std::clamp(ov.compute_slowdown(), 1.0, 4.0);
-  // The executor's all-reduce is the non-blocking ring; it prices every inter-node collective.
-  hw = concerto::cost::with_links(hw, hw.intra_node, fits[coll::iallreduce]);
+  // The executor's all-reduce is the non-blocking ring; it prices every collective. Every rank is
+  // its own host here, so no two ranks share a node: a mesh axis crosses the network whatever
+  // link class it is labelled with (mesh::from_world labels axes intra_node by default), and
+  // both classes get the measured link.
+  hw = concerto::cost::with_links(hw, fits[coll::iallreduce], fits[coll::iallreduce]);
   const concerto::cost::model model(hw);
 
   if (!root) return 0;

@@ -14,6 +14,8 @@
 #include <concerto/cost/cpu_cache.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -125,16 +127,47 @@ namespace presets {
 
 } // namespace presets
 
+/// @brief Where the "cpu-netns" preset reads its calibration: $CONCERTO_COST_FILE if set, else
+/// cost-cpu-netns.json in cache_dir() ($CONCERTO_CACHE_DIR first).
+///
+/// The emulated cluster (bench/cluster) is measured, not derived from a datasheet: its probe
+/// writes a hardware JSON per cluster configuration, and the runner points this at the one of
+/// the configuration being measured, so one name serves every configuration.
+[[nodiscard]] inline std::filesystem::path cpu_netns_file() {
+  if (const char* f = std::getenv("CONCERTO_COST_FILE"); f && *f) return f;
+  return cache_dir() / "cost-cpu-netns.json";
+}
+
+/// @brief The hardware in a calibration file written by bench/cluster's probe (or any
+/// cost::hardware JSON). Throws concerto::error naming the file when it is missing or bad.
+/// @code
+/// auto hw = cost::load_hardware_file("build-cluster/cluster-results/full/cpu-netns-4x1gbit.json");
+/// @endcode
+[[nodiscard]] inline hardware load_hardware_file(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in)
+    fail("cost calibration file '" + file.string() +
+         "' cannot be read (the cpu-netns preset reads $CONCERTO_COST_FILE, else cost-cpu-netns.json in "
+         "$CONCERTO_CACHE_DIR; bench/cluster/run writes one per cluster configuration)");
+  try {
+    return nlohmann::json::parse(in).get<hardware>();
+  } catch (const std::exception& e) { // a parse error, or concerto::error naming the field
+    fail("cost calibration file '" + file.string() + "': " + e.what());
+  }
+}
+
 /// @brief Names accepted by model::preset and preset_hardware.
-[[nodiscard]] inline std::vector<std::string> preset_names() { return {"a800x32", "h100x64", "cpu"}; }
+[[nodiscard]] inline std::vector<std::string> preset_names() { return {"a800x32", "h100x64", "cpu", "cpu-netns"}; }
 
 /// @brief The hardware of a named preset; "cpu" reads this machine's cached calibration
-/// (see cpu_cache.hpp) and falls back to presets::cpu_defaults(). Throws concerto::error
+/// (see cpu_cache.hpp) and falls back to presets::cpu_defaults(); "cpu-netns" reads
+/// cpu_netns_file() and has no fallback (a guess would make every prediction meaningless). Throws concerto::error
 /// naming an unknown preset and listing the known ones.
 [[nodiscard]] inline hardware preset_hardware(std::string_view name) {
   if (name == "a800x32") return presets::a800x32();
   if (name == "h100x64") return presets::h100x64();
   if (name == "cpu") return load_cpu_cache(cpu_cache_file()).value_or(presets::cpu_defaults());
+  if (name == "cpu-netns") return load_hardware_file(cpu_netns_file());
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
   fail("unknown hardware preset '" + std::string(name) + "'; known presets: " + known);
