@@ -158,6 +158,39 @@ TEST_CASE("the NCCL backend names a task whose operands do not fit before the fi
   }
 }
 
+TEST_CASE("collectives along an inner dimension and max reductions run through the NCCL backend as on MPI",
+          "[gpu][backend][collectives]") {
+  CONCERTO_REQUIRE_GPU();
+  // One rank: the lane's group has one member, so the staging restrides are identities; this
+  // checks the path (staging buffers, pack and unpack on the lane, fn "max"), not the
+  // interleaving, which kernels_test checks against the MPI backend's layout.
+  ir::builder b("inner-dim-collectives");
+  const int sp = b.axis("sp", 1);
+  const auto x = b.buffer("x", {4, 6, 3}, ir::buffer_role::input), y = b.buffer("y", {4, 6, 3});
+  const auto gathered = b.buffer("gathered", {4, 6, 3}), scattered = b.buffer("scattered", {4, 6, 3});
+  const auto mx = b.buffer("max", {4, 6, 3}), out = b.buffer("out", {4, 6, 3});
+  b.compute(ir::op_kind::elementwise, "double", {x}, {y}, {"scale", 0, -1, {{"num", 2}, {"den", 1}}});
+  const auto ag = b.collective(ir::op_kind::all_gather, "gather.dim1", sp, y, gathered);
+  const auto rs = b.collective(ir::op_kind::reduce_scatter, "scatter.dim1", sp, gathered, scattered);
+  b.collective(ir::op_kind::all_reduce, "max", sp, scattered, mx, -1, "max");
+  b.compute(ir::op_kind::elementwise, "add", {mx, x}, {out}, {"add"});
+  auto g = std::move(b).finish();
+  g.tasks[static_cast<std::size_t>(ag)].attrs["dim"] = 1;
+  g.tasks[static_cast<std::size_t>(rs)].attrs["dim"] = 1;
+  const auto p = unit_plan(planner::program_order_schedule(g), "program_order");
+  const auto in = values(4 * 6 * 3, 0.61f);
+  rt::mpi::backend cpu_be({.world = MPI_COMM_SELF});
+  rt::executor cpu_ex(p, cpu_be);
+  std::copy(in.begin(), in.end(), cpu_be.buffers().f32(x).begin());
+  cpu_ex.run_step();
+  const auto want = cpu_be.buffers().f32(out);
+  rt::nccl::backend gpu_be({.world = MPI_COMM_SELF});
+  rt::executor gpu_ex(p, gpu_be);
+  gpu_be.buffers().upload(x, in);
+  gpu_ex.run_step();
+  gpu_testing::check_close(gpu_be.buffers().download<float>(out), std::vector<float>(want.begin(), want.end()), 0.0f, 0.0f);
+}
+
 int main(int argc, char** argv) {
   concerto::runtime::mpi::environment env(argc, argv);
   return Catch::Session().run(argc, argv);

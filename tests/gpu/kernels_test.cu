@@ -284,3 +284,45 @@ TEST_CASE("cuBLASLt products match the CPU matmul for every flag combination", "
     check_close(got, want, 8e-3f, 1e-3f); // bf16 keeps 8 bits of mantissa
   }
 }
+
+TEST_CASE("restride packs a split along an inner dimension into blocks and back", "[gpu][kernels][restride]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  // len in bytes: 3 (byte copies), 12 (words), 32 (16-byte vectors); odd outer and parts.
+  for (const std::size_t len : {std::size_t{3}, std::size_t{12}, std::size_t{32}}) {
+    DYNAMIC_SECTION("parts of " << len << " bytes") {
+      const std::size_t outer = 7, parts = 3, n = outer * parts * len;
+      std::vector<std::uint8_t> whole(n);
+      for (std::size_t i = 0; i < n; ++i) whole[i] = static_cast<std::uint8_t>((i * 37 + 11) % 251);
+      // Block k holds part k of every row, rows in order (what the MPI backend's staging holds).
+      std::vector<std::uint8_t> blocks(n);
+      for (std::size_t k = 0; k < parts; ++k)
+        for (std::size_t o = 0; o < outer; ++o)
+          for (std::size_t b = 0; b < len; ++b) blocks[(k * outer + o) * len + b] = whole[(o * parts + k) * len + b];
+      REQUIRE(blocks != whole);
+      dev<std::uint8_t> dwhole(whole), dblocks(n), dback(n);
+      cu::restride(reinterpret_cast<const std::byte*>(dwhole.p()), reinterpret_cast<std::byte*>(dblocks.p()), outer, parts,
+                   len, true, s.get());
+      CHECK(dblocks.get() == blocks);
+      cu::restride(reinterpret_cast<const std::byte*>(dblocks.p()), reinterpret_cast<std::byte*>(dback.p()), outer, parts,
+                   len, false, s.get());
+      CHECK(dback.get() == whole);
+    }
+  }
+}
+
+TEST_CASE("i64 ids narrow to i32 and a value outside 32 bits is flagged", "[gpu][kernels][ids]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  const std::vector<std::int64_t> ids{0, 5, -3, 2147483647, 123456};
+  dev<std::int64_t> din(ids);
+  dev<std::int32_t> out(ids.size()), status(1);
+  cu::narrow_ids(din.p(), out.p(), ids.size(), status.p(), 9, s.get());
+  CHECK(out.get() == std::vector<std::int32_t>{0, 5, -3, 2147483647, 123456});
+  CHECK(status.get()[0] == 0);
+  const std::vector<std::int64_t> bad{1, std::int64_t{1} << 40};
+  dev<std::int64_t> dbad(bad);
+  cu::narrow_ids(dbad.p(), out.p(), bad.size(), status.p(), 9, s.get());
+  CHECK(status.get()[0] == 9);
+  CHECK(out.get()[0] == 1);
+}

@@ -8,8 +8,13 @@
 /// give the extents, and a size that does not fit throws concerto::error naming the task and
 /// the operand. Products are described once per task (`describe_gemm`, before the first step);
 /// the other kernels take their extents from the buffers' sizes on every call, which is host
-/// arithmetic only. Integer operands are found by dtype as on the CPU. Matmul takes fp32 or
-/// bf16 operands (fp32 accumulation, C in fp32 or bf16); every other kernel is fp32.
+/// arithmetic only. Integer operands are found by dtype as on the CPU (i32, or i64 narrowed
+/// into the workspace by a kernel). Matmul takes fp32 or bf16 operands (fp32 accumulation, C in
+/// fp32 or bf16); every other kernel is fp32.
+///
+/// What the DSL's tasks do not store (layernorm's statistics, attention's lse, cross-entropy's
+/// lse) lives in a device workspace for the duration of one task and is recomputed by the
+/// backward kernel that needs it, as on the CPU; `device_workspace_bytes(g)` sizes it.
 
 #ifndef __CUDACC__
 #error "concerto/runtime/cuda/dispatch.cuh launches CUDA kernels: compile this source with nvcc (concerto_cuda_sources(target) in CMake)"
@@ -35,20 +40,76 @@ struct device_context {
   const blas_handle* blas = nullptr;
   void* blas_workspace = nullptr;
   std::size_t blas_workspace_bytes = 0;
-  float* attention_workspace = nullptr;   ///< attention_workspace_bytes(graph) bytes
+  float* workspace = nullptr;             ///< device_workspace_bytes(graph) bytes
   int* status = nullptr;                  ///< 0, or task id + 1 of the first kernel that met a bad id
   const std::int64_t* step = nullptr;     ///< the optimizer step, counting from 1
+  std::size_t workspace_floats = 0;       ///< size of `workspace`; a task needing more throws
 };
 
-/// @brief Device workspace bytes the graph's attention backward kernels need at most.
-[[nodiscard]] inline std::int64_t attention_workspace_bytes(const ir::graph& g) {
-  std::size_t floats = 0;
-  for (const auto& t : g.tasks) {
-    if (ir::is_collective(t.kind) || (t.fn != "attention_grad" && t.fn != "causal_attention_grad")) continue;
-    floats = std::max(floats, causal_attention_grad_workspace_floats(static_cast<std::size_t>(t.attr("batch", 1)),
-                                                                     static_cast<std::size_t>(t.attr("seq", 1)),
-                                                                     static_cast<std::size_t>(t.attr("heads", 1))));
+namespace detail {
+
+// Every piece a task takes from the workspace starts on a 256-byte boundary.
+inline constexpr std::size_t workspace_pad = 64;
+constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + workspace_pad - 1) / workspace_pad * workspace_pad; }
+
+} // namespace detail
+
+/// @brief Device workspace floats one task needs: what the kernels keep between two launches
+/// (attention's per-row delta), the statistics the DSL's tasks do not store (layernorm's mean
+/// and rstd, attention's lse and recomputed output, cross-entropy's lse), and i64 ids narrowed
+/// to i32. The same operand conventions as run_kernel; 0 for collectives.
+[[nodiscard]] inline std::size_t device_workspace_floats(const ir::graph& g, const ir::task& t) {
+  if (ir::is_collective(t.kind)) return 0;
+  const auto count = [&](ir::buffer_id b) {
+    const auto& buf = g.buffers.at(static_cast<std::size_t>(b));
+    return static_cast<std::size_t>(buf.bytes) / std::max<std::size_t>(ir::size_of(buf.type), 1);
+  };
+  const auto is_int = [&](ir::buffer_id b) {
+    const auto ty = g.buffers.at(static_cast<std::size_t>(b)).type;
+    return ty == ir::dtype::i32 || ty == ir::dtype::i64;
+  };
+  std::size_t ids = 0, id_count = 0, float_reads = 0;
+  bool found = false;
+  for (const auto b : t.reads) {
+    if (!is_int(b)) {
+      ++float_reads;
+    } else if (!found) {
+      found = true;
+      id_count = count(b);
+      if (g.buffers.at(static_cast<std::size_t>(b)).type == ir::dtype::i64) ids = detail::padded(id_count);
+    }
   }
+  const auto rows_of = [&](ir::buffer_id whole, ir::buffer_id row) { return count(whole) / std::max<std::size_t>(count(row), 1); };
+  const auto dim = [&](const char* key) { return static_cast<std::size_t>(std::max<std::int64_t>(t.attr(key, 1), 0)); };
+  const std::size_t n_rows = dim("batch") * dim("heads") * dim("seq"), n_qkv = n_rows * dim("head_dim");
+  switch (resolve(t)) {
+  case kernel::layernorm:
+    return t.writes.size() >= 3 || t.reads.size() < 2 ? 0 : 2 * detail::padded(rows_of(t.reads[0], t.reads[1]));
+  case kernel::layernorm_grad:
+    return t.reads.size() >= 5 || t.reads.size() < 2 ? 0 : 2 * detail::padded(rows_of(t.reads[0], t.reads[1]));
+  case kernel::layernorm_grad_gamma:
+    return t.reads.empty() || t.writes.empty() ? 0 : 2 * detail::padded(rows_of(t.reads[0], t.writes[0]));
+  case kernel::attention: return t.writes.size() >= 2 ? 0 : detail::padded(n_rows);
+  case kernel::attention_grad:
+    return t.reads.size() >= 5 ? detail::padded(n_rows) : 2 * detail::padded(n_rows) + detail::padded(n_qkv);
+  case kernel::cross_entropy: return ids + (t.writes.size() >= 2 ? 0 : detail::padded(id_count));
+  case kernel::cross_entropy_grad: return ids + (float_reads >= 2 ? 0 : detail::padded(id_count));
+  case kernel::embedding:
+  case kernel::embedding_grad:
+  case kernel::vocab_ce_target:
+  case kernel::vocab_ce_grad: return ids;
+  default: return 0;
+  }
+}
+
+/// @brief Device workspace bytes the graph's kernels need at most (device_workspace_floats
+/// over its compute tasks); the backend places it after the cuBLASLt workspace.
+/// @code
+/// arena = cuda::device_arena(g, runtime::make_layout(g, blas_bytes + cuda::device_workspace_bytes(g), cuda::device_alignment));
+/// @endcode
+[[nodiscard]] inline std::int64_t device_workspace_bytes(const ir::graph& g) {
+  std::size_t floats = 0;
+  for (const auto& t : g.tasks) floats = std::max(floats, device_workspace_floats(g, t));
   return static_cast<std::int64_t>(floats * sizeof(float));
 }
 
@@ -64,16 +125,24 @@ public:
   ir::buffer_id write(std::size_t i, const char* what) const { return pick(t_.writes, i, what, "writes"); }
   float* f(ir::buffer_id b) const { return mem_.f32(b); }
   std::size_t n(ir::buffer_id b) const { return static_cast<std::size_t>(mem_.bytes(b)) / sizeof(float); }
+  bool is_int(ir::buffer_id b) const { return mem_.type(b) == ir::dtype::i32 || mem_.type(b) == ir::dtype::i64; }
+  /// The one integer operand (i32 or i64) among the reads (ids, targets), wherever it is listed.
   ir::buffer_id int_read(const char* what) const {
     for (const auto b : t_.reads)
-      if (mem_.type(b) == ir::dtype::i32) return b;
-    fail(task_ref(t_) + " needs an i32 buffer among its reads for `" + what + "`");
+      if (is_int(b)) return b;
+    fail(task_ref(t_) + " needs an i32 or i64 buffer among its reads for `" + what + "`");
   }
+  /// The i-th fp32 read, skipping integer operands.
   ir::buffer_id float_read(std::size_t i, const char* what) const {
     std::size_t seen = 0;
     for (const auto b : t_.reads)
-      if (mem_.type(b) != ir::dtype::i32 && seen++ == i) return b;
+      if (!is_int(b) && seen++ == i) return b;
     fail(task_ref(t_) + " has no fp32 read #" + std::to_string(i) + " for `" + what + "`");
+  }
+  std::size_t float_reads() const {
+    std::size_t k = 0;
+    for (const auto b : t_.reads) k += !is_int(b);
+    return k;
   }
   ir::buffer_id read_not_written(const char* what) const {
     for (const auto b : t_.reads)
@@ -90,6 +159,16 @@ public:
       fail(task_ref(t_) + ": " + std::to_string(total) + " values are not a whole number of " + what + " of " +
            std::to_string(by));
     return total / by;
+  }
+  /// This rank's coordinate on the mesh axis named by attr `key` (0 when the attr is absent or
+  /// -1, or when the settings carry no coordinates), as the CPU dispatch.
+  std::int64_t coord(const kernel_settings& s, const char* key) const {
+    const auto a = t_.attr(key, -1);
+    if (a < 0 || s.coords.empty()) return 0;
+    if (static_cast<std::size_t>(a) >= s.coords.size())
+      fail(task_ref(t_) + ": attr " + key + " = " + std::to_string(a) + " but the mesh has " +
+           std::to_string(s.coords.size()) + " axes");
+    return s.coords[static_cast<std::size_t>(a)];
   }
   /// Throws unless buffer b holds `expected` floats.
   void need(ir::buffer_id b, std::size_t expected, const char* what) const {
@@ -109,6 +188,27 @@ private:
   const device_arena& mem_;
 };
 
+/// Hands out pieces of the device workspace for one task; running past it throws naming the
+/// task (a workspace sized by another graph, or an operand layout device_workspace_floats missed).
+class workspace_cursor {
+public:
+  workspace_cursor(const ir::task& t, const device_context& ctx) : t_(t), base_(ctx.workspace), size_(ctx.workspace_floats) {}
+  float* take(std::size_t floats, const char* what) {
+    const auto need = padded(floats);
+    if (base_ == nullptr || used_ + need > size_)
+      fail(task_ref(t_) + ": the device workspace holds " + std::to_string(size_) + " floats, too few for `" + what +
+           "` (" + std::to_string(floats) + " more after " + std::to_string(used_) + "); size it with device_workspace_bytes");
+    float* p = base_ + used_;
+    used_ += need;
+    return p;
+  }
+
+private:
+  const ir::task& t_;
+  float* base_;
+  std::size_t size_, used_ = 0;
+};
+
 inline gemm_type gemm_type_of(const ir::task& t, const device_arena& mem, ir::buffer_id b) {
   switch (mem.type(b)) {
   case ir::dtype::f32: return gemm_type::f32;
@@ -119,21 +219,28 @@ inline gemm_type gemm_type_of(const ir::task& t, const device_arena& mem, ir::bu
   }
 }
 
+// `outer` rows of `len` bytes from a row pitch of `src_row` to one of `dst_row` (the CPU
+// dispatch's copy_strided); contiguous runs become one copy.
 inline void copy_rows(const ir::task& t, std::byte* src, std::size_t src_bytes, std::byte* dst, std::size_t dst_bytes,
                       std::size_t outer, std::size_t src_row, std::size_t dst_row, std::size_t src_off, std::size_t dst_off,
                       std::size_t len, cudaStream_t s) {
   if (outer == 0 || len == 0) return;
   if ((outer - 1) * src_row + src_off + len > src_bytes || (outer - 1) * dst_row + dst_off + len > dst_bytes)
     fail(task_ref(t) + ": slice/concat extents run past a buffer");
+  if (outer == 1 || (src_row == len && dst_row == len)) {
+    if (src + src_off != dst + dst_off)
+      check(cudaMemcpyAsync(dst + dst_off, src + src_off, outer * len, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    return;
+  }
   check(cudaMemcpy2DAsync(dst + dst_off, dst_row, src + src_off, src_row, len, outer, cudaMemcpyDeviceToDevice, s),
         "cudaMemcpy2DAsync");
 }
 
 } // namespace detail
 
-/// @brief Whether the GPU has a kernel for `k`: the kernels of the CPU dispatch as of issue 5.
-/// Kernels the CPU dispatch gained since (the DSL's vocabulary-sharded cross-entropy pieces,
-/// shard_slice, keep_one, layernorm_grad_gamma) are refused by the backend before the first step.
+/// @brief Whether the GPU has a kernel for `k`: every kernel of the CPU dispatch. The switch
+/// names each enumerator, so a kernel added to runtime::kernel without a GPU case is a
+/// compile-time warning (-Wswitch) here.
 [[nodiscard]] constexpr bool gpu_supports(kernel k) noexcept {
   switch (k) {
   case kernel::gemm: case kernel::add: case kernel::add_inplace: case kernel::scale: case kernel::bias_add:
@@ -141,15 +248,17 @@ inline void copy_rows(const ir::task& t, std::byte* src, std::size_t src_bytes, 
   case kernel::zero: case kernel::layernorm: case kernel::layernorm_grad: case kernel::softmax: case kernel::softmax_grad:
   case kernel::attention: case kernel::attention_grad: case kernel::cross_entropy: case kernel::cross_entropy_grad:
   case kernel::mse: case kernel::mse_grad: case kernel::embedding: case kernel::embedding_grad: case kernel::sgd:
-  case kernel::adamw: case kernel::copy: case kernel::slice: case kernel::concat:
+  case kernel::adamw: case kernel::copy: case kernel::slice: case kernel::concat: case kernel::layernorm_grad_gamma:
+  case kernel::shard_slice: case kernel::keep_one: case kernel::vocab_ce_max: case kernel::vocab_ce_target:
+  case kernel::vocab_ce_sumexp: case kernel::vocab_ce_loss: case kernel::vocab_ce_grad:
     return true;
-  default:
-    return false;
   }
+  return false;
 }
 
-/// @brief Describes the product of a matmul task for cuBLASLt, with the three cases of the CPU
-/// dispatch (one product; a batch sharing B as one taller product; a strided batch).
+/// @brief Describes the product of a matmul task for cuBLASLt, with the four cases of the CPU
+/// dispatch (one product; a batch sharing B as one taller product; a weight gradient summed over
+/// the batch as one product with a longer contraction; a strided batch).
 /// Throws naming the task when the buffers do not hold the extents the attrs give.
 /// @code
 /// products[t.id] = cuda::describe_gemm(g, t, arena, lt, cuda::gemm::default_workspace);
@@ -183,6 +292,11 @@ inline void copy_rows(const ir::task& t, std::byte* src, std::size_t src_bytes, 
   if (s.batch > 1 && count(b) == s.k * s.n && !s.trans_a) { // B shared by the batch
     s.m *= s.batch;
     s.batch = 1;
+  } else if (s.batch > 1 && count(c) == s.m * s.n && s.trans_a && !s.trans_b) {
+    // A weight gradient of a batched activation: one product with the batch stacked into the
+    // contraction (Σᵢ Aᵢᵀ·Bᵢ), as the CPU dispatch.
+    s.k *= s.batch;
+    s.batch = 1;
   }
   need(a, s.batch * s.m * s.k, "a");
   need(b, s.batch * s.k * s.n, "b");
@@ -191,15 +305,25 @@ inline void copy_rows(const ir::task& t, std::byte* src, std::size_t src_bytes, 
 }
 
 /// @brief Enqueues one compute task on `ctx.stream`; `product` is the task's describe_gemm
-/// result for a matmul (ignored otherwise).
+/// result for a matmul (ignored otherwise). Every form the CPU dispatch takes is taken here
+/// with the same operands and attrs (see runtime/dispatch.hpp and docs/runtime.md).
 /// @code
 /// cuda::run_kernel(g, t, runtime::resolve(t), arena, settings, ctx, &products[t.id]);
 /// @endcode
 inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const device_arena& mem,
                        const kernel_settings& s, const device_context& ctx, const gemm* product) {
   const detail::device_operands op(t, mem);
+  detail::workspace_cursor ws(t, ctx);
   const auto st = ctx.stream;
   const int code = t.id + 1;
+  // An integer operand as i32: itself, or (i64) narrowed into the workspace.
+  const auto ints = [&](ir::buffer_id b) -> const std::int32_t* {
+    if (mem.type(b) == ir::dtype::i32) return mem.i32(b);
+    const auto count = mem.count(b);
+    auto* out = reinterpret_cast<std::int32_t*>(ws.take(count, "narrowed ids"));
+    narrow_ids(reinterpret_cast<const std::int64_t*>(mem.ptr(b)), out, count, ctx.status, code, st);
+    return out;
+  };
   switch (k) {
   case kernel::gemm: {
     CONCERTO_CHECK(product != nullptr && ctx.blas != nullptr, detail::task_ref(t) + ": no product described for the matmul");
@@ -252,7 +376,9 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
   }
   case kernel::gelu_grad:
   case kernel::relu_grad: {
-    const auto dout = op.read(0, "dout"), x = op.read(1, "x"), dx = op.write(0, "dx");
+    // ir::builder graphs list (dout, x), the DSL (x, dout): the CPU dispatch's rule decides.
+    const bool swapped = runtime::detail::dout_first(g, t);
+    const auto x = op.read(swapped ? 1 : 0, "x"), dout = op.read(swapped ? 0 : 1, "dout"), dx = op.write(0, "dx");
     op.need(dout, op.n(x), "dout");
     op.need(dx, op.n(x), "dx");
     (k == kernel::gelu_grad ? gelu_grad : relu_grad)(op.f(x), op.f(dout), op.f(dx), op.n(x), st);
@@ -263,29 +389,61 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
       if (mem.bytes(b) > 0) check(cudaMemsetAsync(mem.ptr(b), 0, static_cast<std::size_t>(mem.bytes(b)), st), "cudaMemsetAsync");
     return;
   case kernel::layernorm: {
-    const auto x = op.read(0, "x"), gamma = op.read(1, "gamma"), beta = op.read(2, "beta");
-    const auto out = op.write(0, "out"), mean = op.write(1, "mean"), rstd = op.write(2, "rstd");
+    const auto x = op.read(0, "x"), gamma = op.read(1, "gamma"), beta = op.read(2, "beta"), out = op.write(0, "out");
     const auto cols = op.n(gamma), rows = op.divide(op.n(x), cols, "rows");
     op.need(beta, cols, "beta");
     op.need(out, op.n(x), "out");
-    op.need(mean, rows, "mean");
-    op.need(rstd, rows, "rstd");
-    layernorm(op.f(x), op.f(gamma), op.f(beta), op.f(out), op.f(mean), op.f(rstd), rows, cols, s.layernorm_eps, st);
+    // The DSL's layernorm writes only its output: the statistics go to the workspace.
+    float *mean = nullptr, *rstd = nullptr;
+    if (t.writes.size() >= 3) {
+      op.need(t.writes[1], rows, "mean");
+      op.need(t.writes[2], rows, "rstd");
+      mean = op.f(t.writes[1]);
+      rstd = op.f(t.writes[2]);
+    } else {
+      mean = ws.take(rows, "mean");
+      rstd = ws.take(rows, "rstd");
+    }
+    layernorm(op.f(x), op.f(gamma), op.f(beta), op.f(out), mean, rstd, rows, cols, s.layernorm_eps, st);
     return;
   }
   case kernel::layernorm_grad: {
-    const auto dout = op.read(0, "dout"), x = op.read(1, "x"), gamma = op.read(2, "gamma"), mean = op.read(3, "mean"),
-               rstd = op.read(4, "rstd");
-    const auto dx = op.write(0, "dx"), dgamma = op.write(1, "dgamma"), dbeta = op.write(2, "dbeta");
+    if (t.reads.size() >= 5) { // ir::builder form: dout, x, gamma, mean, rstd -> dx, dgamma, dbeta
+      const auto dout = op.read(0, "dout"), x = op.read(1, "x"), gamma = op.read(2, "gamma"), mean = op.read(3, "mean"),
+                 rstd = op.read(4, "rstd");
+      const auto dx = op.write(0, "dx"), dgamma = op.write(1, "dgamma"), dbeta = op.write(2, "dbeta");
+      const auto cols = op.n(gamma), rows = op.divide(op.n(x), cols, "rows");
+      op.need(dout, op.n(x), "dout");
+      op.need(mean, rows, "mean");
+      op.need(rstd, rows, "rstd");
+      op.need(dx, op.n(x), "dx");
+      op.need(dgamma, cols, "dgamma");
+      op.need(dbeta, cols, "dbeta");
+      layernorm_grad(op.f(dout), op.f(x), op.f(gamma), op.f(mean), op.f(rstd), op.f(dx), op.f(dgamma), op.f(dbeta), rows,
+                     cols, t.attr("accumulate") != 0, st);
+      return;
+    }
+    // The DSL's form: x, gamma, dy -> dx; the statistics are recomputed, dgamma and dbeta are
+    // other tasks (layernorm_grad_gamma, bias_grad).
+    const auto x = op.read(0, "x"), gamma = op.read(1, "gamma"), dy = op.read(2, "dy"), dx = op.write(0, "dx");
     const auto cols = op.n(gamma), rows = op.divide(op.n(x), cols, "rows");
-    op.need(dout, op.n(x), "dout");
-    op.need(mean, rows, "mean");
-    op.need(rstd, rows, "rstd");
+    op.need(dy, op.n(x), "dy");
     op.need(dx, op.n(x), "dx");
-    op.need(dgamma, cols, "dgamma");
-    op.need(dbeta, cols, "dbeta");
-    layernorm_grad(op.f(dout), op.f(x), op.f(gamma), op.f(mean), op.f(rstd), op.f(dx), op.f(dgamma), op.f(dbeta), rows,
-                   cols, t.attr("accumulate") != 0, st);
+    float* mean = ws.take(rows, "mean");
+    float* rstd = ws.take(rows, "rstd");
+    layernorm_stats(op.f(x), mean, rstd, rows, cols, s.layernorm_eps, st);
+    layernorm_grad_input(op.f(dy), op.f(x), op.f(gamma), mean, rstd, op.f(dx), rows, cols, st);
+    return;
+  }
+  case kernel::layernorm_grad_gamma: {
+    // dgamma[c] = Σ_r dy·x̂ (reads x, dy), the statistics recomputed.
+    const auto x = op.read(0, "x"), dy = op.read(1, "dy"), dgamma = op.write(0, "dgamma");
+    const auto cols = op.n(dgamma), rows = op.divide(op.n(x), cols, "rows");
+    op.need(dy, op.n(x), "dy");
+    float* mean = ws.take(rows, "mean");
+    float* rstd = ws.take(rows, "rstd");
+    layernorm_stats(op.f(x), mean, rstd, rows, cols, s.layernorm_eps, st);
+    layernorm_grad_gamma(op.f(dy), op.f(x), mean, rstd, op.f(dgamma), rows, cols, t.attr("accumulate") != 0, st);
     return;
   }
   case kernel::softmax:
@@ -316,11 +474,20 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
     op.need(kk, n, "k");
     op.need(v, n, "v");
     if (k == kernel::attention) {
-      const auto out = op.write(0, "out"), lse = op.write(1, "lse");
+      const auto out = op.write(0, "out");
       op.need(out, n, "out");
-      op.need(lse, nl, "lse");
-      causal_attention(op.f(q), op.f(kk), op.f(v), op.f(out), op.f(lse), batch, seq, heads, hd, st);
-    } else {
+      // The DSL's attention writes only its output: lse goes to the workspace.
+      float* lse = nullptr;
+      if (t.writes.size() >= 2) {
+        op.need(t.writes[1], nl, "lse");
+        lse = op.f(t.writes[1]);
+      } else {
+        lse = ws.take(nl, "lse");
+      }
+      causal_attention(op.f(q), op.f(kk), op.f(v), op.f(out), lse, batch, seq, heads, hd, st);
+      return;
+    }
+    if (t.reads.size() >= 5) { // q, k, v, dout, lse -> dq, dk, dv
       const auto dout = op.read(3, "dout"), lse = op.read(4, "lse");
       const auto dq = op.write(0, "dq"), dk = op.write(1, "dk"), dv = op.write(2, "dv");
       op.need(dout, n, "dout");
@@ -328,57 +495,92 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
       op.need(dq, n, "dq");
       op.need(dk, n, "dk");
       op.need(dv, n, "dv");
-      CONCERTO_CHECK(ctx.attention_workspace != nullptr, detail::task_ref(t) + ": no attention workspace");
       causal_attention_grad(op.f(q), op.f(kk), op.f(v), op.f(dout), op.f(lse), op.f(dq), op.f(dk), op.f(dv),
-                            ctx.attention_workspace, batch, seq, heads, hd, st);
+                            ws.take(nl, "delta"), batch, seq, heads, hd, st);
+      return;
     }
+    // The DSL's form: q, k, v, dy -> one [3, ...] buffer (dq, dk, dv); lse is recomputed.
+    const auto dy = op.read(3, "dy"), packed = op.write(0, "dqkv");
+    op.need(dy, n, "dy");
+    if (op.n(packed) != 3 * n)
+      fail(detail::task_ref(t) + ": output '" + mem.name(packed) + "' holds " + std::to_string(op.n(packed)) +
+           " floats, expected 3 x " + std::to_string(n) + " (dq, dk, dv)");
+    float* lse = ws.take(nl, "lse");
+    float* out = ws.take(n, "recomputed output");
+    float* delta = ws.take(nl, "delta");
+    causal_attention(op.f(q), op.f(kk), op.f(v), out, lse, batch, seq, heads, hd, st);
+    float* d = op.f(packed);
+    causal_attention_grad(op.f(q), op.f(kk), op.f(v), op.f(dy), lse, d, d + n, d + 2 * n, delta, batch, seq, heads, hd, st);
     return;
   }
-  case kernel::cross_entropy: {
-    const auto targets = op.int_read("targets");
-    const auto logits = op.float_read(0, "logits");
-    const auto loss = op.write(0, "loss"), lse = op.write(1, "lse");
-    const auto rows = static_cast<std::size_t>(mem.bytes(targets)) / sizeof(std::int32_t);
-    CONCERTO_CHECK(rows > 0, detail::task_ref(t) + ": cross_entropy needs at least one row");
-    const auto classes = op.divide(op.n(logits), rows, "rows");
-    op.need(lse, rows, "lse");
-    if (op.n(loss) == 0) fail(detail::task_ref(t) + ": the loss buffer holds no value");
-    cross_entropy(op.f(logits), mem.i32(targets), op.f(lse), op.f(loss), rows, classes, ctx.status, code, st);
-    return;
-  }
+  case kernel::cross_entropy:
   case kernel::cross_entropy_grad: {
-    const auto targets = op.int_read("targets");
-    const auto logits = op.float_read(0, "logits"), lse = op.float_read(1, "lse");
-    const auto dlogits = op.write(0, "dlogits");
-    const auto rows = static_cast<std::size_t>(mem.bytes(targets)) / sizeof(std::int32_t);
-    CONCERTO_CHECK(rows > 0, detail::task_ref(t) + ": cross_entropy_grad needs at least one row");
+    // Mean over `global_rows` (every rank's rows; default: this rank's), as on the CPU.
+    const auto id = op.int_read("targets");
+    const auto rows = mem.count(id);
+    CONCERTO_CHECK(rows > 0, detail::task_ref(t) + ": the mean over rows needs at least one row");
+    const auto logits = op.float_read(0, "logits");
     const auto classes = op.divide(op.n(logits), rows, "rows");
-    op.need(lse, rows, "lse");
+    const auto global_rows = static_cast<double>(t.attr("global_rows", static_cast<std::int64_t>(rows)));
+    const auto share = static_cast<float>(static_cast<double>(rows) / global_rows);
+    const auto* targets = ints(id);
+    if (k == kernel::cross_entropy) {
+      const auto loss = op.write(0, "loss");
+      if (op.n(loss) == 0) fail(detail::task_ref(t) + ": the loss buffer holds no value");
+      float* lse = nullptr;
+      if (t.writes.size() >= 2) {
+        op.need(t.writes[1], rows, "lse");
+        lse = op.f(t.writes[1]);
+      } else {
+        lse = ws.take(rows, "lse");
+      }
+      cross_entropy(op.f(logits), targets, lse, op.f(loss), rows, classes, ctx.status, code, st, share);
+      return;
+    }
+    const auto dlogits = op.write(0, "dlogits");
     op.need(dlogits, op.n(logits), "dlogits");
-    cross_entropy_grad(op.f(logits), mem.i32(targets), op.f(lse), op.f(dlogits), rows, classes,
-                       runtime::detail::ratio(t, "dloss_num", "dloss_den"), st);
+    const float* lse = nullptr;
+    if (op.float_reads() >= 2) {
+      const auto l = op.float_read(1, "lse");
+      op.need(l, rows, "lse");
+      lse = op.f(l);
+    } else { // the DSL's form: recompute the row log-sum-exp
+      float* tmp = ws.take(rows, "lse");
+      cross_entropy_lse(op.f(logits), targets, tmp, rows, classes, ctx.status, code, st);
+      lse = tmp;
+    }
+    cross_entropy_grad(op.f(logits), targets, lse, op.f(dlogits), rows, classes,
+                       runtime::detail::ratio(t, "dloss_num", "dloss_den") * share, st);
     return;
   }
-  case kernel::mse: {
-    const auto loss = op.write(0, "loss"), pred = op.read(0, "pred"), target = op.read(1, "target");
-    if (op.n(loss) == 0) fail(detail::task_ref(t) + ": the loss buffer holds no value");
-    op.need(target, op.n(pred), "target");
-    mse(op.f(pred), op.f(target), op.f(loss), op.n(pred), st);
-    return;
-  }
+  case kernel::mse:
   case kernel::mse_grad: {
-    const auto pred = op.read(0, "pred"), target = op.read(1, "target"), dpred = op.write(0, "dpred");
+    // Mean over `global_n` values (every rank's; default: this rank's), as cross_entropy.
+    const auto pred = op.read(0, "pred"), target = op.read(1, "target");
     op.need(target, op.n(pred), "target");
-    op.need(dpred, op.n(pred), "dpred");
-    mse_grad(op.f(pred), op.f(target), op.f(dpred), op.n(pred), runtime::detail::ratio(t, "dloss_num", "dloss_den"), st);
+    const auto share = static_cast<float>(static_cast<double>(op.n(pred)) /
+                                          static_cast<double>(t.attr("global_n", static_cast<std::int64_t>(op.n(pred)))));
+    if (k == kernel::mse) {
+      const auto loss = op.write(0, "loss");
+      if (op.n(loss) == 0) fail(detail::task_ref(t) + ": the loss buffer holds no value");
+      mse(op.f(pred), op.f(target), op.f(loss), op.n(pred), st, share);
+    } else {
+      const auto dpred = op.write(0, "dpred");
+      op.need(dpred, op.n(pred), "dpred");
+      mse_grad(op.f(pred), op.f(target), op.f(dpred), op.n(pred), runtime::detail::ratio(t, "dloss_num", "dloss_den") * share,
+               st);
+    }
     return;
   }
   case kernel::embedding:
   case kernel::embedding_grad: {
     const auto ids = op.int_read("ids");
-    const auto n = static_cast<std::size_t>(mem.bytes(ids)) / sizeof(std::int32_t);
-    const bool reject = t.attr("sharded") == 0;
-    const auto first_row = t.attr("first_row", 0);
+    const auto n = mem.count(ids);
+    // A table split over the vocabulary (`vocab_axis`, the DSL) holds rows [coord·vocab, ...);
+    // ids outside give zero rows, and an all-reduce of the outputs completes the lookup.
+    const bool vocab_split = t.attr("vocab_axis", -1) >= 0;
+    const bool reject = !vocab_split && t.attr("sharded") == 0;
+    const auto first_row = vocab_split ? op.coord(s, "vocab_axis") * t.attr("vocab", 0) : t.attr("first_row", 0);
     const auto big = k == kernel::embedding ? op.write(0, "out") : op.float_read(0, "dout");
     const auto table = k == kernel::embedding ? op.float_read(0, "table") : op.write(0, "dtable");
     const auto dim = op.at("hidden", static_cast<std::int64_t>(n == 0 ? 0 : op.n(big) / n));
@@ -387,10 +589,11 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
            " floats, not a whole number of rows of dim " + std::to_string(dim));
     op.need(big, n * dim, k == kernel::embedding ? "out" : "dout");
     const auto rows = op.n(table) / dim;
+    const auto* narrow = ints(ids);
     if (k == kernel::embedding)
-      embedding(mem.i32(ids), op.f(table), op.f(big), n, dim, rows, first_row, reject, ctx.status, code, st);
+      embedding(narrow, op.f(table), op.f(big), n, dim, rows, first_row, reject, ctx.status, code, st);
     else
-      embedding_grad(mem.i32(ids), op.f(big), op.f(table), n, dim, rows, t.attr("accumulate") != 0, first_row, reject,
+      embedding_grad(narrow, op.f(big), op.f(table), n, dim, rows, t.attr("accumulate") != 0, first_row, reject,
                      ctx.status, code, st);
     return;
   }
@@ -443,6 +646,27 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
     const auto whole = slicing ? op.read(0, "src") : op.write(0, "dst");
     const auto& wb = g.buffers.at(static_cast<std::size_t>(whole));
     const auto elem = ir::size_of(wb.type);
+    const auto whole_bytes = static_cast<std::size_t>(mem.bytes(whole));
+    const auto bytes_of = [&](ir::buffer_id b) { return static_cast<std::size_t>(mem.bytes(b)); };
+    if (t.attrs.contains("outer")) {
+      // The planner's explicit form (docs/decomposition.md): the whole buffer seen as
+      // [outer, extent, inner] elements; a part is [outer, length, inner].
+      const auto outer = op.at("outer", 1), inner = op.at("inner", 1) * elem, length = op.at("length", 0) * inner;
+      if (slicing) {
+        const auto part = op.write(0, "dst");
+        detail::copy_rows(t, mem.ptr(whole), whole_bytes, mem.ptr(part), bytes_of(part), outer, op.at("extent", 0) * inner,
+                          length, op.at("offset", 0) * inner, 0, length, st);
+      } else {
+        const auto parts = op.at("parts", static_cast<std::int64_t>(t.reads.size()));
+        if (parts != t.reads.size())
+          fail(detail::task_ref(t) + ": attr parts = " + std::to_string(parts) + " but the task reads " +
+               std::to_string(t.reads.size()) + " buffer(s)");
+        for (std::size_t j = 0; j < parts; ++j)
+          detail::copy_rows(t, mem.ptr(t.reads[j]), bytes_of(t.reads[j]), mem.ptr(whole), whole_bytes, outer, length,
+                            parts * length, 0, j * length, length, st);
+      }
+      return;
+    }
     const auto dim = op.at("dim", 0);
     const auto dims = std::max<std::size_t>(wb.shape.size(), 1);
     if (dim >= dims)
@@ -455,27 +679,98 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
     for (std::size_t d = 0; d < dim; ++d) outer *= extent_of(d);
     for (std::size_t d = dim + 1; d < dims; ++d) inner *= extent_of(d);
     const auto whole_row = extent_of(dim) * inner;
-    const auto whole_bytes = static_cast<std::size_t>(mem.bytes(whole));
     if (slicing) {
       const auto part = op.write(0, "dst");
-      const auto part_bytes = static_cast<std::size_t>(mem.bytes(part));
-      const auto len = op.divide(part_bytes, outer, "rows");
-      detail::copy_rows(t, mem.ptr(whole), whole_bytes, mem.ptr(part), part_bytes, outer, whole_row, len,
+      const auto len = op.divide(bytes_of(part), outer, "rows");
+      detail::copy_rows(t, mem.ptr(whole), whole_bytes, mem.ptr(part), bytes_of(part), outer, whole_row, len,
                         op.at("offset", 0) * inner, 0, len, st);
     } else {
       std::size_t at = 0;
       for (const auto b : t.reads) {
-        const auto part_bytes = static_cast<std::size_t>(mem.bytes(b));
-        const auto len = op.divide(part_bytes, outer, "rows");
-        detail::copy_rows(t, mem.ptr(b), part_bytes, mem.ptr(whole), whole_bytes, outer, len, whole_row, 0, at, len, st);
+        const auto len = op.divide(bytes_of(b), outer, "rows");
+        detail::copy_rows(t, mem.ptr(b), bytes_of(b), mem.ptr(whole), whole_bytes, outer, len, whole_row, 0, at, len, st);
         at += len;
       }
     }
     return;
   }
-  default: break;
+  case kernel::shard_slice: {
+    // The part of `src` along `dim` that this rank's coordinate on `mesh_axis` selects.
+    const auto src = op.read(0, "src"), dst = op.write(0, "dst");
+    const auto& sb = g.buffers.at(static_cast<std::size_t>(src));
+    const auto dim = op.at("dim", 0), parts = op.at("parts", 1);
+    if (dim >= std::max<std::size_t>(sb.shape.size(), 1))
+      fail(detail::task_ref(t) + ": attr dim = " + std::to_string(dim) + " but '" + sb.name + "' has rank " +
+           std::to_string(sb.shape.size()));
+    const auto elem = ir::size_of(sb.type);
+    std::size_t outer = 1, inner = elem;
+    for (std::size_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(sb.shape[d]);
+    for (std::size_t d = dim + 1; d < sb.shape.size(); ++d) inner *= static_cast<std::size_t>(sb.shape[d]);
+    const auto extent = sb.shape.empty() ? static_cast<std::size_t>(sb.bytes) / elem : static_cast<std::size_t>(sb.shape[dim]);
+    const auto len = op.divide(extent, parts, "parts") * inner;
+    const auto part = static_cast<std::size_t>(op.coord(s, "mesh_axis"));
+    detail::copy_rows(t, mem.ptr(src), static_cast<std::size_t>(mem.bytes(src)), mem.ptr(dst),
+                      static_cast<std::size_t>(mem.bytes(dst)), outer, extent * inner, len, part * len, 0, len, st);
+    return;
   }
-  fail(detail::task_ref(t) + ": no GPU kernel implements it yet (the CPU dispatch does; see docs/gpu.md)");
+  case kernel::keep_one: {
+    // Coordinate 0 on `mesh_axis` keeps the value, the others hold zero: a pending sum of one term.
+    const auto src = op.read(0, "src"), dst = op.write(0, "dst");
+    const auto bytes = static_cast<std::size_t>(mem.bytes(dst));
+    if (mem.bytes(src) != mem.bytes(dst)) fail(detail::task_ref(t) + ": input and output sizes differ");
+    if (bytes == 0) return;
+    if (op.coord(s, "mesh_axis") != 0)
+      check(cudaMemsetAsync(mem.ptr(dst), 0, bytes, st), "cudaMemsetAsync");
+    else if (mem.ptr(src) != mem.ptr(dst))
+      check(cudaMemcpyAsync(mem.ptr(dst), mem.ptr(src), bytes, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
+    return;
+  }
+  case kernel::vocab_ce_max:
+  case kernel::vocab_ce_target:
+  case kernel::vocab_ce_sumexp:
+  case kernel::vocab_ce_grad: {
+    // Megatron-LM's vocabulary-parallel cross-entropy over this rank's columns of the logits
+    // [rows, cols] (columns [coord·cols, ...) of the vocabulary); see runtime/dispatch.hpp.
+    const auto logits = op.float_read(0, "logits"), out = op.write(0, "out");
+    const auto cols = op.at("cols");
+    const auto rows = op.divide(op.n(logits), cols, "rows");
+    op.need(out, k == kernel::vocab_ce_grad ? rows * cols : rows, "out");
+    if (k == kernel::vocab_ce_max) {
+      vocab_ce_max(op.f(logits), op.f(out), rows, cols, st);
+      return;
+    }
+    const auto mx = op.float_read(1, "max");
+    op.need(mx, rows, "max");
+    if (k == kernel::vocab_ce_sumexp) {
+      vocab_ce_sumexp(op.f(logits), op.f(mx), op.f(out), rows, cols, st);
+      return;
+    }
+    const auto label_id = op.int_read("labels");
+    if (mem.count(label_id) != rows)
+      fail(detail::task_ref(t) + ": " + std::to_string(mem.count(label_id)) + " labels for " + std::to_string(rows) + " rows");
+    const auto first = op.coord(s, "vocab_axis") * static_cast<std::int64_t>(cols);
+    const auto* labels = ints(label_id);
+    if (k == kernel::vocab_ce_target) {
+      vocab_ce_target(op.f(logits), op.f(mx), labels, op.f(out), rows, cols, first, st);
+      return;
+    }
+    const auto sumexp = op.float_read(2, "sumexp");
+    op.need(sumexp, rows, "sumexp");
+    const auto scale = runtime::detail::ratio(t, "dloss_num", "dloss_den") /
+                       static_cast<float>(t.attr("global_rows", static_cast<std::int64_t>(rows)));
+    vocab_ce_grad(op.f(logits), op.f(mx), op.f(sumexp), labels, op.f(out), rows, cols, first, scale, st);
+    return;
+  }
+  case kernel::vocab_ce_loss: {
+    const auto sumexp = op.read(0, "sumexp"), target = op.read(1, "target"), loss = op.write(0, "loss");
+    if (op.n(loss) == 0 || op.n(target) != op.n(sumexp))
+      fail(detail::task_ref(t) + ": expects sumexp and target of one size and a one-value loss");
+    vocab_ce_loss(op.f(sumexp), op.f(target), op.f(loss), op.n(sumexp),
+                  static_cast<double>(t.attr("global_rows", static_cast<std::int64_t>(op.n(sumexp)))), st);
+    return;
+  }
+  }
+  fail(detail::task_ref(t) + ": kernel id out of range");
 }
 
 } // namespace concerto::runtime::cuda

@@ -1,7 +1,9 @@
 #pragma once
 /// @file
 /// @brief CUDA kernels for every op the CPU kernels have, forward and backward (matmul is in
-/// blas.hpp). Needs nvcc.
+/// blas.hpp), the pieces the CPU dispatch computes inline (the vocabulary-parallel
+/// cross-entropy, layernorm's statistics and dgamma alone, i64 ids narrowed to i32), and the
+/// restride that packs a tensor split along an inner dimension for NCCL. Needs nvcc.
 ///
 /// Each host function enqueues on a stream and returns; it takes device pointers and the
 /// extents of the CPU kernel of the same name (runtime/cpu/), and computes the same function,
@@ -31,6 +33,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -198,7 +201,7 @@ __global__ void layernorm_dparams_k(const float* dout, const float* x, const flo
       b += d;
     }
     dgamma[c] = accumulate ? dgamma[c] + g : g;
-    dbeta[c] = accumulate ? dbeta[c] + b : b;
+    if (dbeta != nullptr) dbeta[c] = accumulate ? dbeta[c] + b : b;
   }
 }
 template <int = 0>
@@ -341,7 +344,7 @@ __global__ void cross_entropy_rows_k(const float* logits, const std::int32_t* ta
 // One block: the mean over rows in double, as the CPU kernel sums.
 template <int = 0>
 __global__ void cross_entropy_mean_k(const float* logits, const std::int32_t* targets, const float* lse, float* loss,
-                                     std::size_t rows, std::size_t classes) {
+                                     std::size_t rows, std::size_t classes, float share) {
   __shared__ double red[32];
   double s = 0.0;
   for (std::size_t r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -350,7 +353,7 @@ __global__ void cross_entropy_mean_k(const float* logits, const std::int32_t* ta
     s += static_cast<double>(lse[r]) - static_cast<double>(logits[r * classes + static_cast<std::size_t>(t)]);
   }
   s = block_reduce(s, sum_op{}, red);
-  if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(rows));
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(rows)) * share;
 }
 template <int = 0>
 __global__ void cross_entropy_grad_k(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
@@ -362,7 +365,7 @@ __global__ void cross_entropy_grad_k(const float* logits, const std::int32_t* ta
   }
 }
 template <int = 0>
-__global__ void mse_k(const float* pred, const float* target, float* loss, std::size_t n) {
+__global__ void mse_k(const float* pred, const float* target, float* loss, std::size_t n, float share) {
   __shared__ double red[32];
   double s = 0.0;
   for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -370,7 +373,7 @@ __global__ void mse_k(const float* pred, const float* target, float* loss, std::
     s += d * d;
   }
   s = block_reduce(s, sum_op{}, red);
-  if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(n));
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(n)) * share;
 }
 template <int = 0>
 __global__ void mse_grad_k(const float* pred, const float* target, float* dpred, std::size_t n, float s) {
@@ -432,6 +435,104 @@ __global__ void adamw_k(float* p, const float* g, float* m, float* v, std::size_
     m[i] = cfg.beta1 * m[i] + (1.0f - cfg.beta1) * gi;
     v[i] = cfg.beta2 * v[i] + (1.0f - cfg.beta2) * gi * gi;
     p[i] = p[i] * decay - step_size * m[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + cfg.eps);
+  }
+}
+
+// ---- the DSL's forms and the vocabulary-parallel cross-entropy -------------------------------
+// i64 ids narrowed to i32 for the kernels above; a value outside 32 bits is skipped and flagged
+// (the CPU dispatch throws), so it never aliases a valid id.
+template <int = 0>
+__global__ void narrow_ids_k(const std::int64_t* in, std::int32_t* out, std::size_t n, int* status, int code) {
+  CONCERTO_GRID_STRIDE(i, n) {
+    const std::int64_t v = in[i];
+    if (v < INT32_MIN || v > INT32_MAX) {
+      out[i] = INT32_MIN;
+      flag(status, code);
+    } else {
+      out[i] = static_cast<std::int32_t>(v);
+    }
+  }
+}
+// Layernorm's row statistics alone (the DSL's backward recomputes them), as layernorm_k.
+template <int = 0>
+__global__ void row_stats_k(const float* x, float* mean, float* rstd, std::size_t cols, float eps) {
+  __shared__ float red[32];
+  const float* px = x + blockIdx.x * cols;
+  float s = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += px[c];
+  const float mu = block_reduce(s, sum_op{}, red) / static_cast<float>(cols);
+  float sq = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = px[c] - mu;
+    sq += d * d;
+  }
+  const float rs = rsqrtf(block_reduce(sq, sum_op{}, red) / static_cast<float>(cols) + eps);
+  if (threadIdx.x == 0) {
+    mean[blockIdx.x] = mu;
+    rstd[blockIdx.x] = rs;
+  }
+}
+template <int = 0>
+__global__ void row_max_k(const float* x, float* out, std::size_t cols) {
+  __shared__ float red[32];
+  const float* px = x + blockIdx.x * cols;
+  float m = -INFINITY;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, px[c]);
+  m = block_reduce(m, max_op{}, red);
+  if (threadIdx.x == 0) out[blockIdx.x] = m;
+}
+template <int = 0>
+__global__ void row_sumexp_k(const float* x, const float* mx, float* out, std::size_t cols) {
+  __shared__ float red[32];
+  const float* px = x + blockIdx.x * cols;
+  const float m = mx[blockIdx.x];
+  float s = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(px[c] - m);
+  s = block_reduce(s, sum_op{}, red);
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+// The label's column in this rank's part [first, first + cols) of the vocabulary, or -1.
+__device__ inline std::int64_t vocab_column(std::int32_t label, std::int64_t first, std::size_t cols) {
+  const std::int64_t c = static_cast<std::int64_t>(label) - first;
+  return c >= 0 && c < static_cast<std::int64_t>(cols) ? c : -1;
+}
+template <int = 0>
+__global__ void vocab_target_k(const float* logits, const float* mx, const std::int32_t* labels, float* out,
+                               std::size_t rows, std::size_t cols, std::int64_t first) {
+  CONCERTO_GRID_STRIDE(r, rows) {
+    const auto c = vocab_column(labels[r], first, cols);
+    out[r] = c >= 0 ? logits[r * cols + static_cast<std::size_t>(c)] - mx[r] : 0.0f;
+  }
+}
+template <int = 0>
+__global__ void vocab_grad_k(const float* logits, const float* mx, const float* sumexp, const std::int32_t* labels,
+                             float* out, std::size_t rows, std::size_t cols, std::int64_t first, float scale) {
+  CONCERTO_GRID_STRIDE(i, rows * cols) {
+    const std::size_t r = i / cols, c = i % cols;
+    const float g = scale / sumexp[r] * expf(logits[i] - mx[r]);
+    out[i] = vocab_column(labels[r], first, cols) == static_cast<std::int64_t>(c) ? g - scale : g;
+  }
+}
+// One block: Σ_r log(sumexp_r) - target_r in double, over the global row count.
+template <int = 0>
+__global__ void vocab_loss_k(const float* sumexp, const float* target, float* loss, std::size_t rows, double global_rows) {
+  __shared__ double red[32];
+  double s = 0.0;
+  for (std::size_t r = threadIdx.x; r < rows; r += blockDim.x)
+    s += log(static_cast<double>(sumexp[r])) - static_cast<double>(target[r]);
+  s = block_reduce(s, sum_op{}, red);
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(s / global_rows);
+}
+// Between a tensor split along one dimension, [outer][parts][len] words, and the collectives'
+// layout, [parts][outer][len] (part k contiguous). Word is the widest type the sizes allow.
+template <class Word>
+__global__ void restride_k(const Word* from, Word* to, std::size_t outer, std::size_t parts, std::size_t len,
+                           bool to_blocks) {
+  CONCERTO_GRID_STRIDE(i, outer * parts * len) {
+    const std::size_t w = i % len, ko = i / len, o = ko % outer, k = ko / outer; // i indexes the blocks' layout
+    const std::size_t whole = (o * parts + k) * len + w;
+    if (to_blocks) to[i] = from[whole];
+    else to[whole] = from[i];
   }
 }
 
@@ -573,15 +674,16 @@ inline void causal_attention_grad(const float* q, const float* k, const float* v
   detail::attention_dkv_k<<<grid, detail::attention_block, smem, s>>>(q, k, v, dout, lse, workspace, dk, dv, dims);
   detail::launched("causal_attention_grad");
 }
-/// @brief Mean cross-entropy into `loss[0]` (device), saving lse per row. A target outside
-/// [0, classes) is skipped and sets `*status = code`.
+/// @brief Mean cross-entropy times `share` into `loss[0]` (device), saving lse per row. A target
+/// outside [0, classes) is skipped and sets `*status = code`. `share` is rows / global rows for
+/// a loss summed over data-parallel ranks (the dispatch's `global_rows`).
 inline void cross_entropy(const float* logits, const std::int32_t* targets, float* lse, float* loss, std::size_t rows,
-                          std::size_t classes, int* status, int code, cudaStream_t s) {
+                          std::size_t classes, int* status, int code, cudaStream_t s, float share = 1.0f) {
   CONCERTO_CHECK(rows > 0, "cross_entropy: the mean over rows needs at least one row");
   detail::cross_entropy_rows_k<<<detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s>>>(logits, targets, lse,
                                                                                                  classes, status, code);
   detail::launched("cross_entropy");
-  detail::cross_entropy_mean_k<<<1, 1024, 0, s>>>(logits, targets, lse, loss, rows, classes);
+  detail::cross_entropy_mean_k<<<1, 1024, 0, s>>>(logits, targets, lse, loss, rows, classes, share);
   detail::launched("cross_entropy");
 }
 /// @brief `dlogits = dloss·(softmax(logits) - onehot)/rows`.
@@ -592,10 +694,10 @@ inline void cross_entropy_grad(const float* logits, const std::int32_t* targets,
       logits, targets, lse, dlogits, rows, classes, dloss / static_cast<float>(rows));
   detail::launched("cross_entropy_grad");
 }
-/// @brief Mean squared error into `loss[0]` (device), summed in double.
-inline void mse(const float* pred, const float* target, float* loss, std::size_t n, cudaStream_t s) {
+/// @brief Mean squared error times `share` into `loss[0]` (device), summed in double.
+inline void mse(const float* pred, const float* target, float* loss, std::size_t n, cudaStream_t s, float share = 1.0f) {
   CONCERTO_CHECK(n > 0, "mse: the mean needs at least one value");
-  detail::mse_k<<<1, 1024, 0, s>>>(pred, target, loss, n);
+  detail::mse_k<<<1, 1024, 0, s>>>(pred, target, loss, n, share);
   detail::launched("mse");
 }
 /// @brief `dpred = dloss·2·(pred - target)/n`.
@@ -641,6 +743,110 @@ inline void adamw_update(float* params, const float* grads, float* m, float* v, 
   if (n == 0) return;
   detail::adamw_k<<<detail::grid_for(n), detail::block, 0, s>>>(params, grads, m, v, n, cfg, step);
   detail::launched("adamw_update");
+}
+
+/// @brief i64 ids into i32 (`out` holds n values); a value outside 32 bits becomes INT32_MIN and
+/// sets `*status = code`.
+inline void narrow_ids(const std::int64_t* in, std::int32_t* out, std::size_t n, int* status, int code, cudaStream_t s) {
+  if (n == 0) return;
+  detail::narrow_ids_k<<<detail::grid_for(n), detail::block, 0, s>>>(in, out, n, status, code);
+  detail::launched("narrow_ids");
+}
+/// @brief Layernorm's row statistics (mean and rstd, biased variance) without the output.
+inline void layernorm_stats(const float* x, float* mean, float* rstd, std::size_t rows, std::size_t cols, float eps,
+                            cudaStream_t s) {
+  if (rows == 0) return;
+  CONCERTO_CHECK(cols > 0, "layernorm_stats: a row needs at least one column");
+  detail::row_stats_k<<<detail::rows_grid(rows, "layernorm_stats"), detail::block, 0, s>>>(x, mean, rstd, cols, eps);
+  detail::launched("layernorm_stats");
+}
+/// @brief dx of layernorm alone (the DSL's layernorm_grad; dgamma and dbeta are other tasks).
+inline void layernorm_grad_input(const float* dout, const float* x, const float* gamma, const float* mean,
+                                 const float* rstd, float* dx, std::size_t rows, std::size_t cols, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  detail::layernorm_dx_k<<<detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s>>>(dout, x, gamma, mean, rstd,
+                                                                                             dx, cols);
+  detail::launched("layernorm_grad");
+}
+/// @brief `dgamma[c] (+)= Σ_r dout[r,c]·(x[r,c] - mean[r])·rstd[r]` (the DSL's layernorm_grad_gamma).
+inline void layernorm_grad_gamma(const float* dout, const float* x, const float* mean, const float* rstd, float* dgamma,
+                                 std::size_t rows, std::size_t cols, bool accumulate, cudaStream_t s) {
+  if (cols == 0) return;
+  detail::layernorm_dparams_k<<<detail::grid_for(cols), detail::block, 0, s>>>(dout, x, mean, rstd, dgamma, nullptr,
+                                                                              rows, cols, accumulate);
+  detail::launched("layernorm_grad_gamma");
+}
+/// @brief The row log-sum-exp of cross_entropy alone (its backward recomputes it); a target
+/// outside [0, classes) sets `*status = code`.
+inline void cross_entropy_lse(const float* logits, const std::int32_t* targets, float* lse, std::size_t rows,
+                              std::size_t classes, int* status, int code, cudaStream_t s) {
+  if (rows == 0) return;
+  detail::cross_entropy_rows_k<<<detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s>>>(logits, targets, lse,
+                                                                                                 classes, status, code);
+  detail::launched("cross_entropy");
+}
+/// @brief `out[r] = max_c logits[r,c]` (vocab_ce_max: this rank's part of the vocabulary).
+inline void vocab_ce_max(const float* logits, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
+  if (rows == 0) return;
+  CONCERTO_CHECK(cols > 0, "vocab_ce_max: a row needs at least one column");
+  detail::row_max_k<<<detail::rows_grid(rows, "vocab_ce_max"), detail::block, 0, s>>>(logits, out, cols);
+  detail::launched("vocab_ce_max");
+}
+/// @brief `out[r] = Σ_c exp(logits[r,c] - max[r])` (vocab_ce_sumexp, after the max all-reduce).
+inline void vocab_ce_sumexp(const float* logits, const float* max, float* out, std::size_t rows, std::size_t cols,
+                            cudaStream_t s) {
+  if (rows == 0) return;
+  detail::row_sumexp_k<<<detail::rows_grid(rows, "vocab_ce_sumexp"), detail::block, 0, s>>>(logits, max, out, cols);
+  detail::launched("vocab_ce_sumexp");
+}
+/// @brief `out[r] = logits[r, label - first_col] - max[r]` where this rank holds the label's
+/// column (first_col ≤ label < first_col + cols), else 0 (vocab_ce_target).
+inline void vocab_ce_target(const float* logits, const float* max, const std::int32_t* labels, float* out,
+                            std::size_t rows, std::size_t cols, std::int64_t first_col, cudaStream_t s) {
+  if (rows == 0) return;
+  detail::vocab_target_k<<<detail::grid_for(rows), detail::block, 0, s>>>(logits, max, labels, out, rows, cols, first_col);
+  detail::launched("vocab_ce_target");
+}
+/// @brief `out = scale·(exp(logits - max)/sumexp - onehot)` over this rank's columns (vocab_ce_grad).
+inline void vocab_ce_grad(const float* logits, const float* max, const float* sumexp, const std::int32_t* labels,
+                          float* out, std::size_t rows, std::size_t cols, std::int64_t first_col, float scale,
+                          cudaStream_t s) {
+  if (rows * cols == 0) return;
+  detail::vocab_grad_k<<<detail::grid_for(rows * cols), detail::block, 0, s>>>(logits, max, sumexp, labels, out, rows,
+                                                                              cols, first_col, scale);
+  detail::launched("vocab_ce_grad");
+}
+/// @brief `loss[0] = Σ_r (log sumexp[r] - target[r]) / global_rows`, summed in double (vocab_ce_loss).
+inline void vocab_ce_loss(const float* sumexp, const float* target, float* loss, std::size_t rows, double global_rows,
+                          cudaStream_t s) {
+  detail::vocab_loss_k<<<1, 1024, 0, s>>>(sumexp, target, loss, rows, global_rows);
+  detail::launched("vocab_ce_loss");
+}
+/// @brief Moves `parts` blocks of `len` bytes per row between a tensor split along a dimension
+/// (`outer` rows, each holding the parts side by side) and the collectives' layout (part k's
+/// rows contiguous): `to_blocks` packs before an NCCL call, `!to_blocks` unpacks after one.
+/// `from` and `to` must not overlap.
+/// @code
+/// cuda::restride(d_whole, d_stage, outer, ranks, part_row_bytes, true, lane_stream);
+/// @endcode
+inline void restride(const std::byte* from, std::byte* to, std::size_t outer, std::size_t parts, std::size_t len,
+                     bool to_blocks, cudaStream_t s) {
+  const std::size_t n = outer * parts * len;
+  if (n == 0) return;
+  const auto fits = [&](std::size_t w) {
+    return len % w == 0 && reinterpret_cast<std::uintptr_t>(from) % w == 0 && reinterpret_cast<std::uintptr_t>(to) % w == 0;
+  };
+  if (fits(16)) {
+    detail::restride_k<<<detail::grid_for(n / 16), detail::block, 0, s>>>(
+        reinterpret_cast<const uint4*>(from), reinterpret_cast<uint4*>(to), outer, parts, len / 16, to_blocks);
+  } else if (fits(4)) {
+    detail::restride_k<<<detail::grid_for(n / 4), detail::block, 0, s>>>(
+        reinterpret_cast<const std::uint32_t*>(from), reinterpret_cast<std::uint32_t*>(to), outer, parts, len / 4, to_blocks);
+  } else {
+    detail::restride_k<<<detail::grid_for(n), detail::block, 0, s>>>(
+        reinterpret_cast<const std::uint8_t*>(from), reinterpret_cast<std::uint8_t*>(to), outer, parts, len, to_blocks);
+  }
+  detail::launched("restride");
 }
 
 } // namespace concerto::runtime::cuda

@@ -20,6 +20,11 @@
 /// Collective operands follow runtime::mpi::backend's conventions (in place when input and
 /// output coincide; all_gather's input may be this rank's slice of the output; reduce_scatter's
 /// output may be this rank's slice of the input, or its first shard as MPI_IN_PLACE leaves it).
+/// all_gather and reduce_scatter along a dimension other than the leading one (attr `dim`, the
+/// DSL's sequence parallelism), and all_to_all between dimensions (`from_dim`, `to_dim`), go
+/// through the lane's staging buffers: a restride kernel on the lane's stream packs each rank's
+/// part contiguously before the NCCL call and another unpacks after it, as the MPI backend does
+/// on the host. fn "sum" (default), "max" or "min" picks the reduction.
 /// A send immediately followed on its lane by a recv (or the reverse) is issued as one NCCL
 /// group, so that a ring shift cannot deadlock.
 ///
@@ -60,6 +65,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <optional>
@@ -211,9 +217,11 @@ public:
         fail("lane '" + g.streams[s].name + "' has " + std::to_string(comms_.back().size()) + " ranks, mesh axis '" +
              axis.name + "' has size " + std::to_string(axis.size));
     }
-    const auto attention = cuda::attention_workspace_bytes(g);
-    arena_ = cuda::device_arena(
-        g, make_layout(g, static_cast<std::int64_t>(options_.blas_workspace_bytes) + attention, cuda::device_alignment));
+    // Scratch: the cuBLASLt workspace, then (256-byte aligned) the kernels' workspace.
+    const auto blas_bytes = (options_.blas_workspace_bytes + cuda::device_alignment - 1) / cuda::device_alignment *
+                            cuda::device_alignment;
+    const auto kernel_bytes = cuda::device_workspace_bytes(g);
+    arena_ = cuda::device_arena(g, make_layout(g, static_cast<std::int64_t>(blas_bytes) + kernel_bytes, cuda::device_alignment));
     kernels_.assign(g.tasks.size(), kernel::copy);
     products_.clear();
     products_.resize(g.tasks.size());
@@ -230,12 +238,13 @@ public:
         continue;
       }
       kernels_[i] = resolve(t);
-      if (!cuda::gpu_supports(kernels_[i]))
+      if (!cuda::gpu_supports(kernels_[i])) // never, while gpu_supports lists every kernel
         fail("task " + std::to_string(t.id) + " '" + t.name + "' (fn '" + t.fn +
              "') has a CPU kernel but no GPU kernel yet; the NCCL backend cannot run this plan");
       if (kernels_[i] == kernel::gemm)
         products_[i] = cuda::describe_gemm(g, t, arena_, *blas_, options_.blas_workspace_bytes, options_.allow_tf32);
     }
+    make_staging(g);
     // A send next to a recv on the same lane becomes one NCCL group (see the file comment).
     partner_.assign(g.tasks.size(), -1);
     for (std::size_t s = 1; s < p.order.size(); ++s) {
@@ -258,9 +267,10 @@ public:
             &*blas_,
             arena_.scratch(),
             options_.blas_workspace_bytes,
-            reinterpret_cast<float*>(arena_.scratch() + options_.blas_workspace_bytes),
+            reinterpret_cast<float*>(arena_.scratch() + blas_bytes),
             words_.as<int>(),
-            reinterpret_cast<const std::int64_t*>(words_.data() + sizeof(std::int64_t))};
+            reinterpret_cast<const std::int64_t*>(words_.data() + sizeof(std::int64_t)),
+            static_cast<std::size_t>(kernel_bytes) / sizeof(float)};
     start_.emplace(true);
     stop_.emplace(true);
     fork_.emplace();
@@ -409,6 +419,14 @@ public:
 private:
   enum class mode : std::uint8_t { eager, capture, replay };
 
+  // A tensor split into `parts` along one dimension: each of `outer` rows holds the parts side
+  // by side, `len` bytes each; NCCL wants part k's rows contiguous (cuda::restride).
+  struct split {
+    std::size_t outer = 0; ///< 0: no staging
+    std::size_t parts = 1, len = 0;
+    [[nodiscard]] std::size_t bytes() const noexcept { return outer * parts * len; }
+  };
+
   // Everything an NCCL call needs, resolved once in prepare so a step only switches on it.
   struct call {
     const void* send = nullptr;
@@ -419,14 +437,72 @@ private:
     int peer = 0;                      ///< broadcast root or send/recv partner, as a lane rank
     void* copy_to = nullptr;           ///< reduce_scatter into the first shard: copy the result there
     std::size_t copy_bytes = 0;
+    split pack, unpack;                ///< before the call (input -> lane's send stage), after (recv stage -> output)
+    const std::byte* pack_from = nullptr;
+    std::byte* pack_to = nullptr;      ///< the lane's send stage (= send) when packing
+    std::byte* unpack_to = nullptr;
+  };
+
+  // The lane's staging buffers, as large as its largest packed collective: one lane's
+  // collectives run in its stream's order, so each pack/call/unpack finishes before the next.
+  struct staging {
+    cuda::device_buffer send, recv;
   };
 
   int coord_on(const ir::task& t) const { return coords_[static_cast<std::size_t>(t.axis)]; }
+
+  // The restride of buffer b split into `parts` along `dim` (as runtime::mpi::backend's);
+  // outer = 0 when the parts are already contiguous (dim 0, or only extent-1 dimensions before it).
+  static split split_of(const ir::buffer& b, std::int64_t dim, int parts, const std::string& who) {
+    split r;
+    if (dim <= 0 || b.shape.empty()) return r;
+    if (static_cast<std::size_t>(dim) >= b.shape.size())
+      fail(who + ": attr dim = " + std::to_string(dim) + " but '" + b.name + "' has rank " + std::to_string(b.shape.size()));
+    std::size_t outer = 1, inner = ir::size_of(b.type);
+    for (std::int64_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(b.shape[static_cast<std::size_t>(d)]);
+    for (auto d = static_cast<std::size_t>(dim) + 1; d < b.shape.size(); ++d) inner *= static_cast<std::size_t>(b.shape[d]);
+    const auto extent = static_cast<std::size_t>(b.shape[static_cast<std::size_t>(dim)]);
+    if (parts <= 0 || extent % static_cast<std::size_t>(parts) != 0)
+      fail(who + ": dimension " + std::to_string(dim) + " of '" + b.name + "' (" + std::to_string(extent) +
+           ") does not split into " + std::to_string(parts) + " parts");
+    if (outer == 1) return r;
+    r.outer = outer;
+    r.parts = static_cast<std::size_t>(parts);
+    r.len = extent / static_cast<std::size_t>(parts) * inner;
+    return r;
+  }
+
+  // Allocates each lane's staging buffers and points the packed calls at them.
+  void make_staging(const ir::graph& g) {
+    staging_.clear();
+    staging_.resize(g.streams.size());
+    std::vector<std::size_t> send(g.streams.size(), 0), recv(g.streams.size(), 0);
+    for (const auto& t : g.tasks) {
+      if (!ir::is_collective(t.kind)) continue;
+      const auto& c = calls_[static_cast<std::size_t>(t.id)];
+      const auto lane = static_cast<std::size_t>(t.stream);
+      send[lane] = std::max(send[lane], c.pack.bytes());
+      recv[lane] = std::max(recv[lane], c.unpack.bytes());
+    }
+    for (std::size_t s = 0; s < g.streams.size(); ++s) {
+      if (send[s] > 0) staging_[s].send = cuda::device_buffer(send[s]);
+      if (recv[s] > 0) staging_[s].recv = cuda::device_buffer(recv[s]);
+    }
+    for (const auto& t : g.tasks) {
+      if (!ir::is_collective(t.kind)) continue;
+      auto& c = calls_[static_cast<std::size_t>(t.id)];
+      const auto& st = staging_[static_cast<std::size_t>(t.stream)];
+      if (c.pack.outer > 0) c.send = c.pack_to = st.send.data();
+      if (c.unpack.outer > 0) c.recv = st.recv.data();
+    }
+  }
 
   void enqueue(const ir::task& t, cudaStream_t s) {
     const auto& c = calls_[static_cast<std::size_t>(t.id)];
     const auto comm = comms_.at(static_cast<std::size_t>(t.stream)).get();
     const auto what = "starting " + std::string(ir::to_string(t.kind)) + " '" + t.name + "'";
+    if (c.pack.outer > 0) // each rank's part along an inner dimension made contiguous, on the lane
+      cuda::restride(c.pack_from, c.pack_to, c.pack.outer, c.pack.parts, c.pack.len, true, s);
     switch (t.kind) {
     case ir::op_kind::all_reduce: check(ncclAllReduce(c.send, c.recv, c.count, c.type, c.op, comm, s), what.c_str()); break;
     case ir::op_kind::all_gather: check(ncclAllGather(c.send, c.recv, c.count, c.type, comm, s), what.c_str()); break;
@@ -461,6 +537,9 @@ private:
     const auto& c = calls_[i];
     if (c.copy_to != nullptr)
       cuda::check(cudaMemcpyAsync(c.copy_to, c.recv, c.copy_bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    if (c.unpack.outer > 0) // the received blocks interleaved back along the inner dimension
+      cuda::restride(static_cast<const std::byte*>(c.recv), c.unpack_to, c.unpack.outer, c.unpack.parts, c.unpack.len,
+                     false, s);
     events_[i].record(s);
     enqueued_[i] = 1;
     record_pending_[i] = 0;
@@ -518,15 +597,24 @@ private:
       if (bout.bytes != bin.bytes * group)
         fail(who + ": output '" + bout.name + "' holds " + std::to_string(bout.bytes) + " bytes, expected " +
              std::to_string(group) + " x the shard '" + bin.name + "' (" + std::to_string(bin.bytes) + ")");
-      if (g.overlap(in, out) && pin != pout + static_cast<std::ptrdiff_t>(bin.bytes) * coord_on(t))
+      c.unpack = split_of(bout, t.attr("dim", 0), group, who);
+      if (c.unpack.outer > 0) { // gathered along an inner dimension: receive blocks, then interleave
+        need_disjoint();
+        c.unpack_to = pout;
+      } else if (g.overlap(in, out) && pin != pout + static_cast<std::ptrdiff_t>(bin.bytes) * coord_on(t)) {
         fail(who + ": input '" + bin.name + "' overlaps the output but is not this rank's slice of it");
+      }
       c.count = count(bin.bytes, "the shard");
       break;
     case ir::op_kind::reduce_scatter:
       if (bin.bytes != bout.bytes * group)
         fail(who + ": input '" + bin.name + "' holds " + std::to_string(bin.bytes) + " bytes, expected " +
              std::to_string(group) + " x the output shard '" + bout.name + "' (" + std::to_string(bout.bytes) + ")");
-      if (g.overlap(in, out)) {
+      c.pack = split_of(bin, t.attr("dim", 0), group, who);
+      if (c.pack.outer > 0) { // scattered along an inner dimension: make each rank's part contiguous first
+        need_disjoint();
+        c.pack_from = pin;
+      } else if (g.overlap(in, out)) {
         auto* mine = pin + static_cast<std::ptrdiff_t>(bout.bytes) * coord_on(t);
         if (pout == pin && mine != pout) { // MPI_IN_PLACE's convention: NCCL reduces into this rank's slice, then copy
           c.recv = mine;
@@ -542,6 +630,12 @@ private:
       if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
       if (bin.bytes % group != 0) fail(who + ": the buffer does not split into " + std::to_string(group) + " blocks");
       need_disjoint();
+      // Block k of the input is part k along to_dim; the block from coordinate j is part j of
+      // the output along from_dim.
+      c.pack = split_of(bin, t.attr("to_dim", 0), group, who);
+      c.unpack = split_of(bout, t.attr("from_dim", 0), group, who);
+      if (c.pack.outer > 0) c.pack_from = pin;
+      if (c.unpack.outer > 0) c.unpack_to = pout;
       c.count = count(bin.bytes / group, "a block");
       break;
     case ir::op_kind::broadcast:
@@ -581,6 +675,7 @@ private:
   std::vector<kernel> kernels_;
   std::vector<cuda::gemm> products_;
   std::vector<call> calls_;
+  std::vector<staging> staging_;        // per lane (slot 0 unused)
   std::vector<cuda::event> events_;     // per task: recorded after it on its stream
   std::vector<cuda::event> joins_;      // per lane: its end of the step
   std::vector<ir::task_id> partner_;
