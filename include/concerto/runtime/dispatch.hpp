@@ -22,6 +22,7 @@
 #include <concerto/ir/graph.hpp>
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/cpu/kernels.hpp>
+#include <concerto/runtime/task_operands.hpp>
 
 #include <algorithm>
 #include <climits>
@@ -70,8 +71,6 @@ inline constexpr kernel_name kernel_names[] = {
     {"vocab_ce_target", kernel::vocab_ce_target}, {"vocab_ce_sumexp", kernel::vocab_ce_sumexp},
     {"vocab_ce_loss", kernel::vocab_ce_loss}, {"vocab_ce_grad", kernel::vocab_ce_grad},
 };
-
-inline std::string task_ref(const ir::task& t) { return "task " + std::to_string(t.id) + " '" + t.name + "'"; }
 } // namespace detail
 
 /// @brief Every function name `resolve` accepts, for documentation and diagnostics.
@@ -154,34 +153,13 @@ struct kernel_settings {
 
 namespace detail {
 
-/// Operand access for one task, with messages that name the task and the operand.
-class operands {
+/// Operand access for one task on the host arena: task_operands' decoding, plus spans of the bytes.
+class operands : public task_operands<host_arena> {
 public:
-  operands(const ir::task& t, host_arena& mem) : t_(t), mem_(mem) {}
+  using task_operands::task_operands;
 
-  ir::buffer_id read(std::size_t i, const char* what) const { return pick(t_.reads, i, what, "reads"); }
-  ir::buffer_id write(std::size_t i, const char* what) const { return pick(t_.writes, i, what, "writes"); }
   std::span<float> f(ir::buffer_id b) const { return mem_.f32(b); }
   std::span<const float> cf(ir::buffer_id b) const { return mem_.f32(b); }
-  /// The one integer operand (i32 or i64) among the reads (ids, targets), wherever it is listed.
-  ir::buffer_id int_read(const char* what) const {
-    for (const auto b : t_.reads)
-      if (is_int(b)) return b;
-    fail(task_ref(t_) + " (fn '" + t_.fn + "') needs an i32 or i64 buffer among its reads for `" + what + "`");
-  }
-  /// The i-th fp32 read, skipping integer operands.
-  ir::buffer_id float_read(std::size_t i, const char* what) const {
-    std::size_t seen = 0;
-    for (const auto b : t_.reads)
-      if (!is_int(b) && seen++ == i) return b;
-    fail(task_ref(t_) + " (fn '" + t_.fn + "') has no fp32 read #" + std::to_string(i) + " for `" + what + "`");
-  }
-  std::size_t float_reads() const {
-    std::size_t n = 0;
-    for (const auto b : t_.reads) n += !is_int(b);
-    return n;
-  }
-  bool is_int(ir::buffer_id b) const { return mem_.type(b) == ir::dtype::i32 || mem_.type(b) == ir::dtype::i64; }
   /// An integer buffer as i32: itself, or (i64) narrowed into `room` (part of the scratch region).
   std::span<const std::int32_t> ints(ir::buffer_id b, std::span<float> room) const {
     if (mem_.type(b) == ir::dtype::i32) return mem_.i32(b);
@@ -199,60 +177,8 @@ public:
     }
     return {out, n};
   }
-  /// This rank's coordinate on the mesh axis named by attr `key` (0 when the attr is absent or -1).
-  std::int64_t coord(const kernel_settings& s, const char* key) const {
-    const auto a = t_.attr(key, -1);
-    if (a < 0) return 0;
-    if (s.coords.empty()) return 0;
-    if (static_cast<std::size_t>(a) >= s.coords.size())
-      fail(task_ref(t_) + " (fn '" + t_.fn + "'): attr " + key + " = " + std::to_string(a) + " but the mesh has " +
-           std::to_string(s.coords.size()) + " axes");
-    return s.coords[static_cast<std::size_t>(a)];
-  }
-  /// The first read that is not also written (an update's gradient).
-  ir::buffer_id read_not_written(const char* what) const {
-    for (const auto b : t_.reads)
-      if (std::find(t_.writes.begin(), t_.writes.end(), b) == t_.writes.end()) return b;
-    fail(task_ref(t_) + " (fn '" + t_.fn + "') has no read besides the buffers it writes, for `" + what + "`");
-  }
   std::size_t floats(ir::buffer_id b) const { return mem_.bytes(b).size() / sizeof(float); }
-  std::size_t at(const char* key, std::int64_t fallback = -1) const {
-    const auto v = t_.attr(key, fallback);
-    if (v < 0) fail(task_ref(t_) + " (fn '" + t_.fn + "') needs a non-negative attr '" + key + "'");
-    return static_cast<std::size_t>(v);
-  }
-  std::size_t divide(std::size_t total, std::size_t by, const char* what) const {
-    if (by == 0 || total % by != 0)
-      fail(task_ref(t_) + " (fn '" + t_.fn + "'): " + std::to_string(total) + " values are not a whole number of " +
-           what + " of " + std::to_string(by));
-    return total / by;
-  }
-  const ir::task& task() const noexcept { return t_; }
-  host_arena& mem() const noexcept { return mem_; }
-
-private:
-  ir::buffer_id pick(const std::vector<ir::buffer_id>& list, std::size_t i, const char* what, const char* field) const {
-    if (i >= list.size())
-      fail(task_ref(t_) + " (fn '" + t_.fn + "') lists " + std::to_string(list.size()) + " " + field +
-           " but the kernel needs `" + what + "` at position " + std::to_string(i));
-    return list[i];
-  }
-  const ir::task& t_;
-  host_arena& mem_;
 };
-
-// The operand written by a backward-phase task is the incoming gradient: ir::builder graphs list
-// (dout, x), the DSL lowering (x, dout). When neither or both are, the DSL's order holds.
-inline bool dout_first(const ir::graph& g, const ir::task& t) {
-  if (t.reads.size() < 2) return false;
-  const auto backward_written = [&](ir::buffer_id b) {
-    for (const auto& u : g.tasks)
-      if (u.step_phase == ir::phase::backward && std::find(u.writes.begin(), u.writes.end(), b) != u.writes.end())
-        return true;
-    return false;
-  };
-  return backward_written(t.reads[0]) && !backward_written(t.reads[1]);
-}
 
 // Row statistics of layernorm (biased variance, as cpu::layernorm) into mean and rstd.
 inline void row_stats(std::span<const float> x, std::size_t rows, std::size_t cols, float eps, std::span<float> mean,
@@ -267,12 +193,6 @@ inline void row_stats(std::span<const float> x, std::size_t rows, std::size_t co
     mean[r] = mu;
     rstd[r] = 1.0f / std::sqrt(sq / static_cast<float>(cols) + eps);
   }
-}
-
-inline float ratio(const ir::task& t, const char* num, const char* den) {
-  const auto d = t.attr(den, 1);
-  if (d == 0) fail(task_ref(t) + ": attr '" + den + "' is 0");
-  return static_cast<float>(static_cast<double>(t.attr(num, 1)) / static_cast<double>(d));
 }
 
 inline void copy_strided(const operands& op, std::span<std::byte> src, std::span<std::byte> dst, std::size_t outer,
@@ -320,11 +240,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     return;
   case kernel::add_inplace: {
     const auto acc = op.write(0, "acc");
-    ir::buffer_id x = -1;
-    for (const auto b : t.reads)
-      if (b != acc) x = b;
-    if (x < 0) fail(detail::task_ref(t) + " (fn '" + t.fn + "') reads nothing to add into its output");
-    cpu::add_inplace(op.f(acc), op.cf(x));
+    cpu::add_inplace(op.f(acc), op.cf(op.addend(acc)));
     return;
   }
   case kernel::scale:
@@ -508,7 +424,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const bool vocab_split = t.attr("vocab_axis", -1) >= 0;
     const auto policy = vocab_split || t.attr("sharded") != 0 ? cpu::id_outside_table::zero_row
                                                               : cpu::id_outside_table::reject;
-    const auto first_row = vocab_split ? op.coord(s, "vocab_axis") * t.attr("vocab", 0) : t.attr("first_row", 0);
+    const auto first_row = vocab_split ? op.coord(s.coords, "vocab_axis") * t.attr("vocab", 0) : t.attr("first_row", 0);
     if (k == kernel::embedding) {
       const auto out = op.f(op.write(0, "out"));
       const auto dim = op.at("hidden", static_cast<std::int64_t>(ids.empty() ? 0 : out.size() / ids.size()));
@@ -554,83 +470,28 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
   }
   case kernel::slice:
   case kernel::concat: {
-    // Both walk the whole buffer's shape around `dim`: slice copies [offset, offset+len) of the
-    // source's extent; concat places each part after the previous one.
+    // slice copies its part out of the whole buffer's rows; concat places each part after the previous one.
     const bool slicing = k == kernel::slice;
-    const auto whole = slicing ? op.read(0, "src") : op.write(0, "dst");
-    const auto& wb = g.buffers.at(static_cast<std::size_t>(whole));
-    const auto elem = ir::size_of(wb.type);
-    if (t.attrs.contains("outer")) {
-      // The planner's explicit form (docs/decomposition.md): the whole buffer seen as
-      // [outer, extent, inner] elements; a part is [outer, length, inner].
-      const auto outer = op.at("outer", 1), inner = op.at("inner", 1) * elem, length = op.at("length", 0) * inner;
-      if (slicing) {
-        detail::copy_strided(op, mem.bytes(whole), mem.bytes(op.write(0, "dst")), outer, op.at("extent", 0) * inner,
-                             length, op.at("offset", 0) * inner, 0, length);
-      } else {
-        const auto parts = op.at("parts", t.reads.size());
-        if (parts != t.reads.size())
-          fail(detail::task_ref(t) + ": attr parts = " + std::to_string(parts) + " but the task reads " +
-               std::to_string(t.reads.size()) + " buffer(s)");
-        for (std::size_t j = 0; j < parts; ++j)
-          detail::copy_strided(op, mem.bytes(t.reads[j]), mem.bytes(whole), outer, length, parts * length, 0,
-                               j * length, length);
-      }
-      return;
-    }
-    const auto dim = op.at("dim", 0);
-    const auto dims = std::max<std::size_t>(wb.shape.size(), 1);
-    if (dim >= dims)
-      fail(detail::task_ref(t) + ": attr dim = " + std::to_string(dim) + " but buffer '" + wb.name + "' has " +
-           std::to_string(dims) + " dimension(s)");
-    // An opaque buffer (no shape) is one dimension of elements.
-    const auto extent_of = [&](std::size_t d) {
-      return wb.shape.empty() ? static_cast<std::size_t>(wb.bytes) / elem : static_cast<std::size_t>(wb.shape[d]);
-    };
-    std::size_t outer = 1, inner = elem;
-    for (std::size_t d = 0; d < dim; ++d) outer *= extent_of(d);
-    for (std::size_t d = dim + 1; d < dims; ++d) inner *= extent_of(d);
-    const auto whole_row = extent_of(dim) * inner;
-    const auto whole_bytes = mem.bytes(whole);
-    if (slicing) {
-      const auto part = mem.bytes(op.write(0, "dst"));
-      const auto len = op.divide(part.size(), outer, "rows");
-      detail::copy_strided(op, whole_bytes, part, outer, whole_row, len, op.at("offset", 0) * inner, 0, len);
-    } else {
-      std::size_t at = 0;
-      for (const auto b : t.reads) {
-        const auto part = mem.bytes(b);
-        const auto len = op.divide(part.size(), outer, "rows");
-        detail::copy_strided(op, part, whole_bytes, outer, len, whole_row, 0, at, len);
-        at += len;
-      }
-    }
+    detail::for_each_part(g, op, slicing, [&](ir::buffer_id whole, ir::buffer_id part, const detail::rows_in_whole& r) {
+      if (slicing)
+        detail::copy_strided(op, mem.bytes(whole), mem.bytes(part), r.outer, r.whole_row, r.part_row, r.offset, 0, r.part_row);
+      else
+        detail::copy_strided(op, mem.bytes(part), mem.bytes(whole), r.outer, r.part_row, r.whole_row, 0, r.offset, r.part_row);
+    });
     return;
   }
   case kernel::shard_slice: {
-    // The part of `src` along `dim` that this rank's coordinate on `mesh_axis` selects.
-    const auto src_id = op.read(0, "src");
-    const auto& sb = g.buffers.at(static_cast<std::size_t>(src_id));
-    const auto dim = op.at("dim", 0), parts = op.at("parts", 1);
-    if (dim >= std::max<std::size_t>(sb.shape.size(), 1))
-      fail(detail::task_ref(t) + ": attr dim = " + std::to_string(dim) + " but '" + sb.name + "' has rank " +
-           std::to_string(sb.shape.size()));
-    const auto elem = ir::size_of(sb.type);
-    std::size_t outer = 1, inner = elem;
-    for (std::size_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(sb.shape[d]);
-    for (std::size_t d = dim + 1; d < sb.shape.size(); ++d) inner *= static_cast<std::size_t>(sb.shape[d]);
-    const auto extent = sb.shape.empty() ? static_cast<std::size_t>(sb.bytes) / elem : static_cast<std::size_t>(sb.shape[dim]);
-    const auto len = op.divide(extent, parts, "parts") * inner;
-    const auto part = static_cast<std::size_t>(op.coord(s, "mesh_axis"));
-    detail::copy_strided(op, mem.bytes(src_id), mem.bytes(op.write(0, "dst")), outer, extent * inner, len, part * len, 0,
-                         len);
+    const auto src = op.read(0, "src");
+    const auto r = detail::shard_rows(g, op, src, s.coords);
+    detail::copy_strided(op, mem.bytes(src), mem.bytes(op.write(0, "dst")), r.outer, r.whole_row, r.part_row, r.offset, 0,
+                         r.part_row);
     return;
   }
   case kernel::keep_one: {
     // Coordinate 0 on `mesh_axis` keeps the value, the others hold zero: a pending sum of one term.
     const auto src = mem.bytes(op.read(0, "src")), dst = mem.bytes(op.write(0, "dst"));
     if (src.size() != dst.size()) fail(detail::task_ref(t) + ": input and output sizes differ");
-    if (op.coord(s, "mesh_axis") == 0) {
+    if (op.coord(s.coords, "mesh_axis") == 0) {
       if (src.data() != dst.data()) std::memmove(dst.data(), src.data(), src.size());
     } else {
       std::memset(dst.data(), 0, dst.size());
@@ -667,7 +528,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const auto labels = op.ints(op.int_read("labels"), mem.scratch_f32());
     if (labels.size() != rows)
       fail(detail::task_ref(t) + ": " + std::to_string(labels.size()) + " labels for " + std::to_string(rows) + " rows");
-    const auto first = op.coord(s, "vocab_axis") * static_cast<std::int64_t>(cols);
+    const auto first = op.coord(s.coords, "vocab_axis") * static_cast<std::int64_t>(cols);
     const auto column = [&](std::size_t r) -> std::int64_t {
       const auto c = static_cast<std::int64_t>(labels[r]) - first;
       return c >= 0 && c < static_cast<std::int64_t>(cols) ? c : -1;

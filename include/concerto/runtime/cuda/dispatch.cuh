@@ -26,6 +26,7 @@
 #include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
 #include <concerto/runtime/dispatch.hpp>
+#include <concerto/runtime/task_operands.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -117,75 +118,20 @@ namespace detail {
 
 inline std::string task_ref(const ir::task& t) { return runtime::detail::task_ref(t) + " (fn '" + t.fn + "')"; }
 
-/// Operand access for one task on the device arena, with messages naming the task and operand.
-class device_operands {
+/// Operand access for one task on the device arena: task_operands' decoding (as the CPU
+/// dispatch), plus device pointers and the size checks the kernels cannot make themselves.
+class device_operands : public runtime::detail::task_operands<const device_arena> {
 public:
-  device_operands(const ir::task& t, const device_arena& mem) : t_(t), mem_(mem) {}
-  ir::buffer_id read(std::size_t i, const char* what) const { return pick(t_.reads, i, what, "reads"); }
-  ir::buffer_id write(std::size_t i, const char* what) const { return pick(t_.writes, i, what, "writes"); }
+  using task_operands::task_operands;
+
   float* f(ir::buffer_id b) const { return mem_.f32(b); }
   std::size_t n(ir::buffer_id b) const { return static_cast<std::size_t>(mem_.bytes(b)) / sizeof(float); }
-  bool is_int(ir::buffer_id b) const { return mem_.type(b) == ir::dtype::i32 || mem_.type(b) == ir::dtype::i64; }
-  /// The one integer operand (i32 or i64) among the reads (ids, targets), wherever it is listed.
-  ir::buffer_id int_read(const char* what) const {
-    for (const auto b : t_.reads)
-      if (is_int(b)) return b;
-    fail(task_ref(t_) + " needs an i32 or i64 buffer among its reads for `" + what + "`");
-  }
-  /// The i-th fp32 read, skipping integer operands.
-  ir::buffer_id float_read(std::size_t i, const char* what) const {
-    std::size_t seen = 0;
-    for (const auto b : t_.reads)
-      if (!is_int(b) && seen++ == i) return b;
-    fail(task_ref(t_) + " has no fp32 read #" + std::to_string(i) + " for `" + what + "`");
-  }
-  std::size_t float_reads() const {
-    std::size_t k = 0;
-    for (const auto b : t_.reads) k += !is_int(b);
-    return k;
-  }
-  ir::buffer_id read_not_written(const char* what) const {
-    for (const auto b : t_.reads)
-      if (std::find(t_.writes.begin(), t_.writes.end(), b) == t_.writes.end()) return b;
-    fail(task_ref(t_) + " has no read besides the buffers it writes, for `" + what + "`");
-  }
-  std::size_t at(const char* key, std::int64_t fallback = -1) const {
-    const auto v = t_.attr(key, fallback);
-    if (v < 0) fail(task_ref(t_) + " needs a non-negative attr '" + key + "'");
-    return static_cast<std::size_t>(v);
-  }
-  std::size_t divide(std::size_t total, std::size_t by, const char* what) const {
-    if (by == 0 || total % by != 0)
-      fail(task_ref(t_) + ": " + std::to_string(total) + " values are not a whole number of " + what + " of " +
-           std::to_string(by));
-    return total / by;
-  }
-  /// This rank's coordinate on the mesh axis named by attr `key` (0 when the attr is absent or
-  /// -1, or when the settings carry no coordinates), as the CPU dispatch.
-  std::int64_t coord(const kernel_settings& s, const char* key) const {
-    const auto a = t_.attr(key, -1);
-    if (a < 0 || s.coords.empty()) return 0;
-    if (static_cast<std::size_t>(a) >= s.coords.size())
-      fail(task_ref(t_) + ": attr " + key + " = " + std::to_string(a) + " but the mesh has " +
-           std::to_string(s.coords.size()) + " axes");
-    return s.coords[static_cast<std::size_t>(a)];
-  }
   /// Throws unless buffer b holds `expected` floats.
   void need(ir::buffer_id b, std::size_t expected, const char* what) const {
     if (n(b) != expected)
-      fail(task_ref(t_) + ": `" + what + "` ('" + mem_.name(b) + "') holds " + std::to_string(n(b)) +
+      fail(ref() + ": `" + what + "` ('" + mem_.name(b) + "') holds " + std::to_string(n(b)) +
            " floats, the extents need " + std::to_string(expected));
   }
-
-private:
-  ir::buffer_id pick(const std::vector<ir::buffer_id>& list, std::size_t i, const char* what, const char* field) const {
-    if (i >= list.size())
-      fail(task_ref(t_) + " lists " + std::to_string(list.size()) + " " + field + " but the kernel needs `" + what +
-           "` at position " + std::to_string(i));
-    return list[i];
-  }
-  const ir::task& t_;
-  const device_arena& mem_;
 };
 
 /// Hands out pieces of the device workspace for one task; running past it throws naming the
@@ -339,11 +285,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
     return;
   }
   case kernel::add_inplace: {
-    const auto acc = op.write(0, "acc");
-    ir::buffer_id x = -1;
-    for (const auto b : t.reads)
-      if (b != acc) x = b;
-    if (x < 0) fail(detail::task_ref(t) + " reads nothing to add into its output");
+    const auto acc = op.write(0, "acc"), x = op.addend(acc);
     op.need(x, op.n(acc), "x");
     add_inplace(op.f(acc), op.f(x), op.n(acc), st);
     return;
@@ -580,7 +522,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
     // ids outside give zero rows, and an all-reduce of the outputs completes the lookup.
     const bool vocab_split = t.attr("vocab_axis", -1) >= 0;
     const bool reject = !vocab_split && t.attr("sharded") == 0;
-    const auto first_row = vocab_split ? op.coord(s, "vocab_axis") * t.attr("vocab", 0) : t.attr("first_row", 0);
+    const auto first_row = vocab_split ? op.coord(s.coords, "vocab_axis") * t.attr("vocab", 0) : t.attr("first_row", 0);
     const auto big = k == kernel::embedding ? op.write(0, "out") : op.float_read(0, "dout");
     const auto table = k == kernel::embedding ? op.float_read(0, "table") : op.write(0, "dtable");
     const auto dim = op.at("hidden", static_cast<std::int64_t>(n == 0 ? 0 : op.n(big) / n));
@@ -643,74 +585,23 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
   case kernel::slice:
   case kernel::concat: {
     const bool slicing = k == kernel::slice;
-    const auto whole = slicing ? op.read(0, "src") : op.write(0, "dst");
-    const auto& wb = g.buffers.at(static_cast<std::size_t>(whole));
-    const auto elem = ir::size_of(wb.type);
-    const auto whole_bytes = static_cast<std::size_t>(mem.bytes(whole));
     const auto bytes_of = [&](ir::buffer_id b) { return static_cast<std::size_t>(mem.bytes(b)); };
-    if (t.attrs.contains("outer")) {
-      // The planner's explicit form (docs/decomposition.md): the whole buffer seen as
-      // [outer, extent, inner] elements; a part is [outer, length, inner].
-      const auto outer = op.at("outer", 1), inner = op.at("inner", 1) * elem, length = op.at("length", 0) * inner;
-      if (slicing) {
-        const auto part = op.write(0, "dst");
-        detail::copy_rows(t, mem.ptr(whole), whole_bytes, mem.ptr(part), bytes_of(part), outer, op.at("extent", 0) * inner,
-                          length, op.at("offset", 0) * inner, 0, length, st);
-      } else {
-        const auto parts = op.at("parts", static_cast<std::int64_t>(t.reads.size()));
-        if (parts != t.reads.size())
-          fail(detail::task_ref(t) + ": attr parts = " + std::to_string(parts) + " but the task reads " +
-               std::to_string(t.reads.size()) + " buffer(s)");
-        for (std::size_t j = 0; j < parts; ++j)
-          detail::copy_rows(t, mem.ptr(t.reads[j]), bytes_of(t.reads[j]), mem.ptr(whole), whole_bytes, outer, length,
-                            parts * length, 0, j * length, length, st);
-      }
-      return;
-    }
-    const auto dim = op.at("dim", 0);
-    const auto dims = std::max<std::size_t>(wb.shape.size(), 1);
-    if (dim >= dims)
-      fail(detail::task_ref(t) + ": attr dim = " + std::to_string(dim) + " but buffer '" + wb.name + "' has " +
-           std::to_string(dims) + " dimension(s)");
-    const auto extent_of = [&](std::size_t d) {
-      return wb.shape.empty() ? static_cast<std::size_t>(wb.bytes) / elem : static_cast<std::size_t>(wb.shape[d]);
+    const auto copy = [&](ir::buffer_id whole, ir::buffer_id part, const runtime::detail::rows_in_whole& r) {
+      if (slicing)
+        detail::copy_rows(t, mem.ptr(whole), bytes_of(whole), mem.ptr(part), bytes_of(part), r.outer, r.whole_row, r.part_row,
+                          r.offset, 0, r.part_row, st);
+      else
+        detail::copy_rows(t, mem.ptr(part), bytes_of(part), mem.ptr(whole), bytes_of(whole), r.outer, r.part_row, r.whole_row,
+                          0, r.offset, r.part_row, st);
     };
-    std::size_t outer = 1, inner = elem;
-    for (std::size_t d = 0; d < dim; ++d) outer *= extent_of(d);
-    for (std::size_t d = dim + 1; d < dims; ++d) inner *= extent_of(d);
-    const auto whole_row = extent_of(dim) * inner;
-    if (slicing) {
-      const auto part = op.write(0, "dst");
-      const auto len = op.divide(bytes_of(part), outer, "rows");
-      detail::copy_rows(t, mem.ptr(whole), whole_bytes, mem.ptr(part), bytes_of(part), outer, whole_row, len,
-                        op.at("offset", 0) * inner, 0, len, st);
-    } else {
-      std::size_t at = 0;
-      for (const auto b : t.reads) {
-        const auto len = op.divide(bytes_of(b), outer, "rows");
-        detail::copy_rows(t, mem.ptr(b), bytes_of(b), mem.ptr(whole), whole_bytes, outer, len, whole_row, 0, at, len, st);
-        at += len;
-      }
-    }
+    runtime::detail::for_each_part(g, op, slicing, copy);
     return;
   }
   case kernel::shard_slice: {
-    // The part of `src` along `dim` that this rank's coordinate on `mesh_axis` selects.
     const auto src = op.read(0, "src"), dst = op.write(0, "dst");
-    const auto& sb = g.buffers.at(static_cast<std::size_t>(src));
-    const auto dim = op.at("dim", 0), parts = op.at("parts", 1);
-    if (dim >= std::max<std::size_t>(sb.shape.size(), 1))
-      fail(detail::task_ref(t) + ": attr dim = " + std::to_string(dim) + " but '" + sb.name + "' has rank " +
-           std::to_string(sb.shape.size()));
-    const auto elem = ir::size_of(sb.type);
-    std::size_t outer = 1, inner = elem;
-    for (std::size_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(sb.shape[d]);
-    for (std::size_t d = dim + 1; d < sb.shape.size(); ++d) inner *= static_cast<std::size_t>(sb.shape[d]);
-    const auto extent = sb.shape.empty() ? static_cast<std::size_t>(sb.bytes) / elem : static_cast<std::size_t>(sb.shape[dim]);
-    const auto len = op.divide(extent, parts, "parts") * inner;
-    const auto part = static_cast<std::size_t>(op.coord(s, "mesh_axis"));
+    const auto r = runtime::detail::shard_rows(g, op, src, s.coords);
     detail::copy_rows(t, mem.ptr(src), static_cast<std::size_t>(mem.bytes(src)), mem.ptr(dst),
-                      static_cast<std::size_t>(mem.bytes(dst)), outer, extent * inner, len, part * len, 0, len, st);
+                      static_cast<std::size_t>(mem.bytes(dst)), r.outer, r.whole_row, r.part_row, r.offset, 0, r.part_row, st);
     return;
   }
   case kernel::keep_one: {
@@ -719,7 +610,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
     const auto bytes = static_cast<std::size_t>(mem.bytes(dst));
     if (mem.bytes(src) != mem.bytes(dst)) fail(detail::task_ref(t) + ": input and output sizes differ");
     if (bytes == 0) return;
-    if (op.coord(s, "mesh_axis") != 0)
+    if (op.coord(s.coords, "mesh_axis") != 0)
       check(cudaMemsetAsync(mem.ptr(dst), 0, bytes, st), "cudaMemsetAsync");
     else if (mem.ptr(src) != mem.ptr(dst))
       check(cudaMemcpyAsync(mem.ptr(dst), mem.ptr(src), bytes, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
@@ -748,7 +639,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const de
     const auto label_id = op.int_read("labels");
     if (mem.count(label_id) != rows)
       fail(detail::task_ref(t) + ": " + std::to_string(mem.count(label_id)) + " labels for " + std::to_string(rows) + " rows");
-    const auto first = op.coord(s, "vocab_axis") * static_cast<std::int64_t>(cols);
+    const auto first = op.coord(s.coords, "vocab_axis") * static_cast<std::int64_t>(cols);
     const auto* labels = ints(label_id);
     if (k == kernel::vocab_ce_target) {
       vocab_ce_target(op.f(logits), op.f(mx), labels, op.f(out), rows, cols, first, st);

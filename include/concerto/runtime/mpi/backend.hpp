@@ -29,6 +29,7 @@
 #include <concerto/plan/plan.hpp>
 #include <concerto/runtime/backend.hpp>
 #include <concerto/runtime/buffers.hpp>
+#include <concerto/runtime/collective_layout.hpp>
 #include <concerto/runtime/dispatch.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
 
@@ -159,7 +160,7 @@ public:
 
   handle start_collective(const ir::task& t) {
     auto& c = calls_[static_cast<std::size_t>(t.id)];
-    if (c.pack.outer > 0) c.pack.apply(static_cast<const std::byte*>(c.pack_from), c.stage_send.data(), true);
+    if (c.pack.outer > 0) restride(c.pack, static_cast<const std::byte*>(c.pack_from), c.stage_send.data(), true);
     MPI_Request r = MPI_REQUEST_NULL;
     int rc = MPI_SUCCESS;
     switch (t.kind) {
@@ -217,23 +218,19 @@ public:
   void barrier() { check(MPI_Barrier(options_.world), "MPI_Barrier"); }
 
 private:
-  // Moves `parts` blocks between a tensor laid out whole along one dimension (each of `outer`
-  // rows holds the parts side by side, `len` bytes each) and MPI's layout (part k's rows contiguous).
-  struct restride {
-    std::size_t outer = 0; ///< 0: no staging
-    std::size_t parts = 1, len = 0;
-    void apply(const std::byte* from, std::byte* to, bool to_blocks) const {
-      for (std::size_t k = 0; k < parts; ++k)
-        for (std::size_t o = 0; o < outer; ++o) {
-          const auto whole = (o * parts + k) * len, block = (k * outer + o) * len;
-          std::memcpy(to + (to_blocks ? block : whole), from + (to_blocks ? whole : block), len);
-        }
-    }
-  };
+  // Moves the parts of a split between the tensor's own layout and MPI's contiguous blocks,
+  // on the host: MPI has no strided collectives (the NCCL backend does this with a kernel).
+  static void restride(const split_layout& r, const std::byte* from, std::byte* to, bool to_blocks) {
+    for (std::size_t k = 0; k < r.parts; ++k)
+      for (std::size_t o = 0; o < r.outer; ++o) {
+        const auto whole = (o * r.parts + k) * r.len, block = (k * r.outer + o) * r.len;
+        std::memcpy(to + (to_blocks ? block : whole), from + (to_blocks ? whole : block), r.len);
+      }
+  }
 
   // Everything an MPI call needs, resolved once in prepare so a step only switches on it.
   struct call {
-    restride pack, unpack;            ///< before the call (input -> stage_send), after (stage_recv -> output)
+    split_layout pack, unpack;        ///< before the call (input -> stage_send), after (stage_recv -> output)
     const void* pack_from = nullptr;
     void* unpack_to = nullptr;
     std::vector<std::byte> stage_send, stage_recv;
@@ -253,155 +250,69 @@ private:
   void finish(const handle& h) {
     if (h.task < 0) return;
     auto& c = calls_[static_cast<std::size_t>(h.task)];
-    if (c.unpack.outer > 0) c.unpack.apply(c.stage_recv.data(), static_cast<std::byte*>(c.unpack_to), false);
+    if (c.unpack.outer > 0) restride(c.unpack, c.stage_recv.data(), static_cast<std::byte*>(c.unpack_to), false);
   }
 
-  // The restride of buffer b split into `parts` along `dim`; outer = 0 when the parts are
-  // already contiguous (dim 0, or every dimension before it has extent 1).
-  static restride split_of(const ir::buffer& b, std::int64_t dim, int parts, const std::string& who) {
-    restride r;
-    if (dim <= 0 || b.shape.empty()) return r;
-    if (static_cast<std::size_t>(dim) >= b.shape.size())
-      fail(who + ": attr dim = " + std::to_string(dim) + " but '" + b.name + "' has rank " + std::to_string(b.shape.size()));
-    std::size_t outer = 1, inner = ir::size_of(b.type);
-    for (std::int64_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(b.shape[static_cast<std::size_t>(d)]);
-    for (auto d = static_cast<std::size_t>(dim) + 1; d < b.shape.size(); ++d) inner *= static_cast<std::size_t>(b.shape[d]);
-    const auto extent = static_cast<std::size_t>(b.shape[static_cast<std::size_t>(dim)]);
-    if (extent % static_cast<std::size_t>(parts) != 0)
-      fail(who + ": dimension " + std::to_string(dim) + " of '" + b.name + "' (" + std::to_string(extent) +
-           ") does not split into " + std::to_string(parts) + " parts");
-    if (outer == 1) return r;
-    r.outer = outer;
-    r.parts = static_cast<std::size_t>(parts);
-    r.len = extent / static_cast<std::size_t>(parts) * inner;
-    return r;
+  // The MPI type of a reduction's elements; MPI_DATATYPE_NULL for the dtypes MPI does not reduce here.
+  static MPI_Datatype reduce_type(ir::dtype d) noexcept {
+    switch (d) {
+    case ir::dtype::f32: return MPI_FLOAT;
+    case ir::dtype::i32: return MPI_INT32_T;
+    case ir::dtype::i64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+    }
   }
 
+  // The checks and the layout are runtime::describe_collective's; what is left is MPI's own:
+  // its types and ops, MPI_IN_PLACE, and staging in host vectors owned by the call.
   call describe_call(const ir::task& t) {
     const auto& g = *graph_;
-    const auto who = std::string(ir::to_string(t.kind)) + " '" + t.name + "' (task " + std::to_string(t.id) + ")";
-    if (t.reads.size() != 1 || t.writes.size() != 1)
-      fail(who + " must read one buffer and write one; it reads " + std::to_string(t.reads.size()) + " and writes " +
-           std::to_string(t.writes.size()));
-    const auto in = t.reads[0], out = t.writes[0];
-    const auto& bin = g.buffers[static_cast<std::size_t>(in)];
-    const auto& bout = g.buffers[static_cast<std::size_t>(out)];
-    const int group = g.group_size(t);
+    const auto address_of = [&](ir::buffer_id b) { return arena_.bytes(b).data(); };
+    const auto l = describe_collective(g, t, coord_on(t), address_of,
+                                       {.backend = "MPI",
+                                        .reducible = [](ir::dtype d) { return reduce_type(d) != MPI_DATATYPE_NULL; },
+                                        .max_count = INT_MAX,
+                                        .bad_count = "is not a count MPI can take"});
+    const auto& bin = g.buffers[static_cast<std::size_t>(l.in)];
+    const auto& bout = g.buffers[static_cast<std::size_t>(l.out)];
+    auto* pin = address_of(l.in);
+    auto* pout = address_of(l.out);
     call c;
     c.comm = lanes_.at(static_cast<std::size_t>(t.stream)).get();
-    const bool same = in == out || (g.root_of(in) == g.root_of(out) && g.root_offset(in) == g.root_offset(out) &&
-                                    bin.bytes == bout.bytes);
-    const bool reduces = t.kind == ir::op_kind::all_reduce || t.kind == ir::op_kind::reduce_scatter;
-    std::size_t elem = 1;
-    if (reduces) {
-      switch (bin.type) {
-      case ir::dtype::f32: c.type = MPI_FLOAT; break;
-      case ir::dtype::i32: c.type = MPI_INT32_T; break;
-      case ir::dtype::i64: c.type = MPI_INT64_T; break;
-      default: fail(who + ": reductions of " + std::string(ir::to_string(bin.type)) + " buffers are not supported on MPI");
-      }
-      elem = ir::size_of(bin.type);
-      if (t.fn.empty() || t.fn == "sum") c.op = MPI_SUM;
-      else if (t.fn == "max") c.op = MPI_MAX;
-      else if (t.fn == "min") c.op = MPI_MIN;
-      else fail(who + " has fn '" + t.fn + "'; the MPI backend reduces with sum, max or min");
+    if (l.reduces) {
+      c.type = reduce_type(bin.type);
+      c.op = l.op == reduction::max ? MPI_MAX : l.op == reduction::min ? MPI_MIN : MPI_SUM;
     }
-    const auto count = [&](std::int64_t bytes, const char* what) {
-      if (bytes % static_cast<std::int64_t>(elem) != 0 || bytes / static_cast<std::int64_t>(elem) > INT_MAX)
-        fail(who + ": " + what + " of " + std::to_string(bytes) + " bytes is not a count MPI can take");
-      return static_cast<int>(bytes / static_cast<std::int64_t>(elem));
-    };
-    const auto need_disjoint = [&] {
-      if (g.overlap(in, out)) fail(who + ": input '" + bin.name + "' and output '" + bout.name + "' overlap");
-    };
-    auto* pin = arena_.bytes(in).data();
-    auto* pout = arena_.bytes(out).data();
+    c.count = static_cast<int>(l.count);
+    c.peer = l.peer;
+    c.tag = l.tag;
     c.send = pin;
     c.recv = pout;
-    switch (t.kind) {
-    case ir::op_kind::all_reduce:
-      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
-      if (same) c.send = MPI_IN_PLACE;
-      else need_disjoint();
-      c.count = count(bin.bytes, "the buffer");
-      break;
-    case ir::op_kind::all_gather:
-      if (bout.bytes != bin.bytes * group)
-        fail(who + ": output '" + bout.name + "' holds " + std::to_string(bout.bytes) + " bytes, expected " +
-             std::to_string(group) + " x the shard '" + bin.name + "' (" + std::to_string(bin.bytes) + ")");
-      c.unpack = split_of(bout, t.attr("dim", 0), group, who);
-      if (c.unpack.outer > 0) { // gathered along an inner dimension: receive blocks, then interleave
-        need_disjoint();
-        c.stage_recv.resize(static_cast<std::size_t>(bout.bytes));
-        c.recv = c.stage_recv.data();
-        c.unpack_to = pout;
-      } else if (g.overlap(in, out)) {
-        if (pin != pout + static_cast<std::ptrdiff_t>(bin.bytes) * coord_on(t))
-          fail(who + ": input '" + bin.name + "' overlaps the output but is not this rank's slice of it");
-        c.send = MPI_IN_PLACE;
-      }
-      c.count = count(bin.bytes, "the shard");
-      break;
-    case ir::op_kind::reduce_scatter:
-      if (bin.bytes != bout.bytes * group)
-        fail(who + ": input '" + bin.name + "' holds " + std::to_string(bin.bytes) + " bytes, expected " +
-             std::to_string(group) + " x the output shard '" + bout.name + "' (" + std::to_string(bout.bytes) + ")");
-      c.pack = split_of(bin, t.attr("dim", 0), group, who);
-      if (c.pack.outer > 0) { // scattered along an inner dimension: make each rank's part contiguous first
-        need_disjoint();
-        c.stage_send.resize(static_cast<std::size_t>(bin.bytes));
-        c.send = c.stage_send.data();
-        c.pack_from = pin;
-      } else if (g.overlap(in, out)) {
-        // MPI_IN_PLACE reads the whole input from the receive buffer and leaves the result at its start.
-        if (pin != pout) fail(who + ": output '" + bout.name + "' overlaps the input but is not its first shard");
-        c.send = MPI_IN_PLACE;
-        c.recv = pin;
-      }
-      c.count = count(bout.bytes, "the shard");
-      break;
-    case ir::op_kind::all_to_all:
-      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
-      if (bin.bytes % group != 0) fail(who + ": the buffer does not split into " + std::to_string(group) + " blocks");
-      need_disjoint();
-      // Block k of the input is part k along to_dim; the block from coordinate j is part j of the
-      // output along from_dim.
-      c.pack = split_of(bin, t.attr("to_dim", 0), group, who);
-      c.unpack = split_of(bout, t.attr("from_dim", 0), group, who);
-      if (c.pack.outer > 0) {
-        c.stage_send.resize(static_cast<std::size_t>(bin.bytes));
-        c.send = c.stage_send.data();
-        c.pack_from = pin;
-      }
-      if (c.unpack.outer > 0) {
-        c.stage_recv.resize(static_cast<std::size_t>(bout.bytes));
-        c.recv = c.stage_recv.data();
-        c.unpack_to = pout;
-      }
-      c.count = count(bin.bytes / group, "a block");
-      break;
-    case ir::op_kind::broadcast:
-      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
-      c.peer = static_cast<int>(t.attr("root", 0));
-      if (c.peer < 0 || c.peer >= group) fail(who + ": root " + std::to_string(c.peer) + " is outside the group");
-      if (same) c.send = nullptr;
-      else {
-        need_disjoint();
-        c.copy_bytes = static_cast<std::size_t>(bin.bytes);
-      }
-      c.count = count(bout.bytes, "the buffer");
-      break;
-    case ir::op_kind::send:
-    case ir::op_kind::recv: {
-      const auto peer = t.attrs.count("peer") ? t.attr("peer")
-                                              : ((coord_on(t) + t.attr("shift", 1)) % group + group) % group;
-      if (peer < 0 || peer >= group) fail(who + ": peer " + std::to_string(peer) + " is outside the group");
-      c.peer = static_cast<int>(peer);
-      c.tag = static_cast<int>(t.attr("tag", 0));
-      c.count = count(t.kind == ir::op_kind::send ? bin.bytes : bout.bytes, "the message");
-      break;
+    c.pack = l.pack;
+    c.unpack = l.unpack;
+    if (l.pack.outer > 0) { // each rank's part made contiguous before the call
+      c.stage_send.resize(static_cast<std::size_t>(bin.bytes));
+      c.send = c.stage_send.data();
+      c.pack_from = pin;
     }
-    default: fail(who + " is not a collective");
+    if (l.unpack.outer > 0) { // blocks received, then interleaved along the inner dimension
+      c.stage_recv.resize(static_cast<std::size_t>(bout.bytes));
+      c.recv = c.stage_recv.data();
+      c.unpack_to = pout;
+    }
+    switch (l.place) {
+    case placement::separate:
+      if (t.kind == ir::op_kind::broadcast) c.copy_bytes = static_cast<std::size_t>(bin.bytes); // copied on the root
+      break;
+    case placement::same:
+      c.send = t.kind == ir::op_kind::broadcast ? nullptr : MPI_IN_PLACE;
+      break;
+    case placement::own_slice: c.send = MPI_IN_PLACE; break; // all_gather: MPI finds the slice by rank
+    case placement::first_shard:
+      // MPI_IN_PLACE reads the whole input from the receive buffer and leaves the result at its start.
+      c.send = MPI_IN_PLACE;
+      c.recv = pin;
+      break;
     }
     return c;
   }

@@ -52,6 +52,7 @@
 #include <concerto/mesh/mesh.hpp>
 #include <concerto/plan/plan.hpp>
 #include <concerto/runtime/backend.hpp>
+#include <concerto/runtime/collective_layout.hpp>
 #include <concerto/runtime/cuda/blas.hpp>
 #include <concerto/runtime/cuda/dispatch.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
@@ -419,14 +420,6 @@ public:
 private:
   enum class mode : std::uint8_t { eager, capture, replay };
 
-  // A tensor split into `parts` along one dimension: each of `outer` rows holds the parts side
-  // by side, `len` bytes each; NCCL wants part k's rows contiguous (cuda::restride).
-  struct split {
-    std::size_t outer = 0; ///< 0: no staging
-    std::size_t parts = 1, len = 0;
-    [[nodiscard]] std::size_t bytes() const noexcept { return outer * parts * len; }
-  };
-
   // Everything an NCCL call needs, resolved once in prepare so a step only switches on it.
   struct call {
     const void* send = nullptr;
@@ -437,7 +430,7 @@ private:
     int peer = 0;                      ///< broadcast root or send/recv partner, as a lane rank
     void* copy_to = nullptr;           ///< reduce_scatter into the first shard: copy the result there
     std::size_t copy_bytes = 0;
-    split pack, unpack;                ///< before the call (input -> lane's send stage), after (recv stage -> output)
+    split_layout pack, unpack;         ///< before the call (input -> lane's send stage), after (recv stage -> output)
     const std::byte* pack_from = nullptr;
     std::byte* pack_to = nullptr;      ///< the lane's send stage (= send) when packing
     std::byte* unpack_to = nullptr;
@@ -450,27 +443,6 @@ private:
   };
 
   int coord_on(const ir::task& t) const { return coords_[static_cast<std::size_t>(t.axis)]; }
-
-  // The restride of buffer b split into `parts` along `dim` (as runtime::mpi::backend's);
-  // outer = 0 when the parts are already contiguous (dim 0, or only extent-1 dimensions before it).
-  static split split_of(const ir::buffer& b, std::int64_t dim, int parts, const std::string& who) {
-    split r;
-    if (dim <= 0 || b.shape.empty()) return r;
-    if (static_cast<std::size_t>(dim) >= b.shape.size())
-      fail(who + ": attr dim = " + std::to_string(dim) + " but '" + b.name + "' has rank " + std::to_string(b.shape.size()));
-    std::size_t outer = 1, inner = ir::size_of(b.type);
-    for (std::int64_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(b.shape[static_cast<std::size_t>(d)]);
-    for (auto d = static_cast<std::size_t>(dim) + 1; d < b.shape.size(); ++d) inner *= static_cast<std::size_t>(b.shape[d]);
-    const auto extent = static_cast<std::size_t>(b.shape[static_cast<std::size_t>(dim)]);
-    if (parts <= 0 || extent % static_cast<std::size_t>(parts) != 0)
-      fail(who + ": dimension " + std::to_string(dim) + " of '" + b.name + "' (" + std::to_string(extent) +
-           ") does not split into " + std::to_string(parts) + " parts");
-    if (outer == 1) return r;
-    r.outer = outer;
-    r.parts = static_cast<std::size_t>(parts);
-    r.len = extent / static_cast<std::size_t>(parts) * inner;
-    return r;
-  }
 
   // Allocates each lane's staging buffers and points the packed calls at them.
   void make_staging(const ir::graph& g) {
@@ -545,117 +517,42 @@ private:
     record_pending_[i] = 0;
   }
 
+  // The checks and the layout are runtime::describe_collective's; what is left is NCCL's own:
+  // its types and ops, in place as equal pointers, and staging in the lane's buffers (make_staging).
   call describe_call(const ir::task& t) {
     const auto& g = *graph_ptr_;
-    const auto who = std::string(ir::to_string(t.kind)) + " '" + t.name + "' (task " + std::to_string(t.id) + ")";
-    if (t.reads.size() != 1 || t.writes.size() != 1)
-      fail(who + " must read one buffer and write one; it reads " + std::to_string(t.reads.size()) + " and writes " +
-           std::to_string(t.writes.size()));
-    const auto in = t.reads[0], out = t.writes[0];
-    const auto& bin = g.buffers[static_cast<std::size_t>(in)];
-    const auto& bout = g.buffers[static_cast<std::size_t>(out)];
-    const int group = g.group_size(t);
-    const bool same = in == out || (g.root_of(in) == g.root_of(out) && g.root_offset(in) == g.root_offset(out) &&
-                                    bin.bytes == bout.bytes);
-    const bool reduces = t.kind == ir::op_kind::all_reduce || t.kind == ir::op_kind::reduce_scatter;
+    const auto address_of = [&](ir::buffer_id b) { return arena_.ptr(b); };
+    const auto l = describe_collective(g, t, coord_on(t), address_of,
+                                       {.backend = "NCCL",
+                                        .bad_count = "is not a whole number of elements",
+                                        .scatter_to_own_slice = true});
+    const auto& bout = g.buffers[static_cast<std::size_t>(l.out)];
+    auto* pin = address_of(l.in);
+    auto* pout = address_of(l.out);
     call c;
-    std::size_t elem = 1;
-    if (reduces) {
-      switch (bin.type) {
+    if (l.reduces) {
+      switch (g.buffers[static_cast<std::size_t>(l.in)].type) {
       case ir::dtype::f32: c.type = ncclFloat32; break;
       case ir::dtype::bf16: c.type = ncclBfloat16; break;
       case ir::dtype::f16: c.type = ncclFloat16; break;
       case ir::dtype::i32: c.type = ncclInt32; break;
       case ir::dtype::i64: c.type = ncclInt64; break;
       }
-      elem = ir::size_of(bin.type);
-      if (t.fn.empty() || t.fn == "sum") c.op = ncclSum;
-      else if (t.fn == "max") c.op = ncclMax;
-      else if (t.fn == "min") c.op = ncclMin;
-      else fail(who + " has fn '" + t.fn + "'; the NCCL backend reduces with sum, max or min");
+      c.op = l.op == reduction::max ? ncclMax : l.op == reduction::min ? ncclMin : ncclSum;
     }
-    const auto count = [&](std::int64_t bytes, const char* what) {
-      if (bytes % static_cast<std::int64_t>(elem) != 0)
-        fail(who + ": " + what + " of " + std::to_string(bytes) + " bytes is not a whole number of elements");
-      return static_cast<std::size_t>(bytes / static_cast<std::int64_t>(elem));
-    };
-    const auto need_disjoint = [&] {
-      if (g.overlap(in, out)) fail(who + ": input '" + bin.name + "' and output '" + bout.name + "' overlap");
-    };
-    auto* pin = arena_.ptr(in);
-    auto* pout = arena_.ptr(out);
+    c.count = static_cast<std::size_t>(l.count);
+    c.peer = l.peer;
     c.send = pin;
     c.recv = pout;
-    switch (t.kind) {
-    case ir::op_kind::all_reduce:
-      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
-      if (same) c.send = pout;
-      else need_disjoint();
-      c.count = count(bin.bytes, "the buffer");
-      break;
-    case ir::op_kind::all_gather:
-      if (bout.bytes != bin.bytes * group)
-        fail(who + ": output '" + bout.name + "' holds " + std::to_string(bout.bytes) + " bytes, expected " +
-             std::to_string(group) + " x the shard '" + bin.name + "' (" + std::to_string(bin.bytes) + ")");
-      c.unpack = split_of(bout, t.attr("dim", 0), group, who);
-      if (c.unpack.outer > 0) { // gathered along an inner dimension: receive blocks, then interleave
-        need_disjoint();
-        c.unpack_to = pout;
-      } else if (g.overlap(in, out) && pin != pout + static_cast<std::ptrdiff_t>(bin.bytes) * coord_on(t)) {
-        fail(who + ": input '" + bin.name + "' overlaps the output but is not this rank's slice of it");
-      }
-      c.count = count(bin.bytes, "the shard");
-      break;
-    case ir::op_kind::reduce_scatter:
-      if (bin.bytes != bout.bytes * group)
-        fail(who + ": input '" + bin.name + "' holds " + std::to_string(bin.bytes) + " bytes, expected " +
-             std::to_string(group) + " x the output shard '" + bout.name + "' (" + std::to_string(bout.bytes) + ")");
-      c.pack = split_of(bin, t.attr("dim", 0), group, who);
-      if (c.pack.outer > 0) { // scattered along an inner dimension: make each rank's part contiguous first
-        need_disjoint();
-        c.pack_from = pin;
-      } else if (g.overlap(in, out)) {
-        auto* mine = pin + static_cast<std::ptrdiff_t>(bout.bytes) * coord_on(t);
-        if (pout == pin && mine != pout) { // MPI_IN_PLACE's convention: NCCL reduces into this rank's slice, then copy
-          c.recv = mine;
-          c.copy_to = pout;
-          c.copy_bytes = static_cast<std::size_t>(bout.bytes);
-        } else if (pout != mine) {
-          fail(who + ": output '" + bout.name + "' overlaps the input but is neither its first shard nor this rank's");
-        }
-      }
-      c.count = count(bout.bytes, "the shard");
-      break;
-    case ir::op_kind::all_to_all:
-      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
-      if (bin.bytes % group != 0) fail(who + ": the buffer does not split into " + std::to_string(group) + " blocks");
-      need_disjoint();
-      // Block k of the input is part k along to_dim; the block from coordinate j is part j of
-      // the output along from_dim.
-      c.pack = split_of(bin, t.attr("to_dim", 0), group, who);
-      c.unpack = split_of(bout, t.attr("from_dim", 0), group, who);
-      if (c.pack.outer > 0) c.pack_from = pin;
-      if (c.unpack.outer > 0) c.unpack_to = pout;
-      c.count = count(bin.bytes / group, "a block");
-      break;
-    case ir::op_kind::broadcast:
-      if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
-      c.peer = static_cast<int>(t.attr("root", 0));
-      if (c.peer < 0 || c.peer >= group) fail(who + ": root " + std::to_string(c.peer) + " is outside the group");
-      if (same) c.send = pout;
-      else need_disjoint();
-      c.count = count(bout.bytes, "the buffer");
-      break;
-    case ir::op_kind::send:
-    case ir::op_kind::recv: {
-      const auto peer = t.attrs.count("peer") ? t.attr("peer")
-                                              : ((coord_on(t) + t.attr("shift", 1)) % group + group) % group;
-      if (peer < 0 || peer >= group) fail(who + ": peer " + std::to_string(peer) + " is outside the group");
-      c.peer = static_cast<int>(peer);
-      c.count = count(t.kind == ir::op_kind::send ? bin.bytes : bout.bytes, "the message");
-      break;
-    }
-    default: fail(who + " is not a collective");
+    c.pack = l.pack;
+    c.unpack = l.unpack;
+    if (l.pack.outer > 0) c.pack_from = pin;
+    if (l.unpack.outer > 0) c.unpack_to = pout;
+    if (l.place == placement::same) c.send = pout;
+    if (l.place == placement::first_shard) { // MPI_IN_PLACE's convention: NCCL reduces into this rank's slice, then copy
+      c.recv = pin + static_cast<std::ptrdiff_t>(bout.bytes) * coord_on(t);
+      c.copy_to = pout;
+      c.copy_bytes = static_cast<std::size_t>(bout.bytes);
     }
     return c;
   }
