@@ -12,6 +12,7 @@
 /// per head) rather than keeping `batch·heads·seq²` probabilities alive between the passes.
 
 #include <concerto/runtime/cpu/detail/check.hpp>
+#include <concerto/runtime/cpu/detail/fast_math.hpp>
 #include <concerto/runtime/cpu/matmul.hpp>
 
 #include <cmath>
@@ -93,11 +94,10 @@ inline void causal_attention(std::span<const float> q, std::span<const float> k,
         float* pi = p + i * T;
         float m = -INFINITY;
         for (std::size_t j = 0; j <= i; ++j) m = pi[j] > m ? pi[j] : m;
+        // exp in its own loop, which vectorises; the float sum cannot (reassociation).
+        for (std::size_t j = 0; j <= i; ++j) pi[j] = detail::exp_approx(pi[j] - m);
         float sum = 0.0f;
-        for (std::size_t j = 0; j <= i; ++j) {
-          pi[j] = std::exp(pi[j] - m);
-          sum += pi[j];
-        }
+        for (std::size_t j = 0; j <= i; ++j) sum += pi[j];
         const float inv = 1.0f / sum;
         for (std::size_t j = 0; j <= i; ++j) pi[j] *= inv;
         for (std::size_t j = i + 1; j < T; ++j) pi[j] = 0.0f;
@@ -144,7 +144,8 @@ inline void causal_attention_grad(std::span<const float> q, std::span<const floa
       detail::gemm(false, true, T, T, D, scale, q.data() + off, ld, k.data() + off, ld, 0.0f, p, T);
       for (std::size_t i = 0; i < T; ++i) {
         float* pi = p + i * T;
-        for (std::size_t j = 0; j <= i; ++j) pi[j] = std::exp(pi[j] - row_lse[i]);
+        const float l = row_lse[i];
+        for (std::size_t j = 0; j <= i; ++j) pi[j] = detail::exp_approx(pi[j] - l);
         for (std::size_t j = i + 1; j < T; ++j) pi[j] = 0.0f;
       }
       detail::gemm(true, false, T, D, T, 1.0f, p, T, dout.data() + off, ld, 0.0f, dv.data() + off, ld);

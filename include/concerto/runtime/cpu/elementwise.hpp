@@ -8,6 +8,7 @@
 /// an input, it may be the very same span (in place), never a shifted one.
 
 #include <concerto/runtime/cpu/detail/check.hpp>
+#include <concerto/runtime/cpu/detail/fast_math.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -96,7 +97,7 @@ inline void gelu(std::span<const float> x, std::span<float> out) {
   const std::size_t n = x.size();
   for (std::size_t i = 0; i < n; ++i) {
     const float v = px[i];
-    const float t = std::tanh(detail::gelu_k0 * (v + detail::gelu_k1 * v * v * v));
+    const float t = detail::tanh_approx(detail::gelu_k0 * (v + detail::gelu_k1 * v * v * v));
     po[i] = 0.5f * v * (1.0f + t);
   }
 }
@@ -111,7 +112,7 @@ inline void gelu_grad(std::span<const float> x, std::span<const float> dout, std
   const std::size_t n = x.size();
   for (std::size_t i = 0; i < n; ++i) {
     const float v = px[i];
-    const float t = std::tanh(detail::gelu_k0 * (v + detail::gelu_k1 * v * v * v));
+    const float t = detail::tanh_approx(detail::gelu_k0 * (v + detail::gelu_k1 * v * v * v));
     const float dinner = detail::gelu_k0 * (1.0f + 3.0f * detail::gelu_k1 * v * v);
     pd[i] = pg[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
   }

@@ -3,6 +3,7 @@
 /// @brief Loss kernels on the CPU: cross-entropy with logits and mean squared error, with gradients.
 
 #include <concerto/runtime/cpu/detail/check.hpp>
+#include <concerto/runtime/cpu/detail/fast_math.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -69,7 +70,7 @@ inline void cross_entropy_grad(std::span<const float> logits, std::span<const st
     const float* pl = logits.data() + r * classes;
     float* pd = dlogits.data() + r * classes;
     const float l = lse[r];
-    for (std::size_t c = 0; c < classes; ++c) pd[c] = s * std::exp(pl[c] - l);
+    for (std::size_t c = 0; c < classes; ++c) pd[c] = s * detail::exp_approx(pl[c] - l);
     pd[targets[r]] -= s;
   }
 }

@@ -5,6 +5,7 @@
 /// Every array is a row-major `[rows, cols]` fp32 block; per-row statistics are `[rows]`.
 
 #include <concerto/runtime/cpu/detail/check.hpp>
+#include <concerto/runtime/cpu/detail/fast_math.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -112,11 +113,10 @@ inline void softmax(std::span<const float> x, std::span<float> out, std::size_t 
     float* po = out.data() + r * cols;
     float m = -INFINITY;
     for (std::size_t c = 0; c < cols; ++c) m = px[c] > m ? px[c] : m;
+    // exp in its own loop, which vectorises; the float sum cannot (reassociation).
+    for (std::size_t c = 0; c < cols; ++c) po[c] = detail::exp_approx(px[c] - m);
     float sum = 0.0f;
-    for (std::size_t c = 0; c < cols; ++c) {
-      po[c] = std::exp(px[c] - m);
-      sum += po[c];
-    }
+    for (std::size_t c = 0; c < cols; ++c) sum += po[c];
     const float inv = 1.0f / sum;
     for (std::size_t c = 0; c < cols; ++c) po[c] *= inv;
   }
