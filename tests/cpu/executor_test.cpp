@@ -10,6 +10,7 @@
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/dispatch.hpp>
 #include <concerto/runtime/executor.hpp>
+#include <concerto/runtime/kernel_profile.hpp>
 #include <concerto/sim/simulate.hpp>
 #include <concerto/trace/chrome_trace.hpp>
 
@@ -22,6 +23,8 @@
 #include <cstring>
 #include <new>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 // ---- allocation counting ----------------------------------------------------------------
@@ -458,5 +461,53 @@ TEST_CASE("dispatch maps layout kernels onto the buffers as documented", "[runti
     CHECK(l.offset[static_cast<std::size_t>(v)] == l.offset[static_cast<std::size_t>(root)] + 16);
     CHECK(l.scratch_offset % 64 == 0);
     CHECK(l.total_bytes >= l.scratch_offset + 100);
+  }
+}
+
+TEST_CASE("the graph's own kernels are timed and priced against the roofline", "[runtime][kernel_profile]") {
+  const auto g = mlp_graph();
+  const runtime::kernel_settings settings;
+  const auto times = runtime::time_kernels(g, settings);
+  std::set<std::string, std::less<>> kernels;
+  for (const auto& t : g.tasks) {
+    INFO(t.name);
+    if (ir::is_collective(t.kind)) {
+      CHECK(times.task_us[static_cast<std::size_t>(t.id)] == 0.0);
+    } else {
+      CHECK(times.task_us[static_cast<std::size_t>(t.id)] > 0.0);
+      kernels.emplace(cost::model::kernel_name(t));
+    }
+  }
+  SECTION("one factor per kernel, each the measured over the priced time") {
+    // These kernels are tiny (8 × 32): with a launch cost they would all be launch-bound, and a
+    // launch-bound kernel gets no factor.
+    auto hw = cost::presets::cpu_defaults();
+    hw.launch_us = 0;
+    const cost::model m(hw);
+    const auto scales = runtime::kernel_scales(times, g, m);
+    std::set<std::string, std::less<>> named;
+    for (const auto& [k, v] : scales) {
+      named.insert(k);
+      CHECK(v > 0);
+    }
+    CHECK(named == kernels);
+    // A machine twice as fast on paper makes every kernel twice as far from its roofline.
+    auto fast = m.hw();
+    fast.peak_tflops *= 2;
+    fast.vector_tflops *= 2;
+    fast.mem_bandwidth_gbs *= 2;
+    fast.kernel_scale = {{"gelu", 100.0}}; // ignored: factors are relative to the bare roofline
+    const auto doubled = runtime::kernel_scales(times, g, cost::model(fast));
+    for (const auto& [k, v] : scales) {
+      INFO(k);
+      CHECK(std::abs(doubled.at(k) / v - 2.0) < 1e-9);
+    }
+  }
+  SECTION("only the kernels asked for are timed") {
+    const auto some = runtime::time_kernels(g, settings, {"gelu"});
+    for (const auto& t : g.tasks)
+      CHECK((some.task_us[static_cast<std::size_t>(t.id)] > 0) == (t.fn == "gelu"));
+    CHECK_THROWS_WITH(runtime::kernel_scales(runtime::kernel_times{{1.0}}, g, cost::model(cost::presets::cpu_defaults())),
+                      Catch::Matchers::ContainsSubstring("graph 'mlp'"));
   }
 }

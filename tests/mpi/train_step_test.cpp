@@ -8,6 +8,10 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <string>
 
 using namespace concerto;
 namespace tt = train_testing;
@@ -126,6 +130,73 @@ TEST_CASE("the second compile of a step is answered by the plan cache", "[mpi][t
   CHECK(loss[0] == loss[1]);
   MPI_Barrier(MPI_COMM_WORLD);
   if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the graph's kernels are timed once per machine and graph; a damaged record is timed again", "[mpi][train][kernels]") {
+  const auto dir = shared_temp_dir() / "kernels";
+  const int world = runtime::mpi::environment::world_size();
+  const bool root = runtime::mpi::environment::world_rank() == 0;
+  auto o = options(MPI_COMM_WORLD);
+  o.cache_dir = dir;
+  const auto compile = [&] {
+    auto s = train::compile(gt::gpt_sp, mesh::from_world(world, {{"dp", world / 2}, {"tp", 2}}), shapes, {}, o);
+    (void)s.summary();
+    return s;
+  };
+  const auto records = [&] {
+    std::vector<std::filesystem::path> out;
+    if (std::filesystem::exists(dir))
+      for (const auto& e : std::filesystem::directory_iterator(dir))
+        if (e.path().filename().string().starts_with("kernels-")) out.push_back(e.path());
+    return out;
+  };
+  const auto text_of = [](const std::filesystem::path& f) {
+    std::ifstream in(f);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+
+  SECTION("off: nothing is timed or kept") {
+    o.measure_kernels = false;
+    auto s = compile();
+    MPI_Barrier(MPI_COMM_WORLD);
+    CHECK(records().empty()); // the ranks share this machine's file system
+  }
+  SECTION("on: one record naming every kernel of the graph, reused by the next compile") {
+    o.measure_kernels = true;
+    auto s = compile();
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::string first;
+    if (root) {
+      const auto files = records();
+      REQUIRE(files.size() == 1);
+      first = text_of(files[0]);
+      const auto j = nlohmann::json::parse(first);
+      std::set<std::string> kernels;
+      for (const auto& t : s.plan().graph.tasks)
+        if (!ir::is_collective(t.kind)) kernels.emplace(cost::model::kernel_name(t));
+      std::set<std::string> named;
+      for (const auto& [k, v] : j.items()) {
+        named.insert(k);
+        CHECK(v.get<double>() > 0);
+      }
+      CHECK(named == kernels);
+    }
+    auto again = compile();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (root) CHECK(text_of(records().at(0)) == first); // timed again would give other numbers
+
+    if (root) std::ofstream(records().at(0)) << "{\"gelu\": -1"; // damaged
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto repaired = compile();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (root) {
+      const auto j = nlohmann::json::parse(text_of(records().at(0)));
+      CHECK(j.size() == nlohmann::json::parse(first).size());
+    }
+    CHECK(repaired(data(0)).loss == again(data(0)).loss);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (root) std::filesystem::remove_all(dir.parent_path());
 }
 
 TEST_CASE("a loader filling each rank's shard gives the numbers of the global batch", "[mpi][train][loader]") {

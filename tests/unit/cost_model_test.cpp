@@ -305,6 +305,25 @@ TEST_CASE("an elementwise op is memory bound", "[cost][compute]") {
   }
 }
 
+TEST_CASE("a measured kernel factor multiplies that kernel's roofline time only", "[cost][compute]") {
+  ir::builder b("scaled");
+  const auto x = b.buffer("x", {512, 512});
+  const auto w = b.buffer("w", {512, 512});
+  const auto y = b.buffer("y", {512, 512});
+  const auto z = b.buffer("z", {512, 512});
+  b.compute(ir::op_kind::matmul, "mm", {x, w}, {y}, {"", 2.0 * 512 * 512 * 512, -1, {{"m", 512}, {"n", 512}, {"k", 512}}});
+  b.compute(ir::op_kind::elementwise, "act", {y}, {z}, {"gelu", 8 * 512.0 * 512.0});
+  const auto g = std::move(b).finish();
+  auto hw = round_hardware();
+  const cost::model plain(hw);
+  hw.kernel_scale = {{"gelu", 20.0}};
+  const cost::model scaled(hw);
+  CHECK(cost::model::kernel_name(g.tasks[0]) == "matmul"); // no fn: the op kind names it
+  CHECK(cost::model::kernel_name(g.tasks[1]) == "gelu");
+  CHECK(scaled.compute_us(g.tasks[0]) == plain.compute_us(g.tasks[0]));
+  CHECK_THAT(scaled.compute_us(g.tasks[1]) - hw.launch_us, WithinRel(20.0 * (plain.compute_us(g.tasks[1]) - hw.launch_us), 1e-12));
+}
+
 TEST_CASE("presets are named, documented numbers", "[cost][preset]") {
   SECTION("the known presets are listed and an unknown one is an error that lists them") {
     CHECK(cost::preset_names() == std::vector<std::string>{"a800x32", "h100x64", "cpu", "cpu-netns"});
@@ -368,6 +387,7 @@ TEST_CASE("hardware round-trips through JSON and hashes every number", "[cost][j
         [](auto& h) { h.inter_node.bandwidth_gbps += 0.001; },
         [](auto& h) { h.algorithm = cost::collective_algorithm::tree; },
         [](auto& h) { h.overlap_slowdown += 0.001; },
+        [](auto& h) { h.kernel_scale["gelu"] = 2.0; },
     };
     std::set<std::uint64_t> seen{base.hash()};
     for (std::size_t i = 0; i < changes.size(); ++i) {
@@ -396,6 +416,30 @@ TEST_CASE("hardware round-trips through JSON and hashes every number", "[cost][j
     auto negative = j;
     negative["peak_tflops"] = -3;
     CHECK_THROWS_WITH(negative.get<cost::hardware>(), ContainsSubstring("'peak_tflops'"));
+  }
+  SECTION("measured kernel factors round-trip, and their absence leaves the hash as it was") {
+    auto hw = round_hardware();
+    const auto before = hw.hash();
+    CHECK_FALSE(nlohmann::json(hw).contains("kernel_scale"));
+    hw.kernel_scale = {{"gelu", 19.5}, {"matmul", 0.7}};
+    const auto back = nlohmann::json::parse(nlohmann::json(hw).dump()).get<cost::hardware>();
+    CHECK(back == hw);
+    CHECK(back.hash() == hw.hash());
+    CHECK(hw.hash() != before);
+    auto other = hw;
+    other.kernel_scale["matmul"] = 0.71;
+    CHECK(other.hash() != hw.hash());
+    hw.kernel_scale.clear();
+    CHECK(hw.hash() == before);
+  }
+  SECTION("a kernel factor that is not a positive number is an error naming the kernel") {
+    nlohmann::json j = round_hardware();
+    j["kernel_scale"] = {{"gelu", 0.0}};
+    CHECK_THROWS_WITH(j.get<cost::hardware>(), ContainsSubstring("kernel_scale.gelu"));
+    j["kernel_scale"] = {{"gelu", "fast"}};
+    CHECK_THROWS_WITH(j.get<cost::hardware>(), ContainsSubstring("'gelu'"));
+    j["kernel_scale"] = 3;
+    CHECK_THROWS_WITH(j.get<cost::hardware>(), ContainsSubstring("'kernel_scale'"));
   }
   SECTION("with_links replaces both links and keeps everything else") {
     const auto hw = cost::with_links(round_hardware(), {0.5, 7.0}, {40.0, 0.1});

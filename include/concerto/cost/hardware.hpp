@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -71,6 +72,11 @@ struct hardware {
   link inter_node;                  ///< links between machines
   collective_algorithm algorithm = collective_algorithm::best;
   double overlap_slowdown = 1;      ///< >= 1: compute runs this much slower while a collective runs
+  /// Per kernel (a compute task's fn, or its op kind when fn is empty, e.g. "matmul"): measured
+  /// time over the roofline's, > 0. Kernels not listed count 1. The roofline knows a kernel's
+  /// flops and bytes, not how well it is written (a libm call per element, a reduction that
+  /// does not vectorise); runtime::measure_kernels finds these factors on the machine itself.
+  std::map<std::string, double, std::less<>> kernel_scale;
 
   friend bool operator==(const hardware&, const hardware&) = default;
 
@@ -85,6 +91,12 @@ struct hardware {
     h.add(intra_node.alpha_us).add(intra_node.bandwidth_gbps);
     h.add(inter_node.alpha_us).add(inter_node.bandwidth_gbps);
     h.add(algorithm).add(overlap_slowdown);
+    // Only when present, so that the hash of a description without measured kernels, and the
+    // plan cache keys made from it, stay what they were.
+    if (!kernel_scale.empty()) {
+      h.add(std::string_view("kernel_scale")).add(kernel_scale.size());
+      for (const auto& [kernel, scale] : kernel_scale) h.add(std::string_view(kernel)).add(scale);
+    }
     return h.value();
   }
 
@@ -115,6 +127,10 @@ struct hardware {
     positive("inter_node.bandwidth_gbps", inter_node.bandwidth_gbps);
     if (!std::isfinite(overlap_slowdown) || overlap_slowdown < 1)
       bad("overlap_slowdown", "must be >= 1, got " + std::to_string(overlap_slowdown));
+    for (const auto& [kernel, scale] : kernel_scale) {
+      if (kernel.empty()) bad("kernel_scale", "has an entry with an empty kernel name");
+      positive("kernel_scale." + kernel, scale);
+    }
   }
 };
 
@@ -148,6 +164,7 @@ inline void to_json(nlohmann::json& j, const hardware& hw) {
                      {"inter_node", hw.inter_node},
                      {"algorithm", std::string(to_string(hw.algorithm))},
                      {"overlap_slowdown", hw.overlap_slowdown}};
+  if (!hw.kernel_scale.empty()) j["kernel_scale"] = hw.kernel_scale;
 }
 
 namespace detail {
@@ -198,6 +215,11 @@ inline void from_json(const nlohmann::json& j, hardware& hw) {
   if (!parsed) fail("hardware JSON: field 'algorithm' must be \"ring\", \"tree\" or \"best\"");
   out.algorithm = *parsed;
   out.overlap_slowdown = detail::number(j, "overlap_slowdown", where);
+  if (const auto it = j.find("kernel_scale"); it != j.end()) { // optional: absent means every kernel counts 1
+    if (!it->is_object()) fail("hardware JSON: field 'kernel_scale' must be an object of kernel name -> factor");
+    for (const auto& [kernel, scale] : it->items())
+      out.kernel_scale[kernel] = detail::number(*it, kernel, "hardware JSON: field 'kernel_scale'");
+  }
   out.validate();
   hw = std::move(out);
 }

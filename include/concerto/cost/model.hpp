@@ -76,8 +76,14 @@ public:
     return e;
   }
 
+  /// @brief The name a compute task's kernel goes by in hardware::kernel_scale: its fn, or its
+  /// op kind when it has none (matmul).
+  [[nodiscard]] static std::string_view kernel_name(const ir::task& t) {
+    return t.fn.empty() ? ir::to_string(t.kind) : std::string_view(t.fn);
+  }
+
   /// @brief Duration of a compute task in µs: max(flops / (peak × efficiency), bytes /
-  /// mem_bandwidth) + launch_us. Throws concerto::error for a collective.
+  /// mem_bandwidth) × kernel_scale[kernel] + launch_us. Throws concerto::error for a collective.
   [[nodiscard]] double compute_us(const ir::task& t) const {
     if (ir::is_collective(t.kind))
       fail("task " + std::to_string(t.id) + " '" + t.name + "' is a " + std::string(ir::to_string(t.kind)) +
@@ -90,7 +96,10 @@ public:
     // TFLOP/s × 1e6 = flop per µs; GB/s × 1e3 = byte per µs.
     const double compute = t.flops > 0 ? t.flops / (peak * 1e6 * efficiency(t)) : 0.0;
     const double memory = t.bytes / (hw_.mem_bandwidth_gbs * 1e3);
-    return std::max(compute, memory) + hw_.launch_us;
+    double scale = 1;
+    if (!hw_.kernel_scale.empty())
+      if (const auto it = hw_.kernel_scale.find(kernel_name(t)); it != hw_.kernel_scale.end()) scale = it->second;
+    return std::max(compute, memory) * scale + hw_.launch_us;
   }
 
   /// @brief Duration in µs of a collective of `bytes` (convention of ir/graph.hpp) over

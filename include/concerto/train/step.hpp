@@ -31,24 +31,30 @@
 #include <concerto/cost/model.hpp>
 #include <concerto/graph/lower.hpp>
 #include <concerto/mesh/mesh.hpp>
+#include <concerto/plan/hash.hpp>
 #include <concerto/planner/decompose.hpp>
 #include <concerto/planner/pipeline.hpp>
 #include <concerto/runtime/executor.hpp>
+#include <concerto/runtime/kernel_profile.hpp>
 #include <concerto/train/backend_select.hpp>
+#include <concerto/trace/chrome_trace.hpp>
 #include <concerto/train/detail/shard.hpp>
 
 #include <mpi.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -61,9 +67,46 @@ struct optimizer_settings {
   runtime::cpu::adamw_config adamw{};
 };
 
+namespace detail {
+/// The measured kernel factors stored at `file` (kernel -> factor); empty when there is none.
+/// A file that is not such an object is reported on stderr and ignored: it will be measured again.
+inline nlohmann::json read_kernel_scales(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) return nlohmann::json::object();
+  try {
+    auto j = nlohmann::json::parse(in);
+    if (!j.is_object()) fail("not a JSON object");
+    for (const auto& [kernel, scale] : j.items())
+      if (!scale.is_number() || !(scale.get<double>() > 0) || !std::isfinite(scale.get<double>()))
+        fail("kernel '" + kernel + "' has no positive factor");
+    return j;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "concerto: ignoring the kernel measurements in '%s' (%s); measuring again\n", file.c_str(), e.what());
+    return nlohmann::json::object();
+  }
+}
+inline void write_kernel_scales(const std::filesystem::path& file, const std::map<std::string, double, std::less<>>& scales) {
+  try {
+    std::filesystem::create_directories(file.parent_path());
+    write_file_atomically(file, nlohmann::json(scales).dump(2) + "\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "concerto: could not keep the kernel measurements (%s)\n", e.what());
+  }
+}
+/// An environment variable as a path; empty when unset.
+inline std::filesystem::path env_path(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::filesystem::path(v) : std::filesystem::path();
+}
+} // namespace detail
+
 /// @brief How a step is planned and run.
 struct step_options {
   std::string policy = "concerto";   ///< sync, program_order, xla_lhs or concerto
+  /// Time the graph's CPU kernels before planning and price each with its measured factor
+  /// (cost::hardware::kernel_scale; see prepare()). Default: on a host backend with a "cpu*"
+  /// preset, where the roofline is furthest from the kernels; off on a GPU.
+  std::optional<bool> measure_kernels;
   lower_options lower{};             ///< name, attention heads, repeat depths
   std::string cost_preset = "cpu";   ///< cost::model preset the planner uses
   planner::windowed_options solver{.time_budget_s = 10, .progress = false};
@@ -78,6 +121,11 @@ struct step_options {
   std::uint64_t seed = 1;            ///< parameter initialisation
   MPI_Comm world = MPI_COMM_WORLD;   ///< the ranks of the mesh, in mesh order
   runtime::executor_options executor{};
+  /// When set, every rank writes Chrome traces here: the plan's simulated step once
+  /// (`<graph>.<policy>.planned.rank<r>.json`) and each executed step's measured timeline,
+  /// overwritten step by step (`<graph>.<policy>.measured.rank<r>.json`), outside the measured
+  /// time. Defaults to $CONCERTO_TRACE_DIR.
+  std::filesystem::path trace_dir = detail::env_path("CONCERTO_TRACE_DIR");
 };
 
 /// @brief What the first call decided (the same on every rank).
@@ -152,9 +200,10 @@ public:
   /// the first step does it if nobody did. Collective over the step's ranks.
   void prepare() {
     if (ex_) return;
-    const auto model = cost::model::preset(options_.cost_preset);
+    backend_ = make_backend(options_.world, settings_);
+    const auto model = planning_model();
     std::string summary_text;
-    auto p = runtime::distribute_plan(*(backend_ = make_backend(options_.world, settings_)), [&] {
+    auto p = runtime::distribute_plan(*backend_, [&] {
       plan_summary s;
       s.policy = options_.policy;
       const auto started = std::chrono::steady_clock::now();
@@ -189,6 +238,10 @@ public:
     summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("rewritten"),
                 j.at("tasks"), j.at("collectives")};
     ex_ = std::make_unique<runtime::executor<Backend>>(std::move(p), *backend_, options_.executor);
+    if (!options_.trace_dir.empty()) {
+      const auto& planned = ex_->plan();
+      write_trace("planned", sim::simulate(planned, planned.duration_us)); // durations already priced with contention
+    }
     index_tensors();
     initialise();
   }
@@ -247,6 +300,7 @@ public:
       }
     }
     const auto& rep = ex_->run_step();
+    if (!options_.trace_dir.empty()) write_trace("measured", rep.measured);
     float local = 0;
     backend_->read(loss_id_, std::as_writable_bytes(std::span(&local, 1)));
     double sum = 0, mine = local;
@@ -359,6 +413,54 @@ public:
   [[nodiscard]] std::int64_t completed_steps() const noexcept { return ex_ ? ex_->completed_steps() : 0; }
 
 private:
+  /// The preset's model, with measured factors for the graph's kernels when measuring is on.
+  /// The factors are kept per machine, preset and graph in
+  /// `cache_dir/kernels-<hardware hash>-<graph hash>.json`, so that the model, and the plan cache
+  /// key made from it, are the same run after run, and a kernel is priced at the shapes this
+  /// graph runs it at. All ranks time the kernels at once, as a step runs them, and the mean over
+  /// ranks is kept. An unreadable file is reported and measured again; one that cannot be
+  /// written costs a measurement next time, nothing else.
+  cost::model planning_model() {
+    auto model = cost::model::preset(options_.cost_preset);
+    const bool measure = options_.measure_kernels.value_or(!Backend::stream_ordered && options_.cost_preset.starts_with("cpu"));
+    if constexpr (!Backend::stream_ordered) {
+      if (!measure) return model;
+      std::set<std::string, std::less<>> wanted;
+      for (const auto& t : graph_.tasks)
+        if (!ir::is_collective(t.kind)) wanted.emplace(cost::model::kernel_name(t));
+      const auto file = options_.cache_dir / ("kernels-" + hasher::to_hex(model.hw().hash()) + "-" +
+                                              hasher::to_hex(plan::hash(graph_)) + ".json");
+      std::string known_text = "{}";
+      if (rank_ == 0) known_text = detail::read_kernel_scales(file).dump();
+      backend_->broadcast(known_text, 0);
+      auto known = nlohmann::json::parse(known_text).get<std::map<std::string, double, std::less<>>>();
+      if (!std::ranges::all_of(wanted, [&](const auto& k) { return known.contains(k); })) {
+        const auto scales = runtime::kernel_scales(runtime::time_kernels(graph_, settings_), graph_, model);
+        std::vector<double> mine;
+        for (const auto& k : wanted) mine.push_back(scales.contains(k) ? scales.at(k) : 1.0); // launch-bound: 1
+        std::vector<double> sum(mine.size());
+        MPI_Allreduce(mine.data(), sum.data(), static_cast<int>(mine.size()), MPI_DOUBLE, MPI_SUM, options_.world);
+        known.clear();
+        std::size_t i = 0;
+        for (const auto& k : wanted) known[k] = sum[i++] / size_;
+        if (rank_ == 0) detail::write_kernel_scales(file, known);
+      }
+      auto hw = model.hw();
+      for (const auto& k : wanted) hw.kernel_scale[k] = known.at(k);
+      return cost::model(std::move(hw));
+    } else {
+      if (measure) fail("train step: measure_kernels times the CPU kernels; this build's backend runs on a GPU");
+      return model;
+    }
+  }
+
+  void write_trace(const char* kind, const sim::result& r) {
+    const auto& g = ex_->plan().graph;
+    std::filesystem::create_directories(options_.trace_dir);
+    const auto name = g.name + "." + options_.policy + "." + kind + ".rank" + std::to_string(rank_) + ".json";
+    write_file_atomically(options_.trace_dir / name, trace::chrome_trace(g, r, "rank " + std::to_string(rank_)));
+  }
+
   struct tensor_info {
     ir::buffer_id id = -1;
     ir::dtype type = ir::dtype::f32;
