@@ -26,9 +26,11 @@ inline constexpr axis<"dp"> dp;
 inline constexpr axis<"tp"> tp;
 
 constexpr auto act = spec(shard(dp), replicate); // [batch, features]
-constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(act), param<"w1">(spec(replicate, shard(tp))))),
+// The features and the target are inputs without gradient: nothing needs x.grad, so the step
+// runs neither its matmul nor (under tp) its all-reduce.
+constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(act, no_grad), param<"w1">(spec(replicate, shard(tp))))),
                                         param<"w2">(spec(shard(tp), replicate))),
-                                 input<"target">(act)),
+                                 input<"target">(act, no_grad)),
                              sgd{});
 
 namespace {

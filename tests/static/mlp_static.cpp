@@ -32,6 +32,15 @@ static_assert(step.count(op_code::sgd) == 2 && step.count(op_code::matmul) == 6)
 // Identical named leaves are one node.
 static_assert(step.count(op_code::input) == 2 && step.count(op_code::param) == 2);
 
+// Inputs without gradient: no x.grad, so neither the backward matmul that makes it nor the tp
+// all-reduce that sums it (the work a framework skips for inputs that do not require grad).
+constexpr auto frozen = program(mse(matmul(gelu(matmul(input<"x">(act, no_grad), w1)), w2), input<"target">(act, no_grad)), sgd{});
+static_assert(frozen.find("x.grad") == -1 && frozen.find("x") >= 0);
+static_assert(frozen.count(op_code::matmul) == 5);
+static_assert(frozen.count(collective::all_reduce, tp, fwd) == 1 && frozen.count(collective::all_reduce, tp, bwd) == 0);
+static_assert(frozen.count(collective::all_reduce, dp, bwd) == 2);
+static_assert(frozen.count(op_code::input) == 2);
+
 // The issue's form with plain `auto` leaves: the program comes from the expression's type alone.
 [[maybe_unused]] void issue_form() {
   auto x = input<"x">(act);

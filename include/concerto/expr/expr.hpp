@@ -44,8 +44,9 @@ inline constexpr int op_code_count = static_cast<int>(op_code::adamw) + 1;
 }
 
 /// @brief What kind of leaf: `input` receives a gradient (like a module's input), `data`
-/// does not (token ids, labels), `param` is trained.
-enum class leaf_kind : std::uint8_t { input, data, param };
+/// does not (token ids, labels), `param` is trained, `constant` is an f32 input the step does
+/// not differentiate (`input<"x">(spec, no_grad)`: the features of a model's first layer).
+enum class leaf_kind : std::uint8_t { input, data, param, constant };
 
 namespace detail {
 struct expr_tag {};
@@ -110,6 +111,23 @@ template <spec_type S>
 template <fixed_string Name, spec_type S>
 [[nodiscard]] constexpr leaf_expr<Name, leaf_kind::input, std::remove_cvref_t<S>, std::remove_cvref_t<S>>
 input(S) noexcept {
+  return {};
+}
+
+/// @brief Tag of `input<"x">(spec, no_grad)`.
+struct no_grad_t {};
+/// @brief Asks for an input without gradient.
+inline constexpr no_grad_t no_grad{};
+
+/// @brief An f32 tensor the step receives and does not differentiate: no `x.grad`, so neither
+/// the backward matmul that would produce it nor the collective that would sum it run. Use it
+/// for a model's features, as a framework's input tensors that do not require grad.
+/// @code
+/// constexpr auto x = input<"x">(spec(shard(dp), replicate), no_grad);
+/// @endcode
+template <fixed_string Name, spec_type S>
+[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::constant, std::remove_cvref_t<S>, std::remove_cvref_t<S>>
+input(S, no_grad_t) noexcept {
   return {};
 }
 

@@ -8,9 +8,11 @@
 /// 2×). Rather than describe each kernel, the runtime runs the graph's own tasks, at the graph's
 /// own shapes, once before planning: every compute task in topological order on a zeroed arena
 /// laid out like the executor's (zeros are valid ids, and the CPU kernels' time does not depend
-/// on the values), a warm-up run and then the best of `repeats`. A kernel's factor is its tasks'
-/// total measured time over their total roofline time, so the large tasks, which matter to a
-/// schedule, dominate it.
+/// on the values), a warm-up run and then the mean of `repeats`. The mean, not the best: where
+/// ranks outnumber cores they time-slice, a step meets that on average, and the best run is the
+/// one that happened to have a core to itself (on 4 ranks over 2 cores the best-of times made
+/// every step look 1.5x faster than it ran). A kernel's factor is its tasks' total measured time
+/// over their total roofline time, so the large tasks, which matter to a schedule, dominate it.
 ///
 /// @code
 /// auto times = runtime::time_kernels(g, settings);
@@ -26,7 +28,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -41,10 +42,10 @@ struct kernel_times {
 };
 
 /// @brief Runs every compute task of `g` whose kernel is in `only` (all when empty) on the CPU
-/// kernels and records its best time over `repeats` runs after a warm-up. Allocates one arena
+/// kernels and records its mean time over `repeats` runs after a warm-up. Allocates one arena
 /// the size of the executor's for the duration of the call.
 [[nodiscard]] inline kernel_times time_kernels(const ir::graph& g, const kernel_settings& settings,
-                                               const std::set<std::string, std::less<>>& only = {}, int repeats = 2) {
+                                               const std::set<std::string, std::less<>>& only = {}, int repeats = 3) {
   CONCERTO_CHECK(repeats >= 1, "time_kernels: repeats must be at least 1");
   host_arena mem(g, make_layout(g, workspace_bytes(g)));
   kernel_times out;
@@ -55,13 +56,10 @@ struct kernel_times {
     if (!only.empty() && !only.contains(cost::model::kernel_name(t))) continue;
     const auto k = resolve(t);
     run_kernel(g, t, k, mem, settings); // warm: caches, page faults of the first touch
-    double best = std::numeric_limits<double>::infinity();
-    for (int r = 0; r < repeats; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      run_kernel(g, t, k, mem, settings);
-      best = std::min(best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    }
-    out.task_us[static_cast<std::size_t>(id)] = best;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < repeats; ++r) run_kernel(g, t, k, mem, settings);
+    out.task_us[static_cast<std::size_t>(id)] =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / repeats;
   }
   return out;
 }

@@ -29,6 +29,7 @@ inline constexpr std::uint8_t flag_repeat = 8;       ///< reserved (inside a rep
 inline constexpr std::uint8_t flag_writes_param = 16; ///< its result is the parameter's new value
 inline constexpr std::uint8_t flag_needs_grad = 32;
 inline constexpr std::uint8_t flag_max = 64;         ///< an all_reduce that takes the maximum, not the sum
+inline constexpr std::uint8_t flag_no_grad = 128;    ///< an input leaf the step does not differentiate
 
 inline constexpr int max_repeats = 4;
 using repeat_name = short_name<16>;
@@ -199,8 +200,10 @@ struct work {
   constexpr int leaf(std::string_view name, leaf_kind k, const spec_value& use, const spec_value& stored) noexcept {
     if (err != errc::none) return 0;
     node x;
-    x.op = k == leaf_kind::input ? op_code::input : k == leaf_kind::data ? op_code::data : op_code::param;
-    x.kind = k == leaf_kind::input ? role::input : k == leaf_kind::data ? role::data : role::param;
+    const bool input = k == leaf_kind::input || k == leaf_kind::constant;
+    x.op = input ? op_code::input : k == leaf_kind::data ? op_code::data : op_code::param;
+    x.kind = input ? role::input : k == leaf_kind::data ? role::data : role::param;
+    if (k == leaf_kind::constant) x.flags |= flag_no_grad;
     const int self = raw_n;
     if (!intern(use, x.use, self) || !intern(stored, x.spec, self)) return 0;
     if (x.op == op_code::param && stage == 3 && x.spec == x.use) x.spec = shard_more(x.spec, zero_axis);
@@ -332,7 +335,7 @@ struct work {
       if (is_leaf(x.op)) {
         node l = x;
         l.in[0] = -1;
-        if (x.op != op_code::data) l.flags |= flag_needs_grad;
+        if (x.op != op_code::data && !x.has(flag_no_grad)) l.flags |= flag_needs_grad;
         const int li = add(l);
         leaf_node[x.name] = static_cast<std::int16_t>(li);
         map[r] = static_cast<std::int16_t>(convert(li, x.use, ir::phase::forward));
