@@ -54,10 +54,14 @@ def main():
         print(f"{'config':>10} " + " ".join(f"{m:>10}" for m in modes))
         for cfg, by_mode, results in rows:
             print(f"{cfg:>10} " + " ".join(f"{by_mode.get(m, float('nan')):10.1f}" for m in modes))
-        if rows and rows[0][2]:
-            x = rows[0][2][0]
+        first = lambda model: next((x for _, _, rs in rows for x in rs if x.get("model", "mlp") == model), None)
+        if x := first("mlp"):
             print(f"  (MLP: global batch {x['batch']}, hidden {x['hidden']}, FFN x{x['ffn']}, {x['layers']} blocks,"
                   f" {x['threads']} thread per rank; ddp:MB = bucket_cap_mb MB; tp = Megatron column/row MLP)")
+        if x := first("gpt"):
+            print(f"  (GPT: global batch {x['batch']} x {x['seq']} tokens, {x['layers']} layers, hidden {x['hidden']},"
+                  f" {x['heads']} heads, vocab {x['vocab']}, {x['params_per_rank']} parameters, AdamW, DDP;"
+                  f" gpt:MB = bucket_cap_mb MB)")
     peer_by_cfg = {cfg: by_mode for cfg, by_mode, _ in rows} if peers else {}
     examples = sorted(glob.glob(os.path.join(d, "example-*.jsonl")), key=lambda p: cfg_key(p, "example-"))
     if examples:
@@ -93,9 +97,10 @@ def print_examples(files, peer_by_cfg):
             pred = by["concerto"]["predicted_us"] / 1e3 if "concerto" in by else float("nan")
             ddp = ddp_tuned = tp_peer = None
             mine = float("nan")
-            if model == "mlp" and tp == 1:
-                ddp = peer.get("ddp")
-                tuned = [v for k, v in peer.items() if k.startswith("ddp:")]
+            if model in ("mlp", "gpt") and tp == 1:
+                mode = "ddp" if model == "mlp" else "gpt"  # the peer's DDP modes of this model
+                ddp = peer.get(mode)
+                tuned = [v for k, v in peer.items() if k.startswith(mode + ":")]
                 ddp_tuned = min(tuned) if tuned else None
                 mine = ratio(conc, min(x for x in (ddp, ddp_tuned) if x) if (ddp or ddp_tuned) else None)
             elif model == "mlp" and tp == world:
@@ -106,8 +111,9 @@ def print_examples(files, peer_by_cfg):
                   f" {ratio(conc, sync):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f} {ratio(pred, conc):10.2f}"
                   f" {fmt(ddp, 8)} {fmt(ddp_tuned, 9)} {fmt(tp_peer, 8)} {mine:8.2f}")
     print("  (mesh = dp x tp; comm% = sync plan's exposed communication / its step; c = concerto; LB = the plan's lower"
-          " bound;\n   pred = simulated concerto step; DDPtuned = best of bucket 4 and 100 MB; c/torch = concerto / best"
-          " PyTorch (DDP for dp, Megatron TP for tp))")
+          " bound;\n   pred = simulated concerto step; DDPtuned = best of the tuned buckets (MLP: 4 and 100 MB, GPT: 1"
+          " and 100 MB);\n   c/torch = concerto / best PyTorch (DDP, default or tuned, for dp; Megatron TP for the MLP's"
+          " tp))")
 
 
 if __name__ == "__main__":
