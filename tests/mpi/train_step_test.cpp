@@ -199,6 +199,30 @@ TEST_CASE("the graph's kernels are timed once per machine and graph; a damaged r
   if (root) std::filesystem::remove_all(dir.parent_path());
 }
 
+TEST_CASE("with a trace folder every rank writes its planned and its measured step", "[mpi][train][trace]") {
+  const auto dir = shared_temp_dir() / "traces";
+  const int world = runtime::mpi::environment::world_size();
+  const int rank = runtime::mpi::environment::world_rank();
+  auto o = options(MPI_COMM_WORLD);
+  o.trace_dir = dir;
+  auto s = train::compile(gt::gpt_sp, mesh::from_world(world, {{"dp", world / 2}, {"tp", 2}}), shapes, {}, o);
+  (void)s(data(0));
+  (void)s(data(1));
+  const auto tasks = s.plan().graph.tasks.size();
+  for (const char* kind : {"planned", "measured"}) {
+    const auto file = dir / ("gpt.program_order." + std::string(kind) + ".rank" + std::to_string(rank) + ".json");
+    INFO(file);
+    REQUIRE(std::filesystem::exists(file));
+    std::ifstream in(file);
+    const auto j = nlohmann::json::parse(in);
+    std::size_t spans = 0;
+    for (const auto& e : j.at("traceEvents")) spans += e.at("ph") == "X";
+    CHECK(spans == tasks); // one span per task of the executed graph
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir.parent_path());
+}
+
 TEST_CASE("a loader filling each rank's shard gives the numbers of the global batch", "[mpi][train][loader]") {
   const int world = runtime::mpi::environment::world_size();
   auto a = compile_on(MPI_COMM_WORLD, world / 2, 2);
