@@ -138,6 +138,7 @@ TEST_CASE("the graph's kernels are timed once per machine and graph; a damaged r
   const bool root = runtime::mpi::environment::world_rank() == 0;
   auto o = options(MPI_COMM_WORLD);
   o.cache_dir = dir;
+  o.use_cache = true; // the kernel record lives beside the plan cache and follows its switch
   const auto compile = [&] {
     auto s = train::compile(gt::gpt_sp, mesh::from_world(world, {{"dp", world / 2}, {"tp", 2}}), shapes, {}, o);
     (void)s.summary();

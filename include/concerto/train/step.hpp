@@ -28,6 +28,7 @@
 #include <concerto/cache/plan_cache.hpp>
 #include <concerto/core/error.hpp>
 #include <concerto/core/file.hpp>
+#include <concerto/core/hash.hpp>
 #include <concerto/cost/model.hpp>
 #include <concerto/graph/lower.hpp>
 #include <concerto/mesh/mesh.hpp>
@@ -41,6 +42,7 @@
 #include <concerto/train/detail/shard.hpp>
 
 #include <mpi.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -87,11 +89,42 @@ inline nlohmann::json read_kernel_scales(const std::filesystem::path& file) {
 }
 inline void write_kernel_scales(const std::filesystem::path& file, const std::map<std::string, double, std::less<>>& scales) {
   try {
-    std::filesystem::create_directories(file.parent_path());
     write_file_atomically(file, nlohmann::json(scales).dump(2) + "\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "concerto: could not keep the kernel measurements (%s)\n", e.what());
   }
+}
+/// What else, besides the hardware description and the graph, decides how fast this build's
+/// kernels run: the compiler and its optimisation and instruction-set flags, the machine, and how
+/// many ranks share it. A kernel measured under another of these is measured again.
+inline std::uint64_t kernel_build_fingerprint(MPI_Comm world) {
+  hasher h;
+  h.add(std::string_view("concerto.kernels.v2")); // v2: means of 3 runs (v1 kept the best of 2)
+  h.add(std::string_view(__VERSION__));
+#if defined(__OPTIMIZE__)
+  h.add(std::string_view("optimize"));
+#endif
+#if defined(__FAST_MATH__)
+  h.add(std::string_view("fast-math"));
+#endif
+#if defined(__AVX512F__)
+  h.add(std::string_view("avx512f"));
+#elif defined(__AVX2__)
+  h.add(std::string_view("avx2"));
+#elif defined(__AVX__)
+  h.add(std::string_view("avx"));
+#endif
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  h.add(std::string_view(host));
+  MPI_Comm node = MPI_COMM_NULL;
+  int on_node = 1;
+  if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_free(&node);
+  }
+  h.add(std::int64_t{on_node});
+  return h.value();
 }
 /// An environment variable as a path; empty when unset.
 inline std::filesystem::path env_path(const char* name) {
@@ -429,21 +462,34 @@ private:
       for (const auto& t : graph_.tasks)
         if (!ir::is_collective(t.kind)) wanted.emplace(cost::model::kernel_name(t));
       const auto file = options_.cache_dir / ("kernels-" + hasher::to_hex(model.hw().hash()) + "-" +
-                                              hasher::to_hex(plan::hash(graph_)) + ".json");
+                                              hasher::to_hex(plan::hash(graph_)) + "-" +
+                                              hasher::to_hex(detail::kernel_build_fingerprint(options_.world)) + ".json");
       std::string known_text = "{}";
-      if (rank_ == 0) known_text = detail::read_kernel_scales(file).dump();
+      if (rank_ == 0 && options_.use_cache) known_text = detail::read_kernel_scales(file).dump();
       backend_->broadcast(known_text, 0);
       auto known = nlohmann::json::parse(known_text).get<std::map<std::string, double, std::less<>>>();
       if (!std::ranges::all_of(wanted, [&](const auto& k) { return known.contains(k); })) {
-        const auto scales = runtime::kernel_scales(runtime::time_kernels(graph_, settings_), graph_, model);
+        // Every rank reaches the reduction below, also one whose timing threw (out of memory on a
+        // crowded node): the others would otherwise wait in it for ever.
+        std::map<std::string, double, std::less<>> scales;
+        std::string failure;
+        try {
+          scales = runtime::kernel_scales(runtime::time_kernels(graph_, settings_), graph_, model);
+        } catch (const std::exception& e) {
+          failure = e.what();
+        }
         std::vector<double> mine;
         for (const auto& k : wanted) mine.push_back(scales.contains(k) ? scales.at(k) : 1.0); // launch-bound: 1
+        mine.push_back(failure.empty() ? 0.0 : 1.0);
         std::vector<double> sum(mine.size());
         MPI_Allreduce(mine.data(), sum.data(), static_cast<int>(mine.size()), MPI_DOUBLE, MPI_SUM, options_.world);
+        if (sum.back() > 0)
+          fail("train step: timing the kernels of graph '" + graph_.name + "' failed on " +
+               std::to_string(static_cast<int>(sum.back())) + " rank(s)" + (failure.empty() ? "" : ": " + failure));
         known.clear();
         std::size_t i = 0;
         for (const auto& k : wanted) known[k] = sum[i++] / size_;
-        if (rank_ == 0) detail::write_kernel_scales(file, known);
+        if (rank_ == 0 && options_.use_cache) detail::write_kernel_scales(file, known);
       }
       auto hw = model.hw();
       for (const auto& k : wanted) hw.kernel_scale[k] = known.at(k);
@@ -454,11 +500,16 @@ private:
     }
   }
 
+  // A trace that cannot be written is reported, not thrown: one rank throwing here would leave the
+  // others waiting in the step's loss reduction.
   void write_trace(const char* kind, const sim::result& r) {
     const auto& g = ex_->plan().graph;
-    std::filesystem::create_directories(options_.trace_dir);
     const auto name = g.name + "." + options_.policy + "." + kind + ".rank" + std::to_string(rank_) + ".json";
-    write_file_atomically(options_.trace_dir / name, trace::chrome_trace(g, r, "rank " + std::to_string(rank_)));
+    try {
+      write_file_atomically(options_.trace_dir / name, trace::chrome_trace(g, r, "rank " + std::to_string(rank_)));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "concerto: rank %d could not write a trace (%s)\n", rank_, e.what());
+    }
   }
 
   struct tensor_info {

@@ -226,7 +226,8 @@ struct work {
           failed(errc::repeat_leaf_scope, self);
           return 0;
         }
-        if (old.op != x.op || !(old.spec == x.spec) || !(old.use == x.use)) {
+        // A leaf with and one without gradient under one name would silently be whichever came first.
+        if (old.op != x.op || !(old.spec == x.spec) || !(old.use == x.use) || old.has(flag_no_grad) != x.has(flag_no_grad)) {
           x.name = static_cast<std::int16_t>(i);
           raw_add(x);
           failed(errc::leaf_redefined, self);
