@@ -120,7 +120,7 @@ cleanup() {
     [[ -e /run/netns/$ns ]] || continue
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
     ip netns del "$ns" 2>/dev/null # takes the veth pair with it
-    rm -rf "/etc/netns/$ns"
+    rm -rf "/etc/netns/$ns" "/tmp/concerto-orte-$ns" # the second: netns-rsh's session directory
   done
   for ((i = 0; i < hosts; ++i)); do ip link del "${prefix}v${i}" 2>/dev/null; done
   ip link del "$bridge" 2>/dev/null

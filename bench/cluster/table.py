@@ -24,7 +24,7 @@ def main():
         sys.exit(f"table.py: no probe-*.json in {d}")
     print("\nemulated cluster: collectives, compute and overlap (cluster-probe)")
     print(f"{'config':>10} {'MB':>5} {'AR ms':>8} {'AR busbw %line':>15} {'fit alpha us':>13} {'fit GB/s':>9}"
-          f" {'AG ms':>8} {'RS ms':>8} {'sgemm GF/rank':>14} {'overlap max/both':>17} {'slowdown':>9}")
+          f" {'AG ms':>8} {'RS ms':>8} {'sgemm GF/rank':>14} {'overlap max/both':>17} {'slowdown':>9} {'comm slowdown':>14}")
     for p in probes:
         r = json.load(open(p))
         n, mbit, cfg = cfg_key(p, "probe-")
@@ -36,7 +36,7 @@ def main():
               f" {c['iallreduce']['fit']['alpha_us']:13.0f} {c['iallreduce']['fit']['bandwidth_gbps']:9.4f}"
               f" {largest('iallgather')['median_us'] / 1e3:8.1f} {largest('ireduce_scatter_block')['median_us'] / 1e3:8.1f}"
               f" {r['compute']['gemm_gflops_per_rank']:14.1f} {r['overlap']['ideal_overlap_ratio']:17.3f}"
-              f" {r['overlap']['compute_slowdown']:9.3f}")
+              f" {r['overlap']['compute_slowdown']:9.3f} {r['overlap'].get('comm_slowdown', float('nan')):14.3f}")
     print("  (AR = MPI_Iallreduce ring, AG = MPI_Iallgather, RS = MPI_Ireduce_scatter_block, at the largest size MB;"
           " busbw = 2(p-1)/p * bytes / time)")
 

@@ -388,6 +388,7 @@ TEST_CASE("hardware round-trips through JSON and hashes every number", "[cost][j
         [](auto& h) { h.algorithm = cost::collective_algorithm::tree; },
         [](auto& h) { h.overlap_slowdown += 0.001; },
         [](auto& h) { h.kernel_scale["gelu"] = 2.0; },
+        [](auto& h) { h.comm_overlap_slowdown = 1.5; },
     };
     std::set<std::uint64_t> seen{base.hash()};
     for (std::size_t i = 0; i < changes.size(); ++i) {
@@ -431,6 +432,11 @@ TEST_CASE("hardware round-trips through JSON and hashes every number", "[cost][j
     CHECK(other.hash() != hw.hash());
     hw.kernel_scale.clear();
     CHECK(hw.hash() == before);
+    hw.comm_overlap_slowdown = 1.9;
+    CHECK(nlohmann::json(hw).at("comm_overlap_slowdown") == 1.9);
+    CHECK(nlohmann::json::parse(nlohmann::json(hw).dump()).get<cost::hardware>() == hw);
+    hw.comm_overlap_slowdown = 0.5;
+    CHECK_THROWS_WITH(hw.validate(), ContainsSubstring("comm_overlap_slowdown"));
   }
   SECTION("a kernel factor that is not a positive number is an error naming the kernel") {
     nlohmann::json j = round_hardware();

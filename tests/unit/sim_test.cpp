@@ -102,7 +102,7 @@ TEST_CASE("compute and a collective overlap, slowed by contention", "[sim][conte
     const auto ar = m.collective("ar", 0);
     const auto r = sim::simulate(m.g, {{c}, {ar}}, std::vector<double>{10, 6}, 1.5);
     CHECK(r.end_us[c] == Approx(12.0));
-    CHECK(r.end_us[ar] == 6); // collectives are never slowed
+    CHECK(r.end_us[ar] == 6); // a plain number slows compute only
     CHECK(r.step_us == Approx(12.0));
     CHECK(r.busy_us[0] == Approx(12.0));
   }
@@ -119,6 +119,27 @@ TEST_CASE("compute and a collective overlap, slowed by contention", "[sim][conte
     CHECK(r.end_us[ar] == 8);
     CHECK(r.end_us[b] == Approx(14.0));
     CHECK(r.exposed_comm_us == 0);
+  }
+  SECTION("slowdowns on both sides: 1.5 for compute, 2 for the collective") {
+    // Both run from 0: the all-reduce's 6 us take 12 at half rate; by then compute has done
+    // 12/1.5 = 8 of its 10 us and ends alone at 14.
+    mini m(1);
+    const auto c = m.compute("gemm");
+    const auto ar = m.collective("ar", 0);
+    const auto r = sim::simulate(m.g, {{c}, {ar}}, std::vector<double>{10, 6}, sim::contention{1.5, 2.0});
+    CHECK(r.end_us[ar] == Approx(12.0));
+    CHECK(r.end_us[c] == Approx(14.0));
+    CHECK(r.exposed_comm_us == 0);
+    // A collective alone is not slowed: after the compute ends, it runs at full rate.
+    mini m2(1);
+    const auto c2 = m2.compute("gemm");
+    const auto ar2 = m2.collective("ar", 0);
+    const auto r2 = sim::simulate(m2.g, {{c2}, {ar2}}, std::vector<double>{3, 6}, sim::contention{1.5, 2.0});
+    // compute ends at 4.5 (3 us at 1/1.5); the all-reduce did 4.5/2 = 2.25 us by then, 3.75 alone: ends at 8.25.
+    CHECK(r2.end_us[c2] == Approx(4.5));
+    CHECK(r2.end_us[ar2] == Approx(8.25));
+    CHECK_THROWS_WITH(sim::simulate(m2.g, {{c2}, {ar2}}, std::vector<double>{3, 6}, sim::contention{1.0, 0.5}),
+                      Catch::Matchers::ContainsSubstring("collectives' overlap slowdown"));
   }
   SECTION("a collective that outlasts the compute is exposed for the rest") {
     // compute 4 us at rate 1/2 ends at 8; the all-reduce runs until 10: 2 us exposed.
@@ -317,8 +338,10 @@ random_case make_random(std::mt19937& rng, int n, int lanes) {
         if (std::find(deps.begin(), deps.end(), dep) == deps.end()) deps.push_back(dep);
       }
     const int lane = static_cast<int>(u(rng) * (lanes + 2)) - 2; // about half compute
-    if (lane < 0) m.compute("t" + std::to_string(i), deps);
-    else m.collective("t" + std::to_string(i), lane, deps);
+    std::string name = "t"; // appended: g++ 12 warns falsely (-Wrestrict) on "t" + std::to_string(i) here
+    name += std::to_string(i);
+    if (lane < 0) m.compute(name, deps);
+    else m.collective(name, lane, deps);
   }
   random_case rc;
   rc.g = std::move(m.g);

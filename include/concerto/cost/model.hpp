@@ -40,6 +40,8 @@ public:
 
   /// @brief Factor (>= 1) by which compute slows while any collective is in flight.
   [[nodiscard]] double overlap_slowdown() const noexcept { return hw_.overlap_slowdown; }
+  /// @brief Factor (>= 1) by which a collective slows while a compute task runs.
+  [[nodiscard]] double comm_overlap_slowdown() const noexcept { return hw_.comm_overlap_slowdown; }
 
   /// @brief Duration of any task of `g`, in µs, in isolation (no contention applied).
   [[nodiscard]] double task_us(const ir::graph& g, const ir::task& t) const {

@@ -60,7 +60,7 @@ inline std::vector<std::string> policy_names() {
 }
 
 /// @brief The list schedule with the smallest simulated step time: the solver's warm start.
-inline schedule best_list_schedule(const ir::graph& g, std::span<const double> durations, double slowdown,
+inline schedule best_list_schedule(const ir::graph& g, std::span<const double> durations, sim::contention slowdown,
                                    std::string* chosen_policy = nullptr) {
   schedule best;
   double best_step = std::numeric_limits<double>::infinity();
@@ -85,7 +85,7 @@ inline plan::plan make_plan(const ir::graph& g, const cost::model& model, const 
     for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
     fail("unknown planning policy '" + options.policy + "' (known: " + list + ")");
   }
-  const double slowdown = model.overlap_slowdown();
+  const sim::contention slowdown{model.overlap_slowdown(), model.comm_overlap_slowdown()};
   schedule chosen;
   windowed_report report{};
   if (options.policy == "concerto") {

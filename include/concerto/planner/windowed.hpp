@@ -155,7 +155,7 @@ inline std::vector<std::vector<ir::task_id>> splice(const ir::graph& g, const st
 /// @brief Improves `start` window by window with Z3; the result is never slower than `start`.
 ///
 /// `start.graph` is the graph scheduled (`g` when `start.graph` has no tasks); `durations[i]`
-/// is task i's uncontended duration and `overlap_slowdown` the simulator's contention factor.
+/// is task i's uncontended duration and `overlap_slowdown` the simulator's contention factors.
 /// The step time of a candidate is always the simulator's, so the guarantee holds with
 /// contention even though each window is solved without it.
 ///
@@ -166,7 +166,7 @@ inline std::vector<std::vector<ir::task_id>> splice(const ir::graph& g, const st
 /// std::printf("%.1f -> %.1f us (bound %.1f)\n", rep.start_step_us, rep.final_step_us, rep.lower_bound_us);
 /// @endcode
 inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<const double> durations,
-                                 double overlap_slowdown, const windowed_options& options,
+                                 sim::contention overlap_slowdown, const windowed_options& options,
                                  windowed_report* report = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };

@@ -51,6 +51,18 @@ struct result {
   std::vector<interval> timeline;       ///< one per task, sorted by start (ties: by stream)
 };
 
+/// @brief How much overlapped work slows down: compute while any collective is in flight, and a
+/// collective while a compute task runs (on a CPU cluster the network stack needs the cores the
+/// kernels use; on a GPU the collective's kernels share the SMs). Both >= 1; a plain number
+/// converts to compute-only contention.
+struct contention {
+  double compute = 1.0;
+  double comm = 1.0;
+  contention(double compute_slowdown = 1.0, double comm_slowdown = 1.0) noexcept // NOLINT: implicit on purpose
+      : compute(compute_slowdown), comm(comm_slowdown) {}
+  friend bool operator==(const contention&, const contention&) = default;
+};
+
 namespace detail {
 
 inline std::string task_label(const ir::graph& g, ir::task_id id) {
@@ -89,9 +101,15 @@ inline void check_orders(const ir::graph& g, const std::vector<std::vector<ir::t
 
 /// The graph is not validated as a whole (that costs a topological sort per call); only what
 /// would make the replay read out of bounds is checked. A cycle shows up as a deadlock.
-inline void check_inputs(const ir::graph& g, std::span<const double> durations_us, double overlap_slowdown) {
-  if (!(overlap_slowdown >= 1.0) || !std::isfinite(overlap_slowdown))
-    fail("simulate: overlap_slowdown is " + std::to_string(overlap_slowdown) + "; it must be finite and >= 1");
+inline void check_inputs(const ir::graph& g, std::span<const double> durations_us, const contention& slowdown) {
+  const auto check_factor = [](double v, std::string what) {
+    if (v >= 1.0 && std::isfinite(v)) return;
+    what += " is ";
+    what += std::to_string(v); // appended, not `"..." + to_string`: g++ 12 warns falsely (-Wrestrict) there
+    fail("simulate: " + what + "; it must be finite and >= 1");
+  };
+  check_factor(slowdown.compute, "overlap_slowdown");
+  check_factor(slowdown.comm, "the collectives' overlap slowdown");
   if (durations_us.size() != g.tasks.size())
     fail("simulate: " + std::to_string(durations_us.size()) + " durations given for graph '" + g.name + "' with " +
          std::to_string(g.tasks.size()) + " tasks");
@@ -152,7 +170,7 @@ inline void check_inputs(const ir::graph& g, std::span<const double> durations_u
 /// // compute runs 6 us at rate 1/1.5 (4 us of work), then 6 us alone: r.end_us[0] == 12
 /// @endcode
 [[nodiscard]] inline result simulate(const ir::graph& g, const std::vector<std::vector<ir::task_id>>& order,
-                                     std::span<const double> durations_us, double overlap_slowdown = 1.0) {
+                                     std::span<const double> durations_us, contention overlap_slowdown = {}) {
   detail::check_inputs(g, durations_us, overlap_slowdown);
   detail::check_orders(g, order);
 
@@ -214,8 +232,9 @@ inline void check_inputs(const ir::graph& g, std::span<const double> durations_u
     }
 
     // Rates are constant until the next completion, so the next event is the earliest finish.
-    const double slowdown = comm_running > 0 ? overlap_slowdown : 1.0;
-    const auto time_to_finish = [&](std::size_t s) { return is_comm[s] ? remaining[s] : remaining[s] * slowdown; };
+    const double slowdown = comm_running > 0 ? overlap_slowdown.compute : 1.0;
+    const double comm_slowdown = compute_running > 0 ? overlap_slowdown.comm : 1.0;
+    const auto time_to_finish = [&](std::size_t s) { return remaining[s] * (is_comm[s] ? comm_slowdown : slowdown); };
     double step = std::numeric_limits<double>::infinity();
     for (std::size_t s = 0; s < active_streams; ++s)
       if (running[s] >= 0) step = std::min(step, time_to_finish(s));
@@ -239,7 +258,7 @@ inline void check_inputs(const ir::graph& g, std::span<const double> durations_u
         running[s] = -1;
         ++pos[s];
       } else {
-        remaining[s] = std::max(0.0, remaining[s] - (is_comm[s] ? step : step / slowdown));
+        remaining[s] = std::max(0.0, remaining[s] - step / (is_comm[s] ? comm_slowdown : slowdown));
       }
     }
     now = next;
@@ -254,7 +273,7 @@ inline void check_inputs(const ir::graph& g, std::span<const double> durations_u
 /// auto r = sim::simulate(p, cost_model_durations, 1.2);
 /// @endcode
 [[nodiscard]] inline result simulate(const plan::plan& p, std::span<const double> durations_us,
-                                     double overlap_slowdown = 1.0) {
+                                     contention overlap_slowdown = {}) {
   return simulate(p.graph, p.order, durations_us, overlap_slowdown);
 }
 
@@ -265,7 +284,7 @@ inline void check_inputs(const ir::graph& g, std::span<const double> durations_u
 /// // p.start_us[i] + p.duration_us[i] == sim::simulate(p, durations, 1.2).end_us[i]
 /// @endcode
 [[nodiscard]] inline plan::plan to_plan(ir::graph g, std::vector<std::vector<ir::task_id>> order,
-                                        std::span<const double> durations_us, double overlap_slowdown,
+                                        std::span<const double> durations_us, contention overlap_slowdown,
                                         std::string policy, std::string preset) {
   auto replay = simulate(g, order, durations_us, overlap_slowdown);
   order.resize(g.streams.size());

@@ -31,7 +31,7 @@ using plan_fn = std::function<plan::plan(const ir::graph&)>;
 /// @endcode
 [[nodiscard]] inline plan::plan list_plan(const ir::graph& g, const cost::model& model) {
   const auto durations = model.durations_us(g);
-  const double slowdown = model.overlap_slowdown();
+  const sim::contention slowdown{model.overlap_slowdown(), model.comm_overlap_slowdown()};
   schedule best;
   double best_step = std::numeric_limits<double>::infinity();
   std::string best_name;
