@@ -73,12 +73,12 @@ struct hardware {
   collective_algorithm algorithm = collective_algorithm::best;
   double overlap_slowdown = 1;      ///< >= 1: compute runs this much slower while a collective runs
   /// >= 1: a collective runs this much slower while a compute task runs (on a CPU cluster the
-  /// network stack needs the cores the kernels use: the cluster probe measured 1.9 at 10 Gbit/s).
+  /// network stack needs the cores the kernels use: the cluster probe measured 1.1-1.4 on 4 hosts).
   double comm_overlap_slowdown = 1;
   /// Per kernel (a compute task's fn, or its op kind when fn is empty, e.g. "matmul"): measured
   /// time over the roofline's, > 0. Kernels not listed count 1. The roofline knows a kernel's
   /// flops and bytes, not how well it is written (a libm call per element, a reduction that
-  /// does not vectorise); runtime::measure_kernels finds these factors on the machine itself.
+  /// does not vectorise); runtime/kernel_profile.hpp measures these factors on the machine itself.
   std::map<std::string, double, std::less<>> kernel_scale;
 
   friend bool operator==(const hardware&, const hardware&) = default;

@@ -98,10 +98,8 @@ public:
     // TFLOP/s × 1e6 = flop per µs; GB/s × 1e3 = byte per µs.
     const double compute = t.flops > 0 ? t.flops / (peak * 1e6 * efficiency(t)) : 0.0;
     const double memory = t.bytes / (hw_.mem_bandwidth_gbs * 1e3);
-    double scale = 1;
-    if (!hw_.kernel_scale.empty())
-      if (const auto it = hw_.kernel_scale.find(kernel_name(t)); it != hw_.kernel_scale.end()) scale = it->second;
-    return std::max(compute, memory) * scale + hw_.launch_us;
+    const auto scale = hw_.kernel_scale.find(kernel_name(t));
+    return std::max(compute, memory) * (scale == hw_.kernel_scale.end() ? 1.0 : scale->second) + hw_.launch_us;
   }
 
   /// @brief Duration in µs of a collective of `bytes` (convention of ir/graph.hpp) over

@@ -11,7 +11,7 @@
 /// on the values), a warm-up run and then the mean of `repeats`. The mean, not the best: where
 /// ranks outnumber cores they time-slice, a step meets that on average, and the best run is the
 /// one that happened to have a core to itself (on 4 ranks over 2 cores the best-of times made
-/// every step look 1.5x faster than it ran). A kernel's factor is its tasks' total measured time
+/// every step look about 1.6x faster than it ran). A kernel's factor is its tasks' total measured time
 /// over their total roofline time, so the large tasks, which matter to a schedule, dominate it.
 ///
 /// @code

@@ -447,8 +447,8 @@ public:
 
 private:
   /// The preset's model, with measured factors for the graph's kernels when measuring is on.
-  /// The factors are kept per machine, preset and graph in
-  /// `cache_dir/kernels-<hardware hash>-<graph hash>.json`, so that the model, and the plan cache
+  /// With `use_cache` the factors are kept in `cache_dir/kernels-<hardware hash>-<graph hash>-
+  /// <build hash>.json` (detail::kernel_build_fingerprint), so that the model, and the plan cache
   /// key made from it, are the same run after run, and a kernel is priced at the shapes this
   /// graph runs it at. All ranks time the kernels at once, as a step runs them, and the mean over
   /// ranks is kept. An unreadable file is reported and measured again; one that cannot be
@@ -461,9 +461,11 @@ private:
       std::set<std::string, std::less<>> wanted;
       for (const auto& t : graph_.tasks)
         if (!ir::is_collective(t.kind)) wanted.emplace(cost::model::kernel_name(t));
-      const auto file = options_.cache_dir / ("kernels-" + hasher::to_hex(model.hw().hash()) + "-" +
-                                              hasher::to_hex(plan::hash(graph_)) + "-" +
-                                              hasher::to_hex(detail::kernel_build_fingerprint(options_.world)) + ".json");
+      // Every rank knows use_cache, so all or none take part in the fingerprint's collective.
+      const auto file = options_.use_cache ? options_.cache_dir / ("kernels-" + hasher::to_hex(model.hw().hash()) + "-" +
+                                                                   hasher::to_hex(plan::hash(graph_)) + "-" +
+                                                                   hasher::to_hex(detail::kernel_build_fingerprint(options_.world)) + ".json")
+                                           : std::filesystem::path();
       std::string known_text = "{}";
       if (rank_ == 0 && options_.use_cache) known_text = detail::read_kernel_scales(file).dump();
       backend_->broadcast(known_text, 0);

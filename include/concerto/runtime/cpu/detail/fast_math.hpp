@@ -5,9 +5,10 @@
 /// activation at ~9 ns per element (measured: 2.3 ms, a fifth of the MLP's forward), while
 /// these run as a handful of SIMD multiply-adds per element.
 ///
-/// Accuracy (checked against double precision by tests/cpu/kernels_test.cpp): exp within
+/// Accuracy (checked against double precision by tests/unit/fast_math_test.cpp): exp within
 /// 3e-7 relative on [-80, 87] (inputs beyond ±87 are clamped there, so e^-1000 and e^-inf give
-/// 1.6e-38, not 0; the kernels only pass differences from a row's maximum), tanh within 2e-7 absolute everywhere.
+/// 1.6e-38, not 0; the kernels only pass differences from a row's maximum), tanh within 2e-7
+/// absolute everywhere.
 /// Both need -O3 (or -ftree-vectorize) to vectorise with GCC 12; at -O2 they stay scalar but
 /// are still faster than the libm calls. They keep their accuracy under -ffast-math (tested).
 
