@@ -13,17 +13,16 @@
 // runs them in turn, step by step (the order rotating each round), then prints one
 // "result {json}" line per policy: median measured step time, predicted time, lower bound.
 // --cost-preset NAME picks the planner's cost model (cpu-netns: the emulated cluster's).
+#include "../common/policy_runs.hpp"
 #include "model.hpp"
 
 #include <concerto/concerto.hpp>
 #include <concerto/train/step.hpp>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -78,13 +77,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
 
   const shape_map shapes = gpt_model::shapes(s.batch, s.seq, vocab, s.hidden);
   const int world = runtime::mpi::environment::world_size();
-  std::vector<std::string> policies;
-  {
-    std::stringstream list(s.policy);
-    for (std::string p; std::getline(list, p, ',');)
-      if (!p.empty()) policies.push_back(p);
-  }
-  if (policies.empty()) fail("option '--policy' needs at least one policy name");
+  const auto policies = examples::split_policies(s.policy);
   const auto make = [&](const std::string& policy) {
     return train::compile(model, mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}}), shapes, {.adamw = {.lr = s.lr}},
                           {.policy = policy,
@@ -100,14 +93,8 @@ int train_on(const graph::program<N>& model, const settings& s) {
                 s.heads, s.seq, s.batch, static_cast<long long>(vocab), text.size(), s.text.c_str());
     std::printf("mesh: dp=%d x tp=%d%s on %d ranks, cost preset %s\n", world / s.tp, s.tp, s.sp ? " (sequence parallel)" : "",
                 world, s.cost_preset.c_str());
-    for (auto& r : runs) {
-      std::printf("%s\n", r.summary().text().c_str());
-      std::printf("lower bound %.0f us (%s plan)\n", r.plan().stats.lower_bound_us, r.summary().policy.c_str());
-    }
-    std::fflush(stdout);
-  } else {
-    for (auto& r : runs) r.prepare();
   }
+  examples::announce_plans(runs, root);
   // Every rank draws the same global batch (a fixed seed), and keeps its shard; every policy of
   // a round gets the same batch.
   std::uint64_t state = 12345;
@@ -145,33 +132,15 @@ int train_on(const graph::program<N>& model, const settings& s) {
       }
     }
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  };
   for (std::size_t p = 0; root && p < k; ++p) {
     const auto& sm = runs[p].summary();
     std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
-                median(times[p]), sm.policy.c_str());
-    const nlohmann::json j{{"example", "gpt"},
-                           {"policy", sm.policy},
-                           {"world", world},
-                           {"tp", s.tp},
-                           {"sp", s.sp},
-                           {"layers", s.layers},
-                           {"hidden", s.hidden},
-                           {"heads", s.heads},
-                           {"seq", s.seq},
-                           {"batch", s.batch},
-                           {"cost_preset", s.cost_preset},
-                           {"steps", times[p].size()},
-                           {"median_step_us", median(times[p])},
-                           {"median_exposed_comm_us", median(exposed[p])},
-                           {"predicted_us", sm.predicted_us},
-                           {"sync_predicted_us", sm.sync_predicted_us},
-                           {"lower_bound_us", runs[p].plan().stats.lower_bound_us},
-                           {"step_us", times[p]}};
-    std::printf("result %s\n", j.dump().c_str());
+                examples::median(times[p]), sm.policy.c_str());
+    examples::print_result(runs[p],
+                           {{"example", "gpt"}, {"world", world}, {"tp", s.tp}, {"sp", s.sp}, {"layers", s.layers},
+                            {"hidden", s.hidden}, {"heads", s.heads}, {"seq", s.seq}, {"batch", s.batch},
+                            {"cost_preset", s.cost_preset}},
+                           times[p], exposed[p]);
   }
   if (root) std::fflush(stdout);
   for (std::size_t p = 0; p < k; ++p)

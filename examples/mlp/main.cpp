@@ -10,14 +10,14 @@
 // turn, step by step (the order rotating each round), so that every plan sees the same machine
 // state; it then prints one "result {json}" line per policy with the median measured step time,
 // the predicted one and the plan's lower bound (bench/cluster/run reads those lines).
+#include "../common/policy_runs.hpp"
+
 #include <concerto/concerto.hpp>
 #include <concerto/train/step.hpp>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -32,25 +32,6 @@ constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(act, no_grad), pa
                                         param<"w2">(spec(shard(tp), replicate))),
                                  input<"target">(act, no_grad)),
                              sgd{});
-
-namespace {
-
-std::vector<std::string> split_policies(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream in(list);
-  for (std::string p; std::getline(in, p, ',');)
-    if (!p.empty()) out.push_back(p);
-  if (out.empty()) fail("option '--policy' needs at least one policy name");
-  return out;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-} // namespace
 
 int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
@@ -78,7 +59,7 @@ int main(int argc, char** argv) {
     train::optimizer_settings opt;
     // The mean over B·F values makes each gradient small (~1/F): 2.0 suits the default 128 features.
     opt.sgd.lr = 2.0f * static_cast<float>(F) / 128.0f;
-    const auto policies = split_policies(policy);
+    const auto policies = examples::split_policies(policy);
     const auto make = [&](const std::string& p) {
       train::step_options options;
       options.policy = p;
@@ -93,14 +74,8 @@ int main(int argc, char** argv) {
       std::printf("mlp: batch %lld, %lld -> %lld -> %lld, dp=%d x tp=%d, cost preset %s\n", static_cast<long long>(B),
                   static_cast<long long>(F), static_cast<long long>(H), static_cast<long long>(F), world / tp_size, tp_size,
                   cost_preset.c_str());
-      for (auto& r : runs) {
-        std::printf("%s\n", r.summary().text().c_str());
-        std::printf("lower bound %.0f us (%s plan)\n", r.plan().stats.lower_bound_us, r.summary().policy.c_str());
-      }
-      std::fflush(stdout);
-    } else {
-      for (auto& r : runs) r.prepare();
     }
+    examples::announce_plans(runs, root);
 
     // A teacher: target = tanh(x·T) for a fixed random T; x drawn fresh each step, the same
     // batch for every policy of a round.
@@ -137,19 +112,12 @@ int main(int argc, char** argv) {
     for (std::size_t p = 0; p < k; ++p) {
       if (!root) continue;
       const auto& sm = runs[p].summary();
-      std::printf("loss %.5f -> %.5f; median step %.0f us (measured, %s plan)\n", first[p], last[p], median(times[p]),
+      std::printf("loss %.5f -> %.5f; median step %.0f us (measured, %s plan)\n", first[p], last[p], examples::median(times[p]),
                   sm.policy.c_str());
-      {
-        nlohmann::json j{{"example", "mlp"},         {"policy", sm.policy},
-                         {"world", world},           {"tp", tp_size},
-                         {"batch", B},               {"hidden", F},
-                         {"ffn", ffn},               {"cost_preset", cost_preset},
-                         {"steps", times[p].size()}, {"median_step_us", median(times[p])},
-                         {"median_exposed_comm_us", median(exposed[p])},
-                         {"predicted_us", sm.predicted_us}, {"sync_predicted_us", sm.sync_predicted_us},
-                         {"lower_bound_us", runs[p].plan().stats.lower_bound_us}, {"step_us", times[p]}};
-        std::printf("result %s\n", j.dump().c_str());
-      }
+      examples::print_result(runs[p],
+                             {{"example", "mlp"}, {"world", world}, {"tp", tp_size}, {"batch", B}, {"hidden", F},
+                              {"ffn", ffn}, {"cost_preset", cost_preset}},
+                             times[p], exposed[p]);
     }
     if (root) std::fflush(stdout);
     for (std::size_t p = 0; p < k; ++p)
