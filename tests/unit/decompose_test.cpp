@@ -1,3 +1,5 @@
+#include "stderr_of.hpp"
+
 #include <concerto/ir/builder.hpp>
 #include <concerto/ir/workloads.hpp>
 #include <concerto/plan/verify.hpp>
@@ -435,25 +437,7 @@ TEST_CASE("decompose finds the all_to_all and all_reduce splits of an MoE step",
   REQUIRE_NOTHROW(plan::verify(planner::list_plan(r.graph, model)));
 }
 
-namespace {
-// Everything written to stderr while `run` runs.
-template <class F> std::string stderr_of(F&& run) {
-  std::fflush(stderr);
-  std::FILE* sink = std::tmpfile();
-  REQUIRE(sink);
-  const int saved = ::dup(2);
-  ::dup2(::fileno(sink), 2);
-  run();
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  std::string out;
-  std::rewind(sink);
-  for (int ch; (ch = std::fgetc(sink)) != EOF;) out += static_cast<char>(ch);
-  std::fclose(sink);
-  return out;
-}
-} // namespace
+using unit_testing::stderr_of;
 
 TEST_CASE("decompose reports progress on stderr once it runs long, unless silenced", "[decompose][progress]") {
   const auto model = cost::model::preset("h100x64");
