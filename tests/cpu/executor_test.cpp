@@ -464,6 +464,48 @@ TEST_CASE("dispatch maps layout kernels onto the buffers as documented", "[runti
   }
 }
 
+TEST_CASE("the DSL's loss and layernorm forms stay inside the workspace workspace_bytes sizes", "[runtime][dispatch]") {
+  // Targets narrowed from i64 and the recomputed row lse share the scratch region: the loss with
+  // i64 targets equals the loss with the same targets as i32 (the lse once overwrote half of them).
+  const std::int64_t rows = 33, classes = 70, cols = 300;
+  ir::builder b("scratch");
+  const auto logits = b.buffer("logits", {rows, classes});
+  const auto t64 = b.buffer("t64", {rows}, ir::buffer_role::input, ir::dtype::i64);
+  const auto t32 = b.buffer("t32", {rows}, ir::buffer_role::input, ir::dtype::i32);
+  const auto loss64 = b.buffer("loss64", {1}), loss32 = b.buffer("loss32", {1});
+  const auto d64 = b.buffer("d64", {rows, classes}), d32 = b.buffer("d32", {rows, classes});
+  // Layernorm without "rows"/"cols" attributes: its statistics' room comes from the operands.
+  const auto x = b.buffer("x", {rows, cols}), gamma = b.buffer("gamma", {cols}, ir::buffer_role::param),
+             beta = b.buffer("beta", {cols}, ir::buffer_role::param), y = b.buffer("y", {rows, cols});
+  b.compute(ir::op_kind::loss, "ce64", {t64, logits}, {loss64}, {"cross_entropy"});
+  b.compute(ir::op_kind::loss, "ce32", {t32, logits}, {loss32}, {"cross_entropy"});
+  b.compute(ir::op_kind::loss, "ce64.grad", {t64, logits}, {d64}, {"cross_entropy_grad"});
+  b.compute(ir::op_kind::loss, "ce32.grad", {t32, logits}, {d32}, {"cross_entropy_grad"});
+  b.compute(ir::op_kind::norm, "ln", {x, gamma, beta}, {y}, {"layernorm"});
+  auto g = std::move(b).finish();
+  CHECK(rt::workspace_bytes(g) >= static_cast<std::int64_t>((2 * rows + 2 * cols) * sizeof(float)));
+  rt::host_arena mem(g, rt::make_layout(g, rt::workspace_bytes(g)));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> real(-2.0f, 2.0f);
+  for (const auto f : {logits, x, gamma, beta})
+    for (auto& v : mem.f32(f)) v = real(rng);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto label = (r * 37 + 11) % classes;
+    std::memcpy(mem.bytes(t64).data() + r * 8, &label, 8);
+    mem.i32(t32)[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(label);
+  }
+  rt::kernel_settings s;
+  for (const auto& t : g.tasks) rt::run_kernel(g, t, rt::resolve(t), mem, s);
+  CHECK(mem.f32(loss64)[0] == mem.f32(loss32)[0]);
+  CHECK(std::equal(mem.f32(d64).begin(), mem.f32(d64).end(), mem.f32(d32).begin()));
+  SECTION("a workspace smaller than a task takes is an error naming the task") {
+    rt::host_arena small(g, rt::make_layout(g, 64));
+    using Catch::Matchers::ContainsSubstring;
+    CHECK_THROWS_WITH(rt::run_kernel(g, g.tasks[4], rt::resolve(g.tasks[4]), small, s),
+                      ContainsSubstring("'ln'") && ContainsSubstring("kernel workspace"));
+  }
+}
+
 TEST_CASE("the graph's own kernels are timed and priced against the roofline", "[runtime][kernel_profile]") {
   const auto g = mlp_graph();
   const runtime::kernel_settings settings;

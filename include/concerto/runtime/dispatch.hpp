@@ -127,11 +127,6 @@ struct kernel_settings {
   for (const auto& t : g.tasks) {
     if (ir::is_collective(t.kind)) continue;
     std::size_t need = 0;
-    const auto rows_cols = [&] {
-      const auto rows = static_cast<std::size_t>(std::max<std::int64_t>(t.attr("rows", 1), 1));
-      const auto cols = static_cast<std::size_t>(std::max<std::int64_t>(t.attr("cols", 1), 1));
-      return 2 * rows + 2 * cols;
-    };
     if (t.fn == "attention" || t.fn == "causal_attention" || t.fn == "attention_grad" || t.fn == "causal_attention_grad") {
       const runtime::cpu::attention_shape s{static_cast<std::size_t>(t.attr("batch", 1)),
                                             static_cast<std::size_t>(t.attr("seq", 1)),
@@ -140,8 +135,13 @@ struct kernel_settings {
       need = s.lse_floats() + s.qkv_floats() +
              (t.fn.ends_with("_grad") ? runtime::cpu::causal_attention_grad_workspace_floats(s)
                                       : runtime::cpu::causal_attention_workspace_floats(s));
-    } else if (t.fn == "layernorm" || t.fn == "layernorm_grad" || t.fn == "layernorm_grad_gamma") {
-      need = rows_cols();
+    } else if ((t.fn == "layernorm" || t.fn == "layernorm_grad") && t.reads.size() >= 2) {
+      // Rows and columns from the operands, as the dispatch reads them (x, gamma, ...).
+      const auto cols = std::max<std::size_t>(count(t.reads[1]), 1);
+      need = 2 * (count(t.reads[0]) / cols) + 2 * cols;
+    } else if (t.fn == "layernorm_grad_gamma" && !t.reads.empty() && !t.writes.empty()) {
+      const auto cols = std::max<std::size_t>(count(t.writes[0]), 1); // x, dy -> dgamma
+      need = 2 * (count(t.reads[0]) / cols);
     } else if (t.fn == "cross_entropy" || t.fn == "cross_entropy_grad" || t.fn == "embedding" || t.fn == "embedding_grad" ||
                t.fn == "vocab_ce_target" || t.fn == "vocab_ce_grad") {
       for (const auto b : t.reads) need += 2 * count(b); // narrowed ids, lse rows (bounded by any read)
@@ -152,6 +152,16 @@ struct kernel_settings {
 }
 
 namespace detail {
+
+/// `n` floats of the kernels' workspace from `offset`; a workspace sized for less than the task
+/// takes (see workspace_bytes) is an error naming the task, never a write past the arena.
+inline std::span<float> scratch_part(host_arena& mem, const ir::task& t, std::size_t offset, std::size_t n) {
+  const auto ws = mem.scratch_f32();
+  if (offset > ws.size() || n > ws.size() - offset)
+    fail(task_ref(t) + ": needs " + std::to_string(offset + n) + " floats of kernel workspace, the arena holds " +
+         std::to_string(ws.size()) + " (size it with runtime::workspace_bytes(graph))");
+  return ws.subspan(offset, n);
+}
 
 /// Operand access for one task on the host arena: task_operands' decoding, plus spans of the bytes.
 class operands : public task_operands<host_arena> {
@@ -278,10 +288,10 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const auto x = op.cf(op.read(0, "x")), gamma = op.cf(op.read(1, "gamma")), beta = op.cf(op.read(2, "beta"));
     const auto cols = gamma.size();
     const auto rows = op.divide(x.size(), cols, "rows");
-    const auto ws = mem.scratch_f32();
     // The DSL's layernorm writes only its output: the statistics go to scratch.
-    const auto mean = t.writes.size() >= 3 ? op.f(op.write(1, "mean")) : ws.first(rows);
-    const auto rstd = t.writes.size() >= 3 ? op.f(op.write(2, "rstd")) : ws.subspan(rows, rows);
+    const bool stored = t.writes.size() >= 3;
+    const auto mean = stored ? op.f(op.write(1, "mean")) : detail::scratch_part(mem, t, 0, rows);
+    const auto rstd = stored ? op.f(op.write(2, "rstd")) : detail::scratch_part(mem, t, rows, rows);
     cpu::layernorm(x, gamma, beta, op.f(op.write(0, "out")), mean, rstd, rows, cols, s.layernorm_eps);
     return;
   }
@@ -299,11 +309,10 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const auto x = op.cf(op.read(0, "x")), gamma = op.cf(op.read(1, "gamma")), dout = op.cf(op.read(2, "dy"));
     const auto cols = gamma.size();
     const auto rows = op.divide(x.size(), cols, "rows");
-    const auto ws = mem.scratch_f32();
-    const auto mean = ws.first(rows), rstd = ws.subspan(rows, rows);
+    const auto mean = detail::scratch_part(mem, t, 0, rows), rstd = detail::scratch_part(mem, t, rows, rows);
     detail::row_stats(x, rows, cols, s.layernorm_eps, mean, rstd);
-    cpu::layernorm_grad(dout, x, gamma, mean, rstd, op.f(op.write(0, "dx")), ws.subspan(2 * rows, cols),
-                        ws.subspan(2 * rows + cols, cols), rows, cols);
+    cpu::layernorm_grad(dout, x, gamma, mean, rstd, op.f(op.write(0, "dx")), detail::scratch_part(mem, t, 2 * rows, cols),
+                        detail::scratch_part(mem, t, 2 * rows + cols, cols), rows, cols);
     return;
   }
   case kernel::layernorm_grad_gamma: {
@@ -312,8 +321,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const auto dgamma = op.f(op.write(0, "dgamma"));
     const auto cols = dgamma.size();
     const auto rows = op.divide(x.size(), cols, "rows");
-    const auto ws = mem.scratch_f32();
-    const auto mean = ws.first(rows), rstd = ws.subspan(rows, rows);
+    const auto mean = detail::scratch_part(mem, t, 0, rows), rstd = detail::scratch_part(mem, t, rows, rows);
     detail::row_stats(x, rows, cols, s.layernorm_eps, mean, rstd);
     if (t.attr("accumulate") == 0) std::fill(dgamma.begin(), dgamma.end(), 0.0f);
     for (std::size_t r = 0; r < rows; ++r)
@@ -343,7 +351,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const auto lse_n = shape.lse_floats(), qkv_n = shape.qkv_floats();
     if (k == kernel::attention) {
       // The DSL's attention writes only its output: lse goes to scratch.
-      const auto lse = t.writes.size() >= 2 ? op.f(op.write(1, "lse")) : ws.first(lse_n);
+      const auto lse = t.writes.size() >= 2 ? op.f(op.write(1, "lse")) : detail::scratch_part(mem, t, 0, lse_n);
       const auto rest = t.writes.size() >= 2 ? ws : ws.subspan(lse_n);
       cpu::causal_attention(q, kk, v, op.f(op.write(0, "out")), lse,
                             rest.first(std::min(rest.size(), cpu::causal_attention_workspace_floats(shape))), shape);
@@ -361,11 +369,13 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     if (packed.size() != 3 * qkv_n)
       fail(detail::task_ref(t) + ": output '" + mem.name(t.writes[0]) + "' holds " + std::to_string(packed.size()) +
            " floats, expected 3 x " + std::to_string(qkv_n) + " (dq, dk, dv)");
-    const auto lse = ws.first(lse_n), out = ws.subspan(lse_n, qkv_n), rest = ws.subspan(lse_n + qkv_n);
-    cpu::causal_attention(q, kk, v, out, lse, rest.first(cpu::causal_attention_workspace_floats(shape)), shape);
+    const auto lse = detail::scratch_part(mem, t, 0, lse_n), out = detail::scratch_part(mem, t, lse_n, qkv_n);
+    cpu::causal_attention(q, kk, v, out, lse,
+                          detail::scratch_part(mem, t, lse_n + qkv_n, cpu::causal_attention_workspace_floats(shape)), shape);
     cpu::causal_attention_grad(q, kk, v, op.cf(op.read(3, "dy")), lse, packed.first(qkv_n),
                                packed.subspan(qkv_n, qkv_n), packed.subspan(2 * qkv_n, qkv_n),
-                               rest.first(cpu::causal_attention_grad_workspace_floats(shape)), shape);
+                               detail::scratch_part(mem, t, lse_n + qkv_n, cpu::causal_attention_grad_workspace_floats(shape)),
+                               shape);
     return;
   }
   case kernel::cross_entropy:
@@ -376,7 +386,8 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     const auto id = op.int_read("targets");
     const auto n_ids = mem.bytes(id).size() / ir::size_of(mem.type(id));
     const auto targets = op.ints(id, ws);
-    const auto room = mem.type(id) == ir::dtype::i64 ? ws.subspan((n_ids + 1) / 2) : ws;
+    // i64 targets narrowed to i32 take one float of scratch each; the row lse goes after them.
+    const std::size_t lse_at = mem.type(id) == ir::dtype::i64 ? n_ids : 0;
     const auto logits = op.cf(op.float_read(0, "logits"));
     const auto rows = targets.size();
     const auto classes = op.divide(logits.size(), rows, "rows");
@@ -385,7 +396,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     if (k == kernel::cross_entropy) {
       const auto loss = op.f(op.write(0, "loss"));
       if (loss.empty()) fail(detail::task_ref(t) + ": the loss buffer holds no value");
-      const auto lse = t.writes.size() >= 2 ? op.f(op.write(1, "lse")) : room.first(rows);
+      const auto lse = t.writes.size() >= 2 ? op.f(op.write(1, "lse")) : detail::scratch_part(mem, t, lse_at, rows);
       loss[0] = cpu::cross_entropy(logits, targets, lse, rows, classes) * share;
       return;
     }
@@ -393,7 +404,7 @@ inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, host_are
     if (op.float_reads() >= 2) {
       lse = op.cf(op.float_read(1, "lse"));
     } else { // the DSL's form: recompute the row log-sum-exp
-      const auto tmp = room.first(rows);
+      const auto tmp = detail::scratch_part(mem, t, lse_at, rows);
       (void)cpu::cross_entropy(logits, targets, tmp, rows, classes);
       lse = tmp;
     }

@@ -16,7 +16,7 @@
 /// lse) lives in a device workspace for the duration of one task and is recomputed by the
 /// backward kernel that needs it, as on the CPU; `device_workspace_bytes(g)` sizes it.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(CONCERTO_CUDA_EMULATION)
 #error "concerto/runtime/cuda/dispatch.cuh launches CUDA kernels: compile this source with nvcc (concerto_cuda_sources(target) in CMake)"
 #endif
 

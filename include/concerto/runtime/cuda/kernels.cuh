@@ -23,7 +23,7 @@
 /// cu::layernorm(d_x, d_gamma, d_beta, d_out, d_mean, d_rstd, rows, cols, 1e-5f, stream);
 /// @endcode
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(CONCERTO_CUDA_EMULATION)
 #error "concerto/runtime/cuda/kernels.cuh holds CUDA kernels: compile this source with nvcc (concerto_cuda_sources(target) in CMake)"
 #endif
 
@@ -32,6 +32,16 @@
 #include <concerto/runtime/cuda/check.hpp>
 
 #include <cuda_runtime.h>
+
+// Kernels are launched and take their dynamic shared memory through these two macros, so that
+// the host emulation of the CUDA execution model (tests/gpu/emulation), which defines them
+// before this header, runs the same kernel code on a machine without a GPU.
+#ifndef CONCERTO_CUDA_LAUNCH
+#define CONCERTO_CUDA_LAUNCH(grid, block, shared_bytes, stream, ...) __VA_ARGS__<<<grid, block, shared_bytes, stream>>>
+#endif
+#ifndef CONCERTO_CUDA_DYNAMIC_SHARED
+#define CONCERTO_CUDA_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 #include <climits>
 #include <cmath>
@@ -243,7 +253,7 @@ __device__ inline float dot_rows(const float* a, const float* b, std::size_t n) 
 }
 template <int = 0>
 __global__ void attention_k(const float* q, const float* k, const float* v, float* out, float* lse, attention_dims a) {
-  extern __shared__ float sh[];
+  CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
   float* red = sh;
   float* p = sh + 32;
   const std::size_t i = blockIdx.x, bh = blockIdx.y, ld = a.ld(), base = a.base(bh), D = a.head_dim;
@@ -272,7 +282,7 @@ __global__ void attention_k(const float* q, const float* k, const float* v, floa
 template <int = 0>
 __global__ void attention_dq_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
                                float* dq, float* delta, attention_dims a) {
-  extern __shared__ float sh[];
+  CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
   float* red = sh;
   float* p = sh + 32;
   float* ds = p + a.seq;
@@ -300,7 +310,7 @@ __global__ void attention_dq_k(const float* q, const float* k, const float* v, c
 template <int = 0>
 __global__ void attention_dkv_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
                                 const float* delta, float* dk, float* dv, attention_dims a) {
-  extern __shared__ float sh[];
+  CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
   float* p = sh + 32;
   float* ds = p + a.seq;
   const std::size_t j = blockIdx.x, bh = blockIdx.y, ld = a.ld(), base = a.base(bh), D = a.head_dim, T = a.seq;
@@ -561,56 +571,56 @@ inline dim3 attention_grid(std::size_t batch, std::size_t seq, std::size_t heads
 /// @brief `out = a + b` over n floats. out may alias a or b.
 inline void add(const float* a, const float* b, float* out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  detail::add_k<<<detail::grid_for(n), detail::block, 0, s>>>(a, b, out, n);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::add_k<>)(a, b, out, n);
   detail::launched("add");
 }
 /// @brief `acc += x` over n floats.
 inline void add_inplace(float* acc, const float* x, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  detail::add_inplace_k<<<detail::grid_for(n), detail::block, 0, s>>>(acc, x, n);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::add_inplace_k<>)(acc, x, n);
   detail::launched("add_inplace");
 }
 /// @brief `out = alpha·x` over n floats.
 inline void scale(const float* x, float alpha, float* out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  detail::scale_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, alpha, out, n);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::scale_k<>)(x, alpha, out, n);
   detail::launched("scale");
 }
 /// @brief `out[r,c] = x[r,c] + bias[c]`.
 inline void bias_add(const float* x, const float* bias, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows * cols == 0) return;
-  detail::bias_add_k<<<detail::grid_for(rows * cols), detail::block, 0, s>>>(x, bias, out, rows * cols, cols);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols), detail::block, 0, s, detail::bias_add_k<>)(x, bias, out, rows * cols, cols);
   detail::launched("bias_add");
 }
 /// @brief `dbias[c] (+)= Σ_r dout[r,c]`.
 inline void bias_add_grad(const float* dout, float* dbias, std::size_t rows, std::size_t cols, bool accumulate,
                           cudaStream_t s) {
   if (cols == 0) return;
-  detail::column_sum_k<<<detail::grid_for(cols), detail::block, 0, s>>>(dout, dbias, rows, cols, accumulate);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::column_sum_k<>)(dout, dbias, rows, cols, accumulate);
   detail::launched("bias_add_grad");
 }
 /// @brief GELU (tanh approximation), as cpu::gelu.
 inline void gelu(const float* x, float* out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  detail::gelu_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, out, n);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::gelu_k<>)(x, out, n);
   detail::launched("gelu");
 }
 /// @brief `dx = dout·gelu'(x)`.
 inline void gelu_grad(const float* x, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  detail::gelu_grad_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, dout, dx, n);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::gelu_grad_k<>)(x, dout, dx, n);
   detail::launched("gelu_grad");
 }
 /// @brief `out = max(x, 0)`.
 inline void relu(const float* x, float* out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  detail::relu_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, out, n);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::relu_k<>)(x, out, n);
   detail::launched("relu");
 }
 /// @brief `dx = x > 0 ? dout : 0`.
 inline void relu_grad(const float* x, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  detail::relu_grad_k<<<detail::grid_for(n), detail::block, 0, s>>>(x, dout, dx, n);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::relu_grad_k<>)(x, dout, dx, n);
   detail::launched("relu_grad");
 }
 /// @brief Layer normalisation over rows, saving mean and rstd (as cpu::layernorm).
@@ -618,7 +628,7 @@ inline void layernorm(const float* x, const float* gamma, const float* beta, flo
                       std::size_t rows, std::size_t cols, float eps, cudaStream_t s) {
   if (rows == 0) return;
   CONCERTO_CHECK(cols > 0, "layernorm: a row needs at least one column");
-  detail::layernorm_k<<<detail::rows_grid(rows, "layernorm"), detail::block, 0, s>>>(x, gamma, beta, out, mean, rstd, cols, eps);
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "layernorm"), detail::block, 0, s, detail::layernorm_k<>)(x, gamma, beta, out, mean, rstd, cols, eps);
   detail::launched("layernorm");
 }
 /// @brief Backward of layernorm (as cpu::layernorm_grad).
@@ -627,23 +637,23 @@ inline void layernorm_grad(const float* dout, const float* x, const float* gamma
                            cudaStream_t s) {
   if (cols == 0) return;
   if (rows > 0) {
-    detail::layernorm_dx_k<<<detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s>>>(dout, x, gamma, mean, rstd, dx, cols);
+    CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s, detail::layernorm_dx_k<>)(dout, x, gamma, mean, rstd, dx, cols);
     detail::launched("layernorm_grad");
   }
-  detail::layernorm_dparams_k<<<detail::grid_for(cols), detail::block, 0, s>>>(dout, x, mean, rstd, dgamma, dbeta, rows,
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, dbeta, rows,
                                                                               cols, accumulate);
   detail::launched("layernorm_grad");
 }
 /// @brief Row-wise stable softmax.
 inline void softmax(const float* x, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
-  detail::softmax_k<<<detail::rows_grid(rows, "softmax"), detail::block, 0, s>>>(x, out, cols);
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "softmax"), detail::block, 0, s, detail::softmax_k<>)(x, out, cols);
   detail::launched("softmax");
 }
 /// @brief `dx = y·(dy - Σ dy·y)` per row.
 inline void softmax_grad(const float* y, const float* dy, float* dx, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
-  detail::softmax_grad_k<<<detail::rows_grid(rows, "softmax_grad"), detail::block, 0, s>>>(y, dy, dx, cols);
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "softmax_grad"), detail::block, 0, s, detail::softmax_grad_k<>)(y, dy, dx, cols);
   detail::launched("softmax_grad");
 }
 /// @brief Causal attention forward (as cpu::causal_attention); seq ≤ about 12000.
@@ -651,7 +661,7 @@ inline void causal_attention(const float* q, const float* k, const float* v, flo
                              std::size_t seq, std::size_t heads, std::size_t head_dim, cudaStream_t s) {
   if (batch * seq * heads == 0) return;
   const auto smem = detail::attention_smem(seq, 1, "causal_attention");
-  detail::attention_k<<<detail::attention_grid(batch, seq, heads, "causal_attention"), detail::attention_block, smem, s>>>(
+  CONCERTO_CUDA_LAUNCH(detail::attention_grid(batch, seq, heads, "causal_attention"), detail::attention_block, smem, s, detail::attention_k<>)(
       q, k, v, out, lse, detail::make_dims(seq, heads, head_dim));
   detail::launched("causal_attention");
 }
@@ -669,9 +679,9 @@ inline void causal_attention_grad(const float* q, const float* k, const float* v
   const auto smem = detail::attention_smem(seq, 2, "causal_attention_grad");
   const auto grid = detail::attention_grid(batch, seq, heads, "causal_attention_grad");
   const auto dims = detail::make_dims(seq, heads, head_dim);
-  detail::attention_dq_k<<<grid, detail::attention_block, smem, s>>>(q, k, v, dout, lse, dq, workspace, dims);
+  CONCERTO_CUDA_LAUNCH(grid, detail::attention_block, smem, s, detail::attention_dq_k<>)(q, k, v, dout, lse, dq, workspace, dims);
   detail::launched("causal_attention_grad");
-  detail::attention_dkv_k<<<grid, detail::attention_block, smem, s>>>(q, k, v, dout, lse, workspace, dk, dv, dims);
+  CONCERTO_CUDA_LAUNCH(grid, detail::attention_block, smem, s, detail::attention_dkv_k<>)(q, k, v, dout, lse, workspace, dk, dv, dims);
   detail::launched("causal_attention_grad");
 }
 /// @brief Mean cross-entropy times `share` into `loss[0]` (device), saving lse per row. A target
@@ -680,30 +690,30 @@ inline void causal_attention_grad(const float* q, const float* k, const float* v
 inline void cross_entropy(const float* logits, const std::int32_t* targets, float* lse, float* loss, std::size_t rows,
                           std::size_t classes, int* status, int code, cudaStream_t s, float share = 1.0f) {
   CONCERTO_CHECK(rows > 0, "cross_entropy: the mean over rows needs at least one row");
-  detail::cross_entropy_rows_k<<<detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s>>>(logits, targets, lse,
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s, detail::cross_entropy_rows_k<>)(logits, targets, lse,
                                                                                                  classes, status, code);
   detail::launched("cross_entropy");
-  detail::cross_entropy_mean_k<<<1, 1024, 0, s>>>(logits, targets, lse, loss, rows, classes, share);
+  CONCERTO_CUDA_LAUNCH(1, 1024, 0, s, detail::cross_entropy_mean_k<>)(logits, targets, lse, loss, rows, classes, share);
   detail::launched("cross_entropy");
 }
 /// @brief `dlogits = dloss·(softmax(logits) - onehot)/rows`.
 inline void cross_entropy_grad(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
                                std::size_t rows, std::size_t classes, float dloss, cudaStream_t s) {
   CONCERTO_CHECK(rows > 0, "cross_entropy_grad: the mean over rows needs at least one row");
-  detail::cross_entropy_grad_k<<<detail::grid_for(rows * classes), detail::block, 0, s>>>(
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * classes), detail::block, 0, s, detail::cross_entropy_grad_k<>)(
       logits, targets, lse, dlogits, rows, classes, dloss / static_cast<float>(rows));
   detail::launched("cross_entropy_grad");
 }
 /// @brief Mean squared error times `share` into `loss[0]` (device), summed in double.
 inline void mse(const float* pred, const float* target, float* loss, std::size_t n, cudaStream_t s, float share = 1.0f) {
   CONCERTO_CHECK(n > 0, "mse: the mean needs at least one value");
-  detail::mse_k<<<1, 1024, 0, s>>>(pred, target, loss, n, share);
+  CONCERTO_CUDA_LAUNCH(1, 1024, 0, s, detail::mse_k<>)(pred, target, loss, n, share);
   detail::launched("mse");
 }
 /// @brief `dpred = dloss·2·(pred - target)/n`.
 inline void mse_grad(const float* pred, const float* target, float* dpred, std::size_t n, float dloss, cudaStream_t s) {
   CONCERTO_CHECK(n > 0, "mse_grad: the mean needs at least one value");
-  detail::mse_grad_k<<<detail::grid_for(n), detail::block, 0, s>>>(pred, target, dpred, n,
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::mse_grad_k<>)(pred, target, dpred, n,
                                                                    2.0f * dloss / static_cast<float>(n));
   detail::launched("mse_grad");
 }
@@ -712,7 +722,7 @@ inline void mse_grad(const float* pred, const float* target, float* dpred, std::
 inline void embedding(const std::int32_t* ids, const float* table, float* out, std::size_t n, std::size_t dim,
                       std::size_t table_rows, std::int64_t first_row, bool reject, int* status, int code, cudaStream_t s) {
   if (n * dim == 0) return;
-  detail::embedding_k<<<detail::grid_for(n * dim), detail::block, 0, s>>>(ids, table, out, n, dim, first_row, table_rows,
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n * dim), detail::block, 0, s, detail::embedding_k<>)(ids, table, out, n, dim, first_row, table_rows,
                                                                           reject, status, code);
   detail::launched("embedding");
 }
@@ -723,7 +733,7 @@ inline void embedding_grad(const std::int32_t* ids, const float* dout, float* dt
                            int code, cudaStream_t s) {
   if (!accumulate) check(cudaMemsetAsync(dtable, 0, table_rows * dim * sizeof(float), s), "cudaMemsetAsync");
   if (n * dim == 0) return;
-  detail::embedding_grad_k<<<detail::grid_for(n * dim), detail::block, 0, s>>>(ids, dout, dtable, n, dim, first_row,
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n * dim), detail::block, 0, s, detail::embedding_grad_k<>)(ids, dout, dtable, n, dim, first_row,
                                                                                table_rows, reject, status, code);
   detail::launched("embedding_grad");
 }
@@ -732,7 +742,7 @@ inline void sgd_update(float* params, const float* grads, float* momentum_buf, s
                        cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CHECK(cfg.momentum == 0.0f || momentum_buf != nullptr, "sgd_update: momentum needs a momentum buffer");
-  detail::sgd_k<<<detail::grid_for(n), detail::block, 0, s>>>(params, grads, cfg.momentum == 0.0f ? nullptr : momentum_buf,
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sgd_k<>)(params, grads, cfg.momentum == 0.0f ? nullptr : momentum_buf,
                                                               n, cfg.lr, cfg.momentum, cfg.weight_decay);
   detail::launched("sgd_update");
 }
@@ -741,7 +751,7 @@ inline void sgd_update(float* params, const float* grads, float* momentum_buf, s
 inline void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n, const cpu::adamw_config& cfg,
                          const std::int64_t* step, cudaStream_t s) {
   if (n == 0) return;
-  detail::adamw_k<<<detail::grid_for(n), detail::block, 0, s>>>(params, grads, m, v, n, cfg, step);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::adamw_k<>)(params, grads, m, v, n, cfg, step);
   detail::launched("adamw_update");
 }
 
@@ -749,7 +759,7 @@ inline void adamw_update(float* params, const float* grads, float* m, float* v, 
 /// sets `*status = code`.
 inline void narrow_ids(const std::int64_t* in, std::int32_t* out, std::size_t n, int* status, int code, cudaStream_t s) {
   if (n == 0) return;
-  detail::narrow_ids_k<<<detail::grid_for(n), detail::block, 0, s>>>(in, out, n, status, code);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::narrow_ids_k<>)(in, out, n, status, code);
   detail::launched("narrow_ids");
 }
 /// @brief Layernorm's row statistics (mean and rstd, biased variance) without the output.
@@ -757,14 +767,14 @@ inline void layernorm_stats(const float* x, float* mean, float* rstd, std::size_
                             cudaStream_t s) {
   if (rows == 0) return;
   CONCERTO_CHECK(cols > 0, "layernorm_stats: a row needs at least one column");
-  detail::row_stats_k<<<detail::rows_grid(rows, "layernorm_stats"), detail::block, 0, s>>>(x, mean, rstd, cols, eps);
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "layernorm_stats"), detail::block, 0, s, detail::row_stats_k<>)(x, mean, rstd, cols, eps);
   detail::launched("layernorm_stats");
 }
 /// @brief dx of layernorm alone (the DSL's layernorm_grad; dgamma and dbeta are other tasks).
 inline void layernorm_grad_input(const float* dout, const float* x, const float* gamma, const float* mean,
                                  const float* rstd, float* dx, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
-  detail::layernorm_dx_k<<<detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s>>>(dout, x, gamma, mean, rstd,
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s, detail::layernorm_dx_k<>)(dout, x, gamma, mean, rstd,
                                                                                              dx, cols);
   detail::launched("layernorm_grad");
 }
@@ -772,7 +782,7 @@ inline void layernorm_grad_input(const float* dout, const float* x, const float*
 inline void layernorm_grad_gamma(const float* dout, const float* x, const float* mean, const float* rstd, float* dgamma,
                                  std::size_t rows, std::size_t cols, bool accumulate, cudaStream_t s) {
   if (cols == 0) return;
-  detail::layernorm_dparams_k<<<detail::grid_for(cols), detail::block, 0, s>>>(dout, x, mean, rstd, dgamma, nullptr,
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, nullptr,
                                                                               rows, cols, accumulate);
   detail::launched("layernorm_grad_gamma");
 }
@@ -781,7 +791,7 @@ inline void layernorm_grad_gamma(const float* dout, const float* x, const float*
 inline void cross_entropy_lse(const float* logits, const std::int32_t* targets, float* lse, std::size_t rows,
                               std::size_t classes, int* status, int code, cudaStream_t s) {
   if (rows == 0) return;
-  detail::cross_entropy_rows_k<<<detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s>>>(logits, targets, lse,
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s, detail::cross_entropy_rows_k<>)(logits, targets, lse,
                                                                                                  classes, status, code);
   detail::launched("cross_entropy");
 }
@@ -789,14 +799,14 @@ inline void cross_entropy_lse(const float* logits, const std::int32_t* targets, 
 inline void vocab_ce_max(const float* logits, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows == 0) return;
   CONCERTO_CHECK(cols > 0, "vocab_ce_max: a row needs at least one column");
-  detail::row_max_k<<<detail::rows_grid(rows, "vocab_ce_max"), detail::block, 0, s>>>(logits, out, cols);
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "vocab_ce_max"), detail::block, 0, s, detail::row_max_k<>)(logits, out, cols);
   detail::launched("vocab_ce_max");
 }
 /// @brief `out[r] = Σ_c exp(logits[r,c] - max[r])` (vocab_ce_sumexp, after the max all-reduce).
 inline void vocab_ce_sumexp(const float* logits, const float* max, float* out, std::size_t rows, std::size_t cols,
                             cudaStream_t s) {
   if (rows == 0) return;
-  detail::row_sumexp_k<<<detail::rows_grid(rows, "vocab_ce_sumexp"), detail::block, 0, s>>>(logits, max, out, cols);
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "vocab_ce_sumexp"), detail::block, 0, s, detail::row_sumexp_k<>)(logits, max, out, cols);
   detail::launched("vocab_ce_sumexp");
 }
 /// @brief `out[r] = logits[r, label - first_col] - max[r]` where this rank holds the label's
@@ -804,7 +814,7 @@ inline void vocab_ce_sumexp(const float* logits, const float* max, float* out, s
 inline void vocab_ce_target(const float* logits, const float* max, const std::int32_t* labels, float* out,
                             std::size_t rows, std::size_t cols, std::int64_t first_col, cudaStream_t s) {
   if (rows == 0) return;
-  detail::vocab_target_k<<<detail::grid_for(rows), detail::block, 0, s>>>(logits, max, labels, out, rows, cols, first_col);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows), detail::block, 0, s, detail::vocab_target_k<>)(logits, max, labels, out, rows, cols, first_col);
   detail::launched("vocab_ce_target");
 }
 /// @brief `out = scale·(exp(logits - max)/sumexp - onehot)` over this rank's columns (vocab_ce_grad).
@@ -812,14 +822,14 @@ inline void vocab_ce_grad(const float* logits, const float* max, const float* su
                           float* out, std::size_t rows, std::size_t cols, std::int64_t first_col, float scale,
                           cudaStream_t s) {
   if (rows * cols == 0) return;
-  detail::vocab_grad_k<<<detail::grid_for(rows * cols), detail::block, 0, s>>>(logits, max, sumexp, labels, out, rows,
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols), detail::block, 0, s, detail::vocab_grad_k<>)(logits, max, sumexp, labels, out, rows,
                                                                               cols, first_col, scale);
   detail::launched("vocab_ce_grad");
 }
 /// @brief `loss[0] = Σ_r (log sumexp[r] - target[r]) / global_rows`, summed in double (vocab_ce_loss).
 inline void vocab_ce_loss(const float* sumexp, const float* target, float* loss, std::size_t rows, double global_rows,
                           cudaStream_t s) {
-  detail::vocab_loss_k<<<1, 1024, 0, s>>>(sumexp, target, loss, rows, global_rows);
+  CONCERTO_CUDA_LAUNCH(1, 1024, 0, s, detail::vocab_loss_k<>)(sumexp, target, loss, rows, global_rows);
   detail::launched("vocab_ce_loss");
 }
 /// @brief Moves `parts` blocks of `len` bytes per row between a tensor split along a dimension
@@ -837,13 +847,13 @@ inline void restride(const std::byte* from, std::byte* to, std::size_t outer, st
     return len % w == 0 && reinterpret_cast<std::uintptr_t>(from) % w == 0 && reinterpret_cast<std::uintptr_t>(to) % w == 0;
   };
   if (fits(16)) {
-    detail::restride_k<<<detail::grid_for(n / 16), detail::block, 0, s>>>(
+    CONCERTO_CUDA_LAUNCH(detail::grid_for(n / 16), detail::block, 0, s, detail::restride_k<uint4>)(
         reinterpret_cast<const uint4*>(from), reinterpret_cast<uint4*>(to), outer, parts, len / 16, to_blocks);
   } else if (fits(4)) {
-    detail::restride_k<<<detail::grid_for(n / 4), detail::block, 0, s>>>(
+    CONCERTO_CUDA_LAUNCH(detail::grid_for(n / 4), detail::block, 0, s, detail::restride_k<std::uint32_t>)(
         reinterpret_cast<const std::uint32_t*>(from), reinterpret_cast<std::uint32_t*>(to), outer, parts, len / 4, to_blocks);
   } else {
-    detail::restride_k<<<detail::grid_for(n), detail::block, 0, s>>>(
+    CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::restride_k<std::uint8_t>)(
         reinterpret_cast<const std::uint8_t*>(from), reinterpret_cast<std::uint8_t*>(to), outer, parts, len, to_blocks);
   }
   detail::launched("restride");
