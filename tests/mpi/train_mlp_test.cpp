@@ -1,7 +1,8 @@
 // The tutorial's MLP (docs/tutorial.md step 3) lowered, planned and trained through train::compile
 // on 1, 2 and 4 ranks with every mesh shape that divides (DP, TP, DP x TP): the loss of each step,
 // and the gradients and parameters after the last one, match the single-rank run within
-// train_testing::rel_tol (1e-5 relative); so do the sync, program_order and concerto plans.
+// train_testing::rel_tol (1e-5 relative); so do the sync, program_order and concerto plans, and a
+// repeated MLP whose input has no gradient matches the same stack with it.
 #include "train_testing.hpp"
 
 #include <concerto/concerto.hpp>
@@ -34,6 +35,15 @@ train::batch data() {
   }
   return {{"x", x}, {"target", t}};
 }
+
+// The MLP as a residual stack of two blocks, on features with and without gradient: without, the
+// step has no task for layer 0's input gradient (lower drops it), which changes no other number.
+constexpr auto block = [](auto h) {
+  return h + matmul(gelu(matmul(h, param<"w1">(spec(replicate, shard(tp))))), param<"w2">(spec(shard(tp), replicate)));
+};
+constexpr auto stack = program(mse(repeat<"layers">(block, input<"x">(act)), input<"target">(act)), sgd{});
+constexpr auto frozen_stack = program(mse(repeat<"layers">(block, input<"x">(act, no_grad)), input<"target">(act)), sgd{});
+const shape_map stack_shapes{{"x", {B, K}}, {"target", {B, K}}, {"w1", {K, H}}, {"w2", {H, K}}};
 
 tt::run_result run(MPI_Comm comm, int d, int t, const std::string& policy, int steps = 3,
                    std::function<ir::graph(const ir::graph&)> rewrite = {}) {
@@ -73,6 +83,22 @@ TEST_CASE("the sync, program_order and concerto plans of the DP x TP MLP give th
     CHECK(r.summary.predicted_us > 0);
     tt::check_same(r, reference);
   }
+}
+
+TEST_CASE("a stack without its input's gradient trains to the numbers of the stack with it", "[mpi][train][mlp][no_grad]") {
+  const int world = runtime::mpi::environment::world_size();
+  const int t = world >= 4 ? 2 : world, d = world / t;
+  const std::vector<std::string> stack_params{"layers.0.w1", "layers.0.w2", "layers.1.w1", "layers.1.w2"};
+  const auto go = [&](const auto& p) {
+    return tt::run(p, stack_shapes, MPI_COMM_WORLD, {{"dp", d}, {"tp", t}}, data(), 3, {.sgd = {.lr = 0.2f}},
+                   {.policy = "program_order", .lower = {.depth = {{"layers", 2}}}, .solver = {.time_budget_s = 2, .progress = false}},
+                   stack_params);
+  };
+  const auto with = go(stack);
+  const auto without = go(frozen_stack);
+  REQUIRE(with.loss.back() < with.loss.front());
+  CHECK(without.summary.tasks < with.summary.tasks);
+  tt::check_same(without, with);
 }
 
 TEST_CASE("a decomposed plan gives the numbers of the undecomposed one", "[mpi][train][mlp][decompose]") {

@@ -264,3 +264,92 @@ TEST_CASE("batched matmuls lower with their batch and shard it", "[dsl][matmul][
     CHECK(buffer_named(g, "k.grad")->shape == std::vector<std::int64_t>{6, 8, 5});
   }
 }
+
+namespace {
+// The mlp stack on features without gradient, and the same under ZeRO-3 (whose weights are
+// gathered again for backward: also for the matmul that makes the stack input's gradient).
+constexpr auto frozen_stack =
+    program(mse(repeat<"layers">(mlp_block, input<"x">(act, no_grad)), data<"y">(act)), sgd{});
+constexpr auto zero3_stack =
+    program(mse(repeat<"layers">(mlp_block, input<"x">(act)), data<"y">(act)), zero<3>(sgd{}, dp));
+constexpr auto frozen_zero3_stack =
+    program(mse(repeat<"layers">(mlp_block, input<"x">(act, no_grad)), data<"y">(act)), zero<3>(sgd{}, dp));
+
+int backward_count(const ir::graph& g, ir::op_kind k, int axis, int layer) {
+  return static_cast<int>(std::count_if(g.tasks.begin(), g.tasks.end(), [&](auto& t) {
+    return t.step_phase == ir::phase::backward && t.kind == k && (axis == -2 || t.axis == axis) && t.layer == layer;
+  }));
+}
+// Tasks whose result no task reads and the step does not expose (the loss, a ".grad", a parameter
+// or optimizer state): work done for nothing.
+std::vector<std::string> unread_results(const ir::graph& g) {
+  std::vector<char> read(g.buffers.size(), 0);
+  for (const auto& t : g.tasks)
+    for (auto r : t.reads)
+      for (const auto& b : g.buffers) read[static_cast<std::size_t>(b.id)] |= g.overlap(r, b.id);
+  std::vector<std::string> out;
+  for (const auto& t : g.tasks) {
+    bool needed = t.kind == ir::op_kind::loss && t.step_phase == ir::phase::forward;
+    for (auto w : t.writes) {
+      const auto& b = g.buffers[static_cast<std::size_t>(w)];
+      needed = needed || read[static_cast<std::size_t>(w)] || b.name.ends_with(".grad") ||
+               b.role == ir::buffer_role::param || b.role == ir::buffer_role::optimizer_state;
+    }
+    if (!needed) out.push_back(t.name);
+  }
+  return out;
+}
+} // namespace
+
+TEST_CASE("a stack whose input has no gradient does not compute layer 0's input gradient", "[dsl][repeat][lower][no_grad]") {
+  const auto m = mesh::from_world(4, {{"dp", 2}, {"tp", 2}});
+  const int depth = 3;
+  const auto with = lower(mlp_stack, mlp_shapes, m, {.depth = {{"layers", depth}}});
+  const auto without = lower(frozen_stack, mlp_shapes, m, {.depth = {{"layers", depth}}});
+  SECTION("layer 0 has neither the matmul nor the tp all-reduce nor the residual add of the input gradient") {
+    // Backward per layer with gradient: 4 matmuls (dA, dB of both), tp all-reduce of dA of fc1, the residual add.
+    CHECK(backward_count(with, ir::op_kind::matmul, -2, 0) == 4);
+    CHECK(backward_count(with, ir::op_kind::all_reduce, 1, 0) == 1);
+    CHECK(backward_count(without, ir::op_kind::matmul, -2, 0) == 3);
+    CHECK(backward_count(without, ir::op_kind::all_reduce, 1, 0) == 0);
+    CHECK(backward_count(without, ir::op_kind::elementwise, -2, 0) == backward_count(with, ir::op_kind::elementwise, -2, 0) - 1);
+    CHECK(with.tasks.size() - without.tasks.size() == 3);
+    CHECK(buffer_named(with, "x.grad") != nullptr);
+    CHECK(buffer_named(without, "x.grad") == nullptr);
+  }
+  SECTION("the other layers, which feed the layer below, keep it; so do the weight gradients of layer 0") {
+    for (int l = 1; l < depth; ++l) {
+      CHECK(backward_count(without, ir::op_kind::matmul, -2, l) == 4);
+      CHECK(backward_count(without, ir::op_kind::all_reduce, 1, l) == 1);
+    }
+    CHECK(backward_count(without, ir::op_kind::all_reduce, 0, 0) == 2); // fc1.grad, fc2.grad over dp
+    for (const char* p : {"fc1", "fc2"}) {
+      const auto& upd = task_named(without, std::string("layers.0.") + p + ".update");
+      CHECK(read_name(without, upd, 1) == std::string("layers.0.") + p + ".grad");
+    }
+  }
+  SECTION("every task's result is read or exposed, with the input's gradient or without") {
+    CHECK(unread_results(with).empty());
+    CHECK(unread_results(without).empty());
+    CHECK(unread_results(lower(gpt, gpt_shapes(), m, {.heads = 2, .depth = {{"layers", 2}}})).empty());
+  }
+  SECTION("the pruned graph is planned and verified; no buffer is left that no task uses") {
+    const auto p = planner::make_plan(without, cost::model::preset("h100x64"), {.policy = "program_order"});
+    CHECK_NOTHROW(plan::verify(p));
+    for (const auto& b : without.buffers) {
+      CAPTURE(b.name);
+      CHECK(std::any_of(without.tasks.begin(), without.tasks.end(), [&](auto& t) {
+        return std::any_of(t.reads.begin(), t.reads.end(), [&](auto r) { return without.overlap(r, b.id); }) ||
+               std::any_of(t.writes.begin(), t.writes.end(), [&](auto w) { return without.overlap(w, b.id); });
+      }));
+    }
+  }
+  SECTION("under ZeRO-3, the weight gathered again for that matmul is not gathered") {
+    const auto z = lower(zero3_stack, mlp_shapes, m, {.depth = {{"layers", depth}}});
+    const auto frozen = lower(frozen_zero3_stack, mlp_shapes, m, {.depth = {{"layers", depth}}});
+    CHECK(backward_count(z, ir::op_kind::all_gather, 0, 0) == 2); // fc2 for its dA, fc1 for its dA
+    CHECK(backward_count(frozen, ir::op_kind::all_gather, 0, 0) == 1);
+    CHECK(backward_count(frozen, ir::op_kind::all_gather, 0, 1) == 2);
+    CHECK(unread_results(frozen).empty());
+  }
+}

@@ -1,4 +1,5 @@
 #include <concerto/ir/builder.hpp>
+#include <concerto/ir/dead_tasks.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -42,6 +43,56 @@ TEST_CASE("views conflict only where their bytes overlap", "[ir][builder]") {
   const auto graph = std::move(b).finish();
   CHECK(graph[w_hi].deps.empty());
   CHECK(graph[all].deps == std::vector<ir::task_id>{w_lo, w_hi});
+}
+
+TEST_CASE("dead tasks go, with their collectives and buffers, and no ordering between kept tasks is lost", "[ir][dead_tasks]") {
+  ir::builder b("dead");
+  const int dp = b.axis("dp", 2);
+  const auto x = b.buffer("x", {4}, ir::buffer_role::input);
+  const auto w = b.buffer("w", {4}, ir::buffer_role::param);
+  const auto s = b.buffer("s", {4});
+  const auto loss = b.buffer("loss", {1});
+  const auto unused = b.buffer("unused", {4});      // no task touches it: not the pass's business
+  const auto dx = b.buffer("dx", {4}, ir::buffer_role::gradient);
+  const auto dx_sum = b.buffer("dx.sum", {4}, ir::buffer_role::gradient);
+  const auto x_grad = b.buffer("x.grad", {4}, ir::buffer_role::gradient);
+  const auto k = b.compute(ir::op_kind::elementwise, "k", {x}, {s}, {.fn = "relu"});
+  const auto r = b.compute(ir::op_kind::loss, "r", {s}, {loss}, {.fn = "mse"});
+  // Overwrites s, which nobody reads afterwards, then a gradient nobody reads, summed over dp.
+  const auto d = b.compute(ir::op_kind::elementwise, "d", {w}, {s}, {.fn = "relu"});
+  const auto dead_grad = b.compute(ir::op_kind::elementwise, "dead.grad", {loss, w}, {dx}, {.fn = "add"});
+  const auto dead_sum = b.collective(ir::op_kind::all_reduce, "dead.grad.ar", dp, dx, dx_sum);
+  // Written again after d: must still wait for r, which read k's value (through d until now).
+  const auto l = b.compute(ir::op_kind::elementwise, "l", {x}, {s}, {.fn = "gelu"});
+  const auto upd = b.compute(ir::op_kind::optimizer_update, "w.update", {s, w}, {w}, {.fn = "sgd"});
+  const auto kept_grad = b.compute(ir::op_kind::elementwise, "x.grad", {loss}, {x_grad}, {.fn = "relu"});
+  const auto g = std::move(b).finish();
+  REQUIRE(g[l].deps == std::vector<ir::task_id>{d}); // only through the task that goes
+
+  const auto lean = ir::remove_dead_tasks(g, {loss, x_grad});
+  std::vector<std::string> names;
+  for (const auto& t : lean.tasks) names.push_back(t.name);
+  CHECK(names == std::vector<std::string>{"k", "r", "l", "w.update", "x.grad"});
+  const auto id = [&](const std::string& name) {
+    return static_cast<ir::task_id>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
+  SECTION("a kept task waits for what the removed ones it waited for waited for") {
+    CHECK(lean[id("l")].deps == std::vector<ir::task_id>{id("k"), id("r")});
+    // d and dead.grad read w before the update overwrote it: it inherits their (here redundant) waits.
+    CHECK(lean[id("w.update")].deps == std::vector<ir::task_id>{id("k"), id("r"), id("l")});
+  }
+  SECTION("buffers only removed tasks used go; the others keep their names, in order") {
+    std::vector<std::string> buffers;
+    for (const auto& buf : lean.buffers) buffers.push_back(buf.name);
+    CHECK(buffers == std::vector<std::string>{"x", "w", "s", "loss", "unused", "x.grad"});
+    CHECK(lean.buffers[static_cast<std::size_t>(lean[id("x.grad")].writes.at(0))].name == "x.grad");
+  }
+  SECTION("without an observed gradient, its task goes too; a graph without dead tasks is returned as is") {
+    CHECK(ir::remove_dead_tasks(g, {loss}).tasks.size() == 4);
+    CHECK(ir::remove_dead_tasks(lean, {lean.tasks[static_cast<std::size_t>(id("r"))].writes.at(0),
+                                       lean.tasks[static_cast<std::size_t>(id("x.grad"))].writes.at(0)}) == lean);
+  }
+  (void)k, (void)r, (void)dead_grad, (void)dead_sum, (void)upd, (void)kept_grad, (void)unused;
 }
 
 TEST_CASE("validate names the offending task", "[ir][validate]") {

@@ -12,6 +12,7 @@
 
 #include <concerto/graph/program.hpp>
 #include <concerto/ir/builder.hpp>
+#include <concerto/ir/dead_tasks.hpp>
 #include <concerto/mesh/mesh.hpp>
 
 #include <functional>
@@ -56,7 +57,8 @@ inline std::int64_t elements(const std::vector<std::int64_t>& s) {
 /// divide over its mesh axis, a mesh that lacks an axis the program uses, or a repeat without a depth.
 /// A repeated block is unrolled: layer i's tasks are named `<repeat>.<i>.<name>` and carry
 /// `ir::task::layer` (numbered across the repeats of the program in order), forward layers run
-/// 0..L-1, backward layers L-1..0.
+/// 0..L-1, backward layers L-1..0. Tasks whose results neither the loss, a leaf's gradient nor
+/// an update needs are not in the graph (ir::remove_dead_tasks).
 template <std::size_t N>
 [[nodiscard]] ir::graph lower(const graph::program<N>& p, const shape_map& shapes, const mesh& m,
                               const lower_options& options = {}) {
@@ -474,7 +476,19 @@ template <std::size_t N>
   auto g = std::move(b).finish();
   for (auto& [t, attrs] : collective_attrs)
     for (auto& [k, v] : attrs) g.tasks[static_cast<std::size_t>(t)].attrs[k] = v;
-  return g;
+  // Only what the step exposes is computed: the loss, the leaves' gradients ("x.grad",
+  // train::step::gradient) and the parameters and optimizer state (kept by their buffer role).
+  // What goes is a repeat's layer-0 input gradient, with its collectives, when the stack's input
+  // has none: the block computes its input's gradient for the layer below, which layer 0 lacks.
+  std::vector<ir::buffer_id> observed{buf[static_cast<std::size_t>(p.loss)]};
+  for (int l = 0; l < p.name_count; ++l) {
+    const auto j = p.grad_of[l];
+    if (j < 0) continue;
+    if (buf[static_cast<std::size_t>(j)] >= 0) observed.push_back(buf[static_cast<std::size_t>(j)]);
+    for (auto layer_grad : layer_buf[static_cast<std::size_t>(j)])
+      if (layer_grad >= 0) observed.push_back(layer_grad);
+  }
+  return ir::remove_dead_tasks(g, observed);
 }
 
 } // namespace concerto

@@ -444,7 +444,9 @@ struct work {
         o.in[0] = static_cast<std::int16_t>(in[0]);
         o.n_in = 1;
         o.spec = sp(in[0]);
-        // Layers after the first read a value that depends on parameters, whatever the stack's input is.
+        // Layers after the first read a value that depends on parameters, whatever the stack's input
+        // is. (Layer 0's input gradient, useless when the input has none, goes after lowering:
+        // ir::remove_dead_tasks.)
         o.flags = static_cast<std::uint8_t>(flag_needs_grad | (nodes[in[0]].flags & flag_pinned));
         map[r] = static_cast<std::int16_t>(add(o));
         repeats[x.block].in = map[r];
