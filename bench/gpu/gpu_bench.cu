@@ -1,6 +1,10 @@
 // Kernel figures for the cost model on one GPU: cuBLASLt matmul efficiency by shape (fp32,
-// TF32 and bf16), and the slowdown of a matmul while a device copy or an NCCL all-reduce runs
-// on another stream (SM and memory contention). Writes JSON to argv[1] (default gpu_bench.json).
+// TF32 and bf16, on random inputs: tensor-core power and clocks depend on the data), and the
+// slowdown of a matmul while a device copy or an NCCL all-reduce runs on another stream (SM and
+// memory contention). Run as one rank (bench/gpu/run does), NCCL has nothing to reduce with and
+// runs each all-reduce as a device copy (cudaMemcpyAsync, no NCCL kernel, so max_channels
+// changes nothing): those rows are labelled as such, and measure copy contention, not NCCL's.
+// Writes JSON to argv[1] (default gpu_bench.json).
 // Build: bench/gpu/run does it (nvcc, one translation unit).
 #include <concerto/runtime/cuda/blas.hpp>
 #include <concerto/runtime/cuda/memory.hpp>
@@ -10,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <mpi.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,6 +22,33 @@
 namespace cu = concerto::runtime::cuda;
 
 namespace {
+
+// Uniform values in [-1, 1) from a hash of the index: random enough to keep the tensor cores
+// busy with real data (zeros let the hardware save power and boost clocks), and reproducible.
+template <class T>
+__global__ void fill_uniform(T* out, std::size_t n, std::uint32_t seed) {
+  const std::size_t step = std::size_t{gridDim.x} * blockDim.x;
+  for (std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += step) {
+    std::uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float v = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    if constexpr (sizeof(T) == 4) out[i] = v;
+    else out[i] = __float2bfloat16(v);
+  }
+}
+
+// Fills `p` with random values of a product's input type, and waits: the timed streams are
+// non-blocking and would not wait for work on the legacy stream.
+void fill_random(const cu::device_buffer& p, cu::gemm_type type, std::uint32_t seed) {
+  if (type == cu::gemm_type::f32)
+    fill_uniform<<<1024, 256>>>(p.as<float>(), p.size() / 4, seed);
+  else
+    fill_uniform<<<1024, 256>>>(p.as<__nv_bfloat16>(), p.size() / 2, seed);
+  cu::check(cudaGetLastError(), "fill_uniform");
+  cu::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
 
 // Mean milliseconds of `reps` back-to-back runs of f on s, after a warm-up.
 template <class F>
@@ -42,11 +74,18 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   cu::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   cu::stream compute(cu::stream_priorities().least), side(cu::stream_priorities().greatest);
   cu::blas_handle lt;
   cu::device_buffer ws(cu::gemm::default_workspace);
   const std::size_t max_elems = std::size_t{8192} * 8192;
-  cu::device_buffer A(max_elems * 4), B(max_elems * 4), C(max_elems * 4);
+  // Inputs of each type hold random values of that type (bf16 would read fp32 bits as garbage).
+  cu::device_buffer A(max_elems * 4), B(max_elems * 4), C(max_elems * 4), A16(max_elems * 2), B16(max_elems * 2);
+  fill_random(A, cu::gemm_type::f32, 1);
+  fill_random(B, cu::gemm_type::f32, 2);
+  fill_random(A16, cu::gemm_type::bf16, 3);
+  fill_random(B16, cu::gemm_type::bf16, 4);
   std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n  \"sms\": " + std::to_string(prop.multiProcessorCount) +
                      ",\n  \"matmul\": [\n";
   const std::size_t shapes[][3] = {{256, 256, 256},   {512, 512, 512},    {1024, 1024, 1024}, {2048, 2048, 2048},
@@ -61,7 +100,9 @@ int main(int argc, char** argv) {
       cu::gemm p(lt, g, ws.size());
       const double flops = 2.0 * static_cast<double>(sh[0] * sh[1]) * static_cast<double>(sh[2]);
       const int reps = flops > 1e11 ? 5 : 20;
-      const float ms = time_ms(compute.get(), reps, [&] { p.run(lt, A.data(), B.data(), C.data(), ws.data(), compute.get()); });
+      const auto& a = kind == 2 ? A16 : A;
+      const auto& b = kind == 2 ? B16 : B;
+      const float ms = time_ms(compute.get(), reps, [&] { p.run(lt, a.data(), b.data(), C.data(), ws.data(), compute.get()); });
       const char* names[] = {"fp32", "tf32", "bf16"};
       char line[256];
       std::snprintf(line, sizeof line, "%s    {\"m\": %zu, \"n\": %zu, \"k\": %zu, \"type\": \"%s\", \"ms\": %.4f, \"tflops\": %.2f}",
@@ -71,10 +112,11 @@ int main(int argc, char** argv) {
       std::printf("matmul %5zu x %5zu x %5zu %s: %.3f ms, %.1f TFLOP/s\n", sh[0], sh[1], sh[2], names[kind], ms,
                   flops / (ms * 1e-3) / 1e12);
     }
-  // Overlap: a bf16 4096^3 matmul alone, then while a 256 MiB D2D copy or an NCCL all-reduce
-  // of 256 MiB runs on a second stream (one rank: NCCL still launches its kernels).
+  // Overlap: a bf16 4096^3 matmul alone, then
+  // while a 256 MiB D2D copy or an NCCL all-reduce of 256 MiB runs on a second stream. With
+  // one rank the all-reduce is a device copy (see the file comment), labelled so.
   cu::gemm big(lt, {.m = 4096, .n = 4096, .k = 4096, .ab = cu::gemm_type::bf16, .c = cu::gemm_type::bf16}, ws.size());
-  const auto run_big = [&] { big.run(lt, A.data(), B.data(), C.data(), ws.data(), compute.get()); };
+  const auto run_big = [&] { big.run(lt, A16.data(), B16.data(), C.data(), ws.data(), compute.get()); };
   const float alone = time_ms(compute.get(), 20, run_big);
   const std::size_t copy_bytes = std::size_t{256} << 20;
   cu::device_buffer src(copy_bytes), dst(copy_bytes);
@@ -97,10 +139,15 @@ int main(int argc, char** argv) {
                                      "ncclAllReduce");
     });
     char line[200];
-    std::snprintf(line, sizeof line, "%s    {\"max_channels\": %d, \"ms\": %.4f, \"slowdown\": %.3f}", nccl_json.empty() ? "" : ",\n",
-                  channels, with_ar, with_ar / alone);
+    std::snprintf(line, sizeof line, "%s    {\"ranks\": %d, \"max_channels\": %d, \"ms\": %.4f, \"slowdown\": %.3f}",
+                  nccl_json.empty() ? "" : ",\n", ranks, channels, with_ar, with_ar / alone);
     nccl_json += line;
-    std::printf("matmul while all-reduce (max_channels %d): %.3f ms (x%.2f)\n", channels, with_ar, with_ar / alone);
+    if (ranks == 1)
+      std::printf("matmul while a one-rank all-reduce (NCCL runs it as a device copy; max_channels %d): %.3f ms (x%.2f)\n",
+                  channels, with_ar, with_ar / alone);
+    else
+      std::printf("matmul while an all-reduce over %d ranks (max_channels %d): %.3f ms (x%.2f)\n", ranks, channels, with_ar,
+                  with_ar / alone);
   }
   char line[400];
   std::snprintf(line, sizeof line,
@@ -108,7 +155,11 @@ int main(int argc, char** argv) {
                 "\"copy_slowdown\": %.3f,\n  \"with_allreduce\": [\n",
                 alone, with_copy, with_copy / alone);
   json += line;
-  json += nccl_json + "\n  ]}\n}\n";
+  json += nccl_json + "\n  ],\n  \"with_allreduce_note\": \"" +
+          std::string(ranks == 1 ? "one rank: NCCL runs each all-reduce as a device copy (no NCCL kernel; max_channels has "
+                                   "no effect), so these rows measure copy contention"
+                                 : "all-reduce across the ranks") +
+          "\"}\n}\n";
   std::printf("matmul alone %.3f ms, with a D2D copy %.3f ms (x%.2f)\n", alone, with_copy, with_copy / alone);
   if (FILE* f = std::fopen(out_path.c_str(), "w")) {
     std::fputs(json.c_str(), f);

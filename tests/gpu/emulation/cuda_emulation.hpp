@@ -11,8 +11,14 @@
 // across warps and barriers, shared-memory sizes, status flags, launch configurations (the
 // limits of a real device are enforced), and barrier divergence, which is an error here where
 // a GPU would hang or compute garbage. What it cannot check: timing, races between blocks, the
-// memory model, and anything cuBLASLt or NCCL does. Launches run to completion when they are
-// enqueued; streams and events are bookkeeping only.
+// memory model, and the speed or algorithms of cuBLASLt and NCCL (include/cublasLt.h and
+// include/nccl.h compute their results with host loops and MPI).
+//
+// Work enqueued on a stream (kernels, async copies and sets, event records, NCCL calls) runs
+// when it is enqueued, in the host's order, which respects every stream order and event wait.
+// Between cudaStreamBeginCapture and cudaStreamEndCapture it is recorded instead, and a
+// launched graph replays it in the same order. Synchronising on a stream, an event or the
+// device while a capture is open is an error, as it is on a device.
 //
 // Included through the headers of tests/gpu/emulation/include (cuda_runtime.h and friends),
 // which take the place of the CUDA Toolkit's for the emulated test targets.
@@ -22,6 +28,7 @@
 #include <math.h> // the kernels call the C functions expf, tanhf, ... unqualified, as CUDA code does
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -70,6 +77,9 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNotReady = 600,
   cudaErrorNotSupported = 801,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorIllegalState = 401,
 };
 using cudaError = cudaError_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
@@ -78,13 +88,20 @@ enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeT
 inline constexpr unsigned cudaStreamNonBlocking = 1;
 inline constexpr unsigned cudaEventDefault = 0;
 inline constexpr unsigned cudaEventDisableTiming = 2;
+inline constexpr unsigned long long cudaGraphInstantiateFlagUseNodePriority = 8;
 
 struct CUstream_st {
   int priority = 0;
 };
-struct CUevent_st {};
-struct CUgraph_st {};
-struct CUgraphExec_st {};
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at{}; // when the work before it ran
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;
+};
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
 using cudaGraph_t = CUgraph_st*;
@@ -99,6 +116,20 @@ inline cudaError_t fails(cudaError_t e) {
   last_error = e;
   return e;
 }
+
+// The open capture, if any: work enqueued while it is open is recorded, not run.
+struct capture_state {
+  cudaStream_t origin = nullptr;
+  std::vector<std::function<void()>> work;
+};
+inline thread_local std::unique_ptr<capture_state> capture;
+
+inline void enqueue(std::function<void()> work) {
+  if (capture) capture->work.push_back(std::move(work));
+  else work();
+}
+// A call that waits for the device; illegal while a capture is open.
+inline cudaError_t synchronising() { return capture ? fails(cudaErrorStreamCaptureUnsupported) : cudaSuccess; }
 
 // Byte pattern of fresh device memory and of dynamic shared memory at the start of a block: as
 // floats these are NaN, so a kernel that reads what nobody wrote shows it in its results.
@@ -235,8 +266,10 @@ inline void* dynamic_shared() { return active->dynamic_shared.data(); }
 template <class... Params>
 auto launch(dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t, void (*kernel)(Params...)) {
   return [=](auto&&... args) {
-    const std::function<void()> body = [&] { kernel(args...); };
-    run_grid(grid, block, shared_bytes, body);
+    enqueue([=, ... values = std::decay_t<decltype(args)>(args)] {
+      const std::function<void()> body = [&] { kernel(values...); };
+      run_grid(grid, block, shared_bytes, body);
+    });
   };
 }
 
@@ -284,6 +317,9 @@ inline const char* cudaGetErrorName(cudaError_t e) {
   case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
   case cudaErrorNotReady: return "cudaErrorNotReady";
   case cudaErrorNotSupported: return "cudaErrorNotSupported";
+  case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+  case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+  case cudaErrorIllegalState: return "cudaErrorIllegalState";
   }
   return "cudaErrorUnknown";
 }
@@ -295,6 +331,9 @@ inline const char* cudaGetErrorString(cudaError_t e) {
   case cudaErrorInvalidConfiguration: return "invalid configuration argument";
   case cudaErrorNotReady: return "device not ready";
   case cudaErrorNotSupported: return "operation not supported (by the host emulation)";
+  case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+  case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+  case cudaErrorIllegalState: return "the operation is not permitted in the current state";
   }
   return "unknown error";
 }
@@ -302,7 +341,12 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return cuda_emulation::synchronising(); }
+inline cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cuda_emulation::fails(cudaErrorInvalidValue); }
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
 
 inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   *p = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{256}, std::nothrow);
@@ -314,6 +358,8 @@ inline cudaError_t cudaFree(void* p) {
   ::operator delete(p, std::align_val_t{256});
   return cudaSuccess;
 }
+inline cudaError_t cudaMallocHost(void** p, std::size_t bytes) { return cudaMalloc(p, bytes); }
+inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 // Overlapping copies are undefined on a device; here they are an error, so that they show.
 inline bool cuda_emulation_overlap(const void* a, const void* b, std::size_t bytes) {
   const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
@@ -328,20 +374,27 @@ inline cudaError_t cudaMemcpy2DAsync(void* to, std::size_t to_pitch, const void*
                                      std::size_t width, std::size_t height, cudaMemcpyKind kind, cudaStream_t) {
   if (width > to_pitch || width > from_pitch) return cuda_emulation::fails(cudaErrorInvalidValue);
   for (std::size_t r = 0; r < height; ++r)
-    if (const auto e = cudaMemcpy(static_cast<char*>(to) + r * to_pitch, static_cast<const char*>(from) + r * from_pitch,
-                                  width, kind);
-        e != cudaSuccess)
-      return e;
+    if (cuda_emulation_overlap(static_cast<char*>(to) + r * to_pitch, static_cast<const char*>(from) + r * from_pitch, width))
+      return cuda_emulation::fails(cudaErrorInvalidValue);
+  cuda_emulation::enqueue([=] {
+    for (std::size_t r = 0; r < height; ++r)
+      (void)cudaMemcpy(static_cast<char*>(to) + r * to_pitch, static_cast<const char*>(from) + r * from_pitch, width, kind);
+  });
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(to, from, bytes, kind);
+  if (cuda_emulation_overlap(to, from, bytes)) return cuda_emulation::fails(cudaErrorInvalidValue);
+  cuda_emulation::enqueue([=] { (void)cudaMemcpy(to, from, bytes, kind); });
+  return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t) {
+  cuda_emulation::enqueue([=] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
 
 inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   *least = 0; // as a device has it: lower numbers are higher priorities
@@ -356,7 +409,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cuda_emulation::synchronising(); }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   *e = new CUevent_st;
   return cudaSuccess;
@@ -365,27 +418,52 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
-inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
-  *ms = 0.0f;
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  cuda_emulation::enqueue([e] { e->at = std::chrono::steady_clock::now(); });
   return cudaSuccess;
 }
-// Graph capture records work for later; the emulation runs work when it is enqueued, so it
-// refuses to capture rather than pretend.
-inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return cuda_emulation::fails(cudaErrorNotSupported); }
-inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
+// Work runs when it is enqueued, so the event's stream has always reached it.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+inline cudaError_t cudaEventQuery(cudaEvent_t) { return cuda_emulation::synchronising(); }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cuda_emulation::synchronising(); }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t from, cudaEvent_t to) {
+  *ms = std::chrono::duration<float, std::milli>(to->at - from->at).count();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  if (cuda_emulation::capture) return cuda_emulation::fails(cudaErrorIllegalState);
+  cuda_emulation::capture = std::make_unique<cuda_emulation::capture_state>();
+  cuda_emulation::capture->origin = s;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
   *g = nullptr;
-  return cuda_emulation::fails(cudaErrorNotSupported);
+  if (!cuda_emulation::capture || cuda_emulation::capture->origin != s) return cuda_emulation::fails(cudaErrorIllegalState);
+  *g = new CUgraph_st{std::move(cuda_emulation::capture->work)};
+  cuda_emulation::capture.reset();
+  return cudaSuccess;
 }
 inline cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* st) {
-  *st = cudaStreamCaptureStatusNone;
+  *st = cuda_emulation::capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
-inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t*, cudaGraph_t, unsigned long long) { return cuda_emulation::fails(cudaErrorNotSupported); }
-inline cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return cuda_emulation::fails(cudaErrorNotSupported); }
-inline cudaError_t cudaGraphGetNodes(cudaGraph_t, cudaGraphNode_t*, std::size_t*) { return cuda_emulation::fails(cudaErrorNotSupported); }
-inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
-inline cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long) {
+  *exec = new CUgraphExec_st{g->work};
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  for (const auto& w : exec->work) cuda_emulation::enqueue(w);
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t*, std::size_t* n) {
+  *n = g->work.size();
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  return cudaSuccess;
+}

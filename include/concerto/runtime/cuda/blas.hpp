@@ -8,7 +8,9 @@
 /// its transpose in column-major, so the row-major product is computed as the column-major
 /// `Cᵀ[n,m] = op(B)ᵀ·op(A)ᵀ`: the operands swap places, the flags stay. A `gemm` is described
 /// once (descriptors, layouts, the heuristic's algorithm) and then run any number of times,
-/// so a step does no descriptor work. Host code only; compiles with g++ too.
+/// so a step does no descriptor work. The heuristic is told each operand's real alignment
+/// (`gemm_shape::align_*`): arena views such as bucket members are not all 256-byte aligned,
+/// which is what cuBLASLt assumes otherwise. Host code only; compiles with g++ too.
 
 #include <concerto/core/error.hpp>
 #include <concerto/runtime/cuda/check.hpp>
@@ -16,6 +18,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -62,7 +65,23 @@ struct gemm_shape {
   gemm_type ab = gemm_type::f32;
   gemm_type c = gemm_type::f32;
   bool allow_tf32 = false;   ///< fp32 inputs: let the tensor cores round them to TF32 (faster, ~1e-3 relative)
+  /// Bytes each operand's address is a multiple of (256: what cudaMalloc gives). cuBLASLt's
+  /// heuristic otherwise assumes 256 and may pick a kernel with vector loads that fault on an
+  /// arena view (a bucket member, a decomposition chunk); `operand_alignment` computes them.
+  /// `gemm` lowers them further for a strided batch whose stride is less aligned, and its `run`
+  /// checks the pointers it is given against them.
+  std::uint32_t align_a = 256, align_b = 256, align_c = 256;
 };
+
+/// @brief The alignment cuBLASLt may assume for an operand at `p`: the largest power of two, at
+/// most 256, dividing the address and (for a strided batch, else 0) the batch stride in bytes.
+/// @code
+/// shape.align_a = cuda::operand_alignment(a_ptr, shape.batch > 1 ? shape.m * shape.k * 4 : 0);
+/// @endcode
+[[nodiscard]] inline std::uint32_t operand_alignment(const void* p, std::size_t batch_stride_bytes = 0) noexcept {
+  const auto bits = reinterpret_cast<std::uintptr_t>(p) | static_cast<std::uintptr_t>(batch_stride_bytes) | 256u;
+  return static_cast<std::uint32_t>(bits & (~bits + 1)); // the lowest set bit
+}
 
 namespace detail {
 inline cudaDataType_t cuda_type(gemm_type t) { return t == gemm_type::f32 ? CUDA_R_32F : CUDA_R_16BF; }
@@ -73,11 +92,16 @@ public:
   layout() = default;
   layout(cudaDataType_t type, std::size_t rows, std::size_t cols, std::size_t ld, std::size_t batch, std::int64_t stride) {
     CONCERTO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l_, type, rows, cols, static_cast<std::int64_t>(ld)));
-    if (batch > 1) {
-      const auto count = static_cast<std::int32_t>(batch);
-      CONCERTO_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l_, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-      CONCERTO_CUBLAS_CHECK(
-          cublasLtMatrixLayoutSetAttribute(l_, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+    try { // a constructor that throws runs no destructor: release the handle here
+      if (batch > 1) {
+        const auto count = static_cast<std::int32_t>(batch);
+        CONCERTO_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l_, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        CONCERTO_CUBLAS_CHECK(
+            cublasLtMatrixLayoutSetAttribute(l_, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+      }
+    } catch (...) {
+      reset();
+      throw;
     }
   }
   layout(layout&& o) noexcept : l_(std::exchange(o.l_, nullptr)) {}
@@ -98,6 +122,58 @@ private:
   }
   cublasLtMatrixLayout_t l_ = nullptr;
 };
+
+// The operation descriptor: compute type, fp32 scale type, and the operations on cuBLAS's A and B.
+class matmul_desc {
+public:
+  matmul_desc() = default;
+  matmul_desc(cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb) {
+    CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d_, compute, CUDA_R_32F));
+    try { // a constructor that throws runs no destructor: release the handle here
+      CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+      CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    } catch (...) {
+      reset();
+      throw;
+    }
+  }
+  matmul_desc(matmul_desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  matmul_desc& operator=(matmul_desc&& o) noexcept {
+    if (this != &o) {
+      reset();
+      d_ = std::exchange(o.d_, nullptr);
+    }
+    return *this;
+  }
+  ~matmul_desc() { reset(); }
+  [[nodiscard]] cublasLtMatmulDesc_t get() const noexcept { return d_; }
+
+private:
+  void reset() noexcept {
+    if (d_ != nullptr) (void)cublasLtMatmulDescDestroy(d_);
+    d_ = nullptr;
+  }
+  cublasLtMatmulDesc_t d_ = nullptr;
+};
+
+// The heuristic's search preferences, only alive while the constructor asks for an algorithm.
+class preference {
+public:
+  preference() { CONCERTO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p_)); }
+  preference(const preference&) = delete;
+  preference& operator=(const preference&) = delete;
+  ~preference() {
+    if (p_ != nullptr) (void)cublasLtMatmulPreferenceDestroy(p_);
+  }
+  [[nodiscard]] cublasLtMatmulPreference_t get() const noexcept { return p_; }
+  template <class T>
+  void set(cublasLtMatmulPreferenceAttributes_t attribute, T value) const {
+    CONCERTO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p_, attribute, &value, sizeof value));
+  }
+
+private:
+  cublasLtMatmulPreference_t p_ = nullptr;
+};
 } // namespace detail
 
 /// @brief One product described for cuBLASLt: descriptors, layouts and the chosen algorithm.
@@ -113,7 +189,15 @@ public:
   static constexpr std::size_t default_workspace = std::size_t{32} << 20;
 
   gemm() = default;
-  gemm(const blas_handle& h, const gemm_shape& s, std::size_t workspace_bytes) : shape_(s) {
+  gemm(const blas_handle& h, const gemm_shape& requested, std::size_t workspace_bytes) : shape_(requested) {
+    auto& s = shape_;
+    // Matrix i of a strided batch starts i strides further: the stride bounds the alignment too.
+    const auto batched = [&](std::uint32_t align, std::size_t values, gemm_type type) {
+      return s.batch > 1 ? std::min(align, operand_alignment(nullptr, values * detail::type_bytes(type))) : align;
+    };
+    s.align_a = batched(s.align_a, s.m * s.k, s.ab);
+    s.align_b = batched(s.align_b, s.k * s.n, s.ab);
+    s.align_c = batched(s.align_c, s.m * s.n, s.c);
     const auto what = [&] {
       return "cuBLASLt product m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
              " batch=" + std::to_string(s.batch);
@@ -121,12 +205,8 @@ public:
     CONCERTO_CHECK(s.ab == gemm_type::bf16 || s.c == gemm_type::f32,
                    what() + ": fp32 inputs need an fp32 output");
     const auto compute = s.ab == gemm_type::f32 && s.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F));
     // Column-major view: C' = op(B)' · op(A)', with B' the row-major B read as column-major.
-    const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    desc_ = detail::matmul_desc(compute, s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
     const auto mk = static_cast<std::int64_t>(s.m * s.k), kn = static_cast<std::int64_t>(s.k * s.n),
                mn = static_cast<std::int64_t>(s.m * s.n);
     // B' is [n,k] column-major without trans_b (ld n), [k,n] with it (ld k); likewise A'.
@@ -135,61 +215,53 @@ public:
     a_ = detail::layout(detail::cuda_type(s.ab), s.trans_a ? s.m : s.k, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k,
                         s.batch, mk);
     c_ = detail::layout(detail::cuda_type(s.c), s.n, s.m, s.n, s.batch, mn);
-    cublasLtMatmulPreference_t pref = nullptr;
-    CONCERTO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const std::uint64_t ws = workspace_bytes;
-    const auto set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    const detail::preference pref;
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{workspace_bytes});
+    // The operands' real alignment, not the 256 bytes the heuristic assumes by default. The
+    // operands swap places in the column-major view: cuBLAS's A is our b, its B our a.
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, s.align_b);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, s.align_a);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, s.align_c);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, s.align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const auto got = set == CUBLAS_STATUS_SUCCESS
-                         ? cublasLtMatmulAlgoGetHeuristic(h.get(), desc_, b_.get(), a_.get(), c_.get(), c_.get(), pref, 1,
-                                                          &result, &found)
-                         : set;
-    (void)cublasLtMatmulPreferenceDestroy(pref);
+    const auto got = cublasLtMatmulAlgoGetHeuristic(h.get(), desc_.get(), b_.get(), a_.get(), c_.get(), c_.get(),
+                                                    pref.get(), 1, &result, &found);
     if (got != CUBLAS_STATUS_SUCCESS || found == 0)
-      fail(what() + ": cuBLASLt offers no algorithm (" + cublasLtGetStatusString(got) + ")");
+      fail(what() + ": cuBLASLt offers no algorithm for operands aligned to " + std::to_string(s.align_a) + "/" +
+           std::to_string(s.align_b) + "/" + std::to_string(s.align_c) + " bytes (a/b/c) (" +
+           cublasLtGetStatusString(got) + ")");
     algo_ = result.algo;
     workspace_ = result.workspaceSize;
   }
-  gemm(gemm&& o) noexcept
-      : shape_(o.shape_), desc_(std::exchange(o.desc_, nullptr)), a_(std::move(o.a_)), b_(std::move(o.b_)),
-        c_(std::move(o.c_)), algo_(o.algo_), workspace_(o.workspace_) {}
-  gemm& operator=(gemm&& o) noexcept {
-    if (this != &o) {
-      reset();
-      shape_ = o.shape_;
-      desc_ = std::exchange(o.desc_, nullptr);
-      a_ = std::move(o.a_);
-      b_ = std::move(o.b_);
-      c_ = std::move(o.c_);
-      algo_ = o.algo_;
-      workspace_ = o.workspace_;
-    }
-    return *this;
-  }
+  gemm(gemm&&) noexcept = default;
+  gemm& operator=(gemm&&) noexcept = default;
   gemm(const gemm&) = delete;
   gemm& operator=(const gemm&) = delete;
-  ~gemm() { reset(); }
+  ~gemm() = default;
 
   [[nodiscard]] const gemm_shape& shape() const noexcept { return shape_; }
   /// Workspace bytes the chosen algorithm needs (at most the size given at construction).
   [[nodiscard]] std::size_t workspace_bytes() const noexcept { return workspace_; }
   /// Enqueues the product on `s`. a, b, c are device pointers of the shape's types.
   void run(const blas_handle& h, const void* a, const void* b, void* c, void* workspace, cudaStream_t s) const {
-    CONCERTO_CHECK(desc_ != nullptr, "cuda::gemm: run on an empty product");
+    CONCERTO_CHECK(desc_.get() != nullptr, "cuda::gemm: run on an empty product");
     if (shape_.m == 0 || shape_.n == 0) return;
+    // The algorithm was chosen for the described alignment; a less aligned pointer could fault.
+    const auto misaligned = [](const void* p, std::uint32_t align) { return operand_alignment(p) < align; };
+    if (misaligned(a, shape_.align_a) || misaligned(b, shape_.align_b) || misaligned(c, shape_.align_c))
+      fail("cuda::gemm: operands aligned to " + std::to_string(operand_alignment(a)) + "/" +
+           std::to_string(operand_alignment(b)) + "/" + std::to_string(operand_alignment(c)) +
+           " bytes (a/b/c), the product was described for " + std::to_string(shape_.align_a) + "/" +
+           std::to_string(shape_.align_b) + "/" + std::to_string(shape_.align_c));
     const float alpha = shape_.alpha, beta = shape_.accumulate ? 1.0f : 0.0f;
-    CONCERTO_CUBLAS_CHECK(cublasLtMatmul(h.get(), desc_, &alpha, b, b_.get(), a, a_.get(), &beta, c, c_.get(), c, c_.get(),
-                                         &algo_, workspace, workspace_, s));
+    CONCERTO_CUBLAS_CHECK(cublasLtMatmul(h.get(), desc_.get(), &alpha, b, b_.get(), a, a_.get(), &beta, c, c_.get(), c,
+                                         c_.get(), &algo_, workspace, workspace_, s));
   }
 
 private:
-  void reset() noexcept {
-    if (desc_ != nullptr) (void)cublasLtMatmulDescDestroy(desc_);
-    desc_ = nullptr;
-  }
   gemm_shape shape_{};
-  cublasLtMatmulDesc_t desc_ = nullptr;
+  detail::matmul_desc desc_; // before the layouts: each handle is released by its own member
   detail::layout a_, b_, c_;
   cublasLtMatmulAlgo_t algo_{};
   std::size_t workspace_ = 0;

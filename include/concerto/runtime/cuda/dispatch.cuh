@@ -204,7 +204,8 @@ inline void copy_rows(const ir::task& t, std::byte* src, std::size_t src_bytes, 
 
 /// @brief Describes the product of a matmul task for cuBLASLt, with the four cases of the CPU
 /// dispatch (one product; a batch sharing B as one taller product; a weight gradient summed over
-/// the batch as one product with a longer contraction; a strided batch).
+/// the batch as one product with a longer contraction; a strided batch), and each operand's
+/// alignment in the arena (`operand_alignment`).
 /// Throws naming the task when the buffers do not hold the extents the attrs give.
 /// @code
 /// products[t.id] = cuda::describe_gemm(g, t, arena, lt, cuda::gemm::default_workspace);
@@ -247,6 +248,11 @@ inline void copy_rows(const ir::task& t, std::byte* src, std::size_t src_bytes, 
   need(a, s.batch * s.m * s.k, "a");
   need(b, s.batch * s.k * s.n, "b");
   need(c, s.batch * s.m * s.n, "c");
+  // Arena views (bucket members, decomposition chunks) start wherever their root's bytes do,
+  // so the heuristic is told each operand's real alignment (gemm folds in the batch stride's).
+  s.align_a = operand_alignment(mem.ptr(a));
+  s.align_b = operand_alignment(mem.ptr(b));
+  s.align_c = operand_alignment(mem.ptr(c));
   return gemm(h, s, workspace_bytes);
 }
 

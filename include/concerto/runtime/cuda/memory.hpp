@@ -39,6 +39,10 @@ public:
     }
     p_ = static_cast<std::byte*>(p);
     check(cudaMemset(p_, 0, bytes_), "cudaMemset");
+    // cudaMemset on device memory returns before it has run, on the legacy default stream,
+    // which non-blocking streams (cuda::stream) do not wait for: wait here so that "zeroed on
+    // creation" holds for work on any stream. Allocations happen at setup, never in a step.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   device_buffer& operator=(device_buffer&& o) noexcept {
@@ -76,8 +80,8 @@ inline constexpr std::size_t device_alignment = 256;
 /// @brief One zeroed device allocation holding every buffer of a graph, at the offsets of
 /// `make_layout(g, scratch, device_alignment)`; the scratch region follows the buffers.
 ///
-/// Host code reaches the values with `upload` / `download` (synchronous copies; for setup and
-/// checks, never inside a step).
+/// Host code reaches the values with `upload` / `download` (synchronous copies that wait for the
+/// whole device; for setup and checks, never inside a step).
 /// @code
 /// cuda::device_arena mem(g, runtime::make_layout(g, 0, cuda::device_alignment));
 /// mem.upload<float>(w_id, host_w);          // host -> device
@@ -127,14 +131,21 @@ public:
   [[nodiscard]] std::byte* scratch() const noexcept { return storage_.data() + layout_.scratch_offset; }
   [[nodiscard]] std::int64_t scratch_bytes() const noexcept { return layout_.scratch_bytes; }
 
-  /// Copies `values` into buffer b (sizes must match exactly); synchronous.
+  /// Copies `values` into buffer b (sizes must match exactly); synchronous: work enqueued
+  /// afterwards on any stream sees the values.
   template <class T>
   void upload(ir::buffer_id b, std::span<const T> values) const {
     const auto& i = at(b);
     CONCERTO_CHECK(static_cast<std::int64_t>(values.size_bytes()) == i.bytes,
                    "upload into buffer '" + i.name + "': " + std::to_string(values.size_bytes()) +
                        " bytes given, the buffer holds " + std::to_string(i.bytes));
-    if (i.bytes > 0) check(cudaMemcpy(ptr(b), values.data(), values.size_bytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (i.bytes == 0) return;
+    check(cudaMemcpy(ptr(b), values.data(), values.size_bytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    // From pageable memory cudaMemcpy may return once the values are staged, before the DMA
+    // into the buffer has finished, and it is ordered on the legacy default stream, which the
+    // backend's non-blocking streams do not wait for: a step's first kernel could read the old
+    // values. Waiting for the device closes that window.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   template <class T>
   void upload(ir::buffer_id b, const std::vector<T>& values) const {

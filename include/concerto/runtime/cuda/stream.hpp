@@ -157,10 +157,20 @@ public:
     reset();
     check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
   }
-  /// Ends the capture of `s` and instantiates the graph.
+  /// Ends the capture of `s` and instantiates the graph. A captured kernel keeps the priority of
+  /// the stream it was captured from as a node attribute, but a graph launch ignores node
+  /// priorities (every node runs at the launch stream's) unless instantiated with
+  /// cudaGraphInstantiateFlagUseNodePriority: without it a replayed step would lose the
+  /// communication streams' higher priority.
   void end(cudaStream_t s) {
     check(cudaStreamEndCapture(s, &graph_), "cudaStreamEndCapture");
-    check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+    check(cudaGraphInstantiate(&exec_, graph_, cudaGraphInstantiateFlagUseNodePriority), "cudaGraphInstantiate");
+  }
+  /// True while `s` takes part in a capture: active, or invalidated by an error and not yet ended.
+  [[nodiscard]] static bool capturing(cudaStream_t s) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(s, &st), "cudaStreamIsCapturing");
+    return st != cudaStreamCaptureStatusNone;
   }
   /// Abandons a capture in progress (after an error), leaving `s` usable.
   static void abandon(cudaStream_t s) noexcept {

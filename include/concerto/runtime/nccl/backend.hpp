@@ -26,13 +26,24 @@
 /// part contiguously before the NCCL call and another unpacks after it, as the MPI backend does
 /// on the host. fn "sum" (default), "max" or "min" picks the reduction.
 /// A send immediately followed on its lane by a recv (or the reverse) is issued as one NCCL
-/// group, so that a ring shift cannot deadlock.
+/// group, so that a ring shift cannot deadlock; `prepare` refuses a send or recv without such a
+/// neighbour (NCCL has no tags: two ranks that both send first would wait on each other).
+///
+/// `end_step` waits for the device with a deadline (`backend_options::timeout_s`, by default
+/// CONCERTO_TIMEOUT_S as for the executor's waits on MPI) while polling every lane's NCCL error
+/// state: on an error, a device fault or the deadline it aborts every communicator and throws
+/// naming the lanes and the last collective issued on each; the backend then runs no further
+/// step until `prepare` makes new communicators. A rank that fails mid-step (or unwinds) aborts
+/// its communicators in the destructor instead of waiting for the device and its peers, so it
+/// reaches MPI_Abort.
 ///
 /// With `capture_graph`, step 1 runs eagerly (NCCL and cuBLASLt initialise lazily, which
 /// capture forbids), step 2 is captured into one CUDA graph across all streams and every later
 /// step replays it: the host then only launches the graph. Kernel settings are baked into the
 /// graph except the optimizer step (read from device memory); after changing `settings()`, call
-/// `invalidate_graph()`.
+/// `invalidate_graph()`. A step that threw while being captured leaves the streams capturing:
+/// the next `begin_step` (or `write` / `read`) ends that capture and drops the partial graph,
+/// so the backend captures again.
 ///
 /// @code
 /// runtime::mpi::environment env(argc, argv);
@@ -43,7 +54,7 @@
 /// auto loss = be.buffers().download<float>(loss_id);
 /// @endcode
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(CONCERTO_CUDA_EMULATION)
 #error "concerto/runtime/nccl/backend.hpp holds CUDA kernels: compile this source with nvcc (concerto_cuda_sources(target) in CMake)"
 #endif
 
@@ -58,6 +69,7 @@
 #include <concerto/runtime/cuda/memory.hpp>
 #include <concerto/runtime/cuda/stream.hpp>
 #include <concerto/runtime/dispatch.hpp>
+#include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
 #include <concerto/runtime/nccl/communicator.hpp>
 #include <concerto/runtime/nccl/options.hpp>
@@ -67,8 +79,11 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -85,6 +100,8 @@ public:
   static constexpr bool stream_ordered = true;
 
   explicit backend(backend_options options = {}) : options_(std::move(options)) {
+    if (options_.timeout_from_env) options_.timeout_s = runtime::detail::env_timeout_s(options_.timeout_s);
+    CONCERTO_CHECK(options_.timeout_s > 0, "nccl::backend: timeout_s must be positive");
     mpi::check(MPI_Comm_rank(options_.world, &rank_), "MPI_Comm_rank");
     mpi::check(MPI_Comm_size(options_.world, &size_), "MPI_Comm_size");
     const int devices = cuda::device_count();
@@ -114,7 +131,15 @@ public:
   backend& operator=(const backend&) = delete;
   ~backend() {
     if (compute_) cuda::captured_graph::abandon(compute_->get());
-    (void)cudaDeviceSynchronize();
+    if (unfinished_ || std::uncaught_exceptions() > 0) {
+      // A step that did not finish (or a rank unwinding on its way to MPI_Abort) may have
+      // collectives in flight that a dead or diverged peer never joins: waiting for the device,
+      // or ncclCommFinalize, would hang. Aborting makes NCCL's kernels exit, and must come
+      // before the members free device memory (cudaFree waits for the device).
+      for (auto& comm : comms_) comm.abort();
+    } else {
+      (void)cudaDeviceSynchronize();
+    }
     if (host_step_ != nullptr) (void)cudaFreeHost(host_step_);
   }
 
@@ -140,6 +165,7 @@ public:
                    "write into buffer '" + arena_.name(b) + "': it holds " + std::to_string(arena_.bytes(b)) +
                        " bytes, " + std::to_string(bytes.size()) + " given");
     if (bytes.empty()) return;
+    end_abandoned_capture();
     const auto c = compute_->get();
     cuda::check(cudaMemcpyAsync(arena_.ptr(b), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, c), "cudaMemcpyAsync");
     cuda::check(cudaStreamSynchronize(c), "cudaStreamSynchronize");
@@ -155,6 +181,7 @@ public:
                    "read of buffer '" + arena_.name(b) + "': it holds " + std::to_string(arena_.bytes(b)) + " bytes, " +
                        std::to_string(out.size()) + " asked for");
     if (out.empty()) return;
+    end_abandoned_capture();
     const auto c = compute_->get();
     cuda::check(cudaMemcpyAsync(out.data(), arena_.ptr(b), out.size(), cudaMemcpyDeviceToHost, c), "cudaMemcpyAsync");
     cuda::check(cudaStreamSynchronize(c), "cudaStreamSynchronize");
@@ -185,8 +212,15 @@ public:
   /// an MPI split of the world) and the device arena; describes every product. Collective over
   /// the world (the executor's constructor calls it on every rank).
   void prepare(const plan::plan& p) {
+    // The communicators of a step that did not finish may never finish: abort rather than
+    // finalize them (which waits) when they are replaced below.
+    if (unfinished_)
+      for (auto& comm : comms_) comm.abort();
+    unfinished_ = true; // communicators half made on some ranks: a throw must not wait for them
     cuda::check(cudaSetDevice(device_), "cudaSetDevice");
+    end_abandoned_capture();
     graph_.reset();
+    aborted_.clear(); // new communicators below
     eager_steps_ = 0;
     graph_ptr_ = &p.graph;
     const auto& g = p.graph;
@@ -262,8 +296,10 @@ public:
         }
       }
     }
+    refuse_unpaired_point_to_point(p);
     enqueued_.assign(g.tasks.size(), 0);
     record_pending_.assign(g.tasks.size(), 0);
+    last_issued_.assign(g.streams.size(), -1);
     ctx_ = {compute_->get(),
             &*blas_,
             arena_.scratch(),
@@ -276,13 +312,21 @@ public:
     stop_.emplace(true);
     fork_.emplace();
     cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    unfinished_ = false;
   }
 
   void begin_step(std::int64_t step) {
     CONCERTO_CHECK(graph_ptr_ != nullptr, "nccl::backend: begin_step before prepare");
+    if (!aborted_.empty())
+      fail("nccl::backend on rank " + std::to_string(rank_) + ": step " + std::to_string(step) +
+           " cannot run, the lanes' communicators were aborted when an earlier step failed (" + aborted_ +
+           "); prepare the plan again (a new executor, on every rank) to make new ones");
+    end_abandoned_capture();
+    unfinished_ = true; // until end_step has seen the device finish this step
     options_.kernels.step = step;
     std::fill(enqueued_.begin(), enqueued_.end(), std::uint8_t{0});
     std::fill(record_pending_.begin(), record_pending_.end(), std::uint8_t{0});
+    std::fill(last_issued_.begin(), last_issued_.end(), ir::task_id{-1});
     const auto c = compute_->get();
     // The step counter is copied outside any capture, so a replayed graph reads the current one.
     *host_step_ = step;
@@ -322,14 +366,17 @@ public:
       throw;
     }
     stop_->record(c);
-    stop_->synchronize();
+    wait_for_step();
+    unfinished_ = false; // every collective of the step has completed on this rank
     if (mode_ == mode::eager) ++eager_steps_;
     last_ms_ = cuda::event::elapsed_ms(*start_, *stop_);
-    for (std::size_t s = 1; s < comms_.size(); ++s) comms_[s].check_async();
     int status = 0;
     cuda::check(cudaMemcpy(&status, words_.data(), sizeof status, cudaMemcpyDeviceToHost), "cudaMemcpy");
     if (status != 0) {
-      cuda::check(cudaMemset(words_.data(), 0, sizeof status), "cudaMemset");
+      // Cleared on the compute stream, ahead of the next step's kernels: a cudaMemset runs on
+      // the legacy stream, which the non-blocking streams do not wait for, so it could land
+      // after a kernel of the next step had set the word and erase that step's error.
+      cuda::check(cudaMemsetAsync(words_.data(), 0, sizeof status, c), "cudaMemsetAsync");
       const auto& t = graph_ptr_->tasks.at(static_cast<std::size_t>(status - 1));
       fail("step " + std::to_string(options_.kernels.step) + ": task " + std::to_string(t.id) + " '" + t.name + "' (fn '" +
            t.fn + "') met a target or id outside its range (the GPU kernel skipped it)");
@@ -344,6 +391,7 @@ public:
   }
 
   handle start_collective(const ir::task& t) {
+    last_issued_.at(static_cast<std::size_t>(t.stream)) = t.id; // a replay issues the same order
     if (mode_ == mode::replay) return {t.id};
     const auto i = static_cast<std::size_t>(t.id);
     const auto partner = partner_[i];
@@ -443,6 +491,131 @@ private:
   };
 
   int coord_on(const ir::task& t) const { return coords_[static_cast<std::size_t>(t.axis)]; }
+
+  // NCCL has no tags, and a send waits until its peer posts the matching receive: ranks that
+  // all send first (a ring shift) wait on each other for ever unless each send and its receive
+  // are one group. Only a send next to a recv in its lane's order becomes one (prepare), so any
+  // other send or recv is refused here rather than left to deadlock. Neither the planner nor the
+  // lowering emits send/recv; a hand-built graph or graph JSON can.
+  void refuse_unpaired_point_to_point(const plan::plan& p) const {
+    const auto& g = p.graph;
+    std::string lone;
+    for (std::size_t s = 1; s < p.order.size(); ++s)
+      for (const auto id : p.order[s]) {
+        const auto& t = g.tasks[static_cast<std::size_t>(id)];
+        const bool point_to_point = t.kind == ir::op_kind::send || t.kind == ir::op_kind::recv;
+        if (point_to_point && partner_[static_cast<std::size_t>(id)] < 0)
+          lone += (lone.empty() ? "" : ", ") + runtime::detail::task_label(g, id) + " (task " + std::to_string(id) +
+                  ") on lane '" + g.streams[s].name + "'";
+      }
+    if (!lone.empty())
+      fail("the plan of graph '" + g.name + "' has point-to-point tasks without a partner next to them in their " +
+           "lane's order: " + lone + ". NCCL would deadlock on them (a send waits for its peer's receive); " +
+           "order each send right before or after a recv on the same lane, and the NCCL backend issues the " +
+           "pair as one group");
+  }
+
+  // A step that threw while being captured (a task's check, an NCCL call) leaves the compute
+  // stream, and the lanes forked from it, capturing: every later call on them would fail with
+  // a capture error that names nothing. Ends that capture and drops the partial graph, so the
+  // next step is captured again; throws if a stream cannot be freed.
+  void end_abandoned_capture() {
+    if (!compute_ || !cuda::captured_graph::capturing(compute_->get())) return;
+    cuda::captured_graph::abandon(compute_->get());
+    graph_.reset();
+    mode_ = mode::eager;
+    for (std::size_t s = 0; s < lanes_.size(); ++s) {
+      const auto st = s == 0 ? compute_->get() : lanes_[s].get();
+      if (cuda::captured_graph::capturing(st)) cuda::captured_graph::abandon(st);
+      if (cuda::captured_graph::capturing(st))
+        fail("nccl::backend on rank " + std::to_string(rank_) + ": " +
+             (s == 0 ? std::string("the compute stream") : "the stream of lane " + std::to_string(s)) +
+             " still captures after the capture of a failed step was abandoned; this backend cannot run a step");
+    }
+  }
+
+  // "lane 'dp' (mesh axis 'dp'), last collective issued: all_reduce 'g' (task 12)"
+  std::string lane_label(std::size_t s) const {
+    const auto& g = *graph_ptr_;
+    std::string text = "lane '" + g.streams[s].name + "' (mesh axis '" +
+                       g.axes[static_cast<std::size_t>(g.streams[s].axis)].name + "'), last collective issued: ";
+    const auto last = last_issued_[s];
+    return text + (last < 0 ? std::string("none this step")
+                            : runtime::detail::task_label(g, last) + " (task " + std::to_string(last) + ")");
+  }
+
+  // The lanes on which NCCL reports an asynchronous error (a peer died, a network error), or "".
+  std::string lane_errors() const {
+    std::string text;
+    for (std::size_t s = 1; s < comms_.size(); ++s) {
+      const auto r = comms_[s].async_error();
+      if (r == ncclSuccess || r == ncclInProgress) continue;
+      std::string what = ncclGetErrorString(r);
+      if (const char* last = ncclGetLastError(comms_[s].get()); last != nullptr && *last != '\0')
+        what += std::string(": ") + last;
+      text += (text.empty() ? "NCCL reported an error on " : "; on ") + lane_label(s) + " (" + what + ")";
+    }
+    return text;
+  }
+
+  // The lanes whose last collective of the step has not completed. Eager steps know it from the
+  // collectives' completion events; a replayed graph does not update them, so every lane that
+  // issued a collective is named.
+  std::string unfinished_lanes() const {
+    std::string text;
+    for (std::size_t s = 1; s < last_issued_.size(); ++s) {
+      const auto last = last_issued_[s];
+      if (last < 0) continue;
+      const auto& done = events_[static_cast<std::size_t>(last)];
+      if (mode_ == mode::eager && cudaEventQuery(done.get()) == cudaSuccess) continue;
+      text += (text.empty() ? "" : "; ") + lane_label(s);
+    }
+    (void)cudaGetLastError(); // a query's own error must not leak into the next check
+    return text.empty() ? "every lane's last collective has completed, the compute stream has not"
+                        : "waiting on " + text;
+  }
+
+  // Waits for the step's stop event without blocking in the driver: it polls the event and every
+  // lane's NCCL error state, so that a failed collective, a device fault or a peer that never
+  // joins (whose collective would never complete) ends the step within timeout_s with an error
+  // naming the lanes, all communicators aborted. The first polls only yield (a step's tail is
+  // usually short); later ones sleep 20 µs, so a long wait does not burn a core.
+  void wait_for_step() {
+    const auto deadline =
+        clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(options_.timeout_s));
+    std::string why;
+    try {
+      for (std::uint64_t polls = 0;; ++polls) {
+        if (stop_->done()) break; // throws on a device error
+        why = lane_errors();
+        if (!why.empty()) break;
+        if (clock::now() >= deadline) {
+          char secs[32];
+          std::snprintf(secs, sizeof secs, "%g", options_.timeout_s);
+          why = "timed out after " + std::string(secs) + " s (set CONCERTO_TIMEOUT_S to wait longer) " +
+                unfinished_lanes();
+          break;
+        }
+        if (polls < 1000) std::this_thread::yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+      if (why.empty()) why = lane_errors(); // a failed collective need not keep the step from ending
+    } catch (const std::exception& e) {
+      why = e.what(); // a kernel faulted, or NCCL's error query itself failed
+      if (why.starts_with("concerto: ")) why.erase(0, 10); // abort_lanes' fail() adds it again
+    }
+    if (!why.empty()) abort_lanes(why);
+  }
+
+  // Aborts every lane's communicator (NCCL's kernels exit, the peers see an error or time out)
+  // and throws; the backend runs no further step until prepare makes new communicators.
+  [[noreturn]] void abort_lanes(const std::string& why) {
+    for (auto& comm : comms_) comm.abort();
+    graph_.reset(); // its NCCL nodes belong to the aborted communicators
+    aborted_ = why;
+    fail("nccl::backend on rank " + std::to_string(rank_) + ": step " + std::to_string(options_.kernels.step) +
+         " of graph '" + graph_ptr_->name + "' failed: " + why + "; every lane's communicator was aborted");
+  }
 
   // Allocates each lane's staging buffers and points the packed calls at them.
   void make_staging(const ir::graph& g) {
@@ -578,6 +751,9 @@ private:
   std::vector<ir::task_id> partner_;
   std::vector<std::uint8_t> enqueued_;  // 0 not yet, 1 enqueued, 2 deferred (waits for its partner)
   std::vector<std::uint8_t> record_pending_;
+  std::vector<ir::task_id> last_issued_; // per lane: its last collective issued this step (-1: none)
+  bool unfinished_ = false;             // a step (or prepare) began and the device has not been seen to finish it
+  std::string aborted_;                 // why the communicators were aborted (empty: they were not)
   cuda::device_context ctx_{};
   std::optional<cuda::event> start_, stop_, fork_; // made in prepare, on the backend's device
   cuda::captured_graph graph_;

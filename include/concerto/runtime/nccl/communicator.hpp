@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -61,7 +62,13 @@ public:
   }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
-  ~communicator() { reset(); }
+  /// Finalizes and destroys the communicator, which waits for its collectives and may wait for
+  /// the peers; during stack unwinding (a failing rank on its way to MPI_Abort, its peers
+  /// possibly stuck in a collective) it aborts instead, which waits for nothing.
+  ~communicator() {
+    if (std::uncaught_exceptions() > 0) abort();
+    else reset();
+  }
 
   /// @brief One NCCL communicator over the ranks of `group`, rank i of the group being NCCL rank i.
   /// Rank 0 makes the unique id and broadcasts it over `group`. Collective over `group`; the
@@ -94,11 +101,21 @@ public:
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
   /// Throws if NCCL reported an asynchronous error on this communicator (a peer died, a network error).
-  void check_async() const {
-    if (c_ == nullptr) return;
+  void check_async() const { check(async_error(), "an NCCL collective"); }
+  /// The asynchronous error NCCL reports on this communicator (ncclSuccess when there is none,
+  /// or once aborted); cheap enough to poll while a step runs.
+  [[nodiscard]] ncclResult_t async_error() const {
+    if (c_ == nullptr) return ncclSuccess;
     ncclResult_t r = ncclSuccess;
     check(ncclCommGetAsyncError(c_, &r), "ncclCommGetAsyncError");
-    check(r, "an NCCL collective");
+    return r;
+  }
+  /// Aborts the communicator: its unfinished collectives stop (their kernels exit) and its
+  /// resources are freed without waiting for the peers, which see an error or time out. What a
+  /// rank does when a collective failed or hung, before it exits; the communicator is empty after.
+  void abort() noexcept {
+    if (c_ != nullptr) (void)ncclCommAbort(c_);
+    c_ = nullptr;
   }
 
 private:

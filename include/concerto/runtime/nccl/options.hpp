@@ -30,6 +30,12 @@ struct backend_options {
   bool capture_graph = false;       ///< replay each step from step 2 on as one CUDA graph
   bool allow_tf32 = false;          ///< fp32 products on TF32 tensor cores (faster, ~1e-3 relative error)
   std::size_t blas_workspace_bytes = cuda::gemm::default_workspace;
+  /// Longest wait in `end_step` for the device to finish a step (the executor's
+  /// executor_options::timeout_s, which bounds every wait on MPI): past it, or as soon as NCCL
+  /// reports an error on a lane, every communicator is aborted and the step throws naming the
+  /// lanes and their last collective, rather than waiting for ever on a dead peer.
+  double timeout_s = 300;
+  bool timeout_from_env = true;     ///< CONCERTO_TIMEOUT_S (seconds), when set, overrides timeout_s
 };
 
 /// @brief An in-flight collective of the NCCL backend: the task whose completion event `test`

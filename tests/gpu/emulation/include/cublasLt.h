@@ -22,7 +22,13 @@ enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 enum cublasLtMatmulDescAttributes_t { CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4 };
 enum cublasLtMatrixLayoutAttribute_t { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6 };
-enum cublasLtMatmulPreferenceAttributes_t { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 };
+enum cublasLtMatmulPreferenceAttributes_t {
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+};
 
 struct cublasLtContext {};
 struct cublasLtMatmulDescOpaque_t {
@@ -37,8 +43,11 @@ struct cublasLtMatrixLayoutOpaque_t {
   std::int32_t batch = 1;
   std::int64_t stride = 0;
 };
+// The alignments a caller promises (cuBLASLt assumes 256 bytes unless told less); the algorithm
+// the heuristic returns relies on them, and cublasLtMatmul refuses pointers that break them.
 struct cublasLtMatmulPreferenceOpaque_t {
   std::uint64_t max_workspace = 0;
+  std::uint32_t min_alignment[4] = {256, 256, 256, 256}; // A, B, C, D
 };
 struct cublasLtMatmulAlgo_t {
   std::uint64_t data[8];
@@ -130,9 +139,16 @@ inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t
 inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                            cublasLtMatmulPreferenceAttributes_t a, const void* v,
                                                            std::size_t bytes) {
-  if (a != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || bytes != sizeof(std::uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
-  std::memcpy(&p->max_workspace, v, bytes);
-  return CUBLAS_STATUS_SUCCESS;
+  if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && bytes == sizeof(std::uint64_t)) {
+    std::memcpy(&p->max_workspace, v, bytes);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (a >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES &&
+      bytes == sizeof(std::uint32_t)) {
+    std::memcpy(&p->min_alignment[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], v, bytes);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
 }
 
 namespace cuda_emulation::lt {
@@ -158,16 +174,36 @@ inline void store(void* p, cudaDataType_t t, std::int64_t i, float v) {
   if (t == CUDA_R_32F) static_cast<float*>(p)[i] = v;
   else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
 }
+inline void run(const cublasLtMatmulDescOpaque_t& d, float al, const void* A, const cublasLtMatrixLayoutOpaque_t& a,
+                const void* B, const cublasLtMatrixLayoutOpaque_t& b, float be, const void* C,
+                const cublasLtMatrixLayoutOpaque_t& c, void* D, const cublasLtMatrixLayoutOpaque_t& out) {
+  const auto m = static_cast<std::int64_t>(out.rows), n = static_cast<std::int64_t>(out.cols);
+  const auto k = static_cast<std::int64_t>(d.trans_a == CUBLAS_OP_N ? a.cols : a.rows);
+  const auto at = [&](const cublasLtMatrixLayoutOpaque_t& l, bool trans, std::int64_t r, std::int64_t col) {
+    return trans ? col + r * l.ld : r + col * l.ld; // element (r, col) of op(X)
+  };
+  for (std::int64_t q = 0; q < out.batch; ++q)
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        for (std::int64_t p = 0; p < k; ++p)
+          acc += cuda_emulation::lt::load(A, a.type, q * a.stride + at(a, d.trans_a == CUBLAS_OP_T, i, p)) *
+                 cuda_emulation::lt::load(B, b.type, q * b.stride + at(b, d.trans_b == CUBLAS_OP_T, p, j));
+        const float prior = be == 0.0f ? 0.0f : be * cuda_emulation::lt::load(C, c.type, q * c.stride + i + j * c.ld);
+        cuda_emulation::lt::store(D, out.type, q * out.stride + i + j * out.ld, al * acc + prior);
+      }
+}
 } // namespace cuda_emulation::lt
 
 inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
                                                      cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                                                     cublasLtMatrixLayout_t out, cublasLtMatmulPreference_t,
+                                                     cublasLtMatrixLayout_t out, cublasLtMatmulPreference_t pref,
                                                      int requested, cublasLtMatmulHeuristicResult_t* results, int* found) {
   if (h == nullptr || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   *found = 0;
   if (const auto s = cuda_emulation::lt::check(*d, *a, *b, *c, *out); s != CUBLAS_STATUS_SUCCESS) return s;
   results[0] = {};
+  for (int i = 0; i < 4; ++i) results[0].algo.data[i] = pref->min_alignment[i];
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *found = 1;
   return CUBLAS_STATUS_SUCCESS;
@@ -177,24 +213,22 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasL
 inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void* alpha, const void* A,
                                      cublasLtMatrixLayout_t a, const void* B, cublasLtMatrixLayout_t b, const void* beta,
                                      const void* C, cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t out,
-                                     const cublasLtMatmulAlgo_t*, void*, std::size_t, cudaStream_t) {
+                                     const cublasLtMatmulAlgo_t* algo, void*, std::size_t, cudaStream_t) {
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (const auto s = cuda_emulation::lt::check(*d, *a, *b, *c, *out); s != CUBLAS_STATUS_SUCCESS) return s;
-  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  const auto m = static_cast<std::int64_t>(out->rows), n = static_cast<std::int64_t>(out->cols);
-  const auto k = static_cast<std::int64_t>(d->trans_a == CUBLAS_OP_N ? a->cols : a->rows);
-  const auto at = [&](const cublasLtMatrixLayoutOpaque_t& l, bool trans, std::int64_t r, std::int64_t col) {
-    return trans ? col + r * l.ld : r + col * l.ld; // element (r, col) of op(X)
+  // Every batch's operand must keep the alignment the algorithm was chosen for.
+  const auto aligned = [](const void* p, const cublasLtMatrixLayoutOpaque_t& l, std::uint64_t need) {
+    const auto stride_bytes = static_cast<std::uint64_t>(l.stride) * (l.type == CUDA_R_32F ? 4u : 2u);
+    return reinterpret_cast<std::uintptr_t>(p) % need == 0 && (l.batch <= 1 || stride_bytes % need == 0);
   };
-  for (std::int64_t q = 0; q < out->batch; ++q)
-    for (std::int64_t j = 0; j < n; ++j)
-      for (std::int64_t i = 0; i < m; ++i) {
-        float acc = 0.0f;
-        for (std::int64_t p = 0; p < k; ++p)
-          acc += cuda_emulation::lt::load(A, a->type, q * a->stride + at(*a, d->trans_a == CUBLAS_OP_T, i, p)) *
-                 cuda_emulation::lt::load(B, b->type, q * b->stride + at(*b, d->trans_b == CUBLAS_OP_T, p, j));
-        const float prior = be == 0.0f ? 0.0f : be * cuda_emulation::lt::load(C, c->type, q * c->stride + i + j * c->ld);
-        cuda_emulation::lt::store(D, out->type, q * out->stride + i + j * out->ld, al * acc + prior);
-      }
+  if (algo == nullptr || !aligned(A, *a, algo->data[0]) || !aligned(B, *b, algo->data[1]) || !aligned(C, *c, algo->data[2]) ||
+      !aligned(D, *out, algo->data[3]))
+    return CUBLAS_STATUS_NOT_SUPPORTED; // the algorithm needs more alignment than these pointers have
+  // alpha and beta are read now (host pointers); the descriptors' values are copied, as a
+  // captured graph keeps them.
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  cuda_emulation::enqueue([=, d = *d, a = *a, b = *b, c = *c, out = *out] {
+    cuda_emulation::lt::run(d, al, A, a, B, b, be, C, c, D, out);
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
