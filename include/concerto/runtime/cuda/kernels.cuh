@@ -157,13 +157,12 @@ __global__ void relu_grad_k(const float* x, const float* dout, float* dx, std::s
 }
 
 // ---- row-wise -------------------------------------------------------------------------------
-template <int = 0>
-__global__ void layernorm_k(const float* x, const float* gamma, const float* beta, float* out, float* mean,
-                            float* rstd, std::size_t cols, float eps) {
-  __shared__ float red[32];
-  const std::size_t r = blockIdx.x;
-  const float* px = x + r * cols;
-  float* po = out + r * cols;
+// One block's row: its mean and 1/sqrt(biased variance + eps), as cpu::layernorm computes them;
+// every thread gets both.
+struct moments {
+  float mean, rstd;
+};
+__device__ inline moments row_moments(const float* px, std::size_t cols, float eps, float* red) {
   float s = 0.0f;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += px[c];
   const float mu = block_reduce(s, sum_op{}, red) / static_cast<float>(cols);
@@ -172,7 +171,16 @@ __global__ void layernorm_k(const float* x, const float* gamma, const float* bet
     const float d = px[c] - mu;
     sq += d * d;
   }
-  const float rs = rsqrtf(block_reduce(sq, sum_op{}, red) / static_cast<float>(cols) + eps);
+  return {mu, rsqrtf(block_reduce(sq, sum_op{}, red) / static_cast<float>(cols) + eps)};
+}
+template <int = 0>
+__global__ void layernorm_k(const float* x, const float* gamma, const float* beta, float* out, float* mean,
+                            float* rstd, std::size_t cols, float eps) {
+  __shared__ float red[32];
+  const std::size_t r = blockIdx.x;
+  const float* px = x + r * cols;
+  float* po = out + r * cols;
+  const auto [mu, rs] = row_moments(px, cols, eps, red);
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) po[c] = (px[c] - mu) * rs * gamma[c] + beta[c];
   if (threadIdx.x == 0) {
     mean[r] = mu;
@@ -467,16 +475,7 @@ __global__ void narrow_ids_k(const std::int64_t* in, std::int32_t* out, std::siz
 template <int = 0>
 __global__ void row_stats_k(const float* x, float* mean, float* rstd, std::size_t cols, float eps) {
   __shared__ float red[32];
-  const float* px = x + blockIdx.x * cols;
-  float s = 0.0f;
-  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += px[c];
-  const float mu = block_reduce(s, sum_op{}, red) / static_cast<float>(cols);
-  float sq = 0.0f;
-  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float d = px[c] - mu;
-    sq += d * d;
-  }
-  const float rs = rsqrtf(block_reduce(sq, sum_op{}, red) / static_cast<float>(cols) + eps);
+  const auto [mu, rs] = row_moments(x + blockIdx.x * cols, cols, eps, red);
   if (threadIdx.x == 0) {
     mean[blockIdx.x] = mu;
     rstd[blockIdx.x] = rs;
