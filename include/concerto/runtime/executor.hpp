@@ -75,6 +75,17 @@ inline double env_timeout_s(double fallback) {
   return v;
 }
 
+// Every wait with a deadline (the executor's on MPI, the NCCL backend's end of step): when it
+// ends, and how its error begins.
+inline clock::time_point deadline_after(double timeout_s) {
+  return clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+inline std::string timed_out_after(double timeout_s) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", timeout_s);
+  return "timed out after " + std::string(secs) + " s";
+}
+
 inline std::string task_label(const ir::graph& g, ir::task_id id) {
   const auto& t = g.tasks[static_cast<std::size_t>(id)];
   return std::string(ir::to_string(t.kind)) + " '" + t.name + "'";
@@ -310,8 +321,7 @@ private:
   void block() {
     if (in_flight_.empty() || B::stream_ordered) stuck(); // a stream-ordered loop never waits to issue
 
-    const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
-                                             std::chrono::duration<double>(options_.timeout_s));
+    const auto deadline = detail::deadline_after(options_.timeout_s);
     const auto got = b_.wait_any(std::span<typename B::handle>(in_flight_), deadline);
     if (got) {
       complete(*got);
@@ -326,9 +336,7 @@ private:
         oldest = i;
     const auto id = in_flight_task_[oldest];
     const auto& t = g.tasks[static_cast<std::size_t>(id)];
-    char secs[32];
-    std::snprintf(secs, sizeof secs, "%g", options_.timeout_s);
-    fail("timed out after " + std::string(secs) + " s in step " + std::to_string(step_) + " waiting for " +
+    fail(detail::timed_out_after(options_.timeout_s) + " in step " + std::to_string(step_) + " waiting for " +
          detail::task_label(g, id) + " (task " + std::to_string(id) + ") on lane '" +
          g.streams[static_cast<std::size_t>(t.stream)].name + "' of mesh axis '" +
          g.axes[static_cast<std::size_t>(t.axis)].name + "'; " + std::to_string(in_flight_.size()) +

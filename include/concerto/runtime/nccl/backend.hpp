@@ -82,7 +82,6 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
-#include <cstdio>
 #include <exception>
 #include <optional>
 #include <span>
@@ -581,8 +580,7 @@ private:
   // naming the lanes, all communicators aborted. The first polls only yield (a step's tail is
   // usually short); later ones sleep 20 µs, so a long wait does not burn a core.
   void wait_for_step() {
-    const auto deadline =
-        clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(options_.timeout_s));
+    const auto deadline = runtime::detail::deadline_after(options_.timeout_s);
     std::string why;
     try {
       for (std::uint64_t polls = 0;; ++polls) {
@@ -590,9 +588,7 @@ private:
         why = lane_errors();
         if (!why.empty()) break;
         if (clock::now() >= deadline) {
-          char secs[32];
-          std::snprintf(secs, sizeof secs, "%g", options_.timeout_s);
-          why = "timed out after " + std::string(secs) + " s (set CONCERTO_TIMEOUT_S to wait longer) " +
+          why = runtime::detail::timed_out_after(options_.timeout_s) + " (set CONCERTO_TIMEOUT_S to wait longer) " +
                 unfinished_lanes();
           break;
         }
