@@ -21,34 +21,35 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
-#include <utility>
+#include <type_traits>
 
 namespace concerto::runtime::cuda {
+
+namespace detail {
+// Owns one cuBLASLt object (its handles are pointers to opaque structs) and releases it once,
+// with the library's own destroy function: also when a constructor throws after making it.
+template <class Handle, cublasStatus_t (*Destroy)(Handle)>
+struct lt_release {
+  void operator()(Handle h) const noexcept { (void)Destroy(h); }
+};
+template <class Handle, cublasStatus_t (*Destroy)(Handle)>
+using lt_owned = std::unique_ptr<std::remove_pointer_t<Handle>, lt_release<Handle, Destroy>>;
+} // namespace detail
 
 /// @brief An owned cuBLASLt handle (one per backend; handles are not shared between threads).
 class blas_handle {
 public:
-  blas_handle() { CONCERTO_CUBLAS_CHECK(cublasLtCreate(&h_)); }
-  blas_handle(blas_handle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
-  blas_handle& operator=(blas_handle&& o) noexcept {
-    if (this != &o) {
-      reset();
-      h_ = std::exchange(o.h_, nullptr);
-    }
-    return *this;
+  blas_handle() {
+    cublasLtHandle_t h = nullptr;
+    CONCERTO_CUBLAS_CHECK(cublasLtCreate(&h));
+    h_.reset(h);
   }
-  blas_handle(const blas_handle&) = delete;
-  blas_handle& operator=(const blas_handle&) = delete;
-  ~blas_handle() { reset(); }
-  [[nodiscard]] cublasLtHandle_t get() const noexcept { return h_; }
+  [[nodiscard]] cublasLtHandle_t get() const noexcept { return h_.get(); }
 
 private:
-  void reset() noexcept {
-    if (h_ != nullptr) (void)cublasLtDestroy(h_);
-    h_ = nullptr;
-  }
-  cublasLtHandle_t h_ = nullptr;
+  detail::lt_owned<cublasLtHandle_t, cublasLtDestroy> h_;
 };
 
 /// @brief Element types of a product: inputs A and B share one, C may differ (bf16 inputs, fp32 C).
@@ -87,93 +88,44 @@ namespace detail {
 inline cudaDataType_t cuda_type(gemm_type t) { return t == gemm_type::f32 ? CUDA_R_32F : CUDA_R_16BF; }
 inline std::size_t type_bytes(gemm_type t) { return t == gemm_type::f32 ? 4 : 2; }
 
-class layout {
-public:
-  layout() = default;
-  layout(cudaDataType_t type, std::size_t rows, std::size_t cols, std::size_t ld, std::size_t batch, std::int64_t stride) {
-    CONCERTO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l_, type, rows, cols, static_cast<std::int64_t>(ld)));
-    try { // a constructor that throws runs no destructor: release the handle here
-      if (batch > 1) {
-        const auto count = static_cast<std::int32_t>(batch);
-        CONCERTO_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l_, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-        CONCERTO_CUBLAS_CHECK(
-            cublasLtMatrixLayoutSetAttribute(l_, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
-      }
-    } catch (...) {
-      reset();
-      throw;
-    }
-  }
-  layout(layout&& o) noexcept : l_(std::exchange(o.l_, nullptr)) {}
-  layout& operator=(layout&& o) noexcept {
-    if (this != &o) {
-      reset();
-      l_ = std::exchange(o.l_, nullptr);
-    }
-    return *this;
-  }
-  ~layout() { reset(); }
-  [[nodiscard]] cublasLtMatrixLayout_t get() const noexcept { return l_; }
+using layout = lt_owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using matmul_desc = lt_owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using preference = lt_owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
-private:
-  void reset() noexcept {
-    if (l_ != nullptr) (void)cublasLtMatrixLayoutDestroy(l_);
-    l_ = nullptr;
+inline layout make_layout(cudaDataType_t type, std::size_t rows, std::size_t cols, std::size_t ld, std::size_t batch,
+                          std::int64_t stride) {
+  cublasLtMatrixLayout_t raw = nullptr;
+  CONCERTO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, type, rows, cols, static_cast<std::int64_t>(ld)));
+  layout l(raw);
+  if (batch > 1) {
+    const auto count = static_cast<std::int32_t>(batch);
+    CONCERTO_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l.get(), CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    CONCERTO_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l.get(), CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
-  cublasLtMatrixLayout_t l_ = nullptr;
-};
+  return l;
+}
 
 // The operation descriptor: compute type, fp32 scale type, and the operations on cuBLAS's A and B.
-class matmul_desc {
-public:
-  matmul_desc() = default;
-  matmul_desc(cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb) {
-    CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d_, compute, CUDA_R_32F));
-    try { // a constructor that throws runs no destructor: release the handle here
-      CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-      CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    } catch (...) {
-      reset();
-      throw;
-    }
-  }
-  matmul_desc(matmul_desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
-  matmul_desc& operator=(matmul_desc&& o) noexcept {
-    if (this != &o) {
-      reset();
-      d_ = std::exchange(o.d_, nullptr);
-    }
-    return *this;
-  }
-  ~matmul_desc() { reset(); }
-  [[nodiscard]] cublasLtMatmulDesc_t get() const noexcept { return d_; }
-
-private:
-  void reset() noexcept {
-    if (d_ != nullptr) (void)cublasLtMatmulDescDestroy(d_);
-    d_ = nullptr;
-  }
-  cublasLtMatmulDesc_t d_ = nullptr;
-};
+inline matmul_desc make_matmul_desc(cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb) {
+  cublasLtMatmulDesc_t raw = nullptr;
+  CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw, compute, CUDA_R_32F));
+  matmul_desc d(raw);
+  CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.get(), CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  CONCERTO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.get(), CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  return d;
+}
 
 // The heuristic's search preferences, only alive while the constructor asks for an algorithm.
-class preference {
-public:
-  preference() { CONCERTO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p_)); }
-  preference(const preference&) = delete;
-  preference& operator=(const preference&) = delete;
-  ~preference() {
-    if (p_ != nullptr) (void)cublasLtMatmulPreferenceDestroy(p_);
-  }
-  [[nodiscard]] cublasLtMatmulPreference_t get() const noexcept { return p_; }
-  template <class T>
-  void set(cublasLtMatmulPreferenceAttributes_t attribute, T value) const {
-    CONCERTO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p_, attribute, &value, sizeof value));
-  }
-
-private:
-  cublasLtMatmulPreference_t p_ = nullptr;
-};
+inline preference make_preference() {
+  cublasLtMatmulPreference_t raw = nullptr;
+  CONCERTO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+  return preference(raw);
+}
+template <class T>
+void set(const preference& p, cublasLtMatmulPreferenceAttributes_t attribute, T value) {
+  CONCERTO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p.get(), attribute, &value, sizeof value));
+}
 } // namespace detail
 
 /// @brief One product described for cuBLASLt: descriptors, layouts and the chosen algorithm.
@@ -206,23 +158,23 @@ public:
                    what() + ": fp32 inputs need an fp32 output");
     const auto compute = s.ab == gemm_type::f32 && s.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     // Column-major view: C' = op(B)' · op(A)', with B' the row-major B read as column-major.
-    desc_ = detail::matmul_desc(compute, s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    desc_ = detail::make_matmul_desc(compute, s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
     const auto mk = static_cast<std::int64_t>(s.m * s.k), kn = static_cast<std::int64_t>(s.k * s.n),
                mn = static_cast<std::int64_t>(s.m * s.n);
     // B' is [n,k] column-major without trans_b (ld n), [k,n] with it (ld k); likewise A'.
-    b_ = detail::layout(detail::cuda_type(s.ab), s.trans_b ? s.k : s.n, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n,
+    b_ = detail::make_layout(detail::cuda_type(s.ab), s.trans_b ? s.k : s.n, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n,
                         s.batch, kn);
-    a_ = detail::layout(detail::cuda_type(s.ab), s.trans_a ? s.m : s.k, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k,
+    a_ = detail::make_layout(detail::cuda_type(s.ab), s.trans_a ? s.m : s.k, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k,
                         s.batch, mk);
-    c_ = detail::layout(detail::cuda_type(s.c), s.n, s.m, s.n, s.batch, mn);
-    const detail::preference pref;
-    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{workspace_bytes});
+    c_ = detail::make_layout(detail::cuda_type(s.c), s.n, s.m, s.n, s.batch, mn);
+    const auto pref = detail::make_preference();
+    detail::set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{workspace_bytes});
     // The operands' real alignment, not the 256 bytes the heuristic assumes by default. The
     // operands swap places in the column-major view: cuBLAS's A is our b, its B our a.
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, s.align_b);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, s.align_a);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, s.align_c);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, s.align_c);
+    detail::set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, s.align_b);
+    detail::set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, s.align_a);
+    detail::set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, s.align_c);
+    detail::set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, s.align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const auto got = cublasLtMatmulAlgoGetHeuristic(h.get(), desc_.get(), b_.get(), a_.get(), c_.get(), c_.get(),
@@ -261,7 +213,7 @@ public:
 
 private:
   gemm_shape shape_{};
-  detail::matmul_desc desc_; // before the layouts: each handle is released by its own member
+  detail::matmul_desc desc_;
   detail::layout a_, b_, c_;
   cublasLtMatmulAlgo_t algo_{};
   std::size_t workspace_ = 0;
