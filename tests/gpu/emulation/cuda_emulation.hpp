@@ -131,6 +131,13 @@ inline void enqueue(std::function<void()> work) {
 // A call that waits for the device; illegal while a capture is open.
 inline cudaError_t synchronising() { return capture ? fails(cudaErrorStreamCaptureUnsupported) : cudaSuccess; }
 
+// Whether [a, a + an) and [b, b + bn) share a byte. Overlapping copies are undefined on a device
+// (and NCCL allows only its in-place forms); here they are errors, so that they show.
+inline bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return an > 0 && bn > 0 && x < y + bn && y < x + an;
+}
+
 // Byte pattern of fresh device memory and of dynamic shared memory at the start of a block: as
 // floats these are NaN, so a kernel that reads what nobody wrote shows it in its results.
 inline constexpr unsigned char uninitialised = 0xff;
@@ -360,13 +367,8 @@ inline cudaError_t cudaFree(void* p) {
 }
 inline cudaError_t cudaMallocHost(void** p, std::size_t bytes) { return cudaMalloc(p, bytes); }
 inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
-// Overlapping copies are undefined on a device; here they are an error, so that they show.
-inline bool cuda_emulation_overlap(const void* a, const void* b, std::size_t bytes) {
-  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return bytes > 0 && x < y + bytes && y < x + bytes;
-}
 inline cudaError_t cudaMemcpy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind) {
-  if (cuda_emulation_overlap(to, from, bytes)) return cuda_emulation::fails(cudaErrorInvalidValue);
+  if (cuda_emulation::overlap(to, bytes, from, bytes)) return cuda_emulation::fails(cudaErrorInvalidValue);
   if (bytes > 0) std::memcpy(to, from, bytes);
   return cudaSuccess;
 }
@@ -374,7 +376,7 @@ inline cudaError_t cudaMemcpy2DAsync(void* to, std::size_t to_pitch, const void*
                                      std::size_t width, std::size_t height, cudaMemcpyKind kind, cudaStream_t) {
   if (width > to_pitch || width > from_pitch) return cuda_emulation::fails(cudaErrorInvalidValue);
   for (std::size_t r = 0; r < height; ++r)
-    if (cuda_emulation_overlap(static_cast<char*>(to) + r * to_pitch, static_cast<const char*>(from) + r * from_pitch, width))
+    if (cuda_emulation::overlap(static_cast<char*>(to) + r * to_pitch, width, static_cast<const char*>(from) + r * from_pitch, width))
       return cuda_emulation::fails(cudaErrorInvalidValue);
   cuda_emulation::enqueue([=] {
     for (std::size_t r = 0; r < height; ++r)
@@ -383,7 +385,7 @@ inline cudaError_t cudaMemcpy2DAsync(void* to, std::size_t to_pitch, const void*
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  if (cuda_emulation_overlap(to, from, bytes)) return cuda_emulation::fails(cudaErrorInvalidValue);
+  if (cuda_emulation::overlap(to, bytes, from, bytes)) return cuda_emulation::fails(cudaErrorInvalidValue);
   cuda_emulation::enqueue([=] { (void)cudaMemcpy(to, from, bytes, kind); });
   return cudaSuccess;
 }

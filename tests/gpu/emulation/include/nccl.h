@@ -145,10 +145,7 @@ inline void reduce(const ncclComm& c, const std::vector<std::byte>& all, std::si
   }
 }
 
-inline bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn) {
-  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return an > 0 && bn > 0 && x < y + bn && y < x + an;
-}
+using cuda_emulation::overlap;
 
 // Point-to-point calls of an open group, matched by MPI at ncclGroupEnd.
 struct p2p {
