@@ -226,7 +226,7 @@ ir::graph model_graph(int p, bool sequence_parallel = false) {
   const auto y = b.buffer("y", act({rows, cols}));
   b.matmul("fc1", xf, w1, y, rows, cols, hid);
   const auto a = b.buffer("a", act({rows, cols}));
-  b.compute(ir::op_kind::elementwise, "act", {y}, {a}, {"scale", 1, -1, {}});
+  b.compute(ir::op_kind::elementwise, "act", {y}, {a}, {ir::op::scale, 1, -1, {{"num", 2}, {"den", 1}}});
   const auto w2 = b.buffer("w2", {cols, hid}, ir::buffer_role::param);
   const auto z = b.buffer("z.partial", act({rows, hid}));
   b.matmul("fc2", a, w2, z, rows, hid, cols);
@@ -316,7 +316,7 @@ ir::graph moe_graph(int p) {
   const auto u = b.buffer("u", {rows, cols});
   b.matmul("up", recv, w1, u, rows, cols, hid);
   const auto a = b.buffer("a", {rows, cols});
-  b.compute(ir::op_kind::elementwise, "act", {u}, {a}, {"scale", 1, -1, {}});
+  b.compute(ir::op_kind::elementwise, "act", {u}, {a}, {ir::op::scale, 1, -1, {{"num", 2}, {"den", 1}}});
   const auto w2 = b.buffer("w2", {cols, hid}, ir::buffer_role::param);
   const auto y = b.buffer("y", {rows, hid});
   b.matmul("down", a, w2, y, rows, hid, cols);
@@ -329,7 +329,7 @@ ir::graph moe_graph(int p) {
   b.collective(ir::op_kind::all_reduce, "w1.grad.ar", ep, gw, gw);
   const auto step = b.buffer("step", {hid, cols});
   b.at(ir::phase::optimizer);
-  b.compute(ir::op_kind::elementwise, "update", {gw}, {step}, {"scale", 1, -1, {}});
+  b.compute(ir::op_kind::elementwise, "update", {gw}, {step}, {ir::op::scale, 1, -1, {{"num", 2}, {"den", 1}}});
   return std::move(b).finish();
 }
 

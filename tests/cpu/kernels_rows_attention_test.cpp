@@ -66,7 +66,7 @@ struct ref_attention {
 ref_attention attention_ref(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                             const cpu::attention_shape& s) {
   const std::size_t T = s.seq, D = s.head_dim, ld = s.heads * D;
-  ref_attention r{std::vector<double>(s.qkv_floats()), std::vector<double>(s.lse_floats())};
+  ref_attention r{std::vector<double>(s.q_floats()), std::vector<double>(s.lse_floats())};
   std::vector<double> p(T);
   for (std::size_t b = 0; b < s.batch; ++b)
     for (std::size_t h = 0; h < s.heads; ++h)
@@ -246,10 +246,10 @@ TEST_CASE("causal attention matches a double reference", "[cpu][kernels][attenti
   const cpu::attention_shape s{.batch = batch, .seq = seq, .heads = heads, .head_dim = head_dim};
   CAPTURE(batch, seq, heads, head_dim);
   std::mt19937 rng(batch * 1000 + seq * 10 + head_dim);
-  const auto q = random_floats(rng, s.qkv_floats(), -2.0f, 2.0f);
-  const auto k = random_floats(rng, s.qkv_floats(), -2.0f, 2.0f);
-  auto v = random_floats(rng, s.qkv_floats());
-  std::vector<float> out(s.qkv_floats()), lse(s.lse_floats()), ws(cpu::causal_attention_workspace_floats(s), NAN);
+  const auto q = random_floats(rng, s.q_floats(), -2.0f, 2.0f);
+  const auto k = random_floats(rng, s.q_floats(), -2.0f, 2.0f);
+  auto v = random_floats(rng, s.q_floats());
+  std::vector<float> out(s.q_floats()), lse(s.lse_floats()), ws(cpu::causal_attention_workspace_floats(s), NAN);
   cpu::causal_attention(q, k, v, out, lse, ws, s);
   const auto want = attention_ref(q, k, v, s);
   REQUIRE_CLOSE(out, want.out, 1e-5, 1e-5);
@@ -283,17 +283,17 @@ TEST_CASE("causal attention matches a double reference", "[cpu][kernels][attenti
 TEST_CASE("causal_attention_grad is the gradient of causal_attention", "[cpu][kernels][attention][grad]") {
   const cpu::attention_shape s{.batch = 2, .seq = 4, .heads = 2, .head_dim = 3};
   std::mt19937 rng(43);
-  auto q = random_floats(rng, s.qkv_floats());
-  auto k = random_floats(rng, s.qkv_floats());
-  auto v = random_floats(rng, s.qkv_floats());
-  const auto w = random_floats(rng, s.qkv_floats());
-  std::vector<float> out(s.qkv_floats()), lse(s.lse_floats()), ws(cpu::causal_attention_workspace_floats(s));
+  auto q = random_floats(rng, s.q_floats());
+  auto k = random_floats(rng, s.q_floats());
+  auto v = random_floats(rng, s.q_floats());
+  const auto w = random_floats(rng, s.q_floats());
+  std::vector<float> out(s.q_floats()), lse(s.lse_floats()), ws(cpu::causal_attention_workspace_floats(s));
   auto loss = [&] {
     cpu::causal_attention(q, k, v, out, lse, ws, s);
     return project(w, out);
   };
   loss();
-  std::vector<float> dq(s.qkv_floats()), dk(s.qkv_floats()), dv(s.qkv_floats());
+  std::vector<float> dq(s.q_floats()), dk(s.q_floats()), dv(s.q_floats());
   std::vector<float> gws(cpu::causal_attention_grad_workspace_floats(s), NAN); // must not be read
   cpu::causal_attention_grad(q, k, v, w, lse, dq, dk, dv, gws, s);
   REQUIRE(max_abs(dq) > 0.01);
@@ -307,16 +307,16 @@ TEST_CASE("causal_attention_grad is the gradient of causal_attention", "[cpu][ke
 TEST_CASE("causal_attention_grad on a larger odd shape, sampled finite differences", "[cpu][kernels][attention][grad]") {
   const cpu::attention_shape s{.batch = 2, .seq = 19, .heads = 3, .head_dim = 5};
   std::mt19937 rng(47);
-  std::vector<float> q = random_floats(rng, s.qkv_floats()), k = random_floats(rng, s.qkv_floats()),
-                     v = random_floats(rng, s.qkv_floats());
-  const auto w = random_floats(rng, s.qkv_floats());
-  std::vector<float> out(s.qkv_floats()), lse(s.lse_floats()), ws(cpu::causal_attention_workspace_floats(s));
+  std::vector<float> q = random_floats(rng, s.q_floats()), k = random_floats(rng, s.q_floats()),
+                     v = random_floats(rng, s.q_floats());
+  const auto w = random_floats(rng, s.q_floats());
+  std::vector<float> out(s.q_floats()), lse(s.lse_floats()), ws(cpu::causal_attention_workspace_floats(s));
   auto loss = [&] {
     cpu::causal_attention(q, k, v, out, lse, ws, s);
     return project(w, out);
   };
   loss();
-  std::vector<float> dq(s.qkv_floats()), dk(s.qkv_floats()), dv(s.qkv_floats());
+  std::vector<float> dq(s.q_floats()), dk(s.q_floats()), dv(s.q_floats());
   std::vector<float> gws(cpu::causal_attention_grad_workspace_floats(s));
   cpu::causal_attention_grad(q, k, v, w, lse, dq, dk, dv, gws, s);
   for (auto* pair : {&q, &k, &v}) {
@@ -336,7 +336,7 @@ TEST_CASE("causal_attention_grad on a larger odd shape, sampled finite differenc
 
 TEST_CASE("attention refuses a workspace that is too small, naming the sizing function", "[cpu][kernels][attention][errors]") {
   const cpu::attention_shape s{.batch = 1, .seq = 4, .heads = 1, .head_dim = 2};
-  std::vector<float> q(s.qkv_floats()), out(s.qkv_floats()), lse(s.lse_floats()), ws(15), ws_ok(16);
+  std::vector<float> q(s.q_floats()), out(s.q_floats()), lse(s.lse_floats()), ws(15), ws_ok(16);
   REQUIRE_THROWS_WITH(cpu::causal_attention(q, q, q, out, lse, ws, s),
                       ContainsSubstring("causal_attention_workspace_floats() = 16"));
   REQUIRE_THROWS_WITH(cpu::causal_attention(q, q, std::vector<float>(7), out, lse, ws_ok, s),

@@ -545,7 +545,7 @@ TEST_CASE("the kernels allocate nothing once their buffers exist", "[cpu][kernel
   auto x = random_floats(rng, n), y = random_floats(rng, n), z(x), g = random_floats(rng, n);
   std::vector<float> vec(cols, 1.0f), vec2(cols), stats(rows), stats2(rows);
   std::vector<std::int32_t> t(rows, 1);
-  auto q = random_floats(rng, s.qkv_floats()), k = q, v = q, o = q, dq = q, dk = q, dv = q;
+  auto q = random_floats(rng, s.q_floats()), k = q, v = q, o = q, dq = q, dk = q, dv = q;
   std::vector<float> lse(s.lse_floats()), ws(cpu::causal_attention_grad_workspace_floats(s));
   std::vector<float> m(n), vv(n), dw(n);
   cpu::init_blas_threads(1);

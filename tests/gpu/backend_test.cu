@@ -45,24 +45,24 @@ ir::graph mlp(ids& id) {
   const auto db1 = b.buffer("b1.grad", {H}, ir::buffer_role::gradient);
   const auto dw2 = b.buffer("w2.grad", {O, H}, ir::buffer_role::gradient);
   b.matmul("fc1", id.x, id.w1, h, B, H, K);
-  b.compute(ir::op_kind::elementwise, "bias", {h, id.b1}, {hb}, {"bias_add"});
-  b.compute(ir::op_kind::elementwise, "act", {hb}, {a}, {"gelu"});
+  b.compute(ir::op_kind::elementwise, "bias", {h, id.b1}, {hb}, {ir::op::bias_add});
+  b.compute(ir::op_kind::elementwise, "act", {hb}, {a}, {ir::op::gelu});
   b.matmul("fc2", a, id.w2, y, B, O, H, 1, false, true);
   b.at(ir::phase::backward);
-  b.compute(ir::op_kind::loss, "loss", {y, id.t}, {id.loss}, {"mse"});
-  b.compute(ir::op_kind::loss, "loss.grad", {y, id.t}, {dy}, {"mse_grad"});
+  b.compute(ir::op_kind::loss, "loss", {y, id.t}, {id.loss}, {ir::op::mse});
+  b.compute(ir::op_kind::loss, "loss.grad", {y, id.t}, {dy}, {ir::op::mse_grad});
   b.matmul("fc2.wgrad", dy, a, dw2, O, H, B, 1, true, false);
   b.collective(ir::op_kind::all_reduce, "w2.grad.ar", ad, dw2, dw2);
   b.matmul("fc2.dgrad", dy, id.w2, da, B, H, O);
-  b.compute(ir::op_kind::elementwise, "act.grad", {da, hb}, {dh}, {"gelu_grad"});
-  b.compute(ir::op_kind::elementwise, "bias.grad", {dh}, {db1}, {"bias_add_grad"});
+  b.compute(ir::op_kind::elementwise, "act.grad", {hb, da}, {dh}, {ir::op::gelu_grad});
+  b.compute(ir::op_kind::elementwise, "bias.grad", {dh}, {db1}, {ir::op::bias_grad});
   b.collective(ir::op_kind::all_reduce, "b1.grad.ar", ad, db1, db1);
   b.matmul("fc1.wgrad", id.x, dh, dw1, K, H, B, 1, true, false);
   b.collective(ir::op_kind::all_reduce, "w1.grad.ar", ad, dw1, dw1);
   b.at(ir::phase::optimizer);
-  b.compute(ir::op_kind::optimizer_update, "w2.sgd", {id.w2, dw2}, {id.w2}, {"sgd"});
-  b.compute(ir::op_kind::optimizer_update, "b1.sgd", {id.b1, db1}, {id.b1}, {"sgd"});
-  b.compute(ir::op_kind::optimizer_update, "w1.sgd", {id.w1, dw1}, {id.w1}, {"sgd"});
+  b.compute(ir::op_kind::optimizer_update, "w2.sgd", {id.w2, dw2}, {id.w2}, {ir::op::sgd});
+  b.compute(ir::op_kind::optimizer_update, "b1.sgd", {id.b1, db1}, {id.b1}, {ir::op::sgd});
+  b.compute(ir::op_kind::optimizer_update, "w1.sgd", {id.w1, dw1}, {id.w1}, {ir::op::sgd});
   return std::move(b).finish();
 }
 
@@ -169,11 +169,11 @@ TEST_CASE("collectives along an inner dimension and max reductions run through t
   const auto x = b.buffer("x", {4, 6, 3}, ir::buffer_role::input), y = b.buffer("y", {4, 6, 3});
   const auto gathered = b.buffer("gathered", {4, 6, 3}), scattered = b.buffer("scattered", {4, 6, 3});
   const auto mx = b.buffer("max", {4, 6, 3}), out = b.buffer("out", {4, 6, 3});
-  b.compute(ir::op_kind::elementwise, "double", {x}, {y}, {"scale", 0, -1, {{"num", 2}, {"den", 1}}});
+  b.compute(ir::op_kind::elementwise, "double", {x}, {y}, {ir::op::scale, 0, -1, {{"num", 2}, {"den", 1}}});
   const auto ag = b.collective(ir::op_kind::all_gather, "gather.dim1", sp, y, gathered);
   const auto rs = b.collective(ir::op_kind::reduce_scatter, "scatter.dim1", sp, gathered, scattered);
-  b.collective(ir::op_kind::all_reduce, "max", sp, scattered, mx, -1, "max");
-  b.compute(ir::op_kind::elementwise, "add", {mx, x}, {out}, {"add"});
+  b.collective(ir::op_kind::all_reduce, "max", sp, scattered, mx, -1, ir::op::max);
+  b.compute(ir::op_kind::elementwise, "add", {mx, x}, {out}, {ir::op::add});
   auto g = std::move(b).finish();
   g.tasks[static_cast<std::size_t>(ag)].attrs["dim"] = 1;
   g.tasks[static_cast<std::size_t>(rs)].attrs["dim"] = 1;

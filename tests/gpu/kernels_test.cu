@@ -101,22 +101,28 @@ TEST_CASE("row-wise kernels match the CPU kernels", "[gpu][kernels]") {
 TEST_CASE("causal attention matches the CPU kernel forward and backward", "[gpu][kernels][attention]") {
   CONCERTO_REQUIRE_GPU();
   cu::stream s;
-  const cpu::attention_shape sh{.batch = 2, .seq = 33, .heads = 3, .head_dim = 16};
-  const auto n = sh.qkv_floats(), nl = sh.lse_floats();
-  const auto q = random(n, 21), k = random(n, 22), v = random(n, 23), dout = random(n, 24);
-  std::vector<float> out(n), lse(nl), dq(n), dk(n), dv(n), ws(cpu::causal_attention_grad_workspace_floats(sh));
-  cpu::causal_attention(q, k, v, out, lse, ws, sh);
-  cpu::causal_attention_grad(q, k, v, dout, lse, dq, dk, dv, ws, sh);
-  dev<float> gq(q), gk(k), gv(v), gdout(dout), gout(n), glse(nl), gdq(n), gdk(n), gdv(n),
-      gws(cu::causal_attention_grad_workspace_floats(sh.batch, sh.seq, sh.heads));
-  cu::causal_attention(gq.p(), gk.p(), gv.p(), gout.p(), glse.p(), sh.batch, sh.seq, sh.heads, sh.head_dim, s.get());
-  check_close(gout.get(), out, 1e-3f, 1e-5f);
-  check_close(glse.get(), lse, 1e-4f, 1e-5f);
-  cu::causal_attention_grad(gq.p(), gk.p(), gv.p(), gdout.p(), glse.p(), gdq.p(), gdk.p(), gdv.p(), gws.p(), sh.batch,
-                            sh.seq, sh.heads, sh.head_dim, s.get());
-  check_close(gdq.get(), dq, 1e-3f, 1e-5f);
-  check_close(gdk.get(), dk, 1e-3f, 1e-5f);
-  check_close(gdv.get(), dv, 1e-3f, 1e-5f);
+  // Multi-head; grouped-query (3 q heads per kv head); and a rank holding q heads 2..3 of 6 with
+  // both kv heads (kv replicated while q is split): its dk, dv are the partial sums of its heads.
+  for (const cpu::attention_shape sh : {cpu::attention_shape{.batch = 2, .seq = 33, .heads = 3, .head_dim = 16},
+                                        cpu::attention_shape{.batch = 2, .seq = 17, .heads = 6, .head_dim = 8, .kv_heads = 2, .group = 3},
+                                        cpu::attention_shape{.batch = 1, .seq = 9, .heads = 2, .head_dim = 4, .kv_heads = 2, .group = 3,
+                                                             .first_head = 2}}) {
+    CAPTURE(sh.heads, sh.kv(), sh.first_head);
+    const auto n = sh.q_floats(), nkv = sh.kv_floats(), nl = sh.lse_floats();
+    const auto q = random(n, 21), k = random(nkv, 22), v = random(nkv, 23), dout = random(n, 24);
+    std::vector<float> out(n), lse(nl), dq(n), dk(nkv), dv(nkv), ws(cpu::causal_attention_grad_workspace_floats(sh));
+    cpu::causal_attention(q, k, v, out, lse, ws, sh);
+    cpu::causal_attention_grad(q, k, v, dout, lse, dq, dk, dv, ws, sh);
+    dev<float> gq(q), gk(k), gv(v), gdout(dout), gout(n), glse(nl), gdq(n), gdk(nkv), gdv(nkv),
+        gws(cu::causal_attention_grad_workspace_floats(sh));
+    cu::causal_attention(gq.p(), gk.p(), gv.p(), gout.p(), glse.p(), sh, s.get());
+    check_close(gout.get(), out, 1e-3f, 1e-5f);
+    check_close(glse.get(), lse, 1e-4f, 1e-5f);
+    cu::causal_attention_grad(gq.p(), gk.p(), gv.p(), gdout.p(), glse.p(), gdq.p(), gdk.p(), gdv.p(), gws.p(), sh, s.get());
+    check_close(gdq.get(), dq, 1e-3f, 1e-5f);
+    check_close(gdk.get(), dk, 1e-3f, 1e-5f);
+    check_close(gdv.get(), dv, 1e-3f, 1e-5f);
+  }
 }
 
 TEST_CASE("losses match the CPU kernels and flag bad targets", "[gpu][kernels][loss]") {

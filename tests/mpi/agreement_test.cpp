@@ -24,7 +24,7 @@ planner::schedule two_reductions(int ranks) {
   const int dp = b.axis("dp", ranks);
   const auto a = b.buffer("a.grad", {32}, ir::buffer_role::gradient);
   const auto c = b.buffer("b.grad", {64}, ir::buffer_role::gradient);
-  b.compute(ir::op_kind::elementwise, "make", {}, {a, c}, {"zero"});
+  b.compute(ir::op_kind::elementwise, "make", {}, {a, c}, {ir::op::zero});
   b.collective(ir::op_kind::all_reduce, "a.grad.ar", dp, a, a);
   b.collective(ir::op_kind::all_reduce, "b.grad.ar", dp, c, c);
   return planner::program_order_schedule(std::move(b).finish());

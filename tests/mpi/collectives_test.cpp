@@ -54,10 +54,10 @@ TEST_CASE("every collective gives the hand-computed values over each mesh axis",
     x.send = b.buffer(p + "send", {S});
     x.recv = b.buffer(p + "recv", {S});
     b.collective(ir::op_kind::all_reduce, p + "ar", axis, x.ar, x.ar);
-    b.collective(ir::op_kind::all_reduce, p + "max", axis, x.mx, x.mx, -1, "max");
+    b.collective(ir::op_kind::all_reduce, p + "max", axis, x.mx, x.mx, -1, ir::op::max);
     // The shard is cut by a compute task, so the gather also exercises a cross-stream dependency.
     const auto coord = m.coords(be.rank())[static_cast<std::size_t>(a)];
-    b.compute(ir::op_kind::slice, p + "shard", {x.shard_src}, {x.shard}, {"slice", 0, -1, {{"dim", 0}, {"offset", coord * S}}});
+    b.slice(p + "shard", x.shard_src, x.shard, {G * S}, 0, coord * S, S);
     b.collective(ir::op_kind::all_gather, p + "ag", axis, x.shard, x.gathered);
     b.collective(ir::op_kind::reduce_scatter, p + "rs", axis, x.rs_in, x.rs_out);
     b.collective(ir::op_kind::all_to_all, p + "a2a", axis, x.a2a_in, x.a2a_out);
@@ -147,7 +147,7 @@ TEST_CASE("lane communicators group the ranks that share every other coordinate"
   b.axis("dp", n >= 4 ? n / 2 : n);
   b.axis("tp", n >= 4 ? 2 : 1);
   const auto x = b.buffer("x", {1});
-  b.compute(ir::op_kind::elementwise, "z", {}, {x}, {"zero"});
+  b.compute(ir::op_kind::elementwise, "z", {}, {x}, {ir::op::zero});
   rt::executor ex(mpi_testing::unit_plan(planner::program_order_schedule(std::move(b).finish()), "program_order"), be);
   for (ir::stream_id s = 1; s <= 2; ++s) {
     const auto& name = ex.plan().graph.axes[static_cast<std::size_t>(s - 1)].name;

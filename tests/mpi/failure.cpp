@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
     const int dp = b.axis("dp", be.world_size());
     const auto x = b.buffer("x", {64}, ir::buffer_role::input);
     const auto g = b.buffer("g", {64}, ir::buffer_role::gradient);
-    b.compute(ir::op_kind::elementwise, "grad", {x}, {g}, {"relu"});
+    b.compute(ir::op_kind::elementwise, "grad", {x}, {g}, {ir::op::relu});
     b.collective(ir::op_kind::all_reduce, "g.ar", dp, g, g);
     const auto graph = std::move(b).finish();
     const auto s = planner::program_order_schedule(graph);

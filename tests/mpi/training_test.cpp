@@ -40,22 +40,22 @@ ir::graph mlp(int dp, int tp, ids& id) {
   const auto dw1 = b.buffer("w1.grad", {K, hl}, ir::buffer_role::gradient);
   const auto dw2 = b.buffer("w2.grad", {hl, O}, ir::buffer_role::gradient);
   b.matmul("fc1", id.x, id.w1, h, bl, hl, K);
-  b.compute(ir::op_kind::elementwise, "act", {h}, {a}, {"gelu"});
+  b.compute(ir::op_kind::elementwise, "act", {h}, {a}, {ir::op::gelu});
   b.matmul("fc2", a, id.w2, y, bl, O, hl);
   b.collective(ir::op_kind::all_reduce, "y.ar", at, y, y);
   b.at(ir::phase::backward);
-  b.compute(ir::op_kind::loss, "loss", {y, id.t}, {id.loss}, {"mse"});
+  b.compute(ir::op_kind::loss, "loss", {y, id.t}, {id.loss}, {ir::op::mse});
   b.collective(ir::op_kind::all_reduce, "loss.ar", ad, id.loss, id.loss);
-  b.compute(ir::op_kind::loss, "loss.grad", {y, id.t}, {dy}, {"mse_grad", 0, -1, {{"dloss_num", 1}, {"dloss_den", dp}}});
+  b.compute(ir::op_kind::loss, "loss.grad", {y, id.t}, {dy}, {ir::op::mse_grad, 0, -1, {{"dloss_num", 1}, {"dloss_den", dp}}});
   b.matmul("fc2.wgrad", a, dy, dw2, hl, O, bl, 1, true, false);
   b.collective(ir::op_kind::all_reduce, "w2.grad.ar", ad, dw2, dw2);
   b.matmul("fc2.dgrad", dy, id.w2, da, bl, hl, O, 1, false, true);
-  b.compute(ir::op_kind::elementwise, "act.grad", {da, h}, {dh}, {"gelu_grad"});
+  b.compute(ir::op_kind::elementwise, "act.grad", {h, da}, {dh}, {ir::op::gelu_grad});
   b.matmul("fc1.wgrad", id.x, dh, dw1, K, hl, bl, 1, true, false);
   b.collective(ir::op_kind::all_reduce, "w1.grad.ar", ad, dw1, dw1);
   b.at(ir::phase::optimizer);
-  b.compute(ir::op_kind::optimizer_update, "w2.sgd", {id.w2, dw2}, {id.w2}, {"sgd"});
-  b.compute(ir::op_kind::optimizer_update, "w1.sgd", {id.w1, dw1}, {id.w1}, {"sgd"});
+  b.compute(ir::op_kind::optimizer_update, "w2.sgd", {id.w2, dw2}, {id.w2}, {ir::op::sgd});
+  b.compute(ir::op_kind::optimizer_update, "w1.sgd", {id.w1, dw1}, {id.w1}, {ir::op::sgd});
   return std::move(b).finish();
 }
 

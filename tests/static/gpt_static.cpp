@@ -65,7 +65,7 @@ constexpr auto lm = program(
 // Forward on tp: the embedding's pending sum, the block's two, and the vocab-parallel cross-entropy's
 // row max, target logit and sum of exponentials; the logits stay split over the vocabulary.
 static_assert(lm.count(collective::all_reduce, tp, fwd) == 6 && lm.count(collective::all_gather, tp) == 0);
-static_assert(lm.count(op_code::ce_grad) == 1 && lm.count(op_code::cross_entropy) == 0);
+static_assert(lm.count(op_code::vocab_ce_grad) == 1 && lm.count(op_code::cross_entropy) == 0);
 static_assert(lm.spec_of("wte.grad") == spec(shard(tp), replicate) && lm.find("ids.grad") == -1);
 static_assert(lm.count(op_code::embedding_grad) == 1 && lm.count(op_code::cross_entropy_grad) == 0);
 } // namespace

@@ -78,7 +78,7 @@ static_assert(cse.count(op_code::matmul) == 1 + 2);
 constexpr auto z1 = program(loss, zero<1>(adamw{}, dp));
 static_assert(z1.count(collective::all_reduce, dp, bwd) == 2);
 static_assert(z1.count(collective::all_gather, dp, opt) == 2 && z1.count(collective::reduce_scatter, dp) == 0);
-static_assert(z1.count(op_code::state) == 4 && z1.count(op_code::local_slice) == 4);
+static_assert(z1.count(op_code::state) == 4 && z1.count(op_code::shard_slice) == 4);
 static_assert(z1.spec_of("w1.update") == spec(shard(dp), shard(tp)) && z1.spec_of("w1") == spec(replicate, shard(tp)));
 
 // ZeRO-2: gradients reduce-scattered instead.

@@ -88,17 +88,17 @@ constexpr auto hidden = input<"h">(tp_act);
 constexpr auto head = param<"head">(col);
 constexpr auto vp = program(cross_entropy(matmul(hidden, head), labels), sgd{});
 static_assert(vp.count(collective::all_reduce, tp, fwd) == 3); // row max, target logit, sum of exponentials
-static_assert(vp.count(collective::all_gather) == 0 && vp.count(op_code::ce_max) == 1 && vp.count(op_code::ce_grad) == 1);
+static_assert(vp.count(collective::all_gather) == 0 && vp.count(op_code::vocab_ce_max) == 1 && vp.count(op_code::vocab_ce_grad) == 1);
 static_assert(vp.count(collective::all_reduce, tp, bwd) == 1); // d(hidden) of the column-parallel head
 static_assert(vp.spec_of("head.grad") == col);
 // Gathering the logits explicitly keeps the plain cross-entropy.
 constexpr auto gathered = program(cross_entropy(matmul(hidden, head).to(tp_act), labels), sgd{});
 static_assert(gathered.count(collective::all_gather, tp, fwd) == 1 && gathered.count(op_code::cross_entropy) == 1);
-static_assert(gathered.count(op_code::ce_max) == 0 && gathered.count(collective::all_reduce, tp, fwd) == 0);
+static_assert(gathered.count(op_code::vocab_ce_max) == 0 && gathered.count(collective::all_reduce, tp, fwd) == 0);
 // Logits split over two axes on the vocabulary are gathered too.
 constexpr auto both = program(
     cross_entropy(matmul(input<"h2">(spec(replicate, replicate, replicate)), param<"head2">(spec(replicate, shard(dp, tp)))),
                   data<"labels2">(spec(replicate, replicate))),
     sgd{});
-static_assert(both.count(op_code::ce_max) == 0 && both.count(collective::all_gather) == 2);
+static_assert(both.count(op_code::vocab_ce_max) == 0 && both.count(collective::all_gather) == 2);
 } // namespace

@@ -37,6 +37,7 @@ std::string named(std::string prefix, int i) {
 // is ready; the optimizer reads all of them.
 ir::graph dp_graph() {
   ir::builder b("dp-backward");
+  b.cost_only(); // planned, not run
   const int dp = b.axis("dp", 4);
   constexpr std::int64_t n = 4096;
   b.at(ir::phase::backward);
@@ -54,13 +55,13 @@ ir::graph dp_graph() {
   std::vector<ir::buffer_id> grads{big};
   for (int i = 0; i < 6; ++i) {
     const auto gi = b.buffer(named("small.grad", i), {256}, ir::buffer_role::gradient, ir::dtype::bf16);
-    b.compute(ir::op_kind::elementwise, named("small.wgrad", i), {h}, {gi}, {"bias_grad", 256.0 * 4096, -1, {}});
+    b.compute(ir::op_kind::elementwise, named("small.wgrad", i), {h}, {gi}, {ir::op::bias_grad, 256.0 * 4096, -1, {}});
     b.collective(ir::op_kind::all_reduce, named("small.grad.ar", i), dp, gi, gi);
     grads.push_back(gi);
   }
   b.at(ir::phase::optimizer);
   for (std::size_t i = 0; i < grads.size(); ++i)
-    b.compute(ir::op_kind::optimizer_update, named("sgd", static_cast<int>(i)), {grads[i]}, {}, {"sgd", 1, -1, {}});
+    b.compute(ir::op_kind::optimizer_update, named("sgd", static_cast<int>(i)), {grads[i]}, {}, {ir::op::sgd, 1, -1, {}});
   return std::move(b).finish();
 }
 
@@ -117,15 +118,16 @@ TEST_CASE("apply_buckets rejects buckets that would change the program", "[bucke
   }
   SECTION("a gradient read before the bucket's all-reduce would run") {
     ir::builder b("reader");
+    b.cost_only(); // planned, not run
     const int dp = b.axis("dp", 4);
     b.at(ir::phase::backward);
     const auto g0 = b.buffer("g0", {64}, ir::buffer_role::gradient);
     const auto g1 = b.buffer("g1", {64}, ir::buffer_role::gradient);
     const auto tmp = b.buffer("tmp", {64});
-    b.compute(ir::op_kind::elementwise, "w0", {}, {g0}, {"fill", 64, -1, {}});
+    b.compute(ir::op_kind::elementwise, "w0", {}, {g0}, {ir::op::zero, 64, -1, {}});
     b.collective(ir::op_kind::all_reduce, "g0.ar", dp, g0, g0);
-    b.compute(ir::op_kind::elementwise, "peek", {g0}, {tmp}, {"scale", 64, -1, {}});
-    b.compute(ir::op_kind::elementwise, "w1", {}, {g1}, {"fill", 64, -1, {}});
+    b.compute(ir::op_kind::elementwise, "peek", {g0}, {tmp}, {ir::op::scale, 64, -1, {}});
+    b.compute(ir::op_kind::elementwise, "w1", {}, {g1}, {ir::op::zero, 64, -1, {}});
     b.collective(ir::op_kind::all_reduce, "g1.ar", dp, g1, g1);
     const auto h = std::move(b).finish();
     CHECK_THROWS_WITH(planner::apply_buckets(h, {{{find(h, "g0.ar"), find(h, "g1.ar")}}}),

@@ -45,6 +45,7 @@ struct temp_dir {
 /// fc -> fc.dw -> w.grad.ar (dp lane), fc -> act; `dp` ranks on the data-parallel axis.
 ir::graph small_graph(int dp = 4, ir::link_class link = ir::link_class::inter_node) {
   ir::builder b("mlp");
+  b.cost_only(); // planned, not run
   const int axis = b.axis("dp", dp, link);
   const auto x = b.buffer("x", {4, 8}, ir::buffer_role::input);
   const auto w = b.buffer("w", {8, 8}, ir::buffer_role::param);
@@ -54,7 +55,7 @@ ir::graph small_graph(int dp = 4, ir::link_class link = ir::link_class::inter_no
   b.matmul("fc", x, w, y, 4, 8, 8);
   b.matmul("fc.dw", x, y, g, 8, 8, 4, 1, true);
   b.collective(ir::op_kind::all_reduce, "w.grad.ar", axis, g, g);
-  b.compute(ir::op_kind::elementwise, "act", {y}, {z}, {.fn = "gelu"});
+  b.compute(ir::op_kind::elementwise, "act", {y}, {z}, {.fn = ir::op::gelu, .flops = 0});
   return std::move(b).finish();
 }
 
@@ -113,7 +114,7 @@ TEST_CASE("a stored plan loads back equal", "[cache]") {
     cache.store(key, p);
     CHECK(cache.path_of(key) == dir.path / (key.hex() + ".plan"));
     const auto text = read_file(cache.path_of(key));
-    CHECK(text.starts_with("concerto-plan-cache 2 " + key.hex() + " "));
+    CHECK(text.starts_with("concerto-plan-cache 3 " + key.hex() + " "));
     const auto loaded = cache.load(key);
     REQUIRE(loaded);
     CHECK(*loaded == p);
@@ -246,9 +247,9 @@ TEST_CASE("a bad cache file is reported, set aside and replanned, never trusted"
   }
   SECTION("a file of format version 1 (JSON payload), which this library no longer reads") {
     auto bad = good;
-    bad.replace(0, std::string("concerto-plan-cache 2").size(), "concerto-plan-cache 1");
+    bad.replace(0, std::string("concerto-plan-cache 3").size(), "concerto-plan-cache 1");
     write_file(path, bad);
-    CHECK_THAT(rejection(), ContainsSubstring("unknown format version 1 (this library reads version 2)"));
+    CHECK_THAT(rejection(), ContainsSubstring("unknown format version 1 (this library reads version 3)"));
   }
   SECTION("an unknown format version") {
     auto bad = good;
@@ -295,10 +296,11 @@ TEST_CASE("a bad cache file is reported, set aside and replanned, never trusted"
   }
   SECTION("a checksummed payload with a count larger than the file") {
     auto payload = cache::detail::to_binary(cache::detail::envelope(key, p));
-    // The mesh axis count follows the byte-order mark, the key, the hash and the plan's header.
+    // The mesh axis count follows the byte-order mark, the key, the hash, the plan's header and
+    // the graph's name and cost-only flag.
     const auto axes_at = 4 + 3 * 8 + (4 + key.backend.size()) + (4 + key.library_version.size()) +
                          (4 + key.policy.size()) + 8 + 8 + (4 + p.policy.size()) + (4 + p.preset.size()) + 8 + 8 + 4 +
-                         4 + (4 + p.graph.name.size());
+                         4 + (4 + p.graph.name.size()) + 1;
     std::uint32_t axes = 0;
     std::memcpy(&axes, payload.data() + axes_at, 4);
     REQUIRE(axes == p.graph.axes.size());

@@ -290,8 +290,8 @@ TEST_CASE("an elementwise op is memory bound", "[cost][compute]") {
   const auto x = b.buffer("x", {4096, 4096});
   const auto y = b.buffer("y", {4096, 4096});
   const auto z = b.buffer("z", {4096, 4096});
-  b.compute(ir::op_kind::elementwise, "add", {x, y}, {z}, {"add", 4096.0 * 4096.0});
-  b.compute(ir::op_kind::elementwise, "gelu", {x}, {z}, {"gelu", 8 * 4096.0 * 4096.0});
+  b.compute(ir::op_kind::elementwise, "add", {x, y}, {z}, {ir::op::add, 4096.0 * 4096.0});
+  b.compute(ir::op_kind::elementwise, "gelu", {x}, {z}, {ir::op::gelu, 8 * 4096.0 * 4096.0});
   const auto g = std::move(b).finish();
   for (const auto& hw : gpu_and_default_presets()) {
     const cost::model m(hw);
@@ -311,8 +311,8 @@ TEST_CASE("a measured kernel factor multiplies that kernel's roofline time only"
   const auto w = b.buffer("w", {512, 512});
   const auto y = b.buffer("y", {512, 512});
   const auto z = b.buffer("z", {512, 512});
-  b.compute(ir::op_kind::matmul, "mm", {x, w}, {y}, {"", 2.0 * 512 * 512 * 512, -1, {{"m", 512}, {"n", 512}, {"k", 512}}});
-  b.compute(ir::op_kind::elementwise, "act", {y}, {z}, {"gelu", 8 * 512.0 * 512.0});
+  b.compute(ir::op_kind::matmul, "mm", {x, w}, {y}, {ir::op::matmul, 2.0 * 512 * 512 * 512, -1, {{"m", 512}, {"n", 512}, {"k", 512}}});
+  b.compute(ir::op_kind::elementwise, "act", {y}, {z}, {ir::op::gelu, 8 * 512.0 * 512.0});
   const auto g = std::move(b).finish();
   auto hw = round_hardware();
   const cost::model plain(hw);

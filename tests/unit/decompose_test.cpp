@@ -41,6 +41,7 @@ std::vector<const ir::task*> named_prefix(const ir::graph& g, const std::string&
 // With `hidden`, an independent matmul comes first, so the gather runs under it.
 ir::graph gather_graph(bool hidden) {
   ir::builder b("tp-gather");
+  b.cost_only(); // planned, not run
   const int tp = b.axis("tp", 8);
   const auto x = b.buffer("x.sp", {tok / 8, hid}, ir::buffer_role::input, ir::dtype::bf16);
   const auto w = b.buffer("w", {hid, out_n}, ir::buffer_role::param, ir::dtype::bf16);
@@ -54,7 +55,7 @@ ir::graph gather_graph(bool hidden) {
   const auto y = b.buffer("y", {tok, out_n}, ir::buffer_role::activation, ir::dtype::bf16);
   b.matmul("fc", xf, w, y, tok, out_n, hid);
   const auto o = b.buffer("o", {tok, out_n}, ir::buffer_role::activation, ir::dtype::bf16);
-  b.compute(ir::op_kind::elementwise, "gelu", {y}, {o}, {"gelu", double(tok * out_n), -1, {}});
+  b.compute(ir::op_kind::elementwise, "gelu", {y}, {o}, {ir::op::gelu, double(tok * out_n), -1, {}});
   return std::move(b).finish();
 }
 
@@ -62,6 +63,7 @@ ir::graph gather_graph(bool hidden) {
 // (A stored transposed) that is all-reduced.
 ir::graph scatter_and_reduce_graph() {
   ir::builder b("tp-scatter");
+  b.cost_only(); // planned, not run
   const int tp = b.axis("tp", 4);
   const int dp = b.axis("dp", 2, ir::link_class::inter_node);
   const auto a = b.buffer("a", {tok, hid}, ir::buffer_role::input, ir::dtype::bf16);
@@ -83,6 +85,7 @@ ir::graph scatter_and_reduce_graph() {
 // again, and the gradient's all_reduce over dp is followed by the optimizer.
 ir::graph exchange_graph(int ep = 4) {
   ir::builder b("moe");
+  b.cost_only(); // planned, not run
   const int e = b.axis("ep", ep);
   const int dp = b.axis("dp", 2, ir::link_class::inter_node);
   const auto bf = ir::dtype::bf16;
@@ -93,14 +96,14 @@ ir::graph exchange_graph(int ep = 4) {
   const auto u = b.buffer("u", {tok, out_n}, ir::buffer_role::activation, bf);
   b.matmul("up", recv, w1, u, tok, out_n, hid);
   const auto a = b.buffer("a", {tok, out_n}, ir::buffer_role::activation, bf);
-  b.compute(ir::op_kind::elementwise, "act", {u}, {a}, {"gelu", double(tok * out_n), -1, {}});
+  b.compute(ir::op_kind::elementwise, "act", {u}, {a}, {ir::op::gelu, double(tok * out_n), -1, {}});
   const auto w2 = b.buffer("w2", {out_n, hid}, ir::buffer_role::param, bf);
   const auto y = b.buffer("y", {tok, hid}, ir::buffer_role::activation, bf);
   b.matmul("down", a, w2, y, tok, hid, out_n);
   const auto back = b.buffer("back", {tok, hid}, ir::buffer_role::activation, bf);
   b.collective(ir::op_kind::all_to_all, "combine.a2a", e, y, back);
   const auto o = b.buffer("o", {tok, hid}, ir::buffer_role::activation, bf);
-  b.compute(ir::op_kind::elementwise, "combine", {back}, {o}, {"scale", double(tok * hid), -1, {}});
+  b.compute(ir::op_kind::elementwise, "combine", {back}, {o}, {ir::op::scale, double(tok * hid), -1, {}});
   b.at(ir::phase::backward);
   const auto du = b.buffer("du", {tok, out_n}, ir::buffer_role::input, bf);
   const auto g1 = b.buffer("w1.grad", {hid, out_n}, ir::buffer_role::gradient, bf);
@@ -109,7 +112,7 @@ ir::graph exchange_graph(int ep = 4) {
   const auto other = b.buffer("other", {tok, hid}, ir::buffer_role::activation, bf);
   b.matmul("other.dgrad", du, w1, other, tok, hid, out_n, 1, false, /*trans_b=*/true);
   b.at(ir::phase::optimizer);
-  b.compute(ir::op_kind::optimizer_update, "w1.adamw", {g1, w1}, {w1}, {"adamw", double(hid * out_n), -1, {}});
+  b.compute(ir::op_kind::optimizer_update, "w1.adamw", {g1, w1}, {w1}, {ir::op::adamw, double(hid * out_n), -1, {}});
   return std::move(b).finish();
 }
 
@@ -354,9 +357,10 @@ TEST_CASE("apply turns an all_reduce into a reduce_scatter and an all_gather bef
 
   SECTION("one that does not split evenly over the group is refused, naming it") {
     ir::builder b("odd");
+    b.cost_only(); // planned, not run
     const int dp = b.axis("dp", 3);
     const auto gr = b.buffer("g", {7}, ir::buffer_role::gradient);
-    b.compute(ir::op_kind::elementwise, "make", {}, {gr}, {"fill", 0, -1, {}});
+    b.compute(ir::op_kind::elementwise, "make", {}, {gr}, {ir::op::zero, 0, -1, {}});
     const auto ar = b.collective(ir::op_kind::all_reduce, "g.ar", dp, gr, gr);
     const auto odd = std::move(b).finish();
     const std::vector<planner::decomposition> bad{{ar, -1, 1, planner::split_kind::reduce_scatter_all_gather}};

@@ -79,10 +79,10 @@ TEST_CASE("the DP x TP MLP lowers to the expected per-rank graph", "[dsl][lower]
     CHECK(fwd_ar.step_phase == ir::phase::forward);
   }
   SECTION("every op has its fn and the optimizer updates the parameters in place") {
-    CHECK(task_named(g, "gelu#3").fn == "gelu");
-    CHECK(task_named(g, "mse#8").fn == "mse");
+    CHECK(task_named(g, "gelu#3").fn == ir::op::gelu);
+    CHECK(task_named(g, "mse#8").fn == ir::op::mse);
     const auto& upd = task_named(g, "w1.update");
-    CHECK(upd.fn == "sgd");
+    CHECK(upd.fn == ir::op::sgd);
     CHECK(upd.kind == ir::op_kind::optimizer_update);
     CHECK(upd.step_phase == ir::phase::optimizer);
     CHECK(g.buffers[static_cast<std::size_t>(upd.writes.at(0))].name == "w1");
@@ -136,7 +136,7 @@ TEST_CASE("ZeRO lowers to sharded storage and in-place updates", "[dsl][lower][z
     CHECK(buffer_named(g, "w1.m").role == ir::buffer_role::optimizer_state);
     CHECK(buffer_named(g, "w1.m").shape == std::vector<std::int64_t>{8, 16});
     const auto& upd = task_named(g, "w1.update");
-    CHECK(upd.fn == "adamw");
+    CHECK(upd.fn == ir::op::adamw);
     CHECK(upd.reads.size() == 4);
     CHECK(g.buffers[static_cast<std::size_t>(upd.writes.at(0))].name == "w1");
     // Each weight is split over dp along its first dimension not already split (w2 is [tp,dp]).

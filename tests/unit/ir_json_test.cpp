@@ -19,6 +19,7 @@ namespace {
 /// A graph with every op kind, views, attrs, several dtypes, roles, phases and layers.
 ir::graph every_kind_graph() {
   ir::builder b("every-kind");
+  b.cost_only(); // every kind and field, not operands any kernel takes
   const int dp = b.axis("dp", 4, ir::link_class::inter_node);
   const int tp = b.axis("tp", 2);
   const auto x = b.buffer("x", {8, 16}, ir::buffer_role::input, ir::dtype::bf16);
@@ -33,14 +34,14 @@ ir::graph every_kind_graph() {
   const auto h = b.buffer("h", {8, 16}, ir::buffer_role::activation, ir::dtype::f16);
   b.at(ir::phase::forward, 0);
   b.matmul("fc", x, w, y, 8, 16, 16, 1, false, true);
-  b.compute(ir::op_kind::elementwise, "gelu", {lo}, {lo}, {.fn = "gelu"});
-  b.compute(ir::op_kind::norm, "ln", {hi}, {hi}, {.fn = "layernorm", .attrs = {{"dim", 16}}});
-  b.compute(ir::op_kind::softmax, "sm", {y}, {h}, {.fn = "softmax"});
+  b.compute(ir::op_kind::elementwise, "gelu", {lo}, {lo}, {.fn = ir::op::gelu});
+  b.compute(ir::op_kind::norm, "ln", {hi}, {hi}, {.fn = ir::op::layernorm, .attrs = {{"dim", 16}}});
+  b.compute(ir::op_kind::softmax, "sm", {y}, {h}, {.fn = ir::op::softmax});
   b.compute(ir::op_kind::attention, "attn", {h}, {h},
-            {.fn = "forward", .flops = 1e6, .attrs = {{"heads", 2}, {"seq", 8}, {"head_dim", 8}, {"causal", 1}}});
-  b.compute(ir::op_kind::loss, "ce", {h, ids}, {ws}, {.fn = "cross_entropy", .bytes = 12.5});
+            {.fn = ir::op::attention, .flops = 1e6, .attrs = {{"heads", 2}, {"seq", 8}, {"head_dim", 8}, {"causal", 1}}});
+  b.compute(ir::op_kind::loss, "ce", {h, ids}, {ws}, {.fn = ir::op::cross_entropy, .bytes = 12.5});
   b.at(ir::phase::backward, 0);
-  b.compute(ir::op_kind::copy, "copy", {y}, {h}, {.fn = "copy"});
+  b.compute(ir::op_kind::copy, "copy", {y}, {h}, {.fn = ir::op::copy});
   b.compute(ir::op_kind::slice, "slice", {h}, {lo}, {.attrs = {{"offset", 0}, {"length", 4}}});
   b.compute(ir::op_kind::concat, "concat", {lo, hi}, {y});
   b.collective(ir::op_kind::all_reduce, "g.ar", dp, g, g);
@@ -49,9 +50,9 @@ ir::graph every_kind_graph() {
   b.collective(ir::op_kind::all_to_all, "h.a2a", tp, h, h);
   b.collective(ir::op_kind::send, "h.send", dp, h, h);
   b.collective(ir::op_kind::recv, "h.recv", dp, h, h);
-  b.collective(ir::op_kind::broadcast, "w.bcast", dp, w, w, -1, "root0");
+  b.collective(ir::op_kind::broadcast, "w.bcast", dp, w, w);
   b.at(ir::phase::optimizer);
-  b.compute(ir::op_kind::optimizer_update, "adamw", {g, m, w}, {w, m}, {.fn = "adamw"});
+  b.compute(ir::op_kind::optimizer_update, "adamw", {g, m, w}, {w, m}, {.fn = ir::op::adamw});
   return std::move(b).finish();
 }
 
@@ -85,6 +86,7 @@ TEST_CASE("a graph survives a JSON round trip unchanged", "[ir][json]") {
 
 TEST_CASE("graphs written by other tools get defaults for what they omit", "[ir][json]") {
   json doc = {{"name", "foreign"},
+              {"cost_only", true},
               {"axes", {{{"name", "dp"}, {"size", 8}}, {{"name", "tp"}, {"size", 2}, {"link", "intra_node"}}}},
               {"buffers", {{{"name", "x"}, {"shape", {4, 8}}}, {{"name", "w"}, {"bytes", 64}, {"role", "param"}}}},
               {"tasks",
@@ -114,7 +116,9 @@ TEST_CASE("graphs written by other tools get defaults for what they omit", "[ir]
     CHECK(g[0].flops == 1e9);
     CHECK(g[0].step_phase == ir::phase::forward);
     CHECK(g[0].layer == -1);
-    CHECK(g[0].fn.empty());
+    CHECK(g[0].fn == ir::op::none);
+    CHECK(g[1].fn == ir::op::sum);  // a reducing collective without fn sums
+    CHECK(g[2].fn == ir::op::none); // an all-gather has no reduction
     CHECK(g[2].bytes == 1.5e6);
     CHECK(g[4].step_phase == ir::phase::optimizer);
     CHECK(g[4].attr("fused") == 1);
@@ -143,6 +147,7 @@ TEST_CASE("graphs written by other tools get defaults for what they omit", "[ir]
 
 TEST_CASE("malformed graphs are rejected with a message naming the culprit", "[ir][json][errors]") {
   json doc = {{"name", "bad"},
+              {"cost_only", true},
               {"axes", {{{"name", "dp"}, {"size", 2}}}},
               {"buffers", {{{"name", "x"}, {"bytes", 16}}}},
               {"tasks",

@@ -101,6 +101,7 @@ ir::graph random_dag(std::uint32_t seed) {
   std::mt19937 rng(seed);
   const int n = std::uniform_int_distribution<int>(1, 30)(rng);
   ir::graph g;
+  g.cost_only = true; // planned, not run
   g.name = named("random-", seed);
   g.axes = {{"tp", 4, ir::link_class::intra_node}, {"dp", 2, ir::link_class::inter_node}};
   g.streams = {{"compute", -1}, {"comm:tp", 0}, {"comm:dp", 1}};
@@ -236,13 +237,14 @@ TEST_CASE("xla_lhs starts a collective on the critical path before independent c
   // the long chain. Program order: big, a, then the all-reduce: 100 + 1 + 200 + 1 = 302 us.
   // xla_lhs runs a first so that the all-reduce hides big: 1 + 200 + 1 = 202 us.
   ir::builder b("critical");
+  b.cost_only(); // planned, not run
   const int dp = b.axis("dp", 8, ir::link_class::inter_node);
   const auto x = b.buffer("x", {1024});
   const auto y = b.buffer("y", {1024});
-  const auto big = b.compute(ir::op_kind::matmul, "big", {}, {y}, {.fn = "gemm"});
-  const auto a = b.compute(ir::op_kind::elementwise, "a", {}, {x}, {.fn = "fill"});
+  const auto big = b.compute(ir::op_kind::matmul, "big", {}, {y}, {.fn = ir::op::matmul, .flops = 0});
+  const auto a = b.compute(ir::op_kind::elementwise, "a", {}, {x}, {.fn = ir::op::zero, .flops = 0});
   const auto ar = b.collective(ir::op_kind::all_reduce, "ar", dp, x, x);
-  const auto use = b.compute(ir::op_kind::elementwise, "use", {x, y}, {x}, {.fn = "add"});
+  const auto use = b.compute(ir::op_kind::elementwise, "use", {x, y}, {x}, {.fn = ir::op::add, .flops = 0});
   const auto g = std::move(b).finish();
   const std::vector<double> durations{100, 1, 200, 1};
 
@@ -262,11 +264,12 @@ TEST_CASE("xla_lhs starts a collective on the critical path before independent c
 
 TEST_CASE("xla_lhs orders compute by the longest remaining path", "[planner][list][xla]") {
   ir::builder b("levels");
+  b.cost_only(); // planned, not run
   const auto x = b.buffer("x", {8});
   const auto y = b.buffer("y", {8});
-  const auto p = b.compute(ir::op_kind::elementwise, "p", {}, {y}, {.fn = "fill"});   // 5 us, nothing after it
-  const auto q = b.compute(ir::op_kind::elementwise, "q", {}, {x}, {.fn = "fill"});   // 1 us, then r
-  const auto r = b.compute(ir::op_kind::elementwise, "r", {x}, {x}, {.fn = "scale"}); // 10 us
+  const auto p = b.compute(ir::op_kind::elementwise, "p", {}, {y}, {.fn = ir::op::zero, .flops = 0});   // 5 us, nothing after it
+  const auto q = b.compute(ir::op_kind::elementwise, "q", {}, {x}, {.fn = ir::op::zero, .flops = 0});   // 1 us, then r
+  const auto r = b.compute(ir::op_kind::elementwise, "r", {x}, {x}, {.fn = ir::op::scale, .flops = 0}); // 10 us
   const auto g = std::move(b).finish();
   const auto s = planner::xla_lhs_schedule(g, std::vector<double>{5, 1, 10});
   CHECK(s.order[0] == std::vector<ir::task_id>{q, r, p}); // levels: q 11, r 10, p 5
@@ -275,11 +278,12 @@ TEST_CASE("xla_lhs orders compute by the longest remaining path", "[planner][lis
 TEST_CASE("xla_lhs keeps at most max_in_flight collectives running", "[planner][list][xla]") {
   // Six independent collectives on each of two lanes, each read by a compute task.
   ir::builder b("many");
+  b.cost_only(); // planned, not run
   const int tp = b.axis("tp", 8);
   const int dp = b.axis("dp", 4, ir::link_class::inter_node);
   for (int i = 0; i < 12; ++i) {
     const auto buf = b.buffer(named("g", i), {256});
-    b.compute(ir::op_kind::elementwise, named("make", i), {}, {buf}, {.fn = "fill"});
+    b.compute(ir::op_kind::elementwise, named("make", i), {}, {buf}, {.fn = ir::op::zero, .flops = 0});
     b.collective(ir::op_kind::all_reduce, named("ar", i), i % 2 == 0 ? tp : dp, buf, buf);
   }
   const auto g = std::move(b).finish();
@@ -305,9 +309,10 @@ TEST_CASE("xla_lhs keeps at most max_in_flight collectives running", "[planner][
 
 TEST_CASE("list schedulers reject what they cannot schedule, naming it", "[planner][list][errors]") {
   ir::builder b("two");
+  b.cost_only(); // planned, not run
   const auto x = b.buffer("x", {8});
-  b.compute(ir::op_kind::elementwise, "first", {}, {x}, {.fn = "fill"});
-  b.compute(ir::op_kind::elementwise, "second", {x}, {x}, {.fn = "scale"});
+  b.compute(ir::op_kind::elementwise, "first", {}, {x}, {.fn = ir::op::zero, .flops = 0});
+  b.compute(ir::op_kind::elementwise, "second", {x}, {x}, {.fn = ir::op::scale, .flops = 0});
   const auto g = std::move(b).finish();
   CHECK_THROWS_WITH(planner::list_schedule("fifo", g, std::vector<double>{1, 1}),
                     ContainsSubstring("'fifo'") && ContainsSubstring("xla_lhs") && ContainsSubstring("program_order"));

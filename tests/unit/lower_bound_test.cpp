@@ -15,6 +15,7 @@ struct small_graph {
   ir::graph g;
   std::vector<double> dur;
   small_graph() {
+    g.cost_only = true; // planned, not run
     g.name = "lb";
     g.axes = {{"dp", 2, ir::link_class::inter_node}, {"tp", 2, ir::link_class::intra_node}};
     g.streams = {{"compute", -1}, {"comm:dp", 0}, {"comm:tp", 1}};

@@ -30,6 +30,7 @@ struct fixture {
 
   fixture() {
     ir::builder b("tiny \"mlp\"");
+    b.cost_only(); // planned, not run
     const int dp = b.axis("dp", 2);
     const auto x = b.buffer("x", {4, 8}, ir::buffer_role::input);
     const auto w = b.buffer("w", {8, 8}, ir::buffer_role::param);
@@ -38,8 +39,8 @@ struct fixture {
     b.matmul("fc", x, x, gw, 8, 8, 4, 1, true);
     b.collective(ir::op_kind::all_reduce, "w.grad.ar", dp, gw, gw);
     b.at(ir::phase::optimizer);
-    b.compute(ir::op_kind::optimizer_update, "sgd", {gw, w}, {w}, {.fn = "sgd"});
-    b.compute(ir::op_kind::elementwise, "a<b&c", {w}, {x}, {.fn = "scale"});
+    b.compute(ir::op_kind::optimizer_update, "sgd", {gw, w}, {w}, {.fn = ir::op::sgd, .flops = 0});
+    b.compute(ir::op_kind::elementwise, "a<b&c", {w}, {x}, {.fn = ir::op::scale, .flops = 0});
     g = std::move(b).finish();
     order = {{0, 2, 3}, {1}};
     d = {4, 6, 3, 2};

@@ -31,6 +31,7 @@ std::string joined(const std::vector<std::string>& problems) {
 /// Streams: compute, then comm:dp, comm:tp as `lanes` asks (1 to 3 streams in all).
 ir::graph empty_graph(int lanes) {
   ir::graph g;
+  g.cost_only = true; // planned, not run
   g.name = "random";
   g.axes = {{"dp", 4, ir::link_class::inter_node}, {"tp", 2, ir::link_class::intra_node}};
   g.streams = {{"compute", -1}};

@@ -14,7 +14,7 @@
 ///     u32 0x01020304 (byte order) | key: u64 graph, u64 mesh, u64 cost_model, str backend,
 ///     str library_version, str policy, u64 options | u64 plan graph hash | str policy,
 ///     str preset, f64 plan_seconds, f64 lower_bound_us, i32 windows_total, i32 windows_optimal |
-///     graph: str name, [axis: str name, i32 size, u8 link], [stream: str name, i32 axis],
+///     graph: str name, u8 cost_only, [axis: str name, i32 size, u8 link], [stream: str name, i32 axis],
 ///     [buffer: str name, i64 bytes, u8 dtype, u8 role, [i64 extent], i32 view_of, i64 offset],
 ///     [task: str name, u8 kind, i32 stream, f64 flops, f64 bytes, [i32 read], [i32 write],
 ///     [i32 dep], str fn, [str key, i64 value], i32 axis, u8 phase, i32 layer] |
@@ -147,6 +147,7 @@ private:
   w.put(static_cast<std::int32_t>(p.stats.windows_optimal));
   const auto& g = p.graph;
   w.put(std::string_view(g.name));
+  w.put(static_cast<std::uint8_t>(g.cost_only));
   w.put(static_cast<std::uint32_t>(g.axes.size()));
   for (const auto& a : g.axes) {
     w.put(std::string_view(a.name));
@@ -178,7 +179,7 @@ private:
     w.put_list(t.reads);
     w.put_list(t.writes);
     w.put_list(t.deps);
-    w.put(std::string_view(t.fn));
+    w.put(ir::to_string(t.fn));
     w.put(static_cast<std::uint32_t>(t.attrs.size()));
     for (const auto& [k, v] : t.attrs) {
       w.put(std::string_view(k));
@@ -223,6 +224,7 @@ private:
   p.stats.windows_optimal = r.get<std::int32_t>("stats.windows_optimal");
   auto& g = p.graph;
   g.name = r.str("graph name");
+  g.cost_only = r.get<std::uint8_t>("graph cost_only") != 0;
   g.axes.resize(r.count(9, "mesh axis"));
   for (auto& a : g.axes) {
     a.name = r.str("mesh axis name");
@@ -258,7 +260,10 @@ private:
     r.list(t.reads, "task reads");
     r.list(t.writes, "task writes");
     r.list(t.deps, "task deps");
-    t.fn = r.str("task fn");
+    const auto fn = r.str("task fn");
+    const auto op = ir::op_from_string(fn);
+    if (!op) r.bad("task fn '" + fn + "' is no op of this library");
+    t.fn = *op;
     const auto attrs = r.count(12, "task attribute");
     for (std::size_t a = 0; a < attrs; ++a) {
       auto key = r.str("task attribute name");

@@ -39,7 +39,7 @@
 namespace concerto::cache {
 
 /// @brief The file format this library writes and reads.
-inline constexpr int format_version = 2;
+inline constexpr int format_version = 3;
 
 /// @brief Where plans are cached: `$CONCERTO_CACHE_DIR`, else `$XDG_CACHE_HOME/concerto`,
 /// else `$HOME/.cache/concerto`, else `concerto-cache` in the system's temporary directory.

@@ -81,7 +81,7 @@ public:
   /// @brief The name a compute task's kernel goes by in hardware::kernel_scale: its fn, or its
   /// op kind when it has none (matmul).
   [[nodiscard]] static std::string_view kernel_name(const ir::task& t) {
-    return t.fn.empty() ? ir::to_string(t.kind) : std::string_view(t.fn);
+    return t.fn == ir::op::none ? ir::to_string(t.kind) : ir::to_string(t.fn);
   }
 
   /// @brief Duration of a compute task in µs: max(flops / (peak × efficiency), bytes /

@@ -6,6 +6,7 @@
 /// `program(loss, ...)` can extract the whole step from `decltype(loss)` at compile time.
 
 #include <concerto/core/fixed_string.hpp>
+#include <concerto/ir/ops.hpp>
 #include <concerto/spec/spec.hpp>
 
 #include <cstdint>
@@ -13,35 +14,9 @@
 
 namespace concerto {
 
-/// @brief Every operation a program node can carry: forward ops, their backward, redistributions
-/// and optimizer updates. The `fn` name of each lowered task is given in docs/dsl-reference.md.
-enum class op_code : std::uint8_t {
-  // leaves
-  input, data, param, state,
-  // forward ops
-  matmul, add, bias, gelu, relu, layernorm, softmax, attention, embedding, mse, cross_entropy, to, repeat_in,
-  repeat_out,
-  // vocab-parallel cross-entropy (Megatron-LM): logits split over an axis on the vocabulary dimension
-  ce_max, ce_target, ce_sumexp, ce_loss,
-  // backward ops
-  gelu_grad, relu_grad, bias_grad, layernorm_grad, layernorm_grad_gamma, softmax_grad, attention_grad, select,
-  embedding_grad, mse_grad, cross_entropy_grad, ce_grad,
-  // redistribution
-  all_reduce, all_gather, reduce_scatter, all_to_all, local_slice, keep_one,
-  // optimizer
-  sgd, adamw,
-};
-inline constexpr int op_code_count = static_cast<int>(op_code::adamw) + 1;
-
-[[nodiscard]] constexpr std::string_view to_string(op_code op) noexcept {
-  constexpr std::string_view names[op_code_count] = {
-      "input", "data", "param", "state", "matmul", "add", "bias", "gelu", "relu", "layernorm", "softmax",
-      "attention", "embedding", "mse", "cross_entropy", "to", "repeat_in", "repeat_out", "ce_max", "ce_target",
-      "ce_sumexp", "ce_loss", "gelu_grad", "relu_grad", "bias_grad", "layernorm_grad", "layernorm_grad_gamma",
-      "softmax_grad", "attention_grad", "select", "embedding_grad", "mse_grad", "cross_entropy_grad", "ce_grad", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_slice",
-      "keep_one", "sgd", "adamw"};
-  return names[static_cast<int>(op)];
-}
+/// @brief Every operation a program node can carry: the ops of the op table (ir/ops.hpp), which
+/// says for each its sharding rule, its backward recipe and the task it lowers to.
+using op_code = ir::op;
 
 /// @brief What kind of leaf: `input` receives a gradient (like a module's input), `data`
 /// does not (token ids, labels), `param` is trained, `constant` is an f32 input the step does

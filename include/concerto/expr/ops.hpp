@@ -33,7 +33,7 @@ template <expression A, expression B>
 }
 /// @brief x[..., n] + b[n] broadcast over the leading dimensions.
 template <expression X, expression Bv>
-[[nodiscard]] constexpr detail::op_t<op_code::bias, X, Bv> bias(X, Bv) noexcept {
+[[nodiscard]] constexpr detail::op_t<op_code::bias_add, X, Bv> bias(X, Bv) noexcept {
   return {};
 }
 /// @brief GELU (tanh approximation), elementwise.

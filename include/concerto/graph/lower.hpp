@@ -118,7 +118,7 @@ template <std::size_t N>
              p.name_of(x.in[1]) + "' " + dims_text(in(1)));
       global[i] = in(0);
       break;
-    case op_code::bias:
+    case op_code::bias_add:
     case op_code::layernorm:
       for (int k = 1; k < x.n_in; ++k)
         if (in(k)[0] != in(0).back())
@@ -147,14 +147,14 @@ template <std::size_t N>
         fail("cross_entropy '" + name + "': labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
       global[i] = {};
       break;
-    case op_code::ce_max:
-    case op_code::ce_sumexp: global[i] = std::vector<std::int64_t>(in(0).begin(), in(0).end() - 1); break;
-    case op_code::ce_target:
+    case op_code::vocab_ce_max:
+    case op_code::vocab_ce_sumexp: global[i] = std::vector<std::int64_t>(in(0).begin(), in(0).end() - 1); break;
+    case op_code::vocab_ce_target:
       if (in(1).size() + 1 != in(0).size() || !std::equal(in(1).begin(), in(1).end(), in(0).begin()))
         fail("cross_entropy '" + name + "': labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
       global[i] = in(1);
       break;
-    case op_code::ce_loss: global[i] = {}; break;
+    case op_code::vocab_ce_loss: global[i] = {}; break;
     default: global[i] = in(0); break;
     }
   }
@@ -278,11 +278,9 @@ template <std::size_t N>
       const auto c = s.empty() ? 1 : s.back();
       return std::map<std::string, std::int64_t>{{"n", elements(s)}, {"rows", elements(s) / c}, {"cols", c}};
     };
-    const auto compute = [&](ir::op_kind kind, std::string fn, std::vector<ir::buffer_id> reads,
-                             std::map<std::string, std::int64_t> attrs, double flops_per_elem) {
+    const auto compute = [&](ir::op fn, std::vector<ir::buffer_id> reads, std::map<std::string, std::int64_t> attrs) {
       const auto out = slot(i) >= 0 ? slot(i) : new_buffer(i, x.kind);
-      b.compute(kind, name, std::move(reads), {out},
-                {std::move(fn), flops_per_elem * static_cast<double>(elems), -1, std::move(attrs)});
+      b.compute(fn, name, std::move(reads), {out}, std::move(attrs));
     };
     switch (x.op) {
     case op_code::input:
@@ -310,18 +308,23 @@ template <std::size_t N>
       b.matmul(name, I(0), I(1), out, m_, n_, k_, batch, ta, tb);
       break;
     }
-    case op_code::add: compute(ir::op_kind::elementwise, "add", {I(0), I(1)}, shape_attrs(out_shape), 1); break;
-    case op_code::bias: compute(ir::op_kind::elementwise, "bias_add", {I(0), I(1)}, shape_attrs(out_shape), 1); break;
-    case op_code::gelu: compute(ir::op_kind::elementwise, "gelu", {I(0)}, shape_attrs(out_shape), 8); break;
-    case op_code::relu: compute(ir::op_kind::elementwise, "relu", {I(0)}, shape_attrs(out_shape), 1); break;
-    case op_code::gelu_grad: compute(ir::op_kind::elementwise, "gelu_grad", {I(0), I(1)}, shape_attrs(out_shape), 10); break;
-    case op_code::relu_grad: compute(ir::op_kind::elementwise, "relu_grad", {I(0), I(1)}, shape_attrs(out_shape), 1); break;
-    case op_code::bias_grad: compute(ir::op_kind::elementwise, "bias_grad", {I(0)}, shape_attrs(L(0)), 0); break;
-    case op_code::layernorm: compute(ir::op_kind::norm, "layernorm", {I(0), I(1), I(2)}, shape_attrs(out_shape), 8); break;
-    case op_code::layernorm_grad: compute(ir::op_kind::norm, "layernorm_grad", {I(0), I(1), I(2)}, shape_attrs(out_shape), 12); break;
-    case op_code::layernorm_grad_gamma: compute(ir::op_kind::norm, "layernorm_grad_gamma", {I(0), I(1)}, shape_attrs(L(0)), 0); break;
-    case op_code::softmax: compute(ir::op_kind::softmax, "softmax", {I(0)}, shape_attrs(out_shape), 5); break;
-    case op_code::softmax_grad: compute(ir::op_kind::softmax, "softmax_grad", {I(0), I(1)}, shape_attrs(out_shape), 4); break;
+    case op_code::add:
+    case op_code::bias_add:
+    case op_code::gelu:
+    case op_code::relu:
+    case op_code::gelu_grad:
+    case op_code::relu_grad:
+    case op_code::layernorm:
+    case op_code::layernorm_grad:
+    case op_code::softmax:
+    case op_code::softmax_grad: {
+      std::vector<ir::buffer_id> reads;
+      for (int k = 0; k < x.n_in; ++k) reads.push_back(I(k));
+      compute(x.op, std::move(reads), shape_attrs(out_shape));
+      break;
+    }
+    case op_code::bias_grad: compute(ir::op::bias_grad, {I(0)}, shape_attrs(L(0))); break;
+    case op_code::layernorm_grad_gamma: compute(ir::op::layernorm_grad_gamma, {I(0), I(1)}, shape_attrs(L(0))); break;
     case op_code::attention:
     case op_code::attention_grad: {
       const auto& q = L(0);
@@ -330,7 +333,6 @@ template <std::size_t N>
         fail("attention '" + name + "': " + std::to_string(options.heads) + " heads cannot be split over the ranks");
       std::map<std::string, std::int64_t> attrs{{"batch", q[0]}, {"seq", q[1]}, {"heads", heads_here},
                                                 {"head_dim", q[2] / heads_here}, {"causal", 1}};
-      const double flops = 2.0 * static_cast<double>(q[0] * q[1]) * static_cast<double>(q[1] * q[2]); // causal half of 4bs²h
       const bool fwd = x.op == op_code::attention;
       if (!fwd) {
         // dq, dk, dv packed; a copy, because a repeated block lowers this node once per layer.
@@ -341,8 +343,7 @@ template <std::size_t N>
       const auto out = fwd ? new_buffer(i, x.kind) : slot(i);
       std::vector<ir::buffer_id> reads{I(0), I(1), I(2)};
       if (!fwd) reads.push_back(I(3));
-      b.compute(ir::op_kind::attention, name, reads, {out},
-                {fwd ? "attention" : "attention_grad", fwd ? flops : 2.5 * flops, -1, attrs});
+      b.compute(x.op, name, reads, {out}, attrs);
       break;
     }
     case op_code::select: {
@@ -358,57 +359,52 @@ template <std::size_t N>
       if (tspec.dims[0][0] >= 0) vocab_axis = axis_of[static_cast<std::size_t>(tspec.dims[0][0])];
       std::map<std::string, std::int64_t> attrs{{"tokens", elements(L(0))}, {"vocab", table[0]}, {"hidden", table[1]},
                                                 {"vocab_axis", vocab_axis}};
-      compute(ir::op_kind::elementwise, std::string(to_string(x.op)), {I(0), I(1)}, attrs, x.op == op_code::embedding ? 0 : 1);
+      compute(x.op, {I(0), I(1)}, attrs);
       break;
     }
     case op_code::mse:
     case op_code::mse_grad: {
       auto attrs = shape_attrs(L(0));
       attrs["global_n"] = elements(global[static_cast<std::size_t>(x.in[0])]);
-      compute(ir::op_kind::loss, std::string(to_string(x.op)), {I(0), I(1)}, attrs, 3);
+      compute(x.op, {I(0), I(1)}, attrs);
       break;
     }
     case op_code::cross_entropy:
     case op_code::cross_entropy_grad: {
       auto attrs = shape_attrs(L(0));
       attrs["global_rows"] = elements(global[static_cast<std::size_t>(x.in[1])]);
-      compute(ir::op_kind::loss, std::string(to_string(x.op)), {I(0), I(1)}, attrs, 5);
+      compute(x.op, {I(0), I(1)}, attrs);
       break;
     }
-    case op_code::ce_max:
-      compute(ir::op_kind::loss, "vocab_ce_max", {I(0)}, shape_attrs(L(0)), 1.0 * static_cast<double>(L(0).back()));
-      break;
-    case op_code::ce_target: {
+    case op_code::vocab_ce_max: compute(x.op, {I(0)}, shape_attrs(L(0))); break;
+    case op_code::vocab_ce_target: {
       auto attrs = shape_attrs(L(0));
       attrs["vocab_axis"] = vocab_axis_of(x.in[0]);
-      compute(ir::op_kind::loss, "vocab_ce_target", {I(0), I(1), I(2)}, attrs, 1);
+      compute(x.op, {I(0), I(1), I(2)}, attrs);
       break;
     }
-    case op_code::ce_sumexp:
-      compute(ir::op_kind::loss, "vocab_ce_sumexp", {I(0), I(1)}, shape_attrs(L(0)), 3.0 * static_cast<double>(L(0).back()));
-      break;
-    case op_code::ce_loss: {
+    case op_code::vocab_ce_sumexp: compute(x.op, {I(0), I(1)}, shape_attrs(L(0))); break;
+    case op_code::vocab_ce_loss: {
       auto attrs = shape_attrs(L(0));
       attrs["global_rows"] = elements(global[static_cast<std::size_t>(x.in[0])]);
-      compute(ir::op_kind::loss, "vocab_ce_loss", {I(0), I(1)}, attrs, 2.0 * static_cast<double>(elements(L(0))));
+      compute(x.op, {I(0), I(1)}, attrs);
       break;
     }
-    case op_code::ce_grad: {
+    case op_code::vocab_ce_grad: {
       auto attrs = shape_attrs(L(0));
       attrs["vocab_axis"] = vocab_axis_of(x.in[0]);
       attrs["global_rows"] = elements(global[static_cast<std::size_t>(x.in[1])]);
-      compute(ir::op_kind::loss, "vocab_ce_grad", {I(0), I(1), I(2), I(3)}, attrs, 4);
+      compute(x.op, {I(0), I(1), I(2), I(3)}, attrs);
       break;
     }
-    case op_code::local_slice:
+    case op_code::shard_slice:
     case op_code::keep_one: {
       const int axis = axis_of[static_cast<std::size_t>(x.axis)];
-      auto attrs = x.op == op_code::local_slice
+      auto attrs = x.op == op_code::shard_slice
                        ? std::map<std::string, std::int64_t>{{"dim", x.dim}, {"parts", axis_size(x.axis)}, {"mesh_axis", axis}}
                        : std::map<std::string, std::int64_t>{{"mesh_axis", axis}};
       for (std::size_t d = 0; d < L(0).size(); ++d) attrs["in_dim" + std::to_string(d)] = L(0)[d];
-      compute(x.op == op_code::local_slice ? ir::op_kind::slice : ir::op_kind::elementwise,
-              x.op == op_code::local_slice ? "shard_slice" : "keep_one", {I(0)}, attrs, 0);
+      compute(x.op, {I(0)}, attrs);
       break;
     }
     case op_code::all_reduce:
@@ -421,7 +417,7 @@ template <std::size_t N>
                                                           : ir::op_kind::all_to_all;
       const auto out = x.has(graph::flag_writes_param) ? (slot(i) = param_buffer(x)) : new_buffer(i, x.kind);
       const auto t = b.collective(kind, name, axis_of[static_cast<std::size_t>(x.axis)], I(0), out, -1,
-                                  x.has(graph::flag_max) ? "max" : "sum");
+                                  x.has(graph::flag_max) ? ir::op::max : ir::op::sum);
       std::map<std::string, std::int64_t> attrs;
       if (x.op == op_code::all_gather) attrs["dim"] = x.dim2;
       if (x.op == op_code::reduce_scatter) attrs["dim"] = x.dim;
@@ -444,9 +440,7 @@ template <std::size_t N>
         writes.push_back(I(2));
         writes.push_back(I(3));
       }
-      b.compute(ir::op_kind::optimizer_update, name, reads, writes,
-                {std::string(to_string(x.op)), (x.op == op_code::adamw ? 12.0 : 2.0) * static_cast<double>(elems), -1,
-                 {{"n", elems}}});
+      b.compute(x.op, name, reads, writes, {{"n", elems}});
       break;
     }
     default: fail("lowering: node " + std::to_string(i) + " '" + name + "' has an op the lowering does not know");

@@ -20,19 +20,54 @@
 
 #include <concerto/ir/graph.hpp>
 
+#include <array>
 #include <initializer_list>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 namespace concerto::ir {
 
+using attr_map = std::map<std::string, std::int64_t>;
+
 /// @brief Extra description of a compute task beyond its buffers.
 struct compute_info {
-  std::string fn;
-  double flops = 0;
+  op fn = op::none;
+  double flops = -1; ///< -1: from the op table (ir::flops_of), 0 for op::none
   double bytes = -1; ///< memory traffic; -1: sum of the sizes of the buffers read and written
-  std::map<std::string, std::int64_t> attrs;
+  attr_map attrs;
 };
+
+/// @brief The FLOPs of a task of op `fn` over these buffers and attrs, by the op table's rule,
+/// so that every producer (the DSL lowering, the workloads, imports) prices an op alike.
+/// Throws concerto::error for an op whose count its producer must give (flops_rule::given).
+[[nodiscard]] inline double flops_of(const graph& g, op fn, const std::vector<buffer_id>& reads,
+                                     const std::vector<buffer_id>& writes, const attr_map& attrs) {
+  const auto& i = info(fn);
+  const auto elements = [&](const std::vector<buffer_id>& list, std::size_t at) {
+    if (list.size() <= at) return 0.0;
+    const auto& b = g.buffers.at(static_cast<std::size_t>(list[at]));
+    return static_cast<double>(b.bytes) / static_cast<double>(std::max<std::size_t>(size_of(b.type), 1));
+  };
+  const auto attr = [&](const char* key, std::int64_t fallback) {
+    const auto it = attrs.find(key);
+    return static_cast<double>(it == attrs.end() ? fallback : it->second);
+  };
+  switch (i.flops) {
+  case flops_rule::none: return 0;
+  case flops_rule::per_output: return i.flops_per_element * elements(writes, 0);
+  case flops_rule::per_input: return i.flops_per_element * elements(reads, static_cast<std::size_t>(i.flops_read));
+  case flops_rule::gemm: return 2.0 * attr("m", 0) * attr("n", 0) * attr("k", 0) * attr("batch", 1);
+  case flops_rule::attention:
+  case flops_rule::attention_grad: {
+    const double seq = attr("seq", 0);
+    const double forward = 2.0 * attr("batch", 1) * seq * seq * attr("heads", 0) * attr("head_dim", 0);
+    return i.flops == flops_rule::attention ? forward : 2.5 * forward;
+  }
+  case flops_rule::given: break;
+  }
+  fail("op '" + std::string(i.name) + "' has no FLOP formula: its producer gives the count (compute_info::flops)");
+}
 
 class builder {
 public:
@@ -42,6 +77,12 @@ public:
   builder& at(phase p, int layer = -1) {
     phase_ = p;
     layer_ = layer;
+    return *this;
+  }
+
+  /// Marks the graph as made to be priced, not run (ir::graph::cost_only).
+  builder& cost_only() {
+    graph_.cost_only = true;
     return *this;
   }
 
@@ -73,17 +114,31 @@ public:
                                  std::move(shape), parent, offset});
   }
 
-  /// Adds a compute task of any kind.
+  /// Adds a compute task of op `fn`, its buffers in the op's operand order (ir/ops.hpp); its
+  /// kind and FLOPs come from the op table.
+  /// @code
+  /// b.compute(ir::op::rmsnorm, "ln1", {x, gain}, {y});
+  /// @endcode
+  task_id compute(op fn, std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes,
+                  attr_map attrs = {}) {
+    return compute(info(fn).kind, std::move(name), std::move(reads), std::move(writes), {fn, -1, -1, std::move(attrs)});
+  }
+
+  /// Adds a compute task of any kind with explicit costs (graphs priced by hand, cost-only
+  /// placeholders); with a fn, the kind must be the op's.
   task_id compute(op_kind kind, std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes,
                   compute_info info = {}) {
     CONCERTO_CHECK(!is_collective(kind), "task '" + name + "': use builder::collective for collectives");
+    CONCERTO_CHECK(info.fn == op::none || (is_compute(info.fn) && ir::info(info.fn).kind == kind),
+                   "task '" + name + "': op '" + std::string(to_string(info.fn)) + "' is not a compute op of kind " +
+                       std::string(to_string(kind)));
     task t;
     t.name = std::move(name);
     t.kind = kind;
     t.stream = compute_stream;
-    t.flops = info.flops;
+    t.flops = info.flops >= 0 ? info.flops : info.fn == op::none ? 0.0 : flops_of(graph_, info.fn, reads, writes, info.attrs);
     t.bytes = info.bytes >= 0 ? info.bytes : traffic(reads, writes);
-    t.fn = std::move(info.fn);
+    t.fn = info.fn;
     t.attrs = std::move(info.attrs);
     t.reads = std::move(reads);
     t.writes = std::move(writes);
@@ -96,15 +151,36 @@ public:
                  bool accumulate = false) {
     std::vector<buffer_id> reads{a, b};
     if (accumulate) reads.push_back(c);
-    return compute(op_kind::matmul, std::move(name), std::move(reads), {c},
-                   {"gemm", 2.0 * static_cast<double>(m * n) * static_cast<double>(k * batch), -1,
-                    {{"m", m}, {"n", n}, {"k", k}, {"batch", batch}, {"trans_a", trans_a},
-                     {"trans_b", trans_b}, {"accumulate", accumulate}}});
+    return compute(op::matmul, std::move(name), std::move(reads), {c},
+                   {{"m", m}, {"n", n}, {"k", k}, {"batch", batch}, {"trans_a", trans_a}, {"trans_b", trans_b},
+                    {"accumulate", accumulate}});
   }
 
-  /// A collective over the group of `axis`; `bytes` defaults per the graph.hpp convention.
+  /// Copies the part [offset, offset + length) of dimension `dim` of `src` (of shape `shape`)
+  /// into `dst`: the slice op with its explicit row geometry (outer, extent, inner).
+  task_id slice(std::string name, buffer_id src, buffer_id dst, const std::vector<std::int64_t>& shape, std::size_t dim,
+                std::int64_t offset, std::int64_t length) {
+    const auto [outer, extent, inner] = around(shape, dim, name);
+    return compute(op::slice, std::move(name), {src}, {dst},
+                   {{"outer", outer}, {"extent", extent}, {"inner", inner}, {"length", length}, {"offset", offset}});
+  }
+
+  /// Joins equal parts along dimension `dim` of `dst` (of shape `shape`): the concat op with its
+  /// explicit row geometry.
+  task_id concat(std::string name, std::vector<buffer_id> parts, buffer_id dst, const std::vector<std::int64_t>& shape,
+                 std::size_t dim) {
+    const auto [outer, extent, inner] = around(shape, dim, name);
+    const auto n = static_cast<std::int64_t>(parts.size());
+    CONCERTO_CHECK(n > 0 && extent % n == 0, "concat '" + name + "': " + std::to_string(n) + " parts do not split extent " +
+                                                 std::to_string(extent) + " evenly");
+    return compute(op::concat, std::move(name), std::move(parts), {dst},
+                   {{"outer", outer}, {"inner", inner}, {"length", extent / n}, {"parts", n}});
+  }
+
+  /// A collective over the group of `axis`; `bytes` defaults per the graph.hpp convention, `fn`
+  /// to sum for a collective that reduces (none for one that only moves values).
   task_id collective(op_kind kind, std::string name, int axis, buffer_id in, buffer_id out, double bytes = -1,
-                     std::string fn = "sum") {
+                     std::optional<op> reduction = std::nullopt) {
     CONCERTO_CHECK(is_collective(kind), "task '" + name + "' is not a collective");
     CONCERTO_CHECK(axis >= 0 && static_cast<std::size_t>(axis) < graph_.axes.size(),
                    "collective '" + name + "' names mesh axis " + std::to_string(axis) + ", which does not exist");
@@ -116,7 +192,10 @@ public:
     const auto in_bytes = static_cast<double>(graph_.buffers.at(static_cast<std::size_t>(in)).bytes);
     const auto out_bytes = static_cast<double>(graph_.buffers.at(static_cast<std::size_t>(out)).bytes);
     t.bytes = bytes >= 0 ? bytes : std::max(in_bytes, out_bytes);
-    t.fn = std::move(fn);
+    const auto fn = reduction.value_or(reduces(kind) ? op::sum : op::none);
+    CONCERTO_CHECK(fn == op::none || is_reduction(fn), "collective '" + t.name + "': fn '" + std::string(to_string(fn)) +
+                                                           "' is not a reduction (sum, max, min)");
+    t.fn = fn;
     t.reads = {in};
     t.writes = {out};
     return add_task(std::move(t));
@@ -146,6 +225,16 @@ private:
     graph_.buffers.push_back(std::move(b));
     log_.emplace_back();
     return graph_.buffers.back().id;
+  }
+
+  // A shape seen as [outer, extent, inner] around dimension `dim`.
+  static std::array<std::int64_t, 3> around(const std::vector<std::int64_t>& shape, std::size_t dim, const std::string& name) {
+    CONCERTO_CHECK(dim < shape.size(), "task '" + name + "': dimension " + std::to_string(dim) + " of a rank-" +
+                                           std::to_string(shape.size()) + " shape");
+    std::int64_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < dim; ++d) outer *= shape[d];
+    for (std::size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+    return {outer, shape[dim], inner};
   }
 
   double traffic(const std::vector<buffer_id>& reads, const std::vector<buffer_id>& writes) const {

@@ -98,10 +98,7 @@ namespace concerto::ir {
     if (keep_buffer[b] && g.buffers[b].view_of >= 0) keep_buffer[static_cast<std::size_t>(g.buffers[b].view_of)] = 1;
   }
   std::vector<buffer_id> new_buffer(n_buffers, -1);
-  graph out;
-  out.name = g.name;
-  out.axes = g.axes;
-  out.streams = g.streams;
+  auto out = g.empty_like();
   for (std::size_t b = 0; b < n_buffers; ++b) {
     if (!keep_buffer[b]) continue;
     auto buf = g.buffers[b];

@@ -17,6 +17,7 @@
 /// - send / recv: size of the message.
 
 #include <concerto/core/error.hpp>
+#include <concerto/ir/ops.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -32,44 +33,6 @@ using task_id = std::int32_t;
 using buffer_id = std::int32_t;
 using stream_id = std::int32_t;
 inline constexpr stream_id compute_stream = 0;
-
-/// @brief What a task does. Compute kinds first, collectives after `all_reduce`.
-enum class op_kind : std::uint8_t {
-  matmul,           ///< (batched) GEMM; attrs m, n, k, batch, trans_a, trans_b
-  elementwise,      ///< fn names it: add, gelu, gelu_grad, relu, scale, bias_add, ...
-  norm,             ///< layernorm / rmsnorm and their backward (fn)
-  softmax,          ///< softmax and its backward (fn)
-  attention,        ///< fused attention (fn: forward / backward; attrs heads, seq, head_dim, causal)
-  loss,             ///< cross_entropy / mse and their gradients (fn)
-  optimizer_update, ///< fn: sgd / adamw
-  copy,             ///< memcpy-like
-  slice,            ///< take a chunk of a buffer (attrs offset, length along dim)
-  concat,           ///< join chunks
-  all_reduce,
-  all_gather,
-  reduce_scatter,
-  all_to_all,
-  send,
-  recv,
-  broadcast,
-};
-inline constexpr int op_kind_count = 17;
-
-[[nodiscard]] constexpr bool is_collective(op_kind k) noexcept { return k >= op_kind::all_reduce; }
-
-[[nodiscard]] constexpr std::string_view to_string(op_kind k) noexcept {
-  constexpr std::string_view names[op_kind_count] = {
-      "matmul",     "elementwise", "norm",           "softmax",    "attention", "loss",
-      "optimizer_update", "copy",  "slice",          "concat",     "all_reduce", "all_gather",
-      "reduce_scatter",   "all_to_all", "send",      "recv",       "broadcast"};
-  return names[static_cast<int>(k)];
-}
-
-[[nodiscard]] inline std::optional<op_kind> op_kind_from_string(std::string_view s) noexcept {
-  for (int i = 0; i < op_kind_count; ++i)
-    if (to_string(static_cast<op_kind>(i)) == s) return static_cast<op_kind>(i);
-  return std::nullopt;
-}
 
 /// @brief Which part of the step a task belongs to; policies and bucketing look at it.
 enum class phase : std::uint8_t { forward, backward, optimizer };
@@ -140,7 +103,8 @@ struct task {
   std::vector<buffer_id> reads;
   std::vector<buffer_id> writes;
   std::vector<task_id> deps;         ///< tasks that must finish before this one starts
-  std::string fn;                    ///< the precise function (gelu, layernorm_grad, adamw, sum...)
+  op fn = op::none;                  ///< what it computes: a compute op (gelu, layernorm_grad, adamw...),
+                                     ///< or a collective's reduction (sum, max); see ir/ops.hpp
   std::map<std::string, std::int64_t> attrs; ///< shape and parameters the kernel needs
   int axis = -1;                     ///< mesh axis of a collective's group, -1 for compute
   phase step_phase = phase::forward;
@@ -160,9 +124,22 @@ struct graph {
   std::vector<stream> streams{stream{"compute", -1}};
   std::vector<buffer> buffers;
   std::vector<task> tasks;
+  /// Made to be priced, not run (the planner's benchmark workloads): its tasks may use ops no
+  /// executor has, such as the workloads' MoE placeholders. Executors refuse such a graph.
+  bool cost_only = false;
   friend bool operator==(const graph&, const graph&) = default;
 
   [[nodiscard]] std::size_t size() const noexcept { return tasks.size(); }
+  /// A graph with this one's name, mesh axes, streams and cost_only flag, and no buffers or
+  /// tasks: what a rewrite starts from.
+  [[nodiscard]] graph empty_like() const {
+    graph out;
+    out.name = name;
+    out.axes = axes;
+    out.streams = streams;
+    out.cost_only = cost_only;
+    return out;
+  }
   [[nodiscard]] const task& operator[](task_id id) const { return tasks.at(static_cast<std::size_t>(id)); }
 
   /// Group size of a collective (ranks along its axis).
@@ -214,9 +191,14 @@ struct graph {
   /// A topological order of the tasks; throws concerto::error naming a task on a cycle.
   [[nodiscard]] std::vector<task_id> topological_order() const;
 
-  /// Checks ids, references, sizes, streams and acyclicity; throws concerto::error that
-  /// names the offending task or buffer.
+  /// Checks ids, references, sizes, streams, functions and acyclicity; throws concerto::error
+  /// that names the offending task or buffer. A task's fn must fit its kind (a collective's is
+  /// a reduction); unless the graph is cost-only, every compute task must name an op both
+  /// executors run, with the operands and attrs the op table lists.
   void validate() const;
+
+private:
+  void check_function(const task& t, const std::string& where) const;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -240,6 +222,45 @@ inline std::vector<task_id> graph::topological_order() const {
              tasks[i].name + "'");
   }
   return order;
+}
+
+inline void graph::check_function(const task& t, const std::string& where) const {
+  const auto& op = info(t.fn);
+  const auto fn = "fn '" + std::string(op.name) + "'";
+  if (is_collective(t.kind)) {
+    // A collective's fn is how it combines values; one that only moves them needs none.
+    if (op.role != op_role::reduction && t.fn != op::none)
+      fail(where + " is a " + std::string(to_string(t.kind)) + " with " + fn + "; a collective's fn is how it combines "
+           "values: sum, max or min");
+    if (t.fn == op::none && reduces(t.kind) && !cost_only)
+      fail(where + " is a " + std::string(to_string(t.kind)) + " without fn; say how it combines values: sum, max or min");
+    return;
+  }
+  if (t.fn == op::none) {
+    if (!cost_only) fail(where + " names no fn; a graph that is run needs every compute task's op (or mark it cost_only)");
+    return;
+  }
+  if (op.role != op_role::compute) fail(where + " has " + fn + ", which is not a compute op");
+  if (op.kind != t.kind)
+    fail(where + " is a " + std::string(to_string(t.kind)) + " task with " + fn + ", whose tasks are " +
+         std::string(to_string(op.kind)));
+  if (cost_only) return;
+  if (!op.executable) fail(where + " has " + fn + ", which no executor runs (the graph is not marked cost_only)");
+  const auto count = [&](const operand_list& l, std::size_t have, const char* what) {
+    const auto lo = static_cast<std::size_t>(l.min()), hi = static_cast<std::size_t>(l.count);
+    if (have < lo || (!l.variadic && have > hi)) {
+      std::string names;
+      for (int i = 0; i < l.count; ++i) names += (i ? ", " : "") + std::string(l.names[static_cast<std::size_t>(i)]);
+      fail(where + " (" + fn + ") " + what + " " + std::to_string(have) + " buffer(s); the op " + what + " " +
+           (lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi)) +
+           (l.variadic ? " or more" : "") + ": " + names);
+    }
+  };
+  count(op.reads, t.reads.size(), "reads");
+  count(op.writes, t.writes.size(), "writes");
+  for (const auto key : op.attrs)
+    if (!key.empty() && !t.attrs.contains(std::string(key)))
+      fail(where + " (" + fn + ") lacks attr '" + std::string(key) + "'");
 }
 
 inline void graph::validate() const {
@@ -285,6 +306,7 @@ inline void graph::validate() const {
     } else if (!st.is_compute()) {
       fail(where(t) + " is a compute task on communication stream '" + st.name + "'");
     }
+    check_function(t, where(t));
     for (auto d : t.deps) {
       if (d < 0 || d >= n) fail(where(t) + " depends on task " + std::to_string(d) + ", which does not exist");
       if (d == t.id) fail(where(t) + " depends on itself");

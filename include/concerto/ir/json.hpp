@@ -306,7 +306,10 @@ inline void read_tasks(graph& g, const json& doc, const std::string& where) {
     t.bytes = number_field(j, "bytes", at, 0);
     if (t.flops < 0) fail(at + ": field 'flops' is negative (" + std::to_string(t.flops) + ")");
     if (t.bytes < 0) fail(at + ": field 'bytes' is negative (" + std::to_string(t.bytes) + ")");
-    t.fn = string_field(j, "fn", at);
+    // A reducing collective without fn sums; a compute task without one is priced by its kind
+    // (cost-only graphs).
+    if (const auto fn = string_field(j, "fn", at); !fn.empty()) t.fn = parse_op(fn, at);
+    else if (reduces(t.kind)) t.fn = op::sum;
     t.step_phase = enum_field(j, "phase", at, phase::forward, 3);
     t.layer = int_field(j, "layer", at, -1);
 
@@ -386,13 +389,13 @@ inline void read_tasks(graph& g, const json& doc, const std::string& where) {
                      {"reads", t.reads},
                      {"writes", t.writes},
                      {"deps", t.deps},
-                     {"fn", t.fn},
+                     {"fn", t.fn == op::none ? std::string_view() : to_string(t.fn)},
                      {"attrs", std::move(attrs)},
                      {"axis", t.axis},
                      {"phase", to_string(t.step_phase)},
                      {"layer", t.layer}});
   }
-  return {{"schema", "concerto.graph/1"}, {"name", g.name},       {"axes", std::move(axes)},
+  return {{"schema", "concerto.graph/1"}, {"name", g.name},       {"cost_only", g.cost_only}, {"axes", std::move(axes)},
           {"streams", std::move(streams)}, {"buffers", std::move(buffers)}, {"tasks", std::move(tasks)}};
 }
 
@@ -410,6 +413,10 @@ inline void read_tasks(graph& g, const json& doc, const std::string& where) {
     graph g;
     g.name = detail::string_field(doc, "name", where);
     where = "graph '" + g.name + "'";
+    if (const auto* c = detail::find_field(doc, "cost_only")) {
+      if (!c->is_boolean()) detail::field_error(where, "cost_only", "true or false", *c);
+      g.cost_only = c->get<bool>();
+    }
     detail::read_axes(g, doc, where);
     detail::read_streams(g, doc, where);
     detail::read_buffers(g, doc, where);

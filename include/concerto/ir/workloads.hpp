@@ -103,8 +103,8 @@ public:
     embedding_backward(dx);
     for (auto& p : params_) {
       b_.at(phase::optimizer, p.layer);
-      b_.compute(op_kind::optimizer_update, p.name + ".adamw", {p.grad_out, p.store, p.state}, {p.store, p.state},
-                 info("adamw", adamw_flops * static_cast<double>(local_numel(p)), {{"numel", local_numel(p)}}));
+      task(p.name + ".adamw", {p.grad_out, p.store, p.state}, {p.store, p.state},
+                 info(op::adamw, adamw_flops * static_cast<double>(local_numel(p)), {{"numel", local_numel(p)}}));
     }
   }
 
@@ -123,15 +123,20 @@ private:
   [[nodiscard]] bool zero3() const { return sync_ == grad_sync::zero3 && dp_axis_ >= 0; }
   [[nodiscard]] i64 local_numel(const param& p) const { return zero3() ? (p.numel + dp_ - 1) / dp_ : p.numel; }
   [[nodiscard]] static double d(i64 v) { return static_cast<double>(v); }
-  [[nodiscard]] std::string norm_fn() const { return m_.llama ? "rmsnorm" : "layernorm"; }
+  [[nodiscard]] op norm_fn() const { return m_.llama ? op::rmsnorm : op::layernorm; }
+  [[nodiscard]] op norm_grad_fn() const { return m_.llama ? op::rmsnorm_grad : op::layernorm_grad; }
 
   // Member by member, so that users' -Wmissing-field-initializers stays quiet.
-  static compute_info info(std::string fn, double flops, std::map<std::string, std::int64_t> attrs = {}) {
+  static compute_info info(op fn, double flops, std::map<std::string, std::int64_t> attrs = {}) {
     compute_info c;
-    c.fn = std::move(fn);
+    c.fn = fn;
     c.flops = flops;
     c.attrs = std::move(attrs);
     return c;
+  }
+  // A compute task of the op's kind.
+  void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
+    b_.compute(ir::info(c.fn).kind, std::move(name), std::move(reads), std::move(writes), std::move(c));
   }
 
   buffer_id act(std::string name, std::vector<i64> shape, dtype t) {
@@ -211,21 +216,21 @@ private:
 
   buffer_id norm(const std::string& name, buffer_id x, param& w) {
     const auto out = act(name + ".out", {tok_sp_, m_.hidden});
-    b_.compute(op_kind::norm, name, {x, use(w, true)}, {out},
+    task(name, {x, use(w, true)}, {out},
                info(norm_fn(), norm_flops * d(tok_sp_ * m_.hidden), {{"hidden", m_.hidden}}));
     return out;
   }
   buffer_id norm_backward(const std::string& name, buffer_id dy, buffer_id x, param& w) {
     const auto dx = act(name + ".in.grad", {tok_sp_, m_.hidden});
     const auto weight = use(w, false);
-    b_.compute(op_kind::norm, name + ".grad", {dy, x, weight}, {dx, w.grad},
-               info(norm_fn() + "_grad", norm_grad_flops * d(tok_sp_ * m_.hidden), {{"hidden", m_.hidden}}));
+    task(name + ".grad", {dy, x, weight}, {dx, w.grad},
+               info(norm_grad_fn(), norm_grad_flops * d(tok_sp_ * m_.hidden), {{"hidden", m_.hidden}}));
     gradient_ready(w);
     return dx;
   }
   buffer_id add(const std::string& name, buffer_id a, buffer_id b) {
     const auto out = act(name, {tok_sp_, m_.hidden});
-    b_.compute(op_kind::elementwise, name, {a, b}, {out}, info("add", d(tok_sp_ * m_.hidden)));
+    task(name, {a, b}, {out}, info(op::add, d(tok_sp_ * m_.hidden)));
     return out;
   }
 
@@ -274,12 +279,12 @@ private:
       wpe_ = &make_param("embed.wpe", {m_.seq, h}, -1, true);
     // A vocabulary-parallel lookup leaves zeros for other shards' tokens: a partial sum over tp.
     const auto e_full = act(partial("embed.out"), {tok_, h});
-    b_.compute(op_kind::copy, "embed", {tokens_, use(*wte_, true)}, {e_full},
-               info("embedding", 0, {{"vocab", vocab_ / tp_}, {"hidden", h}}));
+    task("embed", {tokens_, use(*wte_, true)}, {e_full},
+               info(op::embedding, 0, {{"vocab", vocab_ / tp_}, {"hidden", h}}));
     auto x = scatter_seq("embed.out", e_full, h);
     if (wpe_) {
       const auto out = act("embed.pos.out", {tok_sp_, h});
-      b_.compute(op_kind::elementwise, "embed.pos", {x, use(*wpe_, true)}, {out}, info("add_position", d(tok_sp_ * h)));
+      task("embed.pos", {x, use(*wpe_, true)}, {out}, info(op::add_position, d(tok_sp_ * h)));
       x = out;
     }
     return x;
@@ -288,13 +293,13 @@ private:
   void embedding_backward(buffer_id dx) {
     b_.at(phase::backward, -1);
     if (wpe_) {
-      b_.compute(op_kind::elementwise, "embed.pos.grad", {dx}, {wpe_->grad},
-                 info("position_embedding_grad", d(tok_sp_ * m_.hidden)));
+      task("embed.pos.grad", {dx}, {wpe_->grad},
+                 info(op::position_embedding_grad, d(tok_sp_ * m_.hidden)));
       gradient_ready(*wpe_);
     }
     const auto dy = gather_seq("embed.out.grad", dx, m_.hidden);
-    b_.compute(op_kind::elementwise, "embed.grad", {dy, tokens_}, {wte_->grad},
-               info("embedding_grad", d(tok_ * m_.hidden), {{"vocab", vocab_ / tp_}, {"hidden", m_.hidden}}));
+    task("embed.grad", {dy, tokens_}, {wte_->grad},
+               info(op::embedding_grad, d(tok_ * m_.hidden), {{"vocab", vocab_ / tp_}, {"hidden", m_.hidden}}));
     gradient_ready(*wte_);
   }
 
@@ -311,23 +316,23 @@ private:
     const auto stats = b_.buffer("loss.stats", {2, tok_}, buffer_role::activation, dtype::f32);
     std::vector<buffer_id> saved{logits, labels_, stats};
     if (tp_axis_ < 0) {
-      b_.compute(op_kind::loss, "loss", {logits, labels_}, {loss, stats},
-                 info("cross_entropy", ce_flops * d(tok_ * v)));
+      task("loss", {logits, labels_}, {loss, stats},
+                 info(op::cross_entropy, ce_flops * d(tok_ * v)));
     } else {
       // Vocabulary-parallel cross-entropy (Megatron): a max and a sum of exponentials over tp.
       const auto mx = b_.buffer("loss.max", {tok_}, buffer_role::activation, dtype::f32);
       saved.push_back(mx);
-      b_.compute(op_kind::loss, "loss.max", {logits}, {mx}, info("cross_entropy_max", d(tok_ * v)));
-      b_.collective(op_kind::all_reduce, "loss.max.ar", tp_axis_, mx, mx, -1, "max");
-      b_.compute(op_kind::loss, "loss.sumexp", {logits, mx, labels_}, {stats},
-                 info("cross_entropy_sumexp", ce_flops * d(tok_ * v)));
+      task("loss.max", {logits}, {mx}, info(op::vocab_ce_max, d(tok_ * v)));
+      b_.collective(op_kind::all_reduce, "loss.max.ar", tp_axis_, mx, mx, -1, op::max);
+      task("loss.sumexp", {logits, mx, labels_}, {stats},
+                 info(op::vocab_ce_sumexp, ce_flops * d(tok_ * v)));
       b_.collective(op_kind::all_reduce, "loss.stats.ar", tp_axis_, stats, stats);
-      b_.compute(op_kind::loss, "loss", {stats, mx}, {loss}, info("cross_entropy", d(tok_)));
+      task("loss", {stats, mx}, {loss}, info(op::vocab_ce_loss, d(tok_)));
     }
     b_.at(phase::backward, -1);
     const auto dlogits = act("head.logits.grad", {tok_, v});
-    b_.compute(op_kind::loss, "loss.grad", std::move(saved), {dlogits},
-               info("cross_entropy_grad", ce_flops * d(tok_ * v)));
+    task("loss.grad", std::move(saved), {dlogits},
+               info(op::cross_entropy_grad, ce_flops * d(tok_ * v)));
     const auto dxf = column_backward("head.logits", xf, xff, dlogits, w, v, h);
     return norm_backward("head.norm", dxf, x, normf);
   }
@@ -351,11 +356,11 @@ private:
     s.n1f = gather_seq(L + "ln1.out", s.n1, h);
     s.qkv = linear(L + "attn.qkv", s.n1f, *s.qkv_w, qkv_n_, h, L + "attn.qkv.out");
     if (m_.llama)
-      b_.compute(op_kind::elementwise, L + "rope", {s.qkv}, {s.qkv}, info("rope", rope_flops * d(tok_ * qkv_n_)));
+      task(L + "rope", {s.qkv}, {s.qkv}, info(op::rope, rope_flops * d(tok_ * qkv_n_)));
     s.attn = act(L + "attn.out", {tok_, h / tp_});
     s.lse = act(L + "attn.lse", {batch_, m_.heads / tp_, m_.seq}, dtype::f32);
-    b_.compute(op_kind::attention, L + "attention", {s.qkv}, {s.attn, s.lse},
-               info("attention", 4.0 * d(batch_) * d(m_.seq) * d(m_.seq) * d(h / tp_), attention_attrs()));
+    task(L + "attention", {s.qkv}, {s.attn, s.lse},
+               info(op::attention, 4.0 * d(batch_) * d(m_.seq) * d(m_.seq) * d(h / tp_), attention_attrs()));
     const auto o = linear(L + "attn.proj", s.attn, *s.o_w, h, h / tp_, partial(L + "attn.proj.out"));
     s.x_mid = add(L + "resid1", x_in, scatter_seq(L + "attn.proj.out", o, h));
 
@@ -369,9 +374,9 @@ private:
     s.u = linear(L + "mlp.up", s.n2f, *s.up_w, up_n_, h, L + "mlp.up.out");
     s.a = act(L + "mlp.act.out", {tok_, f});
     if (m_.llama)
-      b_.compute(op_kind::elementwise, L + "mlp.act", {s.u}, {s.a}, info("swiglu", swiglu_flops * d(tok_ * f)));
+      task(L + "mlp.act", {s.u}, {s.a}, info(op::swiglu, swiglu_flops * d(tok_ * f)));
     else
-      b_.compute(op_kind::elementwise, L + "mlp.act", {s.u}, {s.a}, info("gelu", gelu_flops * d(tok_ * f)));
+      task(L + "mlp.act", {s.u}, {s.a}, info(op::gelu, gelu_flops * d(tok_ * f)));
     const auto y = linear(L + "mlp.down", s.a, *s.down_w, h, f, partial(L + "mlp.down.out"));
     const auto x_out = add(L + "resid2", s.x_mid, scatter_seq(L + "mlp.down.out", y, h));
     saved_.push_back(s);
@@ -392,11 +397,11 @@ private:
     const auto da = row_backward(L + "mlp.down", s.a, dx_out, *s.down_w, h, f);
     const auto du = act(L + "mlp.up.out.grad", {tok_, up_n_});
     if (m_.llama)
-      b_.compute(op_kind::elementwise, L + "mlp.act.grad", {da, s.u}, {du},
-                 info("swiglu_grad", swiglu_grad_flops * d(tok_ * f)));
+      task(L + "mlp.act.grad", {da, s.u}, {du},
+                 info(op::swiglu_grad, swiglu_grad_flops * d(tok_ * f)));
     else
-      b_.compute(op_kind::elementwise, L + "mlp.act.grad", {da, s.u}, {du},
-                 info("gelu_grad", gelu_grad_flops * d(tok_ * f)));
+      task(L + "mlp.act.grad", {da, s.u}, {du},
+                 info(op::gelu_grad, gelu_grad_flops * d(tok_ * f)));
     const auto dn2 = column_backward(L + "mlp.up", s.n2, s.n2f, du, *s.up_w, up_n_, h);
     const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, *s.norm2));
     return attention_backward(L, s, dx_mid);
@@ -407,11 +412,11 @@ private:
     const i64 h = m_.hidden;
     const auto dattn = row_backward(L + "attn.proj", s.attn, dx_mid, *s.o_w, h, h / tp_);
     const auto dqkv = act(L + "attn.qkv.out.grad", {tok_, qkv_n_});
-    b_.compute(op_kind::attention, L + "attention.grad", {dattn, s.qkv, s.attn, s.lse}, {dqkv},
-               info("attention_grad", 8.0 * d(batch_) * d(m_.seq) * d(m_.seq) * d(h / tp_), attention_attrs()));
+    task(L + "attention.grad", {dattn, s.qkv, s.attn, s.lse}, {dqkv},
+               info(op::attention_grad, 8.0 * d(batch_) * d(m_.seq) * d(m_.seq) * d(h / tp_), attention_attrs()));
     if (m_.llama)
-      b_.compute(op_kind::elementwise, L + "rope.grad", {dqkv}, {dqkv},
-                 info("rope_grad", rope_flops * d(tok_ * qkv_n_)));
+      task(L + "rope.grad", {dqkv}, {dqkv},
+                 info(op::rope_grad, rope_flops * d(tok_ * qkv_n_)));
     const auto dn1 = column_backward(L + "attn.qkv", s.n1, s.n1f, dqkv, *s.qkv_w, qkv_n_, h);
     return add(L + "resid0.grad", dx_mid, norm_backward(L + "ln1", dn1, s.x_in, *s.norm1));
   }
@@ -443,8 +448,8 @@ private:
     if (a == 1 || b == 1)
       return in;
     const auto out = act(name + ".out", {m_.experts * capacity(), m_.hidden});
-    b_.compute(op_kind::copy, name, {in}, {out},
-               info("transpose_blocks", 0, {{"a", a}, {"b", b}, {"rows", capacity()}, {"hidden", m_.hidden}}));
+    task(name, {in}, {out},
+               info(op::transpose_blocks, 0, {{"a", a}, {"b", b}, {"rows", capacity()}, {"hidden", m_.hidden}}));
     return out;
   }
   // Local expert e's M = ep·C rows of a grouped [E/ep · M, cols] buffer.
@@ -473,10 +478,10 @@ private:
     b_.matmul(L + "moe.router", n2, s.router->store, s.logits, tok_, E, h);
     s.gates = act(L + "moe.gates", {tok_, K}, dtype::f32);
     s.slots = act(L + "moe.slots", {tok_, K}, dtype::i32);
-    b_.compute(op_kind::softmax, L + "moe.route", {s.logits}, {s.gates, s.slots},
-               info("moe_route", route_flops * d(tok_ * E), moe_attrs()));
+    task(L + "moe.route", {s.logits}, {s.gates, s.slots},
+               info(op::moe_route, route_flops * d(tok_ * E), moe_attrs()));
     const auto send = act(L + "moe.dispatch.out", {E * capacity(), h});
-    b_.compute(op_kind::copy, L + "moe.dispatch", {n2, s.slots}, {send}, info("moe_dispatch", 0, moe_attrs()));
+    task(L + "moe.dispatch", {n2, s.slots}, {send}, info(op::moe_dispatch, 0, moe_attrs()));
     const auto recv = exchange(L + "moe.dispatch.a2a", send, L + "moe.dispatch.recv");
     s.grouped = transpose_blocks(L + "moe.group", recv, ep_, el);
     const auto y = act(L + "moe.experts.out", {E * capacity(), h});
@@ -487,15 +492,15 @@ private:
       s.u.push_back(act(X + ".up.out", {M, 2 * f}));
       b_.matmul(X + ".up", x, s.up[static_cast<std::size_t>(e)]->store, s.u.back(), M, 2 * f, h);
       s.a.push_back(act(X + ".act.out", {M, f}));
-      b_.compute(op_kind::elementwise, X + ".act", {s.u.back()}, {s.a.back()}, info("swiglu", swiglu_flops * d(M * f)));
+      task(X + ".act", {s.u.back()}, {s.a.back()}, info(op::swiglu, swiglu_flops * d(M * f)));
       b_.matmul(X + ".down", s.a.back(), s.down[static_cast<std::size_t>(e)]->store, expert_rows(X + ".out", y, e, h),
                 M, h, f);
     }
     const auto ungrouped = transpose_blocks(L + "moe.ungroup", y, el, ep_);
     s.back = exchange(L + "moe.combine.a2a", ungrouped, L + "moe.combine.recv");
     const auto out = act(L + "moe.out", {tok_, h});
-    b_.compute(op_kind::elementwise, L + "moe.combine", {s.back, s.gates, s.slots}, {out},
-               info("moe_combine", 2.0 * d(tok_ * K * h), moe_attrs()));
+    task(L + "moe.combine", {s.back, s.gates, s.slots}, {out},
+               info(op::moe_combine, 2.0 * d(tok_ * K * h), moe_attrs()));
     moe_saved_.push_back(std::move(s));
     return out;
   }
@@ -507,8 +512,8 @@ private:
     auto& s = moe_saved_[static_cast<std::size_t>(l)];
     const auto dback = act(L + "moe.combine.in.grad", {E * capacity(), h});
     const auto dgates = act(L + "moe.gates.grad", {tok_, K}, dtype::f32);
-    b_.compute(op_kind::elementwise, L + "moe.combine.grad", {dout, s.back, s.gates, s.slots}, {dback, dgates},
-               info("moe_combine_grad", 4.0 * d(tok_ * K * h), moe_attrs()));
+    task(L + "moe.combine.grad", {dout, s.back, s.gates, s.slots}, {dback, dgates},
+               info(op::moe_combine_grad, 4.0 * d(tok_ * K * h), moe_attrs()));
     const auto dy_recv = exchange(L + "moe.combine.a2a.bwd", dback, L + "moe.experts.out.grad.recv");
     const auto dy = transpose_blocks(L + "moe.ungroup.grad", dy_recv, ep_, el);
     const auto dx = act(L + "moe.experts.in.grad", {E * capacity(), h});
@@ -521,8 +526,8 @@ private:
       b_.matmul(X + ".down.wgrad", s.a[ue], dy_e, s.down[ue]->grad, f, h, M, 1, true, false);
       gradient_ready(*s.down[ue]);
       const auto du = act(X + ".up.out.grad", {M, 2 * f});
-      b_.compute(op_kind::elementwise, X + ".act.grad", {da, s.u[ue]}, {du},
-                 info("swiglu_grad", swiglu_grad_flops * d(M * f)));
+      task(X + ".act.grad", {da, s.u[ue]}, {du},
+                 info(op::swiglu_grad, swiglu_grad_flops * d(M * f)));
       b_.matmul(X + ".up.dgrad", du, s.up[ue]->store, expert_rows(X + ".in.grad", dx, e, h), M, h, 2 * f, 1, false,
                 true);
       b_.matmul(X + ".up.wgrad", s.x[ue], du, s.up[ue]->grad, h, 2 * f, M, 1, true, false);
@@ -531,11 +536,11 @@ private:
     const auto dsend = exchange(L + "moe.dispatch.a2a.bwd", transpose_blocks(L + "moe.group.grad", dx, el, ep_),
                                 L + "moe.dispatch.out.grad");
     const auto dn2_tokens = act(L + "moe.dispatch.in.grad", {tok_, h});
-    b_.compute(op_kind::copy, L + "moe.dispatch.grad", {dsend, s.slots}, {dn2_tokens},
-               info("moe_dispatch_grad", d(tok_ * K * h), moe_attrs()));
+    task(L + "moe.dispatch.grad", {dsend, s.slots}, {dn2_tokens},
+               info(op::moe_dispatch_grad, d(tok_ * K * h), moe_attrs()));
     const auto dlogits = act(L + "moe.router.out.grad", {tok_, E});
-    b_.compute(op_kind::softmax, L + "moe.route.grad", {dgates, s.gates, s.logits, s.slots}, {dlogits},
-               info("moe_route_grad", route_grad_flops * d(tok_ * E), moe_attrs()));
+    task(L + "moe.route.grad", {dgates, s.gates, s.logits, s.slots}, {dlogits},
+               info(op::moe_route_grad, route_grad_flops * d(tok_ * E), moe_attrs()));
     const auto dn2_router = act(L + "moe.router.in.grad", {tok_, h});
     b_.matmul(L + "moe.router.dgrad", dlogits, s.router->store, dn2_router, tok_, h, E, 1, false, true);
     b_.matmul(L + "moe.router.wgrad", s.n2, dlogits, s.router->grad, h, E, tok_, 1, true, false);
@@ -663,6 +668,7 @@ inline void check_divides(i64 part, i64 whole, std::string_view what, std::strin
            std::to_string(m.experts) + " experts (capacity per expert)");
   }
   builder b{std::string(name)};
+  b.cost_only(); // planner workloads: their MoE and position placeholders have no kernels
   transformer t(b, m, options, tp, entry->sync);
   t.build(options.layers > 0 ? options.layers : static_cast<int>(m.layers));
   return std::move(b).finish();

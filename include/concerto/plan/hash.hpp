@@ -40,7 +40,7 @@ inline void hash_into(hasher& h, const ir::graph& g) {
       h.add(list->size());
       for (const auto x : *list) h.add(x);
     }
-    h.add(std::string_view(t.fn));
+    h.add(ir::to_string(t.fn));
     h.add(t.attrs.size());
     for (const auto& [k, v] : t.attrs) h.add(std::string_view(k)).add(v);
     h.add(t.axis).add(t.step_phase).add(t.layer);

@@ -119,9 +119,7 @@ inline std::vector<ir::task_id> checked(const ir::graph& g, const std::vector<ir
 
   const auto shift = static_cast<ir::buffer_id>(fused.size());
   rw::draft d;
-  d.graph.name = g.name;
-  d.graph.axes = g.axes;
-  d.graph.streams = g.streams;
+  d.graph = g.empty_like();
   for (std::size_t i = 0; i < fused.size(); ++i) {
     const auto& first_buf = g.buffers[static_cast<std::size_t>(g[fused[i].front()].reads[0])];
     ir::buffer root;

@@ -290,9 +290,7 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
   const auto pos = rw::positions(order);
 
   rw::draft d;
-  d.graph.name = g.name;
-  d.graph.axes = g.axes;
-  d.graph.streams = g.streams;
+  d.graph = g.empty_like();
   d.graph.buffers = g.buffers;
   auto& bufs = d.graph.buffers;
   const auto new_buffer = [&](std::string name, std::vector<std::int64_t> shape, std::int64_t bytes,
@@ -403,7 +401,7 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
       s.name = rw::indexed(mm.name + ".slice", j);
       s.kind = ir::op_kind::slice;
       s.stream = ir::compute_stream;
-      s.fn = "slice";
+      s.fn = ir::op::slice;
       s.reads = {a};
       s.writes = {out};
       s.bytes = 2.0 * static_cast<double>(q * c * a_row);
@@ -440,7 +438,7 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
         t.name = mm.name + ".concat";
         t.kind = ir::op_kind::concat;
         t.stream = ir::compute_stream;
-        t.fn = "concat";
+        t.fn = ir::op::concat;
         t.reads = parts;
         t.writes = {y};
         t.bytes = 2.0 * static_cast<double>(ya.bytes);
@@ -478,7 +476,7 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
           s.name = rw::indexed(coll.name + ".slice", j);
           s.kind = ir::op_kind::slice;
           s.stream = ir::compute_stream;
-          s.fn = "slice";
+          s.fn = ir::op::slice;
           s.reads = {x};
           s.writes = {send};
           s.bytes = 2.0 * static_cast<double>(q * c * a_row);
@@ -500,7 +498,7 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
         t.name = std::move(name);
         t.kind = ir::op_kind::concat;
         t.stream = ir::compute_stream;
-        t.fn = "concat";
+        t.fn = ir::op::concat;
         t.reads = std::move(from);
         t.writes = {to};
         t.bytes = 2.0 * static_cast<double>(bufs[static_cast<std::size_t>(to)].bytes);
@@ -535,7 +533,7 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
         t.name = coll.name + ".concat";
         t.kind = ir::op_kind::concat;
         t.stream = ir::compute_stream;
-        t.fn = "concat";
+        t.fn = ir::op::concat;
         t.reads = parts;
         t.writes = {z};
         t.bytes = 2.0 * static_cast<double>(za.bytes);

@@ -125,10 +125,10 @@ template <class AddressOf>
       fail(who + ": reductions of " + std::string(ir::to_string(bin.type)) + " buffers are not supported on " +
            rules.backend);
     elem = static_cast<std::int64_t>(ir::size_of(bin.type));
-    if (t.fn.empty() || t.fn == "sum") l.op = reduction::sum;
-    else if (t.fn == "max") l.op = reduction::max;
-    else if (t.fn == "min") l.op = reduction::min;
-    else fail(who + " has fn '" + t.fn + "'; the " + rules.backend + " backend reduces with sum, max or min");
+    if (t.fn == ir::op::sum) l.op = reduction::sum;
+    else if (t.fn == ir::op::max) l.op = reduction::max;
+    else if (t.fn == ir::op::min) l.op = reduction::min;
+    else fail(who + " has fn '" + std::string(ir::to_string(t.fn)) + "'; the " + rules.backend + " backend reduces with sum, max or min");
   }
   const auto count = [&](std::int64_t bytes, const char* what) {
     if (bytes % elem != 0 || bytes / elem > rules.max_count)

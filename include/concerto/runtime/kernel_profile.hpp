@@ -54,10 +54,10 @@ struct kernel_times {
     const auto& t = g.tasks[static_cast<std::size_t>(id)];
     if (ir::is_collective(t.kind)) continue;
     if (!only.empty() && !only.contains(cost::model::kernel_name(t))) continue;
-    const auto k = resolve(t);
-    run_kernel(g, t, k, mem, settings); // warm: caches, page faults of the first touch
+    const auto call = decode(g, t, settings.coords);
+    run_kernel(call, mem, settings); // warm: caches, page faults of the first touch
     const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < repeats; ++r) run_kernel(g, t, k, mem, settings);
+    for (int r = 0; r < repeats; ++r) run_kernel(call, mem, settings);
     out.task_us[static_cast<std::size_t>(id)] =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / repeats;
   }

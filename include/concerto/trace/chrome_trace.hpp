@@ -41,7 +41,7 @@ namespace concerto::trace {
                  {"bytes", t.bytes},
                  {"phase", ir::to_string(t.step_phase)},
                  {"layer", t.layer}};
-    if (!t.fn.empty()) args["fn"] = t.fn;
+    if (t.fn != ir::op::none) args["fn"] = ir::to_string(t.fn);
     events.push_back({{"name", t.name},
                       {"cat", ir::to_string(t.kind)},
                       {"ph", "X"},

@@ -73,11 +73,11 @@ struct node {
   return op >= op_code::all_reduce && op <= op_code::keep_one;
 }
 [[nodiscard]] constexpr op_code to_op(redist_kind k) noexcept {
-  constexpr op_code ops[] = {op_code::local_slice, op_code::reduce_scatter, op_code::all_to_all,
+  constexpr op_code ops[] = {op_code::shard_slice, op_code::reduce_scatter, op_code::all_to_all,
                              op_code::all_reduce,  op_code::all_gather,     op_code::keep_one};
   return ops[static_cast<int>(k)];
 }
-[[nodiscard]] constexpr bool is_leaf(op_code op) noexcept { return op <= op_code::param; }
+[[nodiscard]] constexpr bool is_leaf(op_code op) noexcept { return op >= op_code::input && op <= op_code::param; }
 
 } // namespace concerto::graph
 
@@ -358,7 +358,7 @@ struct work {
         rr = rules::unify(sp(in[0]), sp(in[1]), A);
         if (rr.err != errc::none) failed(rr.err, r);
         break;
-      case op_code::bias: {
+      case op_code::bias_add: {
         if (sp(in[0]).rank < 1 || sp(in[1]).rank != 1) { rank_error(); break; }
         rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
         rr.need[1] = rules::like_last_dim(rr.need[0], A);
@@ -498,7 +498,7 @@ struct work {
       if (const int s = lspec.state(a); s >= 0 && s < rk - 1) rows.set_state(a, s);
     const int lg = convert(logits, lspec, ir::phase::forward), lb = convert(labels, rows, ir::phase::forward);
     const auto fwd = ir::phase::forward;
-    const int local_max = emit(op_code::ce_max, {lg}, rows, fwd, role::activation);
+    const int local_max = emit(op_code::vocab_ce_max, {lg}, rows, fwd, role::activation);
     node c;
     c.op = op_code::all_reduce;
     c.flags = flag_max;
@@ -510,11 +510,11 @@ struct work {
     const int mx = add(c);
     pspec part = rows;
     part.set_state(axis, state_partial);
-    const int t = convert(emit(op_code::ce_target, {lg, lb, mx}, part, fwd, role::activation), rows, fwd);
-    const int s = convert(emit(op_code::ce_sumexp, {lg, mx}, part, fwd, role::activation), rows, fwd);
+    const int t = convert(emit(op_code::vocab_ce_target, {lg, lb, mx}, part, fwd, role::activation), rows, fwd);
+    const int s = convert(emit(op_code::vocab_ce_sumexp, {lg, mx}, part, fwd, role::activation), rows, fwd);
     pspec loss_spec;
     loss_spec.partial = rules::axes_splitting(rows, 0, max_rank, axes.count);
-    return emit(op_code::ce_loss, {s, t}, loss_spec, fwd, role::loss, ng);
+    return emit(op_code::vocab_ce_loss, {s, t}, loss_spec, fwd, role::loss, ng);
   }
 
   // ---- 3. autodiff -----------------------------------------------------------------------------------
@@ -617,7 +617,7 @@ struct work {
         if (needs_grad(a)) accumulate(a, g);
         if (needs_grad(b)) accumulate(b, g);
         break;
-      case op_code::bias: {
+      case op_code::bias_add: {
         if (needs_grad(a)) accumulate(a, g);
         if (needs_grad(b)) {
           pspec s = rules::like_last_dim(sp(g), A);
@@ -673,7 +673,7 @@ struct work {
       case op_code::cross_entropy:
         if (needs_grad(a)) accumulate(a, bwd(op_code::cross_entropy_grad, {a, b}, sp(a), a));
         break;
-      case op_code::ce_loss: {
+      case op_code::vocab_ce_loss: {
         const auto before = [&](int j) {
           while (is_redistribution(nodes[j].op)) j = nodes[j].in[0];
           return j;
@@ -681,7 +681,7 @@ struct work {
         const int sumexp = before(a), target = before(b);
         const int logits = nodes[sumexp].in[0], labels = nodes[target].in[1], mx = nodes[sumexp].in[1];
         if (needs_grad(logits))
-          accumulate(logits, bwd(op_code::ce_grad, {logits, labels, mx, a}, sp(logits), logits));
+          accumulate(logits, bwd(op_code::vocab_ce_grad, {logits, labels, mx, a}, sp(logits), logits));
         break;
       }
       default: break;

@@ -2,10 +2,13 @@
 /// @file
 /// @brief Causal multi-head self-attention on the CPU, forward and backward.
 ///
-/// Layout: q, k, v and out are separate fp32 buffers, each `[batch, seq, heads·head_dim]`
-/// row-major, head h occupying columns `[h·head_dim, (h+1)·head_dim)` of a row: exactly what a
-/// projection `x·Wᵀ` writes, and a tensor-parallel shard of whole heads is the same layout with
-/// fewer heads. Heads are addressed in place through the BLAS leading dimension, never copied.
+/// Layout: q and out are separate fp32 buffers `[batch, seq, heads·head_dim]` row-major, head h
+/// occupying columns `[h·head_dim, (h+1)·head_dim)` of a row: exactly what a projection `x·W`
+/// writes, and a tensor-parallel shard of whole heads is the same layout with fewer heads. k and
+/// v are `[batch, seq, kv_heads·head_dim]`: with grouped-query attention, `group` consecutive q
+/// heads share one kv head (kv_heads = heads / group when both are split alike; a rank holding
+/// some q heads and every kv head reads the ones of its q heads, see attention_shape::kv_of).
+/// Heads are addressed in place through the BLAS leading dimension, never copied.
 ///
 /// The forward saves only the log-sum-exp of each score row, `lse[batch, heads, seq]`; the
 /// backward recomputes the probabilities from q, k and lse (one extra `seq×seq×head_dim` product
@@ -15,23 +18,34 @@
 #include <concerto/runtime/cpu/detail/fast_math.hpp>
 #include <concerto/runtime/cpu/matmul.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
 
 namespace concerto::runtime::cpu {
 
-/// @brief Extents of a causal attention call.
+/// @brief Extents of a (grouped-query) causal attention call: q holds `heads` heads, k and v
+/// `kv_heads` (default: as many); local q head h reads kv head (first_head + h) / group - kv_first_head.
 struct attention_shape {
   std::size_t batch = 1;
   std::size_t seq = 1;
   std::size_t heads = 1;
   std::size_t head_dim = 1;
+  std::size_t kv_heads = 0;      ///< 0: heads
+  std::size_t group = 1;         ///< q heads per kv head
+  std::size_t first_head = 0;    ///< global index of this call's first q head
+  std::size_t kv_first_head = 0; ///< global index of this call's first kv head
 
-  /// Floats in each of q, k, v, out (and their gradients).
-  [[nodiscard]] constexpr std::size_t qkv_floats() const noexcept { return batch * seq * heads * head_dim; }
+  [[nodiscard]] constexpr std::size_t kv() const noexcept { return kv_heads == 0 ? heads : kv_heads; }
+  /// Floats in q and out (and their gradients).
+  [[nodiscard]] constexpr std::size_t q_floats() const noexcept { return batch * seq * heads * head_dim; }
+  /// Floats in each of k and v (and their gradients).
+  [[nodiscard]] constexpr std::size_t kv_floats() const noexcept { return batch * seq * kv() * head_dim; }
   /// Floats in the saved log-sum-exp.
   [[nodiscard]] constexpr std::size_t lse_floats() const noexcept { return batch * heads * seq; }
+  /// The kv head local q head h reads.
+  [[nodiscard]] constexpr std::size_t kv_of(std::size_t h) const noexcept { return (first_head + h) / group - kv_first_head; }
 };
 
 /// @brief Workspace `causal_attention` needs: one `seq×seq` score block.
@@ -48,13 +62,17 @@ namespace detail {
 
 inline void check_attention_args(const char* kernel, const attention_shape& s, std::size_t q,
                                  std::size_t k, std::size_t v, std::size_t lse) {
-  const std::size_t n = s.qkv_floats();
+  const std::size_t n = s.q_floats(), nkv = s.kv_floats();
+  CONCERTO_CHECK(s.group > 0 && s.first_head / s.group >= s.kv_first_head && s.kv_of(s.heads - 1) < s.kv(),
+                 std::string(kernel) + ": q heads [" + std::to_string(s.first_head) + ", " +
+                     std::to_string(s.first_head + s.heads) + ") in groups of " + std::to_string(s.group) +
+                     " read kv heads outside the " + std::to_string(s.kv()) + " from " + std::to_string(s.kv_first_head));
   CONCERTO_CHECK(q == n, std::string(kernel) + ": `q` holds " + std::to_string(q) +
                              " floats, batch·seq·heads·head_dim = " + std::to_string(n));
-  CONCERTO_CHECK(k == n, std::string(kernel) + ": `k` holds " + std::to_string(k) +
-                             " floats, batch·seq·heads·head_dim = " + std::to_string(n));
-  CONCERTO_CHECK(v == n, std::string(kernel) + ": `v` holds " + std::to_string(v) +
-                             " floats, batch·seq·heads·head_dim = " + std::to_string(n));
+  CONCERTO_CHECK(k == nkv, std::string(kernel) + ": `k` holds " + std::to_string(k) +
+                               " floats, batch·seq·kv_heads·head_dim = " + std::to_string(nkv));
+  CONCERTO_CHECK(v == nkv, std::string(kernel) + ": `v` holds " + std::to_string(v) +
+                               " floats, batch·seq·kv_heads·head_dim = " + std::to_string(nkv));
   CONCERTO_CHECK(lse == s.lse_floats(), std::string(kernel) + ": `lse` holds " + std::to_string(lse) +
                                             " floats, batch·heads·seq = " + std::to_string(s.lse_floats()));
 }
@@ -74,22 +92,22 @@ inline void causal_attention(std::span<const float> q, std::span<const float> k,
                              std::span<const float> v, std::span<float> out, std::span<float> lse,
                              std::span<float> workspace, const attention_shape& shape) {
   detail::check_attention_args("causal_attention", shape, q.size(), k.size(), v.size(), lse.size());
-  detail::require_size(out, shape.qkv_floats(), "causal_attention", "out");
+  detail::require_size(out, shape.q_floats(), "causal_attention", "out");
   const std::size_t ws_need = causal_attention_workspace_floats(shape);
   CONCERTO_CHECK(workspace.size() >= ws_need,
                  "causal_attention: `workspace` holds " + std::to_string(workspace.size()) +
                      " floats, causal_attention_workspace_floats() = " + std::to_string(ws_need));
   const std::size_t T = shape.seq;
   const std::size_t D = shape.head_dim;
-  const std::size_t ld = shape.heads * D;
+  const std::size_t ld = shape.heads * D, ldkv = shape.kv() * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   float* p = workspace.data();
   for (std::size_t b = 0; b < shape.batch; ++b) {
     for (std::size_t h = 0; h < shape.heads; ++h) {
-      const std::size_t off = b * T * ld + h * D;
+      const std::size_t off = b * T * ld + h * D, kv_off = b * T * ldkv + shape.kv_of(h) * D;
       float* row_lse = lse.data() + (b * shape.heads + h) * T;
       // The full square is computed and the upper triangle ignored: one BLAS call beats T small ones.
-      detail::gemm(false, true, T, T, D, scale, q.data() + off, ld, k.data() + off, ld, 0.0f, p, T);
+      detail::gemm(false, true, T, T, D, scale, q.data() + off, ld, k.data() + kv_off, ldkv, 0.0f, p, T);
       for (std::size_t i = 0; i < T; ++i) {
         float* pi = p + i * T;
         float m = -INFINITY;
@@ -103,7 +121,7 @@ inline void causal_attention(std::span<const float> q, std::span<const float> k,
         for (std::size_t j = i + 1; j < T; ++j) pi[j] = 0.0f;
         row_lse[i] = m + std::log(sum);
       }
-      detail::gemm(false, false, T, D, T, 1.0f, p, T, v.data() + off, ld, 0.0f, out.data() + off, ld);
+      detail::gemm(false, false, T, D, T, 1.0f, p, T, v.data() + kv_off, ldkv, 0.0f, out.data() + off, ld);
     }
   }
 }
@@ -122,34 +140,38 @@ inline void causal_attention_grad(std::span<const float> q, std::span<const floa
                                   std::span<float> dv, std::span<float> workspace,
                                   const attention_shape& shape) {
   detail::check_attention_args("causal_attention_grad", shape, q.size(), k.size(), v.size(), lse.size());
-  const std::size_t n = shape.qkv_floats();
+  const std::size_t n = shape.q_floats(), nkv = shape.kv_floats();
   detail::require_size(dout, n, "causal_attention_grad", "dout");
   detail::require_size(dq, n, "causal_attention_grad", "dq");
-  detail::require_size(dk, n, "causal_attention_grad", "dk");
-  detail::require_size(dv, n, "causal_attention_grad", "dv");
+  detail::require_size(dk, nkv, "causal_attention_grad", "dk");
+  detail::require_size(dv, nkv, "causal_attention_grad", "dv");
   const std::size_t ws_need = causal_attention_grad_workspace_floats(shape);
   CONCERTO_CHECK(workspace.size() >= ws_need,
                  "causal_attention_grad: `workspace` holds " + std::to_string(workspace.size()) +
                      " floats, causal_attention_grad_workspace_floats() = " + std::to_string(ws_need));
   const std::size_t T = shape.seq;
   const std::size_t D = shape.head_dim;
-  const std::size_t ld = shape.heads * D;
+  const std::size_t ld = shape.heads * D, ldkv = shape.kv() * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   float* p = workspace.data();
   float* dp = workspace.data() + T * T;
+  // A kv head's gradient sums over the q heads of its group (and, on a rank holding every kv
+  // head but some q heads, over this rank's q heads only: a partial sum the caller reduces).
+  std::fill(dk.begin(), dk.end(), 0.0f);
+  std::fill(dv.begin(), dv.end(), 0.0f);
   for (std::size_t b = 0; b < shape.batch; ++b) {
     for (std::size_t h = 0; h < shape.heads; ++h) {
-      const std::size_t off = b * T * ld + h * D;
+      const std::size_t off = b * T * ld + h * D, kv_off = b * T * ldkv + shape.kv_of(h) * D;
       const float* row_lse = lse.data() + (b * shape.heads + h) * T;
-      detail::gemm(false, true, T, T, D, scale, q.data() + off, ld, k.data() + off, ld, 0.0f, p, T);
+      detail::gemm(false, true, T, T, D, scale, q.data() + off, ld, k.data() + kv_off, ldkv, 0.0f, p, T);
       for (std::size_t i = 0; i < T; ++i) {
         float* pi = p + i * T;
         const float l = row_lse[i];
         for (std::size_t j = 0; j <= i; ++j) pi[j] = detail::exp_approx(pi[j] - l);
         for (std::size_t j = i + 1; j < T; ++j) pi[j] = 0.0f;
       }
-      detail::gemm(true, false, T, D, T, 1.0f, p, T, dout.data() + off, ld, 0.0f, dv.data() + off, ld);
-      detail::gemm(false, true, T, T, D, 1.0f, dout.data() + off, ld, v.data() + off, ld, 0.0f, dp, T);
+      detail::gemm(true, false, T, D, T, 1.0f, p, T, dout.data() + off, ld, 1.0f, dv.data() + kv_off, ldkv);
+      detail::gemm(false, true, T, T, D, 1.0f, dout.data() + off, ld, v.data() + kv_off, ldkv, 0.0f, dp, T);
       // dS = P∘(dP - rowsum(P∘dP)); masked entries have P = 0, so they come out 0.
       for (std::size_t i = 0; i < T; ++i) {
         const float* pi = p + i * T;
@@ -158,8 +180,8 @@ inline void causal_attention_grad(std::span<const float> q, std::span<const floa
         for (std::size_t j = 0; j <= i; ++j) dot += pi[j] * dpi[j];
         for (std::size_t j = 0; j < T; ++j) dpi[j] = pi[j] * (dpi[j] - dot);
       }
-      detail::gemm(false, false, T, D, T, scale, dp, T, k.data() + off, ld, 0.0f, dq.data() + off, ld);
-      detail::gemm(true, false, T, D, T, scale, dp, T, q.data() + off, ld, 0.0f, dk.data() + off, ld);
+      detail::gemm(false, false, T, D, T, scale, dp, T, k.data() + kv_off, ldkv, 0.0f, dq.data() + off, ld);
+      detail::gemm(true, false, T, D, T, scale, dp, T, q.data() + off, ld, 1.0f, dk.data() + kv_off, ldkv);
     }
   }
 }

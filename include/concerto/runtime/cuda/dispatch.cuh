@@ -1,20 +1,18 @@
 #pragma once
 /// @file
-/// @brief From a compute task to a CUDA kernel or a cuBLASLt product: the GPU twin of
-/// runtime/dispatch.hpp. Needs nvcc.
+/// @brief From a decoded compute task (runtime/kernel_call.hpp) to a CUDA kernel or a cuBLASLt
+/// product: the GPU twin of runtime/dispatch.hpp, one function per op. Needs nvcc.
 ///
-/// It accepts exactly the tasks the CPU dispatch accepts: the same `runtime::resolve` names
-/// the kernel, the same operand conventions pick the buffers (docs/runtime.md), the same attrs
-/// give the extents, and a size that does not fit throws concerto::error naming the task and
-/// the operand. Products are described once per task (`describe_gemm`, before the first step);
-/// the other kernels take their extents from the buffers' sizes on every call, which is host
-/// arithmetic only. Integer operands are found by dtype as on the CPU (i32, or i64 narrowed
-/// into the workspace by a kernel). Matmul takes fp32 or bf16 operands (fp32 accumulation, C in
-/// fp32 or bf16); every other kernel is fp32.
+/// It runs exactly the ops the CPU dispatch runs (both are checked against the op table at
+/// compile time) from the same decoded calls: `runtime::decode` read and checked the operands
+/// once, so nothing here reads attrs. Products are described once per task (`describe_gemm`,
+/// before the first step). Matmul takes fp32 or bf16 operands (fp32 accumulation, C in fp32 or
+/// bf16); every other kernel is fp32. Integer operands are i32, or i64 narrowed into the
+/// workspace by a kernel.
 ///
-/// What the DSL's tasks do not store (layernorm's statistics, attention's lse, cross-entropy's
-/// lse) lives in a device workspace for the duration of one task and is recomputed by the
-/// backward kernel that needs it, as on the CPU; `device_workspace_bytes(g)` sizes it.
+/// What a task does not store (layernorm's statistics, attention's lse, cross-entropy's lse)
+/// lives in a device workspace for the duration of one task and is recomputed by the backward
+/// kernel that needs it, as on the CPU; `device_workspace_bytes(g)` sizes it.
 
 #if !defined(__CUDACC__) && !defined(CONCERTO_CUDA_EMULATION)
 #error "concerto/runtime/cuda/dispatch.cuh launches CUDA kernels: compile this source with nvcc (concerto_cuda_sources(target) in CMake)"
@@ -26,7 +24,7 @@
 #include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
 #include <concerto/runtime/dispatch.hpp>
-#include <concerto/runtime/task_operands.hpp>
+#include <concerto/runtime/kernel_call.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -47,7 +45,42 @@ struct device_context {
   std::size_t workspace_floats = 0;       ///< size of `workspace`; a task needing more throws
 };
 
+/// @brief Whether the GPU dispatch runs op `o`: one case per op (an op added to the table
+/// without a decision here is a compile error), checked against the table below.
+[[nodiscard]] constexpr bool gpu_runs(ir::op o) noexcept {
+  using ir::op;
+  switch (o) {
+  case op::matmul: case op::add: case op::bias_add: case op::gelu: case op::relu: case op::layernorm: case op::softmax:
+  case op::attention: case op::embedding: case op::mse: case op::cross_entropy: case op::vocab_ce_max:
+  case op::vocab_ce_target: case op::vocab_ce_sumexp: case op::vocab_ce_loss: case op::bias_grad: case op::gelu_grad:
+  case op::relu_grad: case op::layernorm_grad: case op::layernorm_grad_gamma: case op::softmax_grad:
+  case op::attention_grad: case op::embedding_grad: case op::mse_grad: case op::cross_entropy_grad:
+  case op::vocab_ce_grad: case op::shard_slice: case op::keep_one: case op::sgd: case op::adamw: case op::add_inplace:
+  case op::scale: case op::zero: case op::copy: case op::slice: case op::concat:
+    return true;
+  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad: case op::mul_grad:
+  case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
+  case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
+  case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
+  case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
+  case op::add_position: case op::position_embedding_grad: case op::moe_route: case op::moe_route_grad:
+  case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine: case op::moe_combine_grad:
+  case op::transpose_blocks:
+    return false;
+  }
+  return false;
+}
+
 namespace detail {
+constexpr bool gpu_matches_table() {
+  for (int i = 0; i < ir::op_count; ++i) {
+    const auto o = static_cast<ir::op>(i);
+    if (gpu_runs(o) != (ir::info(o).role == ir::op_role::compute && ir::info(o).executable)) return false;
+  }
+  return true;
+}
+static_assert(gpu_matches_table(), "cuda::gpu_runs and the op table's `executable` disagree: give the op its CUDA kernel "
+                                   "(cuda::run_kernel) or mark it not executable");
 
 // Every piece a task takes from the workspace starts on a 256-byte boundary.
 inline constexpr std::size_t workspace_pad = 64;
@@ -55,124 +88,104 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
 
 } // namespace detail
 
-/// @brief Device workspace floats one task needs: what the kernels keep between two launches
-/// (attention's per-row delta), the statistics the DSL's tasks do not store (layernorm's mean
-/// and rstd, attention's lse and recomputed output, cross-entropy's lse), and i64 ids narrowed
-/// to i32. The same operand conventions as run_kernel; 0 for collectives.
-[[nodiscard]] inline std::size_t device_workspace_floats(const ir::graph& g, const ir::task& t) {
-  if (ir::is_collective(t.kind)) return 0;
-  const auto count = [&](ir::buffer_id b) {
-    const auto& buf = g.buffers.at(static_cast<std::size_t>(b));
-    return static_cast<std::size_t>(buf.bytes) / std::max<std::size_t>(ir::size_of(buf.type), 1);
-  };
-  const auto is_int = [&](ir::buffer_id b) {
-    const auto ty = g.buffers.at(static_cast<std::size_t>(b)).type;
-    return ty == ir::dtype::i32 || ty == ir::dtype::i64;
-  };
-  std::size_t ids = 0, id_count = 0, float_reads = 0;
-  bool found = false;
-  for (const auto b : t.reads) {
-    if (!is_int(b)) {
-      ++float_reads;
-    } else if (!found) {
-      found = true;
-      id_count = count(b);
-      if (g.buffers.at(static_cast<std::size_t>(b)).type == ir::dtype::i64) ids = detail::padded(id_count);
-    }
-  }
-  const auto rows_of = [&](ir::buffer_id whole, ir::buffer_id row) { return count(whole) / std::max<std::size_t>(count(row), 1); };
-  const auto dim = [&](const char* key) { return static_cast<std::size_t>(std::max<std::int64_t>(t.attr(key, 1), 0)); };
-  const std::size_t n_rows = dim("batch") * dim("heads") * dim("seq"), n_qkv = n_rows * dim("head_dim");
-  switch (resolve(t)) {
-  case kernel::layernorm:
-    return t.writes.size() >= 3 || t.reads.size() < 2 ? 0 : 2 * detail::padded(rows_of(t.reads[0], t.reads[1]));
-  case kernel::layernorm_grad:
-    return t.reads.size() >= 5 || t.reads.size() < 2 ? 0 : 2 * detail::padded(rows_of(t.reads[0], t.reads[1]));
-  case kernel::layernorm_grad_gamma:
-    return t.reads.empty() || t.writes.empty() ? 0 : 2 * detail::padded(rows_of(t.reads[0], t.writes[0]));
-  case kernel::attention: return t.writes.size() >= 2 ? 0 : detail::padded(n_rows);
-  case kernel::attention_grad:
-    return t.reads.size() >= 5 ? detail::padded(n_rows) : 2 * detail::padded(n_rows) + detail::padded(n_qkv);
-  case kernel::cross_entropy: return ids + (t.writes.size() >= 2 ? 0 : detail::padded(id_count));
-  case kernel::cross_entropy_grad: return ids + (float_reads >= 2 ? 0 : detail::padded(id_count));
-  case kernel::embedding:
-  case kernel::embedding_grad:
-  case kernel::vocab_ce_target:
-  case kernel::vocab_ce_grad: return ids;
+/// @brief Device workspace floats one call needs: what the kernels keep between two launches
+/// (attention's per-row delta), the statistics the DSL's tasks do not store, and i64 ids
+/// narrowed to i32 (`i64_ids`: whether the call's integer operand is i64). 0 for the rest.
+[[nodiscard]] inline std::size_t device_workspace_floats(const kernel_call& c, bool i64_ids) {
+  using ir::op;
+  const std::size_t ids = i64_ids ? detail::padded(c.ids) : 0;
+  switch (c.fn) {
+  case op::layernorm:
+  case op::layernorm_grad:
+  case op::layernorm_grad_gamma: return 2 * detail::padded(c.rows);
+  case op::attention: return detail::padded(c.att.lse_floats());
+  case op::attention_grad: return 2 * detail::padded(c.att.lse_floats()) + detail::padded(c.att.q_floats());
+  case op::cross_entropy:
+  case op::cross_entropy_grad: return ids + detail::padded(c.rows);
+  case op::embedding:
+  case op::embedding_grad:
+  case op::vocab_ce_target:
+  case op::vocab_ce_grad: return ids;
   default: return 0;
   }
 }
 
-/// @brief Device workspace bytes the graph's kernels need at most (device_workspace_floats
-/// over its compute tasks); the backend places it after the cuBLASLt workspace.
+namespace detail {
+// The integer operand of a call, if it has one (ids, targets, labels, positions).
+inline bool reads_i64(const ir::graph& g, const kernel_call& c) {
+  for (std::size_t i = 0; i < c.n_in; ++i)
+    if (g.buffers.at(static_cast<std::size_t>(c.in[i])).type == ir::dtype::i64) return true;
+  return false;
+}
+} // namespace detail
+
+/// @brief Device workspace bytes the graph's kernels need at most; the backend places it after
+/// the cuBLASLt workspace.
 /// @code
 /// arena = cuda::device_arena(g, runtime::make_layout(g, blas_bytes + cuda::device_workspace_bytes(g), cuda::device_alignment));
 /// @endcode
 [[nodiscard]] inline std::int64_t device_workspace_bytes(const ir::graph& g) {
   std::size_t floats = 0;
-  for (const auto& t : g.tasks) floats = std::max(floats, device_workspace_floats(g, t));
+  for (const auto& t : g.tasks)
+    if (!ir::is_collective(t.kind) && ir::info(t.fn).executable) {
+      const auto c = decode(g, t);
+      floats = std::max(floats, device_workspace_floats(c, detail::reads_i64(g, c)));
+    }
   return static_cast<std::int64_t>(floats * sizeof(float));
 }
 
 namespace detail {
 
-inline std::string task_ref(const ir::task& t) { return runtime::detail::task_ref(t) + " (fn '" + t.fn + "')"; }
+inline std::string call_ref(const kernel_call& c) {
+  return runtime::detail::task_ref(*c.task) + " (fn '" + std::string(ir::to_string(c.fn)) + "')";
+}
 
-/// Operand access for one task on the device arena: task_operands' decoding (as the CPU
-/// dispatch), plus device pointers and the size checks the kernels cannot make themselves.
-class device_operands : public runtime::detail::task_operands<const device_arena> {
+/// One call's view of the device arena: pointers to its operands and pieces of the workspace;
+/// running past the workspace throws naming the task.
+class device_frame {
 public:
-  using task_operands::task_operands;
+  device_frame(const kernel_call& c, const device_arena& mem, const kernel_settings& s, const device_context& ctx)
+      : c(c), s(s), ctx(ctx), st(ctx.stream), code(c.task->id + 1), mem_(mem) {}
 
-  float* f(ir::buffer_id b) const { return mem_.f32(b); }
-  std::size_t n(ir::buffer_id b) const { return static_cast<std::size_t>(mem_.bytes(b)) / sizeof(float); }
-  /// Throws unless buffer b holds `expected` floats.
-  void need(ir::buffer_id b, std::size_t expected, const char* what) const {
-    if (n(b) != expected)
-      fail(ref() + ": `" + what + "` ('" + mem_.name(b) + "') holds " + std::to_string(n(b)) +
-           " floats, the extents need " + std::to_string(expected));
-  }
-};
-
-/// Hands out pieces of the device workspace for one task; running past it throws naming the
-/// task (a workspace sized by another graph, or an operand layout device_workspace_floats missed).
-class workspace_cursor {
-public:
-  workspace_cursor(const ir::task& t, const device_context& ctx) : t_(t), base_(ctx.workspace), size_(ctx.workspace_floats) {}
+  float* in(std::size_t i) const { return mem_.f32(c.in[i]); }
+  float* out(std::size_t i) const { return mem_.f32(c.out[i]); }
+  std::byte* ptr(ir::buffer_id b) const { return mem_.ptr(b); }
+  std::size_t bytes(ir::buffer_id b) const { return static_cast<std::size_t>(mem_.bytes(b)); }
   float* take(std::size_t floats, const char* what) {
     const auto need = padded(floats);
-    if (base_ == nullptr || used_ + need > size_)
-      fail(task_ref(t_) + ": the device workspace holds " + std::to_string(size_) + " floats, too few for `" + what +
-           "` (" + std::to_string(floats) + " more after " + std::to_string(used_) + "); size it with device_workspace_bytes");
-    float* p = base_ + used_;
+    if (ctx.workspace == nullptr || used_ + need > ctx.workspace_floats)
+      fail(call_ref(c) + ": the device workspace holds " + std::to_string(ctx.workspace_floats) + " floats, too few for `" +
+           what + "` (" + std::to_string(floats) + " more after " + std::to_string(used_) + "); size it with device_workspace_bytes");
+    float* p = ctx.workspace + used_;
     used_ += need;
     return p;
   }
+  /// Integer operand i as i32: itself, or (i64) narrowed into the workspace.
+  const std::int32_t* ints(std::size_t i) {
+    const auto b = c.in[i];
+    if (mem_.type(b) == ir::dtype::i32) return mem_.i32(b);
+    const auto n = mem_.count(b);
+    auto* narrowed = reinterpret_cast<std::int32_t*>(take(n, "narrowed ids"));
+    narrow_ids(reinterpret_cast<const std::int64_t*>(mem_.ptr(b)), narrowed, n, ctx.status, code, st);
+    return narrowed;
+  }
+
+  const kernel_call& c;
+  const kernel_settings& s;
+  const device_context& ctx;
+  cudaStream_t st;
+  int code;
 
 private:
-  const ir::task& t_;
-  float* base_;
-  std::size_t size_, used_ = 0;
+  const device_arena& mem_;
+  std::size_t used_ = 0;
 };
 
-inline gemm_type gemm_type_of(const ir::task& t, const device_arena& mem, ir::buffer_id b) {
-  switch (mem.type(b)) {
-  case ir::dtype::f32: return gemm_type::f32;
-  case ir::dtype::bf16: return gemm_type::bf16;
-  default:
-    fail(task_ref(t) + ": matmul operand '" + mem.name(b) + "' holds " + std::string(ir::to_string(mem.type(b))) +
-         "; the GPU products take f32 or bf16");
-  }
-}
-
-// `outer` rows of `len` bytes from a row pitch of `src_row` to one of `dst_row` (the CPU
-// dispatch's copy_strided); contiguous runs become one copy.
-inline void copy_rows(const ir::task& t, std::byte* src, std::size_t src_bytes, std::byte* dst, std::size_t dst_bytes,
-                      std::size_t outer, std::size_t src_row, std::size_t dst_row, std::size_t src_off, std::size_t dst_off,
-                      std::size_t len, cudaStream_t s) {
+// `outer` rows of `len` bytes from a row pitch of `src_row` to one of `dst_row` (decode checked
+// the extents); contiguous runs become one copy.
+inline void copy_rows(std::byte* src, std::byte* dst, std::size_t outer, std::size_t src_row, std::size_t dst_row,
+                      std::size_t src_off, std::size_t dst_off, std::size_t len, cudaStream_t s) {
   if (outer == 0 || len == 0) return;
-  if ((outer - 1) * src_row + src_off + len > src_bytes || (outer - 1) * dst_row + dst_off + len > dst_bytes)
-    fail(task_ref(t) + ": slice/concat extents run past a buffer");
   if (outer == 1 || (src_row == len && dst_row == len)) {
     if (src + src_off != dst + dst_off)
       check(cudaMemcpyAsync(dst + dst_off, src + src_off, outer * len, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
@@ -182,492 +195,222 @@ inline void copy_rows(const ir::task& t, std::byte* src, std::size_t src_bytes, 
         "cudaMemcpy2DAsync");
 }
 
-} // namespace detail
-
-/// @brief Whether the GPU has a kernel for `k`: every kernel of the CPU dispatch. The switch
-/// names each enumerator, so a kernel added to runtime::kernel without a GPU case is a
-/// compile-time warning (-Wswitch) here.
-[[nodiscard]] constexpr bool gpu_supports(kernel k) noexcept {
-  switch (k) {
-  case kernel::gemm: case kernel::add: case kernel::add_inplace: case kernel::scale: case kernel::bias_add:
-  case kernel::bias_add_grad: case kernel::gelu: case kernel::gelu_grad: case kernel::relu: case kernel::relu_grad:
-  case kernel::zero: case kernel::layernorm: case kernel::layernorm_grad: case kernel::softmax: case kernel::softmax_grad:
-  case kernel::attention: case kernel::attention_grad: case kernel::cross_entropy: case kernel::cross_entropy_grad:
-  case kernel::mse: case kernel::mse_grad: case kernel::embedding: case kernel::embedding_grad: case kernel::sgd:
-  case kernel::adamw: case kernel::copy: case kernel::slice: case kernel::concat: case kernel::layernorm_grad_gamma:
-  case kernel::shard_slice: case kernel::keep_one: case kernel::vocab_ce_max: case kernel::vocab_ce_target:
-  case kernel::vocab_ce_sumexp: case kernel::vocab_ce_loss: case kernel::vocab_ce_grad:
-    return true;
+inline gemm_type gemm_type_of(const kernel_call& c, const device_arena& mem, ir::buffer_id b) {
+  switch (mem.type(b)) {
+  case ir::dtype::f32: return gemm_type::f32;
+  case ir::dtype::bf16: return gemm_type::bf16;
+  default:
+    fail(call_ref(c) + ": matmul operand '" + mem.name(b) + "' holds " + std::string(ir::to_string(mem.type(b))) +
+         "; the GPU products take f32 or bf16");
   }
-  return false;
 }
 
-/// @brief Describes the product of a matmul task for cuBLASLt, with the four cases of the CPU
-/// dispatch (one product; a batch sharing B as one taller product; a weight gradient summed over
-/// the batch as one product with a longer contraction; a strided batch), and each operand's
-/// alignment in the arena (`operand_alignment`).
-/// Throws naming the task when the buffers do not hold the extents the attrs give.
+inline void run_layernorm(device_frame& f) {
+  const auto& c = f.c;
+  float* mean = f.take(c.rows, "mean");
+  float* rstd = f.take(c.rows, "rstd");
+  layernorm(f.in(0), f.in(1), f.in(2), f.out(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
+}
+
+// dx from x, gamma, dy; the statistics are recomputed, dgamma and dbeta are other tasks.
+inline void run_layernorm_grad(device_frame& f) {
+  const auto& c = f.c;
+  float* mean = f.take(c.rows, "mean");
+  float* rstd = f.take(c.rows, "rstd");
+  layernorm_stats(f.in(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
+  layernorm_grad_input(f.in(2), f.in(0), f.in(1), mean, rstd, f.out(0), c.rows, c.cols, f.st);
+}
+
+inline void run_layernorm_grad_gamma(device_frame& f) {
+  const auto& c = f.c;
+  float* mean = f.take(c.rows, "mean");
+  float* rstd = f.take(c.rows, "rstd");
+  layernorm_stats(f.in(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
+  layernorm_grad_gamma(f.in(1), f.in(0), mean, rstd, f.out(0), c.rows, c.cols, c.accumulate, f.st);
+}
+
+// q, k, v, dy -> one buffer holding dq, dk, dv one after the other; lse is recomputed.
+inline void run_attention_grad(device_frame& f) {
+  const auto& a = f.c.att;
+  float* lse = f.take(a.lse_floats(), "lse");
+  float* out = f.take(a.q_floats(), "recomputed output");
+  float* delta = f.take(a.lse_floats(), "delta");
+  causal_attention(f.in(0), f.in(1), f.in(2), out, lse, a, f.st);
+  float* d = f.out(0);
+  causal_attention_grad(f.in(0), f.in(1), f.in(2), f.in(3), lse, d, d + a.q_floats(), d + a.q_floats() + a.kv_floats(), delta,
+                        a, f.st);
+}
+
+inline void run_cross_entropy(device_frame& f) {
+  const auto& c = f.c;
+  const auto* targets = f.ints(1);
+  float* lse = f.take(c.rows, "lse");
+  if (c.fn == ir::op::cross_entropy) {
+    cross_entropy(f.in(0), targets, lse, f.out(0), c.rows, c.cols, f.ctx.status, f.code, f.st, c.scale);
+    return;
+  }
+  cross_entropy_lse(f.in(0), targets, lse, c.rows, c.cols, f.ctx.status, f.code, f.st);
+  cross_entropy_grad(f.in(0), targets, lse, f.out(0), c.rows, c.cols, c.scale, f.st);
+}
+
+inline void run_embedding(device_frame& f) {
+  const auto& c = f.c;
+  const auto* ids = f.ints(0);
+  if (c.fn == ir::op::embedding)
+    embedding(ids, f.in(1), f.out(0), c.ids, c.cols, c.rows, c.first, c.reject_outside, f.ctx.status, f.code, f.st);
+  else
+    embedding_grad(ids, f.in(1), f.out(0), c.ids, c.cols, c.rows, c.accumulate, c.first, c.reject_outside, f.ctx.status,
+                   f.code, f.st);
+}
+
+inline void run_sgd(device_frame& f) {
+  float* momentum = nullptr;
+  if (f.s.sgd.momentum != 0.0f) {
+    if (f.c.n_out < 2) fail(call_ref(f.c) + ": SGD with momentum needs a momentum buffer as its second write");
+    momentum = f.out(1);
+  }
+  sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.st);
+}
+
+inline void run_adamw(device_frame& f) {
+  CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for AdamW");
+  adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.ctx.step, f.st);
+}
+
+// slice and shard_slice copy their part out of the whole buffer's rows; concat places each part.
+inline void run_parts(device_frame& f) {
+  const auto& c = f.c;
+  const bool into_part = c.fn != ir::op::concat;
+  std::byte* whole = f.ptr(into_part ? c.in[0] : c.out[0]);
+  for (const auto& p : c.parts) {
+    if (into_part) copy_rows(whole, f.ptr(p.part), p.outer, p.whole_row, p.part_row, p.offset, 0, p.part_row, f.st);
+    else copy_rows(f.ptr(p.part), whole, p.outer, p.part_row, p.whole_row, 0, p.offset, p.part_row, f.st);
+  }
+}
+
+// Megatron-LM's vocabulary-parallel cross-entropy over this rank's columns; see runtime/dispatch.hpp.
+inline void run_vocab_ce(device_frame& f) {
+  const auto& c = f.c;
+  switch (c.fn) {
+  case ir::op::vocab_ce_max: vocab_ce_max(f.in(0), f.out(0), c.rows, c.cols, f.st); return;
+  case ir::op::vocab_ce_sumexp: vocab_ce_sumexp(f.in(0), f.in(1), f.out(0), c.rows, c.cols, f.st); return;
+  case ir::op::vocab_ce_target: vocab_ce_target(f.in(0), f.in(2), f.ints(1), f.out(0), c.rows, c.cols, c.first, f.st); return;
+  case ir::op::vocab_ce_grad:
+    vocab_ce_grad(f.in(0), f.in(2), f.in(3), f.ints(1), f.out(0), c.rows, c.cols, c.first, c.scale, f.st);
+    return;
+  default: // vocab_ce_loss: Σ (log sumexp - target) / global rows; scale is 1 / global rows
+    vocab_ce_loss(f.in(0), f.in(1), f.out(0), c.rows, 1.0 / static_cast<double>(c.scale), f.st);
+    return;
+  }
+}
+
+} // namespace detail
+
+/// @brief Describes the product of a decoded matmul for cuBLASLt in its gemm_form (as the CPU
+/// runs it), with each operand's alignment in the arena (`operand_alignment`).
 /// @code
-/// products[t.id] = cuda::describe_gemm(g, t, arena, lt, cuda::gemm::default_workspace);
+/// products[t.id] = cuda::describe_gemm(calls[t.id], arena, lt, cuda::gemm::default_workspace);
 /// @endcode
-[[nodiscard]] inline gemm describe_gemm(const ir::graph& g, const ir::task& t, const device_arena& mem,
-                                        const blas_handle& h, std::size_t workspace_bytes, bool allow_tf32 = false) {
-  (void)g;
-  const detail::device_operands op(t, mem);
-  const auto a = op.read(0, "a"), b = op.read(1, "b"), c = op.write(0, "c");
+[[nodiscard]] inline gemm describe_gemm(const kernel_call& c, const device_arena& mem, const blas_handle& h,
+                                        std::size_t workspace_bytes, bool allow_tf32 = false) {
   gemm_shape s;
-  s.m = op.at("m");
-  s.n = op.at("n");
-  s.k = op.at("k");
-  s.batch = op.at("batch", 1);
-  s.trans_a = t.attr("trans_a") != 0;
-  s.trans_b = t.attr("trans_b") != 0;
-  s.accumulate = t.attr("accumulate") != 0;
-  s.ab = detail::gemm_type_of(t, mem, a);
-  s.c = detail::gemm_type_of(t, mem, c);
+  s.m = c.m;
+  s.n = c.gemm_n;
+  s.k = c.k;
+  s.batch = c.batch;
+  s.trans_a = c.trans_a;
+  s.trans_b = c.trans_b;
+  s.accumulate = c.accumulate;
+  s.ab = detail::gemm_type_of(c, mem, c.in[0]);
+  s.c = detail::gemm_type_of(c, mem, c.out[0]);
   s.allow_tf32 = allow_tf32;
-  if (detail::gemm_type_of(t, mem, b) != s.ab)
-    fail(detail::task_ref(t) + ": matmul operands '" + mem.name(a) + "' and '" + mem.name(b) + "' differ in type");
-  const auto count = [&](ir::buffer_id id) {
-    return static_cast<std::size_t>(mem.bytes(id)) / ir::size_of(mem.type(id));
-  };
-  const auto need = [&](ir::buffer_id id, std::size_t expected, const char* what) {
-    if (count(id) != expected)
-      fail(detail::task_ref(t) + ": matmul operand `" + what + "` ('" + mem.name(id) + "') holds " +
-           std::to_string(count(id)) + " values, m/n/k/batch need " + std::to_string(expected));
-  };
-  if (s.batch > 1 && count(b) == s.k * s.n && !s.trans_a) { // B shared by the batch
+  if (c.form == gemm_form::shared_b) {
     s.m *= s.batch;
     s.batch = 1;
-  } else if (s.batch > 1 && count(c) == s.m * s.n && s.trans_a && !s.trans_b) {
-    // A weight gradient of a batched activation: one product with the batch stacked into the
-    // contraction (Σᵢ Aᵢᵀ·Bᵢ), as the CPU dispatch.
+  } else if (c.form == gemm_form::summed_batch) {
     s.k *= s.batch;
     s.batch = 1;
   }
-  need(a, s.batch * s.m * s.k, "a");
-  need(b, s.batch * s.k * s.n, "b");
-  need(c, s.batch * s.m * s.n, "c");
   // Arena views (bucket members, decomposition chunks) start wherever their root's bytes do,
   // so the heuristic is told each operand's real alignment (gemm folds in the batch stride's).
-  s.align_a = operand_alignment(mem.ptr(a));
-  s.align_b = operand_alignment(mem.ptr(b));
-  s.align_c = operand_alignment(mem.ptr(c));
+  s.align_a = operand_alignment(mem.ptr(c.in[0]));
+  s.align_b = operand_alignment(mem.ptr(c.in[1]));
+  s.align_c = operand_alignment(mem.ptr(c.out[0]));
   return gemm(h, s, workspace_bytes);
 }
 
-/// @brief Enqueues one compute task on `ctx.stream`; `product` is the task's describe_gemm
-/// result for a matmul (ignored otherwise). Every form the CPU dispatch takes is taken here
-/// with the same operands and attrs (see runtime/dispatch.hpp and docs/runtime.md).
+/// @brief Enqueues one decoded compute task on `ctx.stream`; `product` is the task's
+/// describe_gemm result for a matmul (ignored otherwise).
 /// @code
-/// cuda::run_kernel(g, t, runtime::resolve(t), arena, settings, ctx, &products[t.id]);
+/// cuda::run_kernel(calls[t.id], arena, settings, ctx, &products[t.id]);
 /// @endcode
-inline void run_kernel(const ir::graph& g, const ir::task& t, kernel k, const device_arena& mem,
-                       const kernel_settings& s, const device_context& ctx, const gemm* product) {
-  const detail::device_operands op(t, mem);
-  detail::workspace_cursor ws(t, ctx);
+inline void run_kernel(const kernel_call& c, const device_arena& mem, const kernel_settings& s, const device_context& ctx,
+                       const gemm* product) {
+  using ir::op;
+  detail::device_frame f(c, mem, s, ctx);
   const auto st = ctx.stream;
-  const int code = t.id + 1;
-  // An integer operand as i32: itself, or (i64) narrowed into the workspace.
-  const auto ints = [&](ir::buffer_id b) -> const std::int32_t* {
-    if (mem.type(b) == ir::dtype::i32) return mem.i32(b);
-    const auto count = mem.count(b);
-    auto* out = reinterpret_cast<std::int32_t*>(ws.take(count, "narrowed ids"));
-    narrow_ids(reinterpret_cast<const std::int64_t*>(mem.ptr(b)), out, count, ctx.status, code, st);
-    return out;
-  };
-  switch (k) {
-  case kernel::gemm: {
-    CONCERTO_CHECK(product != nullptr && ctx.blas != nullptr, detail::task_ref(t) + ": no product described for the matmul");
-    product->run(*ctx.blas, mem.ptr(op.read(0, "a")), mem.ptr(op.read(1, "b")), mem.ptr(op.write(0, "c")),
-                 ctx.blas_workspace, st);
+  switch (c.fn) {
+  case op::matmul:
+    CONCERTO_CHECK(product != nullptr && ctx.blas != nullptr, detail::call_ref(c) + ": no product described for the matmul");
+    product->run(*ctx.blas, f.ptr(c.in[0]), f.ptr(c.in[1]), f.ptr(c.out[0]), ctx.blas_workspace, st);
     return;
-  }
-  case kernel::add: {
-    const auto a = op.read(0, "a"), b = op.read(1, "b"), o = op.write(0, "out");
-    op.need(b, op.n(a), "b");
-    op.need(o, op.n(a), "out");
-    add(op.f(a), op.f(b), op.f(o), op.n(a), st);
+  case op::add: add(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::add_inplace: add_inplace(f.out(0), f.in(1), c.n, st); return;
+  case op::scale: scale(f.in(0), c.scale, f.out(0), c.n, st); return;
+  case op::bias_add: bias_add(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
+  case op::bias_grad: bias_add_grad(f.in(0), f.out(0), c.rows, c.cols, c.accumulate, st); return;
+  case op::gelu: gelu(f.in(0), f.out(0), c.n, st); return;
+  case op::relu: relu(f.in(0), f.out(0), c.n, st); return;
+  case op::gelu_grad: gelu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::relu_grad: relu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::zero:
+    for (const auto b : c.task->writes)
+      if (f.bytes(b) > 0) check(cudaMemsetAsync(f.ptr(b), 0, f.bytes(b), st), "cudaMemsetAsync");
     return;
-  }
-  case kernel::add_inplace: {
-    const auto acc = op.write(0, "acc"), x = op.addend(acc);
-    op.need(x, op.n(acc), "x");
-    add_inplace(op.f(acc), op.f(x), op.n(acc), st);
+  case op::layernorm: detail::run_layernorm(f); return;
+  case op::layernorm_grad: detail::run_layernorm_grad(f); return;
+  case op::layernorm_grad_gamma: detail::run_layernorm_grad_gamma(f); return;
+  case op::softmax: softmax(f.in(0), f.out(0), c.rows, c.cols, st); return;
+  case op::softmax_grad: softmax_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
+  case op::attention: causal_attention(f.in(0), f.in(1), f.in(2), f.out(0), f.take(c.att.lse_floats(), "lse"), c.att, st); return;
+  case op::attention_grad: detail::run_attention_grad(f); return;
+  case op::cross_entropy:
+  case op::cross_entropy_grad: detail::run_cross_entropy(f); return;
+  case op::mse: mse(f.in(0), f.in(1), f.out(0), c.n, st, c.scale); return;
+  case op::mse_grad: mse_grad(f.in(0), f.in(1), f.out(0), c.n, c.scale, st); return;
+  case op::embedding:
+  case op::embedding_grad: detail::run_embedding(f); return;
+  case op::sgd: detail::run_sgd(f); return;
+  case op::adamw: detail::run_adamw(f); return;
+  case op::copy:
+    if (f.ptr(c.in[0]) != f.ptr(c.out[0]) && c.n > 0)
+      check(cudaMemcpyAsync(f.ptr(c.out[0]), f.ptr(c.in[0]), c.n, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
     return;
-  }
-  case kernel::scale: {
-    const auto x = op.read(0, "x"), o = op.write(0, "out");
-    op.need(o, op.n(x), "out");
-    scale(op.f(x), runtime::detail::ratio(t, "num", "den"), op.f(o), op.n(x), st);
-    return;
-  }
-  case kernel::bias_add: {
-    const auto x = op.read(0, "x"), bias = op.read(1, "bias"), o = op.write(0, "out");
-    const auto cols = op.n(bias), rows = op.divide(op.n(x), cols, "rows");
-    op.need(o, op.n(x), "out");
-    bias_add(op.f(x), op.f(bias), op.f(o), rows, cols, st);
-    return;
-  }
-  case kernel::bias_add_grad: {
-    const auto dout = op.read(0, "dout"), dbias = op.write(0, "dbias");
-    const auto cols = op.n(dbias);
-    bias_add_grad(op.f(dout), op.f(dbias), op.divide(op.n(dout), cols, "rows"), cols, t.attr("accumulate") != 0, st);
-    return;
-  }
-  case kernel::gelu:
-  case kernel::relu: {
-    const auto x = op.read(0, "x"), o = op.write(0, "out");
-    op.need(o, op.n(x), "out");
-    (k == kernel::gelu ? gelu : relu)(op.f(x), op.f(o), op.n(x), st);
-    return;
-  }
-  case kernel::gelu_grad:
-  case kernel::relu_grad: {
-    // ir::builder graphs list (dout, x), the DSL (x, dout): the CPU dispatch's rule decides.
-    const bool swapped = runtime::detail::dout_first(g, t);
-    const auto x = op.read(swapped ? 1 : 0, "x"), dout = op.read(swapped ? 0 : 1, "dout"), dx = op.write(0, "dx");
-    op.need(dout, op.n(x), "dout");
-    op.need(dx, op.n(x), "dx");
-    (k == kernel::gelu_grad ? gelu_grad : relu_grad)(op.f(x), op.f(dout), op.f(dx), op.n(x), st);
-    return;
-  }
-  case kernel::zero:
-    for (const auto b : t.writes)
-      if (mem.bytes(b) > 0) check(cudaMemsetAsync(mem.ptr(b), 0, static_cast<std::size_t>(mem.bytes(b)), st), "cudaMemsetAsync");
-    return;
-  case kernel::layernorm: {
-    const auto x = op.read(0, "x"), gamma = op.read(1, "gamma"), beta = op.read(2, "beta"), out = op.write(0, "out");
-    const auto cols = op.n(gamma), rows = op.divide(op.n(x), cols, "rows");
-    op.need(beta, cols, "beta");
-    op.need(out, op.n(x), "out");
-    // The DSL's layernorm writes only its output: the statistics go to the workspace.
-    float *mean = nullptr, *rstd = nullptr;
-    if (t.writes.size() >= 3) {
-      op.need(t.writes[1], rows, "mean");
-      op.need(t.writes[2], rows, "rstd");
-      mean = op.f(t.writes[1]);
-      rstd = op.f(t.writes[2]);
-    } else {
-      mean = ws.take(rows, "mean");
-      rstd = ws.take(rows, "rstd");
-    }
-    layernorm(op.f(x), op.f(gamma), op.f(beta), op.f(out), mean, rstd, rows, cols, s.layernorm_eps, st);
-    return;
-  }
-  case kernel::layernorm_grad: {
-    if (t.reads.size() >= 5) { // ir::builder form: dout, x, gamma, mean, rstd -> dx, dgamma, dbeta
-      const auto dout = op.read(0, "dout"), x = op.read(1, "x"), gamma = op.read(2, "gamma"), mean = op.read(3, "mean"),
-                 rstd = op.read(4, "rstd");
-      const auto dx = op.write(0, "dx"), dgamma = op.write(1, "dgamma"), dbeta = op.write(2, "dbeta");
-      const auto cols = op.n(gamma), rows = op.divide(op.n(x), cols, "rows");
-      op.need(dout, op.n(x), "dout");
-      op.need(mean, rows, "mean");
-      op.need(rstd, rows, "rstd");
-      op.need(dx, op.n(x), "dx");
-      op.need(dgamma, cols, "dgamma");
-      op.need(dbeta, cols, "dbeta");
-      layernorm_grad(op.f(dout), op.f(x), op.f(gamma), op.f(mean), op.f(rstd), op.f(dx), op.f(dgamma), op.f(dbeta), rows,
-                     cols, t.attr("accumulate") != 0, st);
-      return;
-    }
-    // The DSL's form: x, gamma, dy -> dx; the statistics are recomputed, dgamma and dbeta are
-    // other tasks (layernorm_grad_gamma, bias_grad).
-    const auto x = op.read(0, "x"), gamma = op.read(1, "gamma"), dy = op.read(2, "dy"), dx = op.write(0, "dx");
-    const auto cols = op.n(gamma), rows = op.divide(op.n(x), cols, "rows");
-    op.need(dy, op.n(x), "dy");
-    op.need(dx, op.n(x), "dx");
-    float* mean = ws.take(rows, "mean");
-    float* rstd = ws.take(rows, "rstd");
-    layernorm_stats(op.f(x), mean, rstd, rows, cols, s.layernorm_eps, st);
-    layernorm_grad_input(op.f(dy), op.f(x), op.f(gamma), mean, rstd, op.f(dx), rows, cols, st);
-    return;
-  }
-  case kernel::layernorm_grad_gamma: {
-    // dgamma[c] = Σ_r dy·x̂ (reads x, dy), the statistics recomputed.
-    const auto x = op.read(0, "x"), dy = op.read(1, "dy"), dgamma = op.write(0, "dgamma");
-    const auto cols = op.n(dgamma), rows = op.divide(op.n(x), cols, "rows");
-    op.need(dy, op.n(x), "dy");
-    float* mean = ws.take(rows, "mean");
-    float* rstd = ws.take(rows, "rstd");
-    layernorm_stats(op.f(x), mean, rstd, rows, cols, s.layernorm_eps, st);
-    layernorm_grad_gamma(op.f(dy), op.f(x), mean, rstd, op.f(dgamma), rows, cols, t.attr("accumulate") != 0, st);
-    return;
-  }
-  case kernel::softmax:
-  case kernel::softmax_grad: {
-    const auto first = op.read(0, k == kernel::softmax ? "x" : "y");
-    const auto& shape = g.buffers.at(static_cast<std::size_t>(first)).shape;
-    const auto cols = op.at("cols", shape.empty() ? -1 : shape.back());
-    const auto rows = op.divide(op.n(first), cols, "rows");
-    if (k == kernel::softmax) {
-      const auto o = op.write(0, "out");
-      op.need(o, op.n(first), "out");
-      softmax(op.f(first), op.f(o), rows, cols, st);
-    } else {
-      const auto dy = op.read(1, "dy"), dx = op.write(0, "dx");
-      op.need(dy, op.n(first), "dy");
-      op.need(dx, op.n(first), "dx");
-      softmax_grad(op.f(first), op.f(dy), op.f(dx), rows, cols, st);
-    }
-    return;
-  }
-  case kernel::attention:
-  case kernel::attention_grad: {
-    if (t.attr("causal", 1) == 0) fail(detail::task_ref(t) + ": the attention kernel is causal only (attr causal = 0)");
-    const auto batch = op.at("batch", 1), seq = op.at("seq"), heads = op.at("heads"), hd = op.at("head_dim");
-    const auto n = batch * seq * heads * hd, nl = batch * heads * seq;
-    const auto q = op.read(0, "q"), kk = op.read(1, "k"), v = op.read(2, "v");
-    op.need(q, n, "q");
-    op.need(kk, n, "k");
-    op.need(v, n, "v");
-    if (k == kernel::attention) {
-      const auto out = op.write(0, "out");
-      op.need(out, n, "out");
-      // The DSL's attention writes only its output: lse goes to the workspace.
-      float* lse = nullptr;
-      if (t.writes.size() >= 2) {
-        op.need(t.writes[1], nl, "lse");
-        lse = op.f(t.writes[1]);
-      } else {
-        lse = ws.take(nl, "lse");
-      }
-      causal_attention(op.f(q), op.f(kk), op.f(v), op.f(out), lse, batch, seq, heads, hd, st);
-      return;
-    }
-    if (t.reads.size() >= 5) { // q, k, v, dout, lse -> dq, dk, dv
-      const auto dout = op.read(3, "dout"), lse = op.read(4, "lse");
-      const auto dq = op.write(0, "dq"), dk = op.write(1, "dk"), dv = op.write(2, "dv");
-      op.need(dout, n, "dout");
-      op.need(lse, nl, "lse");
-      op.need(dq, n, "dq");
-      op.need(dk, n, "dk");
-      op.need(dv, n, "dv");
-      causal_attention_grad(op.f(q), op.f(kk), op.f(v), op.f(dout), op.f(lse), op.f(dq), op.f(dk), op.f(dv),
-                            ws.take(nl, "delta"), batch, seq, heads, hd, st);
-      return;
-    }
-    // The DSL's form: q, k, v, dy -> one [3, ...] buffer (dq, dk, dv); lse is recomputed.
-    const auto dy = op.read(3, "dy"), packed = op.write(0, "dqkv");
-    op.need(dy, n, "dy");
-    if (op.n(packed) != 3 * n)
-      fail(detail::task_ref(t) + ": output '" + mem.name(packed) + "' holds " + std::to_string(op.n(packed)) +
-           " floats, expected 3 x " + std::to_string(n) + " (dq, dk, dv)");
-    float* lse = ws.take(nl, "lse");
-    float* out = ws.take(n, "recomputed output");
-    float* delta = ws.take(nl, "delta");
-    causal_attention(op.f(q), op.f(kk), op.f(v), out, lse, batch, seq, heads, hd, st);
-    float* d = op.f(packed);
-    causal_attention_grad(op.f(q), op.f(kk), op.f(v), op.f(dy), lse, d, d + n, d + 2 * n, delta, batch, seq, heads, hd, st);
-    return;
-  }
-  case kernel::cross_entropy:
-  case kernel::cross_entropy_grad: {
-    // Mean over `global_rows` (every rank's rows; default: this rank's), as on the CPU.
-    const auto id = op.int_read("targets");
-    const auto rows = mem.count(id);
-    CONCERTO_CHECK(rows > 0, detail::task_ref(t) + ": the mean over rows needs at least one row");
-    const auto logits = op.float_read(0, "logits");
-    const auto classes = op.divide(op.n(logits), rows, "rows");
-    const auto global_rows = static_cast<double>(t.attr("global_rows", static_cast<std::int64_t>(rows)));
-    const auto share = static_cast<float>(static_cast<double>(rows) / global_rows);
-    const auto* targets = ints(id);
-    if (k == kernel::cross_entropy) {
-      const auto loss = op.write(0, "loss");
-      if (op.n(loss) == 0) fail(detail::task_ref(t) + ": the loss buffer holds no value");
-      float* lse = nullptr;
-      if (t.writes.size() >= 2) {
-        op.need(t.writes[1], rows, "lse");
-        lse = op.f(t.writes[1]);
-      } else {
-        lse = ws.take(rows, "lse");
-      }
-      cross_entropy(op.f(logits), targets, lse, op.f(loss), rows, classes, ctx.status, code, st, share);
-      return;
-    }
-    const auto dlogits = op.write(0, "dlogits");
-    op.need(dlogits, op.n(logits), "dlogits");
-    const float* lse = nullptr;
-    if (op.float_reads() >= 2) {
-      const auto l = op.float_read(1, "lse");
-      op.need(l, rows, "lse");
-      lse = op.f(l);
-    } else { // the DSL's form: recompute the row log-sum-exp
-      float* tmp = ws.take(rows, "lse");
-      cross_entropy_lse(op.f(logits), targets, tmp, rows, classes, ctx.status, code, st);
-      lse = tmp;
-    }
-    cross_entropy_grad(op.f(logits), targets, lse, op.f(dlogits), rows, classes,
-                       runtime::detail::ratio(t, "dloss_num", "dloss_den") * share, st);
-    return;
-  }
-  case kernel::mse:
-  case kernel::mse_grad: {
-    // Mean over `global_n` values (every rank's; default: this rank's), as cross_entropy.
-    const auto pred = op.read(0, "pred"), target = op.read(1, "target");
-    op.need(target, op.n(pred), "target");
-    const auto share = static_cast<float>(static_cast<double>(op.n(pred)) /
-                                          static_cast<double>(t.attr("global_n", static_cast<std::int64_t>(op.n(pred)))));
-    if (k == kernel::mse) {
-      const auto loss = op.write(0, "loss");
-      if (op.n(loss) == 0) fail(detail::task_ref(t) + ": the loss buffer holds no value");
-      mse(op.f(pred), op.f(target), op.f(loss), op.n(pred), st, share);
-    } else {
-      const auto dpred = op.write(0, "dpred");
-      op.need(dpred, op.n(pred), "dpred");
-      mse_grad(op.f(pred), op.f(target), op.f(dpred), op.n(pred), runtime::detail::ratio(t, "dloss_num", "dloss_den") * share,
-               st);
-    }
-    return;
-  }
-  case kernel::embedding:
-  case kernel::embedding_grad: {
-    const auto ids = op.int_read("ids");
-    const auto n = mem.count(ids);
-    // A table split over the vocabulary (`vocab_axis`, the DSL) holds rows [coord·vocab, ...);
-    // ids outside give zero rows, and an all-reduce of the outputs completes the lookup.
-    const bool vocab_split = t.attr("vocab_axis", -1) >= 0;
-    const bool reject = !vocab_split && t.attr("sharded") == 0;
-    const auto first_row = vocab_split ? op.coord(s.coords, "vocab_axis") * t.attr("vocab", 0) : t.attr("first_row", 0);
-    const auto big = k == kernel::embedding ? op.write(0, "out") : op.float_read(0, "dout");
-    const auto table = k == kernel::embedding ? op.float_read(0, "table") : op.write(0, "dtable");
-    const auto dim = op.at("hidden", static_cast<std::int64_t>(n == 0 ? 0 : op.n(big) / n));
-    if (dim == 0 || op.n(table) % dim != 0)
-      fail(detail::task_ref(t) + ": table '" + mem.name(table) + "' holds " + std::to_string(op.n(table)) +
-           " floats, not a whole number of rows of dim " + std::to_string(dim));
-    op.need(big, n * dim, k == kernel::embedding ? "out" : "dout");
-    const auto rows = op.n(table) / dim;
-    const auto* narrow = ints(ids);
-    if (k == kernel::embedding)
-      embedding(narrow, op.f(table), op.f(big), n, dim, rows, first_row, reject, ctx.status, code, st);
-    else
-      embedding_grad(narrow, op.f(big), op.f(table), n, dim, rows, t.attr("accumulate") != 0, first_row, reject,
-                     ctx.status, code, st);
-    return;
-  }
-  case kernel::sgd: {
-    const auto p = op.write(0, "param"), grad = op.read_not_written("grad");
-    op.need(grad, op.n(p), "grad");
-    float* buf = nullptr;
-    if (s.sgd.momentum != 0.0f) {
-      if (t.writes.size() < 2) fail(detail::task_ref(t) + ": SGD with momentum needs a momentum buffer as its second write");
-      op.need(t.writes[1], op.n(p), "momentum");
-      buf = op.f(t.writes[1]);
-    }
-    sgd_update(op.f(p), op.f(grad), buf, op.n(p), s.sgd, st);
-    return;
-  }
-  case kernel::adamw: {
-    const auto p = op.write(0, "param"), grad = op.read_not_written("grad");
-    op.need(grad, op.n(p), "grad");
-    float *m = nullptr, *v = nullptr;
-    if (t.writes.size() >= 3) {
-      op.need(t.writes[1], op.n(p), "m");
-      op.need(t.writes[2], op.n(p), "v");
-      m = op.f(t.writes[1]);
-      v = op.f(t.writes[2]);
-    } else {
-      const auto state = op.write(1, "state");
-      if (op.n(state) != 2 * op.n(p))
-        fail(detail::task_ref(t) + " (adamw): state buffer '" + mem.name(state) + "' holds " + std::to_string(op.n(state)) +
-             " floats, expected 2 x " + std::to_string(op.n(p)) + " (m then v)");
-      m = op.f(state);
-      v = m + op.n(p);
-    }
-    CONCERTO_CHECK(ctx.step != nullptr, detail::task_ref(t) + ": no device step counter for AdamW");
-    adamw_update(op.f(p), op.f(grad), m, v, op.n(p), s.adamw, ctx.step, st);
-    return;
-  }
-  case kernel::copy: {
-    const auto src = op.read(0, "src"), dst = op.write(0, "dst");
-    if (mem.bytes(src) != mem.bytes(dst))
-      fail(detail::task_ref(t) + ": copies " + std::to_string(mem.bytes(src)) + " bytes into a buffer of " +
-           std::to_string(mem.bytes(dst)));
-    if (mem.ptr(src) != mem.ptr(dst) && mem.bytes(src) > 0)
-      check(cudaMemcpyAsync(mem.ptr(dst), mem.ptr(src), static_cast<std::size_t>(mem.bytes(src)), cudaMemcpyDeviceToDevice, st),
-            "cudaMemcpyAsync");
-    return;
-  }
-  case kernel::slice:
-  case kernel::concat: {
-    const bool slicing = k == kernel::slice;
-    const auto bytes_of = [&](ir::buffer_id b) { return static_cast<std::size_t>(mem.bytes(b)); };
-    const auto copy = [&](ir::buffer_id whole, ir::buffer_id part, const runtime::detail::rows_in_whole& r) {
-      if (slicing)
-        detail::copy_rows(t, mem.ptr(whole), bytes_of(whole), mem.ptr(part), bytes_of(part), r.outer, r.whole_row, r.part_row,
-                          r.offset, 0, r.part_row, st);
-      else
-        detail::copy_rows(t, mem.ptr(part), bytes_of(part), mem.ptr(whole), bytes_of(whole), r.outer, r.part_row, r.whole_row,
-                          0, r.offset, r.part_row, st);
-    };
-    runtime::detail::for_each_part(g, op, slicing, copy);
-    return;
-  }
-  case kernel::shard_slice: {
-    const auto src = op.read(0, "src"), dst = op.write(0, "dst");
-    const auto r = runtime::detail::shard_rows(g, op, src, s.coords);
-    detail::copy_rows(t, mem.ptr(src), static_cast<std::size_t>(mem.bytes(src)), mem.ptr(dst),
-                      static_cast<std::size_t>(mem.bytes(dst)), r.outer, r.whole_row, r.part_row, r.offset, 0, r.part_row, st);
-    return;
-  }
-  case kernel::keep_one: {
+  case op::slice:
+  case op::concat:
+  case op::shard_slice: detail::run_parts(f); return;
+  case op::keep_one:
     // Coordinate 0 on `mesh_axis` keeps the value, the others hold zero: a pending sum of one term.
-    const auto src = op.read(0, "src"), dst = op.write(0, "dst");
-    const auto bytes = static_cast<std::size_t>(mem.bytes(dst));
-    if (mem.bytes(src) != mem.bytes(dst)) fail(detail::task_ref(t) + ": input and output sizes differ");
-    if (bytes == 0) return;
-    if (op.coord(s.coords, "mesh_axis") != 0)
-      check(cudaMemsetAsync(mem.ptr(dst), 0, bytes, st), "cudaMemsetAsync");
-    else if (mem.ptr(src) != mem.ptr(dst))
-      check(cudaMemcpyAsync(mem.ptr(dst), mem.ptr(src), bytes, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
+    if (c.n == 0) return;
+    if (!c.keep) check(cudaMemsetAsync(f.ptr(c.out[0]), 0, c.n, st), "cudaMemsetAsync");
+    else if (f.ptr(c.in[0]) != f.ptr(c.out[0]))
+      check(cudaMemcpyAsync(f.ptr(c.out[0]), f.ptr(c.in[0]), c.n, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
     return;
+  case op::vocab_ce_max:
+  case op::vocab_ce_target:
+  case op::vocab_ce_sumexp:
+  case op::vocab_ce_loss:
+  case op::vocab_ce_grad: detail::run_vocab_ce(f); return;
+  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad: case op::mul_grad:
+  case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
+  case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
+  case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
+  case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
+  case op::add_position: case op::position_embedding_grad: case op::moe_route: case op::moe_route_grad:
+  case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine: case op::moe_combine_grad:
+  case op::transpose_blocks: break;
   }
-  case kernel::vocab_ce_max:
-  case kernel::vocab_ce_target:
-  case kernel::vocab_ce_sumexp:
-  case kernel::vocab_ce_grad: {
-    // Megatron-LM's vocabulary-parallel cross-entropy over this rank's columns of the logits
-    // [rows, cols] (columns [coord·cols, ...) of the vocabulary); see runtime/dispatch.hpp.
-    const auto logits = op.float_read(0, "logits"), out = op.write(0, "out");
-    const auto cols = op.at("cols");
-    const auto rows = op.divide(op.n(logits), cols, "rows");
-    op.need(out, k == kernel::vocab_ce_grad ? rows * cols : rows, "out");
-    if (k == kernel::vocab_ce_max) {
-      vocab_ce_max(op.f(logits), op.f(out), rows, cols, st);
-      return;
-    }
-    const auto mx = op.float_read(1, "max");
-    op.need(mx, rows, "max");
-    if (k == kernel::vocab_ce_sumexp) {
-      vocab_ce_sumexp(op.f(logits), op.f(mx), op.f(out), rows, cols, st);
-      return;
-    }
-    const auto label_id = op.int_read("labels");
-    if (mem.count(label_id) != rows)
-      fail(detail::task_ref(t) + ": " + std::to_string(mem.count(label_id)) + " labels for " + std::to_string(rows) + " rows");
-    const auto first = op.coord(s.coords, "vocab_axis") * static_cast<std::int64_t>(cols);
-    const auto* labels = ints(label_id);
-    if (k == kernel::vocab_ce_target) {
-      vocab_ce_target(op.f(logits), op.f(mx), labels, op.f(out), rows, cols, first, st);
-      return;
-    }
-    const auto sumexp = op.float_read(2, "sumexp");
-    op.need(sumexp, rows, "sumexp");
-    const auto scale = runtime::detail::ratio(t, "dloss_num", "dloss_den") /
-                       static_cast<float>(t.attr("global_rows", static_cast<std::int64_t>(rows)));
-    vocab_ce_grad(op.f(logits), op.f(mx), op.f(sumexp), labels, op.f(out), rows, cols, first, scale, st);
-    return;
-  }
-  case kernel::vocab_ce_loss: {
-    const auto sumexp = op.read(0, "sumexp"), target = op.read(1, "target"), loss = op.write(0, "loss");
-    if (op.n(loss) == 0 || op.n(target) != op.n(sumexp))
-      fail(detail::task_ref(t) + ": expects sumexp and target of one size and a one-value loss");
-    vocab_ce_loss(op.f(sumexp), op.f(target), op.f(loss), op.n(sumexp),
-                  static_cast<double>(t.attr("global_rows", static_cast<std::int64_t>(op.n(sumexp)))), st);
-    return;
-  }
-  }
-  fail(detail::task_ref(t) + ": kernel id out of range");
+  fail(detail::call_ref(c) + ": the GPU has no kernel for this op");
 }
 
 } // namespace concerto::runtime::cuda

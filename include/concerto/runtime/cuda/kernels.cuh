@@ -28,6 +28,7 @@
 #endif
 
 #include <concerto/core/error.hpp>
+#include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
 #include <concerto/runtime/cuda/check.hpp>
 
@@ -246,13 +247,19 @@ __global__ void softmax_grad_k(const float* y, const float* dy, float* dx, std::
 }
 
 // ---- causal attention -----------------------------------------------------------------------
-// Layout as the CPU kernel: q, k, v, out [batch, seq, heads·head_dim]; lse [batch, heads, seq].
-// Grid (seq, batch·heads); block i of a head owns query row i (forward, dq) or key row j (dk, dv).
+// Layout as the CPU kernel: q, out [batch, seq, heads·head_dim]; k, v [batch, seq, kv_heads·head_dim]
+// (grouped-query attention: q head h reads kv head kv_of(h)); lse [batch, heads, seq].
+// Forward and dq: grid (seq, batch·heads), block i of a q head owns query row i. dk, dv: grid
+// (seq, batch·kv_heads), block j of a kv head owns key row j and sums over its group's q heads.
 struct attention_dims {
-  std::size_t seq, heads, head_dim;
+  std::size_t seq, heads, kv_heads, head_dim, group, first_head, kv_first_head;
   float scale;
-  __device__ std::size_t base(std::size_t bh) const { return (bh / heads) * seq * heads * head_dim + (bh % heads) * head_dim; }
   __device__ std::size_t ld() const { return heads * head_dim; }
+  __device__ std::size_t ld_kv() const { return kv_heads * head_dim; }
+  __device__ std::size_t kv_of(std::size_t h) const { return (first_head + h) / group - kv_first_head; }
+  // Offsets of row 0 of q head h / kv head g of sequence b.
+  __device__ std::size_t q_base(std::size_t b, std::size_t h) const { return b * seq * ld() + h * head_dim; }
+  __device__ std::size_t kv_base(std::size_t b, std::size_t g) const { return b * seq * ld_kv() + g * head_dim; }
 };
 __device__ inline float dot_rows(const float* a, const float* b, std::size_t n) {
   float s = 0.0f;
@@ -264,11 +271,12 @@ __global__ void attention_k(const float* q, const float* k, const float* v, floa
   CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
   float* red = sh;
   float* p = sh + 32;
-  const std::size_t i = blockIdx.x, bh = blockIdx.y, ld = a.ld(), base = a.base(bh), D = a.head_dim;
+  const std::size_t i = blockIdx.x, bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, D = a.head_dim;
+  const std::size_t ld = a.ld(), ldkv = a.ld_kv(), base = a.q_base(b, h), kvb = a.kv_base(b, a.kv_of(h));
   const float* qi = q + base + i * ld;
   float m = -INFINITY;
   for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    p[j] = a.scale * dot_rows(qi, k + base + j * ld, D);
+    p[j] = a.scale * dot_rows(qi, k + kvb + j * ldkv, D);
     m = fmaxf(m, p[j]);
   }
   m = block_reduce(m, max_op{}, red);
@@ -281,7 +289,7 @@ __global__ void attention_k(const float* q, const float* k, const float* v, floa
   const float inv = 1.0f / s;
   for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
-    for (std::size_t j = 0; j <= i; ++j) acc += p[j] * v[base + j * ld + d];
+    for (std::size_t j = 0; j <= i; ++j) acc += p[j] * v[kvb + j * ldkv + d];
     out[base + i * ld + d] = acc * inv;
   }
   if (threadIdx.x == 0) lse[bh * a.seq + i] = m + logf(s);
@@ -294,14 +302,15 @@ __global__ void attention_dq_k(const float* q, const float* k, const float* v, c
   float* red = sh;
   float* p = sh + 32;
   float* ds = p + a.seq;
-  const std::size_t i = blockIdx.x, bh = blockIdx.y, ld = a.ld(), base = a.base(bh), D = a.head_dim;
+  const std::size_t i = blockIdx.x, bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, D = a.head_dim;
+  const std::size_t ld = a.ld(), ldkv = a.ld_kv(), base = a.q_base(b, h), kvb = a.kv_base(b, a.kv_of(h));
   const float* qi = q + base + i * ld;
   const float* gi = dout + base + i * ld;
   const float l = lse[bh * a.seq + i];
   float dot = 0.0f;
   for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    p[j] = expf(a.scale * dot_rows(qi, k + base + j * ld, D) - l);
-    ds[j] = dot_rows(gi, v + base + j * ld, D);
+    p[j] = expf(a.scale * dot_rows(qi, k + kvb + j * ldkv, D) - l);
+    ds[j] = dot_rows(gi, v + kvb + j * ldkv, D);
     dot += p[j] * ds[j];
   }
   dot = block_reduce(dot, sum_op{}, red);
@@ -309,35 +318,47 @@ __global__ void attention_dq_k(const float* q, const float* k, const float* v, c
   __syncthreads();
   for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
-    for (std::size_t j = 0; j <= i; ++j) acc += ds[j] * k[base + j * ld + d];
+    for (std::size_t j = 0; j <= i; ++j) acc += ds[j] * k[kvb + j * ldkv + d];
     dq[base + i * ld + d] = a.scale * acc;
   }
   if (threadIdx.x == 0) delta[bh * a.seq + i] = dot;
 }
-// dk and dv for key row j, from every query row i >= j.
+// dk and dv for key row j of one kv head, from every query row i >= j of every q head of its
+// group on this rank (none: zeros, a partial sum another rank completes).
 template <int = 0>
 __global__ void attention_dkv_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
                                 const float* delta, float* dk, float* dv, attention_dims a) {
   CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
   float* p = sh + 32;
   float* ds = p + a.seq;
-  const std::size_t j = blockIdx.x, bh = blockIdx.y, ld = a.ld(), base = a.base(bh), D = a.head_dim, T = a.seq;
-  const float* kj = k + base + j * ld;
-  const float* vj = v + base + j * ld;
-  for (std::size_t i = j + threadIdx.x; i < T; i += blockDim.x) {
-    const float pij = expf(a.scale * dot_rows(q + base + i * ld, kj, D) - lse[bh * T + i]);
-    p[i] = pij;
-    ds[i] = pij * (dot_rows(dout + base + i * ld, vj, D) - delta[bh * T + i]);
-  }
-  __syncthreads();
-  for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc_v = 0.0f, acc_k = 0.0f;
-    for (std::size_t i = j; i < T; ++i) {
-      acc_v += p[i] * dout[base + i * ld + d];
-      acc_k += ds[i] * q[base + i * ld + d];
+  const std::size_t j = blockIdx.x, bg = blockIdx.y, b = bg / a.kv_heads, g = bg % a.kv_heads, D = a.head_dim, T = a.seq;
+  const std::size_t ld = a.ld(), ldkv = a.ld_kv(), kvb = a.kv_base(b, g);
+  const float* kj = k + kvb + j * ldkv;
+  const float* vj = v + kvb + j * ldkv;
+  // The q heads of this kv head: a contiguous range, kv_of being monotonic.
+  const std::size_t global_first = (g + a.kv_first_head) * a.group;
+  const std::size_t h_lo = global_first > a.first_head ? global_first - a.first_head : 0;
+  const std::size_t h_end = global_first + a.group > a.first_head ? global_first + a.group - a.first_head : 0;
+  const std::size_t h_hi = h_end < a.heads ? h_end : a.heads;
+  for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) dv[kvb + j * ldkv + d] = dk[kvb + j * ldkv + d] = 0.0f;
+  for (std::size_t h = h_lo; h < h_hi; ++h) {
+    const std::size_t base = a.q_base(b, h), row = (b * a.heads + h) * T;
+    __syncthreads(); // the previous head's p and ds are read
+    for (std::size_t i = j + threadIdx.x; i < T; i += blockDim.x) {
+      const float pij = expf(a.scale * dot_rows(q + base + i * ld, kj, D) - lse[row + i]);
+      p[i] = pij;
+      ds[i] = pij * (dot_rows(dout + base + i * ld, vj, D) - delta[row + i]);
     }
-    dv[base + j * ld + d] = acc_v;
-    dk[base + j * ld + d] = a.scale * acc_k;
+    __syncthreads();
+    for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
+      float acc_v = 0.0f, acc_k = 0.0f;
+      for (std::size_t i = j; i < T; ++i) {
+        acc_v += p[i] * dout[base + i * ld + d];
+        acc_k += ds[i] * q[base + i * ld + d];
+      }
+      dv[kvb + j * ldkv + d] += acc_v;
+      dk[kvb + j * ldkv + d] += a.scale * acc_k;
+    }
   }
 }
 
@@ -547,8 +568,9 @@ __global__ void restride_k(const Word* from, Word* to, std::size_t outer, std::s
 
 #undef CONCERTO_GRID_STRIDE
 
-inline attention_dims make_dims(std::size_t seq, std::size_t heads, std::size_t head_dim) {
-  return {seq, heads, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim))};
+inline attention_dims make_dims(const cpu::attention_shape& a) {
+  return {a.seq, a.heads, a.kv(), a.head_dim, a.group, a.first_head, a.kv_first_head,
+          1.0f / std::sqrt(static_cast<float>(a.head_dim))};
 }
 inline std::size_t attention_smem(std::size_t seq, std::size_t rows_of_seq, const char* kernel) {
   const std::size_t bytes = (32 + rows_of_seq * seq) * sizeof(float);
@@ -655,32 +677,32 @@ inline void softmax_grad(const float* y, const float* dy, float* dx, std::size_t
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "softmax_grad"), detail::block, 0, s, detail::softmax_grad_k<>)(y, dy, dx, cols);
   detail::launched("softmax_grad");
 }
-/// @brief Causal attention forward (as cpu::causal_attention); seq ≤ about 12000.
-inline void causal_attention(const float* q, const float* k, const float* v, float* out, float* lse, std::size_t batch,
-                             std::size_t seq, std::size_t heads, std::size_t head_dim, cudaStream_t s) {
-  if (batch * seq * heads == 0) return;
-  const auto smem = detail::attention_smem(seq, 1, "causal_attention");
-  CONCERTO_CUDA_LAUNCH(detail::attention_grid(batch, seq, heads, "causal_attention"), detail::attention_block, smem, s, detail::attention_k<>)(
-      q, k, v, out, lse, detail::make_dims(seq, heads, head_dim));
+/// @brief Causal (grouped-query) attention forward (as cpu::causal_attention); seq ≤ about 12000.
+inline void causal_attention(const float* q, const float* k, const float* v, float* out, float* lse,
+                             const cpu::attention_shape& a, cudaStream_t s) {
+  if (a.batch * a.seq * a.heads == 0) return;
+  const auto smem = detail::attention_smem(a.seq, 1, "causal_attention");
+  CONCERTO_CUDA_LAUNCH(detail::attention_grid(a.batch, a.seq, a.heads, "causal_attention"), detail::attention_block, smem, s,
+                       detail::attention_k<>)(q, k, v, out, lse, detail::make_dims(a));
   detail::launched("causal_attention");
 }
 /// @brief Floats of device workspace `causal_attention_grad` needs (one value per query row).
-[[nodiscard]] constexpr std::size_t causal_attention_grad_workspace_floats(std::size_t batch, std::size_t seq,
-                                                                           std::size_t heads) noexcept {
-  return batch * heads * seq;
+[[nodiscard]] constexpr std::size_t causal_attention_grad_workspace_floats(const cpu::attention_shape& a) noexcept {
+  return a.lse_floats();
 }
-/// @brief Causal attention backward (as cpu::causal_attention_grad); `workspace` holds
-/// `causal_attention_grad_workspace_floats` floats; seq ≤ about 6000.
+/// @brief Causal (grouped-query) attention backward (as cpu::causal_attention_grad); `workspace`
+/// holds `causal_attention_grad_workspace_floats` floats; seq ≤ about 6000.
 inline void causal_attention_grad(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                                  float* dq, float* dk, float* dv, float* workspace, std::size_t batch, std::size_t seq,
-                                  std::size_t heads, std::size_t head_dim, cudaStream_t s) {
-  if (batch * seq * heads == 0) return;
-  const auto smem = detail::attention_smem(seq, 2, "causal_attention_grad");
-  const auto grid = detail::attention_grid(batch, seq, heads, "causal_attention_grad");
-  const auto dims = detail::make_dims(seq, heads, head_dim);
-  CONCERTO_CUDA_LAUNCH(grid, detail::attention_block, smem, s, detail::attention_dq_k<>)(q, k, v, dout, lse, dq, workspace, dims);
+                                  float* dq, float* dk, float* dv, float* workspace, const cpu::attention_shape& a,
+                                  cudaStream_t s) {
+  if (a.batch * a.seq * a.heads == 0) return;
+  const auto smem = detail::attention_smem(a.seq, 2, "causal_attention_grad");
+  const auto dims = detail::make_dims(a);
+  CONCERTO_CUDA_LAUNCH(detail::attention_grid(a.batch, a.seq, a.heads, "causal_attention_grad"), detail::attention_block, smem,
+                       s, detail::attention_dq_k<>)(q, k, v, dout, lse, dq, workspace, dims);
   detail::launched("causal_attention_grad");
-  CONCERTO_CUDA_LAUNCH(grid, detail::attention_block, smem, s, detail::attention_dkv_k<>)(q, k, v, dout, lse, workspace, dk, dv, dims);
+  CONCERTO_CUDA_LAUNCH(detail::attention_grid(a.batch, a.seq, a.kv(), "causal_attention_grad"), detail::attention_block, smem,
+                       s, detail::attention_dkv_k<>)(q, k, v, dout, lse, workspace, dk, dv, dims);
   detail::launched("causal_attention_grad");
 }
 /// @brief Mean cross-entropy times `share` into `loss[0]` (device), saving lse per row. A target

@@ -141,13 +141,13 @@ public:
              axis.name + "' has size " + std::to_string(axis.size));
     }
     arena_ = host_arena(g, make_layout(g, workspace_bytes(g)));
-    kernels_.assign(g.tasks.size(), kernel::copy);
+    kernels_.assign(g.tasks.size(), {});
     calls_.assign(g.tasks.size(), {});
     for (const auto& t : g.tasks) {
       if (ir::is_collective(t.kind))
         calls_[static_cast<std::size_t>(t.id)] = describe_call(t);
       else
-        kernels_[static_cast<std::size_t>(t.id)] = resolve(t);
+        kernels_[static_cast<std::size_t>(t.id)] = decode(g, t, coords_);
     }
   }
 
@@ -155,7 +155,7 @@ public:
   void end_step() {}
 
   void run_compute(const ir::task& t) {
-    run_kernel(*graph_, t, kernels_[static_cast<std::size_t>(t.id)], arena_, options_.kernels);
+    run_kernel(kernels_[static_cast<std::size_t>(t.id)], arena_, options_.kernels);
   }
 
   handle start_collective(const ir::task& t) {
@@ -324,7 +324,7 @@ private:
   std::vector<int> coords_;
   std::vector<communicator> lanes_;
   host_arena arena_;
-  std::vector<kernel> kernels_;
+  std::vector<kernel_call> kernels_;
   std::vector<call> calls_;
 };
 

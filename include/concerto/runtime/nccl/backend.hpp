@@ -256,7 +256,7 @@ public:
                             cuda::device_alignment;
     const auto kernel_bytes = cuda::device_workspace_bytes(g);
     arena_ = cuda::device_arena(g, make_layout(g, static_cast<std::int64_t>(blas_bytes) + kernel_bytes, cuda::device_alignment));
-    kernels_.assign(g.tasks.size(), kernel::copy);
+    kernels_.assign(g.tasks.size(), {});
     products_.clear();
     products_.resize(g.tasks.size());
     calls_.assign(g.tasks.size(), {});
@@ -271,12 +271,9 @@ public:
         calls_[i] = describe_call(t);
         continue;
       }
-      kernels_[i] = resolve(t);
-      if (!cuda::gpu_supports(kernels_[i])) // never, while gpu_supports lists every kernel
-        fail("task " + std::to_string(t.id) + " '" + t.name + "' (fn '" + t.fn +
-             "') has a CPU kernel but no GPU kernel yet; the NCCL backend cannot run this plan");
-      if (kernels_[i] == kernel::gemm)
-        products_[i] = cuda::describe_gemm(g, t, arena_, *blas_, options_.blas_workspace_bytes, options_.allow_tf32);
+      kernels_[i] = decode(g, t, coords_);
+      if (t.fn == ir::op::matmul)
+        products_[i] = cuda::describe_gemm(kernels_[i], arena_, *blas_, options_.blas_workspace_bytes, options_.allow_tf32);
     }
     make_staging(g);
     // A send next to a recv on the same lane becomes one NCCL group (see the file comment).
@@ -378,15 +375,14 @@ public:
       cuda::check(cudaMemsetAsync(words_.data(), 0, sizeof status, c), "cudaMemsetAsync");
       const auto& t = graph_ptr_->tasks.at(static_cast<std::size_t>(status - 1));
       fail("step " + std::to_string(options_.kernels.step) + ": task " + std::to_string(t.id) + " '" + t.name + "' (fn '" +
-           t.fn + "') met a target or id outside its range (the GPU kernel skipped it)");
+           std::string(ir::to_string(t.fn)) + "') met a target or id outside its range (the GPU kernel skipped it)");
     }
   }
 
   void run_compute(const ir::task& t) {
     if (mode_ == mode::replay) return;
     const auto i = static_cast<std::size_t>(t.id);
-    cuda::run_kernel(*graph_ptr_, t, kernels_[i], arena_, options_.kernels, ctx_,
-                     kernels_[i] == kernel::gemm ? &products_[i] : nullptr);
+    cuda::run_kernel(kernels_[i], arena_, options_.kernels, ctx_, t.fn == ir::op::matmul ? &products_[i] : nullptr);
   }
 
   handle start_collective(const ir::task& t) {
@@ -738,7 +734,7 @@ private:
   cuda::device_arena arena_;
   cuda::device_buffer words_;           // [0]: status word (int), [8]: step counter (int64)
   std::int64_t* host_step_ = nullptr;   // pinned, the source of the step counter's copy
-  std::vector<kernel> kernels_;
+  std::vector<kernel_call> kernels_;
   std::vector<cuda::gemm> products_;
   std::vector<call> calls_;
   std::vector<staging> staging_;        // per lane (slot 0 unused)

@@ -1,0 +1,464 @@
+#pragma once
+/// @file
+/// @brief The op table: one definition per operation, read by every layer.
+///
+/// An op is a DSL node (`matmul`, `rmsnorm`, `.to()`, a leaf), the function of a task (`fn`) or
+/// both: the DSL's `gelu` node lowers to a task whose fn is `gelu`. Each entry says, in one
+/// place, what every layer needs to know of the op:
+///
+/// | field | read by |
+/// |---|---|
+/// | name | graph JSON, the plan cache, traces, messages (the only place an op is a string) |
+/// | role, task kind | graph validation, the planner (which stream), the cost model |
+/// | executable | validation: a graph that is not cost-only may only hold ops both executors run |
+/// | operands | validation (counts), the typed decoding of a task (runtime/kernel_call.hpp), messages |
+/// | attrs | validation: the attributes a task of the op must carry |
+/// | flops | ir::builder (so the DSL lowering and the workloads price an op alike), the cost model |
+/// | arity, sharding rule | the DSL compiler (expr/rules.hpp implements each rule) |
+/// | backward | the DSL's autodiff (graph/detail/compiler.hpp builds each recipe) |
+///
+/// Adding an op: its enumerator, its entry below, its CPU kernel (runtime/dispatch.hpp) and its
+/// CUDA kernel (runtime/cuda/dispatch.cuh); the dispatches switch over every op, so an op without
+/// a case there is a compile error (-Werror=switch). docs/architecture.md walks through one.
+///
+/// @code
+/// static_assert(ir::info(ir::op::rmsnorm).kind == ir::op_kind::norm);
+/// const auto fn = ir::op_from_string("gelu");           // the JSON edge
+/// ir::builder b("g"); ... b.compute(ir::op::gelu, "act", {x}, {y});   // flops from the table
+/// @endcode
+
+#include <concerto/core/error.hpp>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace concerto::ir {
+
+/// @brief What a task does, as far as streams and costs are concerned: compute kinds first,
+/// collectives from `all_reduce` on. The precise operation is the task's `fn` (an ir::op).
+enum class op_kind : std::uint8_t {
+  matmul,           ///< (batched) GEMM; attrs m, n, k, batch, trans_a, trans_b
+  elementwise,      ///< add, gelu, bias_add, mul, ...
+  norm,             ///< layernorm / rmsnorm and their backward
+  softmax,          ///< softmax and its backward
+  attention,        ///< fused attention, forward and backward
+  loss,             ///< cross_entropy / mse and their gradients
+  optimizer_update, ///< sgd / adamw
+  copy,             ///< memcpy-like
+  slice,            ///< take a chunk of a buffer
+  concat,           ///< join chunks
+  all_reduce,
+  all_gather,
+  reduce_scatter,
+  all_to_all,
+  send,
+  recv,
+  broadcast,
+};
+inline constexpr int op_kind_count = 17;
+
+[[nodiscard]] constexpr bool is_collective(op_kind k) noexcept { return k >= op_kind::all_reduce; }
+/// @brief Whether a collective combines values (its fn says how: sum, max, min).
+[[nodiscard]] constexpr bool reduces(op_kind k) noexcept { return k == op_kind::all_reduce || k == op_kind::reduce_scatter; }
+
+[[nodiscard]] constexpr std::string_view to_string(op_kind k) noexcept {
+  constexpr std::string_view names[op_kind_count] = {
+      "matmul",     "elementwise", "norm",           "softmax",    "attention", "loss",
+      "optimizer_update", "copy",  "slice",          "concat",     "all_reduce", "all_gather",
+      "reduce_scatter",   "all_to_all", "send",      "recv",       "broadcast"};
+  return names[static_cast<int>(k)];
+}
+
+[[nodiscard]] inline std::optional<op_kind> op_kind_from_string(std::string_view s) noexcept {
+  for (int i = 0; i < op_kind_count; ++i)
+    if (to_string(static_cast<op_kind>(i)) == s) return static_cast<op_kind>(i);
+  return std::nullopt;
+}
+
+/// @brief Every operation. The order is the table's (checked at compile time).
+enum class op : std::uint8_t {
+  none, ///< a task priced by its kind alone (cost-only graphs)
+  // DSL structure: nodes that lower to no task
+  input, data, param, state, to, repeat_in, repeat_out, select,
+  // forward
+  matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
+  cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss,
+  // backward
+  bias_grad, gelu_grad, relu_grad, silu_grad, mul_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
+  rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
+  cross_entropy_grad, vocab_ce_grad,
+  // redistribution (the DSL inserts them; the first four are collectives)
+  all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
+  // optimizer updates
+  sgd, adamw,
+  // kernels only graphs made without the DSL use (ir::builder, the planner's rewrites)
+  add_inplace, scale, zero, copy, slice, concat,
+  // collectives the DSL does not insert
+  send, recv, broadcast,
+  // the function of a collective task: how it combines values
+  sum, max, min,
+  // priced by the cost model, run by no executor (the benchmark workloads' MoE and learned positions)
+  add_position, position_embedding_grad, moe_route, moe_route_grad, moe_dispatch, moe_dispatch_grad, moe_combine,
+  moe_combine_grad, transpose_blocks,
+};
+inline constexpr int op_count = static_cast<int>(op::transpose_blocks) + 1;
+
+/// @brief What an op is.
+enum class op_role : std::uint8_t {
+  structural, ///< a DSL node without a task: leaves, .to(), a repeat's bounds, a view of a packed gradient
+  compute,    ///< a kernel on the compute stream (also the redistributions that move no data between ranks)
+  collective, ///< a collective; the DSL's redistribution node, never a task's fn (that is its reduction)
+  reduction,  ///< the fn of a collective task
+};
+
+/// @brief The sharding rule of a DSL op; expr/rules.hpp implements each (rules::apply).
+enum class sharding : std::uint8_t {
+  none,          ///< not an op a user writes
+  contract,      ///< matmul: the einsum rule
+  unify,         ///< add: operands of one shape brought to one spec, linear
+  bias,          ///< x + b[n]: x whole (no pending sum), b laid out like x's last dim
+  pointwise,     ///< one operand, not linear: pending sums made first
+  pointwise_mul, ///< mul(a, b): operands of one shape unified, or b a row vector laid out like a's last dim
+  pointwise_two, ///< swiglu(a, b): two operands of one shape, not linear
+  rowwise,       ///< softmax / layernorm / rmsnorm: the last dim whole; vector operands like it
+  attention,     ///< [batch, seq, heads·head_dim] q, k, v: seq whole; k, v split like q or replicated
+  rope,          ///< x [..., seq, heads·head_dim] and positions [..., seq] following x's leading dims
+  embedding,     ///< ids and a [vocab, hidden] table (vocab split: a pending sum)
+  mse,           ///< prediction and target of one shape: a scalar
+  cross_entropy, ///< logits and labels: a scalar (vocabulary split over one axis: vocab-parallel)
+};
+
+/// @brief How the DSL's autodiff builds the gradients of an op's operands.
+enum class backward : std::uint8_t {
+  none,         ///< no gradient (leaves are handled by the compiler; forward-only pieces)
+  pass_through, ///< add: the output gradient is each operand's
+  terms,        ///< one task per operand that needs a gradient (grad_term)
+  packed,       ///< one task writes every operand's gradient, one after the other; each is a view
+  contract,     ///< matmul: two products with transposed operands (the einsum rule's backward)
+  vocab_ce,     ///< the vocab-parallel cross-entropy's loss: one task from the saved pieces
+};
+
+/// @brief An argument of a gradient task: a forward operand, the forward output, or the output's gradient.
+/// `regathered_*` is a forward operand gathered again for backward instead of being kept.
+enum class grad_arg : std::int8_t { none = -1, in0, in1, in2, in3, out, dout, regathered_in1 };
+
+/// @brief The spec of a gradient term (relative to the operand it is the gradient of).
+enum class grad_spec : std::uint8_t {
+  of_operand,         ///< the operand's spec without pending sums
+  summed_over_rows,   ///< a vector (or broadcast operand): pending over the axes splitting in0's leading dims
+  summed_over_ids,    ///< an embedding table's: pending over the axes splitting the ids
+};
+
+struct grad_term {
+  op fn = op::none;
+  std::array<grad_arg, 4> args{grad_arg::none, grad_arg::none, grad_arg::none, grad_arg::none};
+  grad_spec spec = grad_spec::of_operand;
+};
+
+/// @brief How a task's FLOPs follow from its operands and attrs (ir::flops_of).
+enum class flops_rule : std::uint8_t {
+  none,           ///< moves data only
+  per_output,     ///< per element of the first write
+  per_input,      ///< per element of the first read
+  gemm,           ///< 2·m·n·k·batch
+  attention,      ///< causal: 2·batch·seq²·heads·head_dim (half of the 4 of a full square)
+  attention_grad, ///< 2.5 times the forward
+  given,          ///< the producer gives the count (cost-only placeholders whose cost depends on routing)
+};
+
+/// @brief A list of operand names in their one order. `optional` of the last ones may be absent;
+/// a `variadic` list repeats its last name (concat's parts).
+struct operand_list {
+  std::array<std::string_view, 6> names{};
+  std::int8_t count = 0;
+  std::int8_t optional = 0;
+  bool variadic = false;
+  [[nodiscard]] constexpr std::int8_t min() const noexcept { return static_cast<std::int8_t>(count - optional); }
+};
+
+/// @brief One entry of the table.
+struct op_info {
+  op id = op::none;
+  std::string_view name;
+  op_role role = op_role::structural;
+  op_kind kind = op_kind::elementwise;
+  bool executable = false;  ///< compute ops: the CPU and the GPU dispatch run it
+  std::int8_t arity = -1;   ///< operands of the DSL node; -1: not a DSL op
+  operand_list reads{}, writes{};
+  std::array<std::string_view, 5> attrs{}; ///< the attrs a task of this op must carry
+  flops_rule flops = flops_rule::none;
+  double flops_per_element = 0;
+  std::int8_t flops_read = 0; ///< flops_rule::per_input: which read's elements count
+  sharding rule = sharding::none;
+  backward grad = backward::none;
+  std::array<grad_term, 3> terms{}; ///< backward::terms: one per operand (none: no gradient);
+                                    ///< backward::packed: terms[0] is the task, the parts follow the operands
+};
+
+namespace detail::ops {
+using a = grad_arg;
+using s = grad_spec;
+constexpr operand_list list(std::initializer_list<std::string_view> names, int optional = 0, bool variadic = false) {
+  operand_list l;
+  for (auto n : names) l.names[static_cast<std::size_t>(l.count++)] = n;
+  l.optional = static_cast<std::int8_t>(optional);
+  l.variadic = variadic;
+  return l;
+}
+constexpr op_info structural(op id, std::string_view name, int arity) {
+  return {id, name, op_role::structural, op_kind::elementwise, false, static_cast<std::int8_t>(arity)};
+}
+constexpr op_info collective(op id, std::string_view name, op_kind kind, bool dsl) {
+  op_info i{id, name, op_role::collective, kind, true, static_cast<std::int8_t>(dsl ? 1 : -1)};
+  i.reads = list({"in"});
+  i.writes = list({"out"});
+  return i;
+}
+constexpr op_info reduction(op id, std::string_view name) { return {id, name, op_role::reduction, op_kind::all_reduce}; }
+// A compute op; the DSL fields are set by the caller where the op is one a user writes.
+constexpr op_info compute(op id, std::string_view name, op_kind kind, operand_list reads, operand_list writes,
+                          flops_rule flops, double per_element, bool executable = true) {
+  op_info i{id, name, op_role::compute, kind, executable};
+  i.reads = reads;
+  i.writes = writes;
+  i.flops = flops;
+  i.flops_per_element = per_element;
+  return i;
+}
+constexpr op_info dsl(op_info i, int arity, sharding rule, backward grad, std::array<grad_term, 3> terms = {}) {
+  i.arity = static_cast<std::int8_t>(arity);
+  i.rule = rule;
+  i.grad = grad;
+  i.terms = terms;
+  return i;
+}
+// An op whose kernels are not written yet: priced, not run, and not offered by the DSL.
+constexpr op_info pending(op_info i) {
+  i.executable = false;
+  i.arity = -1;
+  i.rule = sharding::none;
+  i.grad = backward::none;
+  return i;
+}
+constexpr op_info with_attrs(op_info i, std::array<std::string_view, 5> attrs) {
+  i.attrs = attrs;
+  return i;
+}
+constexpr grad_term term(op fn, std::initializer_list<grad_arg> args, grad_spec spec = s::of_operand) {
+  grad_term t;
+  t.fn = fn;
+  std::size_t k = 0;
+  for (auto x : args) t.args[k++] = x;
+  t.spec = spec;
+  return t;
+}
+using k = op_kind;
+using f = flops_rule;
+using r = sharding;
+using b = backward;
+
+inline constexpr op_info table[op_count] = {
+    structural(op::none, "none", -1),
+    structural(op::input, "input", 0),
+    structural(op::data, "data", 0),
+    structural(op::param, "param", 0),
+    structural(op::state, "state", 0),
+    structural(op::to, "to", 1),
+    structural(op::repeat_in, "repeat_in", 1),
+    structural(op::repeat_out, "repeat_out", 1),
+    structural(op::select, "select", 1),
+    // ---- forward ----
+    dsl(with_attrs(compute(op::matmul, "matmul", k::matmul, list({"a", "b", "c"}, 1), list({"c"}), f::gemm, 0),
+                   {"m", "n", "k"}),
+        2, r::contract, b::contract),
+    dsl(compute(op::add, "add", k::elementwise, list({"a", "b"}), list({"out"}), f::per_output, 1), 2, r::unify,
+        b::pass_through),
+    dsl(compute(op::bias_add, "bias_add", k::elementwise, list({"x", "bias"}), list({"out"}), f::per_output, 1), 2, r::bias,
+        b::terms, {term(op::none, {a::dout}), term(op::bias_grad, {a::dout}, s::summed_over_rows)}),
+    dsl(compute(op::gelu, "gelu", k::elementwise, list({"x"}), list({"out"}), f::per_output, 8), 1, r::pointwise, b::terms,
+        {term(op::gelu_grad, {a::in0, a::dout})}),
+    dsl(compute(op::relu, "relu", k::elementwise, list({"x"}), list({"out"}), f::per_output, 1), 1, r::pointwise, b::terms,
+        {term(op::relu_grad, {a::in0, a::dout})}),
+    pending(dsl(compute(op::silu, "silu", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise, b::terms,
+        {term(op::silu_grad, {a::in0, a::dout})})),
+    pending(dsl(compute(op::mul, "mul", k::elementwise, list({"a", "b"}), list({"out"}), f::per_output, 1), 2, r::pointwise_mul,
+        b::terms, {term(op::mul, {a::dout, a::in1}), term(op::mul_grad, {a::in0, a::dout}, s::summed_over_rows)})),
+    pending(dsl(compute(op::swiglu, "swiglu", k::elementwise, list({"gate", "up"}), list({"out"}), f::per_output, 5), 2,
+        r::pointwise_two, b::packed, {term(op::swiglu_grad, {a::in0, a::in1, a::dout})})),
+    dsl(compute(op::layernorm, "layernorm", k::norm, list({"x", "gamma", "beta"}), list({"out"}), f::per_output, 8), 3,
+        r::rowwise, b::terms,
+        {term(op::layernorm_grad, {a::in0, a::regathered_in1, a::dout}),
+         term(op::layernorm_grad_gamma, {a::in0, a::dout}, s::summed_over_rows),
+         term(op::bias_grad, {a::dout}, s::summed_over_rows)}),
+    pending(dsl(compute(op::rmsnorm, "rmsnorm", k::norm, list({"x", "gain"}), list({"out"}), f::per_output, 5), 2, r::rowwise,
+        b::terms,
+        {term(op::rmsnorm_grad, {a::in0, a::regathered_in1, a::dout}),
+         term(op::rmsnorm_grad_gain, {a::in0, a::dout}, s::summed_over_rows)})),
+    dsl(compute(op::softmax, "softmax", k::softmax, list({"x"}), list({"out"}), f::per_output, 5), 1, r::rowwise, b::terms,
+        {term(op::softmax_grad, {a::out, a::dout})}),
+    dsl(with_attrs(compute(op::attention, "attention", k::attention, list({"q", "k", "v"}), list({"out"}), f::attention, 0),
+                   {"batch", "seq", "heads", "head_dim"}),
+        3, r::attention, b::packed, {term(op::attention_grad, {a::in0, a::in1, a::in2, a::dout})}),
+    pending(dsl(with_attrs(compute(op::rope, "rope", k::elementwise, list({"x", "positions"}), list({"out"}), f::per_output, 6),
+                   {"head_dim", "theta"}),
+        2, r::rope, b::terms, {term(op::rope_grad, {a::dout, a::in1})})),
+    dsl(compute(op::embedding, "embedding", k::elementwise, list({"ids", "table"}), list({"out"}), f::none, 0), 2,
+        r::embedding, b::terms, {term(op::none, {}), term(op::embedding_grad, {a::in0, a::dout}, s::summed_over_ids)}),
+    dsl(compute(op::mse, "mse", k::loss, list({"pred", "target"}), list({"loss"}), f::per_input, 3), 2, r::mse, b::terms,
+        {term(op::mse_grad, {a::in0, a::in1})}),
+    dsl(compute(op::cross_entropy, "cross_entropy", k::loss, list({"logits", "targets"}), list({"loss"}), f::per_input, 5),
+        2, r::cross_entropy, b::terms, {term(op::cross_entropy_grad, {a::in0, a::in1})}),
+    with_attrs(compute(op::vocab_ce_max, "vocab_ce_max", k::loss, list({"logits"}), list({"max"}), f::per_input, 1),
+               {"cols"}),
+    with_attrs(compute(op::vocab_ce_target, "vocab_ce_target", k::loss, list({"logits", "labels", "max"}), list({"target"}),
+                       f::per_output, 1),
+               {"cols"}),
+    with_attrs(compute(op::vocab_ce_sumexp, "vocab_ce_sumexp", k::loss, list({"logits", "max"}), list({"sumexp"}),
+                       f::per_input, 3),
+               {"cols"}),
+    dsl(compute(op::vocab_ce_loss, "vocab_ce_loss", k::loss, list({"sumexp", "target"}), list({"loss"}), f::per_input, 2), 2,
+        r::none, b::vocab_ce),
+    // ---- backward ----
+    compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1),
+    compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
+    compute(op::relu_grad, "relu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 1),
+    pending(compute(op::silu_grad, "silu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 7)),
+    pending(compute(op::mul_grad, "mul_grad", k::elementwise, list({"a", "dout"}), list({"db"}), f::per_input, 2)),
+    pending(compute(op::swiglu_grad, "swiglu_grad", k::elementwise, list({"gate", "up", "dout"}), list({"dgate_dup"}), f::per_input,
+            10)),
+    compute(op::layernorm_grad, "layernorm_grad", k::norm, list({"x", "gamma", "dout"}), list({"dx"}), f::per_output, 12),
+    compute(op::layernorm_grad_gamma, "layernorm_grad_gamma", k::norm, list({"x", "dout"}), list({"dgamma"}), f::per_input,
+            5),
+    pending(compute(op::rmsnorm_grad, "rmsnorm_grad", k::norm, list({"x", "gain", "dout"}), list({"dx"}), f::per_output, 8)),
+    pending(compute(op::rmsnorm_grad_gain, "rmsnorm_grad_gain", k::norm, list({"x", "dout"}), list({"dgain"}), f::per_input, 4)),
+    compute(op::softmax_grad, "softmax_grad", k::softmax, list({"y", "dout"}), list({"dx"}), f::per_output, 4),
+    with_attrs(compute(op::attention_grad, "attention_grad", k::attention, list({"q", "k", "v", "dout"}), list({"dqkv"}),
+                       f::attention_grad, 0),
+               {"batch", "seq", "heads", "head_dim"}),
+    pending(with_attrs(compute(op::rope_grad, "rope_grad", k::elementwise, list({"dout", "positions"}), list({"dx"}), f::per_output,
+                       6),
+               {"head_dim", "theta"})),
+    [] {
+      auto i = compute(op::embedding_grad, "embedding_grad", k::elementwise, list({"ids", "dout"}), list({"dtable"}),
+                       f::per_input, 1);
+      i.flops_read = 1; // the gradient rows, not the ids
+      return i;
+    }(),
+    compute(op::mse_grad, "mse_grad", k::loss, list({"pred", "target"}), list({"dpred"}), f::per_input, 3),
+    compute(op::cross_entropy_grad, "cross_entropy_grad", k::loss, list({"logits", "targets"}), list({"dlogits"}),
+            f::per_input, 5),
+    with_attrs(compute(op::vocab_ce_grad, "vocab_ce_grad", k::loss, list({"logits", "labels", "max", "sumexp"}),
+                       list({"dlogits"}), f::per_output, 4),
+               {"cols"}),
+    // ---- redistribution ----
+    collective(op::all_reduce, "all_reduce", k::all_reduce, true),
+    collective(op::all_gather, "all_gather", k::all_gather, true),
+    collective(op::reduce_scatter, "reduce_scatter", k::reduce_scatter, true),
+    collective(op::all_to_all, "all_to_all", k::all_to_all, true),
+    dsl(with_attrs(compute(op::shard_slice, "shard_slice", k::slice, list({"src"}), list({"dst"}), f::none, 0),
+                   {"dim", "parts", "mesh_axis"}),
+        1, r::none, b::none),
+    dsl(with_attrs(compute(op::keep_one, "keep_one", k::elementwise, list({"src"}), list({"dst"}), f::none, 0),
+                   {"mesh_axis"}),
+        1, r::none, b::none),
+    // ---- optimizer ----
+    dsl(compute(op::sgd, "sgd", k::optimizer_update, list({"param", "grad"}), list({"param", "momentum"}, 1),
+                f::per_output, 2),
+        2, r::none, b::none),
+    dsl(compute(op::adamw, "adamw", k::optimizer_update, list({"param", "grad", "m", "v"}), list({"param", "m", "v"}),
+                f::per_output, 12),
+        4, r::none, b::none),
+    // ---- kernels for graphs made without the DSL ----
+    compute(op::add_inplace, "add_inplace", k::elementwise, list({"acc", "x"}), list({"acc"}), f::per_output, 1),
+    with_attrs(compute(op::scale, "scale", k::elementwise, list({"x"}), list({"out"}), f::per_output, 1), {"num", "den"}),
+    compute(op::zero, "zero", k::elementwise, list({}), list({"out"}, 0, true), f::none, 0),
+    compute(op::copy, "copy", k::copy, list({"src"}), list({"dst"}), f::none, 0),
+    with_attrs(compute(op::slice, "slice", k::slice, list({"src"}), list({"dst"}), f::none, 0),
+               {"outer", "extent", "inner", "length", "offset"}),
+    with_attrs(compute(op::concat, "concat", k::concat, list({"part"}, 0, true), list({"dst"}), f::none, 0),
+               {"outer", "inner", "length"}),
+    collective(op::send, "send", k::send, false),
+    collective(op::recv, "recv", k::recv, false),
+    collective(op::broadcast, "broadcast", k::broadcast, false),
+    reduction(op::sum, "sum"),
+    reduction(op::max, "max"),
+    reduction(op::min, "min"),
+    // ---- cost only ----
+    compute(op::add_position, "add_position", k::elementwise, list({"x", "table"}), list({"out"}), f::per_output, 1, false),
+    compute(op::position_embedding_grad, "position_embedding_grad", k::elementwise, list({"dout"}), list({"dtable"}),
+            f::per_input, 1, false),
+    compute(op::moe_route, "moe_route", k::softmax, list({"logits"}), list({"gates", "slots"}), f::given, 0, false),
+    compute(op::moe_route_grad, "moe_route_grad", k::softmax, list({"dgates", "gates", "logits", "slots"}),
+            list({"dlogits"}), f::given, 0, false),
+    compute(op::moe_dispatch, "moe_dispatch", k::copy, list({"x", "slots"}), list({"out"}), f::given, 0, false),
+    compute(op::moe_dispatch_grad, "moe_dispatch_grad", k::copy, list({"dout", "slots"}), list({"dx"}), f::given, 0, false),
+    compute(op::moe_combine, "moe_combine", k::elementwise, list({"x", "gates", "slots"}), list({"out"}), f::given, 0,
+            false),
+    compute(op::moe_combine_grad, "moe_combine_grad", k::elementwise, list({"dout", "x", "gates", "slots"}),
+            list({"dx", "dgates"}), f::given, 0, false),
+    compute(op::transpose_blocks, "transpose_blocks", k::copy, list({"in"}), list({"out"}), f::none, 0, false),
+};
+} // namespace detail::ops
+
+/// @brief The table entry of an op.
+[[nodiscard]] constexpr const op_info& info(op o) noexcept { return detail::ops::table[static_cast<int>(o)]; }
+[[nodiscard]] constexpr std::string_view to_string(op o) noexcept { return info(o).name; }
+
+/// @brief The op of a name (graph JSON, the plan cache), or nullopt.
+[[nodiscard]] constexpr std::optional<op> op_from_string(std::string_view name) noexcept {
+  for (const auto& i : detail::ops::table)
+    if (i.name == name) return i.id;
+  return std::nullopt;
+}
+
+/// @brief The op of a name; throws concerto::error naming `where` and listing the known names.
+[[nodiscard]] inline op parse_op(std::string_view name, const std::string& where) {
+  if (const auto o = op_from_string(name)) return *o;
+  std::string known;
+  for (const auto& i : detail::ops::table)
+    if (i.role == op_role::compute || i.role == op_role::reduction) known += (known.empty() ? "" : ", ") + std::string(i.name);
+  fail(where + ": fn '" + std::string(name) + "' is not an op of concerto (known: " + known + ")");
+}
+
+/// @brief Whether `o` may be the fn of a compute task / of a collective task.
+[[nodiscard]] constexpr bool is_compute(op o) noexcept { return info(o).role == op_role::compute; }
+[[nodiscard]] constexpr bool is_reduction(op o) noexcept { return info(o).role == op_role::reduction; }
+
+namespace detail::ops {
+constexpr bool table_in_order() {
+  for (int i = 0; i < op_count; ++i)
+    if (static_cast<int>(table[i].id) != i) return false;
+  return true;
+}
+constexpr bool names_unique() {
+  for (int i = 0; i < op_count; ++i)
+    for (int j = i + 1; j < op_count; ++j)
+      if (table[i].name == table[j].name) return false;
+  return true;
+}
+// Every gradient a DSL op's recipe names is a compute op whose operands the recipe fills.
+constexpr bool recipes_complete() {
+  for (const auto& i : table) {
+    if (i.arity > 0 && i.role == op_role::compute && i.rule != sharding::none && i.grad == backward::none) return false;
+    if (i.grad != backward::terms && i.grad != backward::packed) continue;
+    for (const auto& t : i.terms) {
+      if (t.fn == op::none) continue;
+      const auto& g = table[static_cast<int>(t.fn)];
+      if (g.role != op_role::compute || !g.executable) return false;
+      int args = 0;
+      while (args < 4 && t.args[static_cast<std::size_t>(args)] != grad_arg::none) ++args;
+      if (args < g.reads.min() || args > g.reads.count) return false;
+    }
+  }
+  return true;
+}
+static_assert(table_in_order(), "ir::op and the op table list the ops in different orders");
+static_assert(names_unique(), "two ops of the table share a name");
+static_assert(recipes_complete(), "a DSL op's backward recipe names an op that is no executable kernel, or gives it "
+                                  "another number of operands than the kernel reads");
+} // namespace detail::ops
+
+} // namespace concerto::ir

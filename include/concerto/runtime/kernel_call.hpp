@@ -1,0 +1,548 @@
+#pragma once
+/// @file
+/// @brief A compute task decoded once into a typed kernel call: its op, its operands in the op
+/// table's order, and the extents its kernel needs, checked against the buffers. The CPU
+/// dispatch (runtime/dispatch.hpp), the GPU dispatch (runtime/cuda/dispatch.cuh) and both
+/// workspace-size functions read calls, never tasks: how a task is read is written here once.
+///
+/// A backend decodes every compute task of its plan before the first step (`decode`), so that
+/// a task whose operands do not fit its op is reported, naming the task, its fn and the operand,
+/// before anything runs, and a step does no attribute lookups. Integer operands (ids, targets,
+/// positions) may be i32 or i64; a dispatch narrows i64 ones into its workspace.
+/// docs/runtime.md lists every op's operands.
+///
+/// @code
+/// for (const auto& t : g.tasks)
+///   if (!ir::is_collective(t.kind)) calls[t.id] = runtime::decode(g, t, coords);
+/// @endcode
+
+#include <concerto/core/error.hpp>
+#include <concerto/ir/graph.hpp>
+#include <concerto/runtime/cpu/attention.hpp>
+#include <concerto/runtime/cpu/optimizer.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace concerto::runtime {
+
+/// @brief Run-time parameters of the kernels that attrs (integers) cannot carry.
+struct kernel_settings {
+  runtime::cpu::sgd_config sgd{};
+  runtime::cpu::adamw_config adamw{};
+  float layernorm_eps = 1e-5f;
+  float rmsnorm_eps = 1e-6f;
+  std::int64_t step = 1; ///< optimizer step, counting from 1 (AdamW bias correction); the executor sets it
+  /// This rank's coordinate on each mesh axis of the graph (the backend fills it in prepare):
+  /// the ops that pick their part of a split tensor read it when they are decoded. Empty means
+  /// coordinate 0 everywhere.
+  std::vector<int> coords{};
+};
+
+/// @brief Where a part's rows lie in a whole buffer, in bytes: `outer` rows, a whole row of
+/// `whole_row` bytes holding the part's `part_row` bytes at `offset`; `part` is its buffer.
+struct rows_in_whole {
+  std::size_t outer = 1, whole_row = 0, part_row = 0, offset = 0;
+  ir::buffer_id part = -1;
+};
+
+/// @brief How a matmul's product is run (the same on the CPU and the GPU).
+enum class gemm_form : std::uint8_t {
+  single,          ///< one product (batch 1)
+  shared_b,        ///< a batch sharing B: one taller product (m·batch rows)
+  summed_batch,    ///< a weight gradient of a batched activation: Σᵢ Aᵢᵀ·Bᵢ, one product with k·batch
+  strided_batch,   ///< batch products, each with its own A, B and C
+};
+
+/// @brief Extents of (grouped-query) causal attention, shared with the CPU kernels.
+using attention_extents = cpu::attention_shape;
+
+/// @brief One compute task, decoded.
+struct kernel_call {
+  ir::op fn = ir::op::none;
+  const ir::task* task = nullptr;              ///< for messages
+  std::array<ir::buffer_id, 6> in{-1, -1, -1, -1, -1, -1}; ///< reads, in the op's order
+  std::array<ir::buffer_id, 4> out{-1, -1, -1, -1};        ///< writes, in the op's order
+  std::uint8_t n_in = 0, n_out = 0;
+  std::size_t n = 0;             ///< values per operand (elementwise), or of the output
+  std::size_t rows = 0, cols = 0; ///< row-wise ops, losses, broadcasts: [rows, cols]
+  bool broadcast = false;        ///< mul / mul_grad: b is one row of cols values
+  bool accumulate = false;       ///< add to the output instead of overwriting it
+  // matmul
+  std::size_t m = 0, k = 0, gemm_n = 0, batch = 1;
+  bool trans_a = false, trans_b = false;
+  gemm_form form = gemm_form::single;
+  // attention
+  attention_extents att{};
+  // rope
+  std::size_t head_dim = 0;
+  float theta = 10000.0f;
+  // embedding, vocab-parallel cross-entropy: the first row / column this rank holds
+  std::int64_t first = 0;
+  bool reject_outside = false;   ///< embedding: an id outside the table is an error (an unsplit table)
+  std::size_t ids = 0;           ///< integer values read (ids, targets, labels, positions)
+  float scale = 1.0f;            ///< scale's factor; a loss's share of the global mean (times dloss for a gradient)
+  bool keep = true;              ///< keep_one: this rank keeps the value (others hold zero)
+  std::vector<rows_in_whole> parts; ///< slice / concat / shard_slice: the parts' geometry (bytes)
+
+  [[nodiscard]] ir::buffer_id read(std::size_t i) const noexcept { return in[i]; }
+  [[nodiscard]] ir::buffer_id write(std::size_t i) const noexcept { return out[i]; }
+};
+
+namespace detail {
+
+inline std::string task_ref(const ir::task& t) { return "task " + std::to_string(t.id) + " '" + t.name + "'"; }
+
+/// Reads a task against the buffers of its graph, with messages naming the task, its fn and the operand.
+class call_reader {
+public:
+  call_reader(const ir::graph& g, const ir::task& t, std::span<const int> coords) : g_(g), t_(t), coords_(coords) {}
+
+  [[nodiscard]] std::string ref() const { return task_ref(t_) + " (fn '" + std::string(ir::to_string(t_.fn)) + "')"; }
+  [[noreturn]] void bad(const std::string& why) const { fail(ref() + ": " + why); }
+
+  [[nodiscard]] const ir::buffer& buffer(ir::buffer_id b) const { return g_.buffers.at(static_cast<std::size_t>(b)); }
+  [[nodiscard]] std::size_t count(ir::buffer_id b) const {
+    const auto& buf = buffer(b);
+    return static_cast<std::size_t>(buf.bytes) / std::max<std::size_t>(ir::size_of(buf.type), 1);
+  }
+  [[nodiscard]] bool is_int(ir::buffer_id b) const {
+    const auto ty = buffer(b).type;
+    return ty == ir::dtype::i32 || ty == ir::dtype::i64;
+  }
+  [[nodiscard]] std::string operand(const ir::operand_list& l, std::size_t i, ir::buffer_id b) const {
+    const auto k = std::min<std::size_t>(i, static_cast<std::size_t>(std::max<int>(l.count - 1, 0)));
+    // Appended piece by piece: g++ 12 warns falsely (-Wrestrict) on a chain of + here.
+    std::string out(1, '`');
+    out += l.names[k];
+    out += "` ('";
+    out += buffer(b).name;
+    out += "')";
+    return out;
+  }
+  /// Operand kinds: fp32 (everything but matmul's, which may be bf16), integer.
+  void need_float(const kernel_call& c, std::size_t i, bool write) const {
+    const auto& l = write ? ir::info(t_.fn).writes : ir::info(t_.fn).reads;
+    const auto b = write ? c.out[i] : c.in[i];
+    const auto ty = buffer(b).type;
+    if (ty == ir::dtype::f32 || (t_.fn == ir::op::matmul && ty == ir::dtype::bf16)) return;
+    bad(operand(l, i, b) + " holds " + std::string(ir::to_string(ty)) + ", the op takes f32");
+  }
+  void need_int(const kernel_call& c, std::size_t i) const {
+    if (!is_int(c.in[i]))
+      bad(operand(ir::info(t_.fn).reads, i, c.in[i]) + " holds " + std::string(ir::to_string(buffer(c.in[i]).type)) +
+          "; it must hold i32 or i64 ids");
+  }
+  /// Throws unless operand i (a read, or a write) holds `expected` values.
+  void need_count(const kernel_call& c, std::size_t i, bool write, std::size_t expected, const char* because) const {
+    const auto& l = write ? ir::info(t_.fn).writes : ir::info(t_.fn).reads;
+    const auto b = write ? c.out[i] : c.in[i];
+    if (count(b) != expected)
+      bad(operand(l, i, b) + " holds " + std::to_string(count(b)) + " values, " + because + " need " +
+          std::to_string(expected));
+  }
+  [[nodiscard]] std::size_t attr(const char* key, std::int64_t fallback = -1) const {
+    const auto v = t_.attr(key, fallback);
+    if (v < 0) bad("needs a non-negative attr '" + std::string(key) + "'");
+    return static_cast<std::size_t>(v);
+  }
+  [[nodiscard]] std::size_t positive_attr(const char* key, std::int64_t fallback = -1) const {
+    const auto v = attr(key, fallback);
+    if (v == 0) bad("attr '" + std::string(key) + "' is 0");
+    return v;
+  }
+  [[nodiscard]] std::size_t divide(std::size_t total, std::size_t by, const char* what) const {
+    if (by == 0 || total % by != 0)
+      bad(std::to_string(total) + " values are not a whole number of " + what + " of " + std::to_string(by));
+    return total / by;
+  }
+  [[nodiscard]] float ratio(const char* num, const char* den) const {
+    const auto d = t_.attr(den, 1);
+    if (d == 0) bad("attr '" + std::string(den) + "' is 0");
+    return static_cast<float>(static_cast<double>(t_.attr(num, 1)) / static_cast<double>(d));
+  }
+  /// This rank's coordinate on the mesh axis named by attr `key` (0 when absent, -1, or no coords).
+  [[nodiscard]] std::int64_t coord(const char* key) const {
+    const auto a = t_.attr(key, -1);
+    if (a < 0 || coords_.empty()) return 0;
+    if (static_cast<std::size_t>(a) >= coords_.size())
+      bad("attr " + std::string(key) + " = " + std::to_string(a) + " but the mesh has " + std::to_string(coords_.size()) +
+          " axes");
+    return coords_[static_cast<std::size_t>(a)];
+  }
+  [[nodiscard]] const ir::task& task() const noexcept { return t_; }
+  [[nodiscard]] const ir::graph& graph() const noexcept { return g_; }
+
+private:
+  const ir::graph& g_;
+  const ir::task& t_;
+  std::span<const int> coords_;
+};
+
+inline void decode_matmul(const call_reader& r, kernel_call& c) {
+  const auto& t = r.task();
+  c.m = r.attr("m");
+  c.gemm_n = r.attr("n");
+  c.k = r.attr("k");
+  c.batch = r.attr("batch", 1);
+  c.trans_a = t.attr("trans_a") != 0;
+  c.trans_b = t.attr("trans_b") != 0;
+  c.accumulate = t.attr("accumulate") != 0;
+  for (std::size_t i = 0; i < 2; ++i) r.need_float(c, i, false);
+  r.need_float(c, 0, true);
+  if (r.buffer(c.in[0]).type != r.buffer(c.in[1]).type) r.bad("the operands `a` and `b` differ in type");
+  if (c.accumulate && (c.n_in < 3 || c.in[2] != c.out[0]))
+    r.bad("accumulates into `c`, so `c` must also be its third read");
+  if (c.batch > 1 && r.count(c.in[1]) == c.k * c.gemm_n && !c.trans_a) {
+    c.form = gemm_form::shared_b; // one taller product
+  } else if (c.batch > 1 && r.count(c.out[0]) == c.m * c.gemm_n && c.trans_a && !c.trans_b) {
+    c.form = gemm_form::summed_batch;
+  } else {
+    c.form = c.batch > 1 ? gemm_form::strided_batch : gemm_form::single;
+  }
+  const auto b_batch = c.form == gemm_form::shared_b ? 1 : c.batch, c_batch = c.form == gemm_form::summed_batch ? 1 : c.batch;
+  r.need_count(c, 0, false, c.batch * c.m * c.k, "m·k·batch");
+  r.need_count(c, 1, false, b_batch * c.k * c.gemm_n, "k·n·batch");
+  r.need_count(c, 0, true, c_batch * c.m * c.gemm_n, "m·n·batch");
+}
+
+// Every read and write holds n fp32 values (x, y, out; a gradient of any of them).
+inline void decode_same_size(const call_reader& r, kernel_call& c) {
+  c.n = r.count(c.out[0]);
+  for (std::size_t i = 0; i < c.n_in; ++i) {
+    r.need_float(c, i, false);
+    r.need_count(c, i, false, c.n, "the output's values");
+  }
+  for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
+}
+
+// x [rows, cols] with `vectors` operands of cols values from index `vector` (bias, gain and
+// shift) and [rows, cols] for the other operands.
+inline void decode_rows(const call_reader& r, kernel_call& c, std::size_t x, std::size_t vector, bool vector_is_write,
+                        std::size_t vectors = 1) {
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
+  c.cols = r.count(vector_is_write ? c.out[vector] : c.in[vector]);
+  c.rows = r.divide(r.count(c.in[x]), c.cols, "rows");
+  c.n = c.rows * c.cols;
+  const auto is_vector = [&](std::size_t i, bool write) { return write == vector_is_write && i >= vector && i < vector + vectors; };
+  for (std::size_t i = 0; i < c.n_in; ++i)
+    r.need_count(c, i, false, is_vector(i, false) ? c.cols : c.n, is_vector(i, false) ? "one value per column" : "rows·cols");
+  for (std::size_t i = 0; i < c.n_out; ++i)
+    r.need_count(c, i, true, is_vector(i, true) ? c.cols : c.n, is_vector(i, true) ? "one value per column" : "rows·cols");
+  c.accumulate = r.task().attr("accumulate") != 0;
+}
+
+// Softmax rows: cols from attr `cols`, else the last dimension of the first read.
+inline void decode_softmax(const call_reader& r, kernel_call& c) {
+  decode_same_size(r, c);
+  const auto& shape = r.buffer(c.in[0]).shape;
+  c.cols = r.positive_attr("cols", shape.empty() ? -1 : shape.back());
+  c.rows = r.divide(c.n, c.cols, "rows");
+}
+
+inline void decode_attention(const call_reader& r, kernel_call& c) {
+  const auto& t = r.task();
+  if (t.attr("causal", 1) == 0) r.bad("the attention kernels are causal only (attr causal = 0)");
+  auto& a = c.att;
+  a.batch = r.positive_attr("batch", 1);
+  a.seq = r.positive_attr("seq");
+  a.heads = r.positive_attr("heads");
+  a.head_dim = r.positive_attr("head_dim");
+  a.kv_heads = r.positive_attr("kv_heads", static_cast<std::int64_t>(a.heads));
+  a.group = r.positive_attr("group", 1);
+  const auto coord = static_cast<std::size_t>(r.coord("head_axis"));
+  a.first_head = coord * a.heads;
+  a.kv_first_head = t.attr("kv_split", 1) != 0 ? coord * a.kv_heads : 0;
+  if (a.first_head / a.group < a.kv_first_head || a.kv_of(a.heads - 1) >= a.kv())
+    r.bad("q heads [" + std::to_string(a.first_head) + ", " + std::to_string(a.first_head + a.heads) + ") in groups of " +
+          std::to_string(a.group) + " read kv heads this rank does not hold (" + std::to_string(a.kv_heads) +
+          " from kv head " + std::to_string(a.kv_first_head) + ")");
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  r.need_float(c, 0, true);
+  r.need_count(c, 0, false, a.q_floats(), "batch·seq·heads·head_dim");
+  r.need_count(c, 1, false, a.kv_floats(), "batch·seq·kv_heads·head_dim");
+  r.need_count(c, 2, false, a.kv_floats(), "batch·seq·kv_heads·head_dim");
+  if (c.fn == ir::op::attention) {
+    r.need_count(c, 0, true, a.q_floats(), "batch·seq·heads·head_dim");
+  } else {
+    r.need_count(c, 3, false, a.q_floats(), "batch·seq·heads·head_dim");
+    r.need_count(c, 0, true, a.q_floats() + 2 * a.kv_floats(), "dq, dk and dv one after the other");
+  }
+}
+
+inline void decode_embedding(const call_reader& r, kernel_call& c) {
+  const auto& t = r.task();
+  r.need_int(c, 0);
+  r.need_float(c, 1, false);
+  r.need_float(c, 0, true);
+  c.ids = r.count(c.in[0]);
+  const auto big = c.fn == ir::op::embedding ? c.out[0] : c.in[1];
+  const auto table = c.fn == ir::op::embedding ? c.in[1] : c.out[0];
+  c.cols = r.positive_attr("hidden", c.ids == 0 ? 1 : static_cast<std::int64_t>(r.count(big) / c.ids));
+  c.rows = r.divide(r.count(table), c.cols, "table rows");
+  if (r.count(big) != c.ids * c.cols)
+    r.bad("'" + r.buffer(big).name + "' holds " + std::to_string(r.count(big)) + " values, ids·hidden need " +
+          std::to_string(c.ids * c.cols));
+  // A table split over the vocabulary (`vocab_axis`, the DSL) holds rows [coord·vocab, ...);
+  // ids outside give zero rows, and an all-reduce of the outputs completes the lookup.
+  const bool vocab_split = t.attr("vocab_axis", -1) >= 0;
+  c.reject_outside = !vocab_split && t.attr("sharded") == 0;
+  c.first = vocab_split ? r.coord("vocab_axis") * t.attr("vocab", 0) : t.attr("first_row", 0);
+  c.accumulate = t.attr("accumulate") != 0;
+}
+
+// Mean over `global` values (every rank's; default: this rank's), so that a data-parallel loss
+// is a sum of the ranks' values and its gradient needs no rescaling.
+inline float loss_share(const call_reader& r, std::size_t here, const char* global_key) {
+  const auto global = r.task().attr(global_key, static_cast<std::int64_t>(here));
+  if (global <= 0) r.bad("attr '" + std::string(global_key) + "' must be positive");
+  return static_cast<float>(static_cast<double>(here) / static_cast<double>(global));
+}
+
+inline void decode_cross_entropy(const call_reader& r, kernel_call& c) {
+  r.need_float(c, 0, false);
+  r.need_int(c, 1);
+  r.need_float(c, 0, true);
+  c.ids = c.rows = r.count(c.in[1]);
+  if (c.rows == 0) r.bad("the mean over rows needs at least one row");
+  c.cols = r.divide(r.count(c.in[0]), c.rows, "rows");
+  c.scale = loss_share(r, c.rows, "global_rows");
+  if (c.fn == ir::op::cross_entropy) {
+    if (r.count(c.out[0]) == 0) r.bad("the loss buffer holds no value");
+  } else {
+    c.scale *= r.ratio("dloss_num", "dloss_den");
+    r.need_count(c, 0, true, r.count(c.in[0]), "the logits' values");
+  }
+}
+
+inline void decode_mse(const call_reader& r, kernel_call& c) {
+  r.need_float(c, 0, false);
+  r.need_float(c, 1, false);
+  r.need_float(c, 0, true);
+  c.n = r.count(c.in[0]);
+  r.need_count(c, 1, false, c.n, "the prediction's values");
+  c.scale = loss_share(r, c.n, "global_n");
+  if (c.fn == ir::op::mse) {
+    if (r.count(c.out[0]) == 0) r.bad("the loss buffer holds no value");
+  } else {
+    c.scale *= r.ratio("dloss_num", "dloss_den");
+    r.need_count(c, 0, true, c.n, "the prediction's values");
+  }
+}
+
+// Megatron-LM's vocabulary-parallel cross-entropy over this rank's columns [coord·cols, ...).
+inline void decode_vocab_ce(const call_reader& r, kernel_call& c) {
+  const auto& t = r.task();
+  for (std::size_t i = 0; i < c.n_in; ++i)
+    if (c.fn == ir::op::vocab_ce_loss || i != 1 || c.fn == ir::op::vocab_ce_sumexp) r.need_float(c, i, false);
+  r.need_float(c, 0, true);
+  if (c.fn == ir::op::vocab_ce_loss) {
+    c.rows = r.count(c.in[0]);
+    r.need_count(c, 1, false, c.rows, "the rows of sumexp");
+    if (r.count(c.out[0]) == 0) r.bad("the loss buffer holds no value");
+    c.scale = 1.0f / static_cast<float>(t.attr("global_rows", static_cast<std::int64_t>(c.rows)));
+    return;
+  }
+  c.cols = r.positive_attr("cols");
+  c.rows = r.divide(r.count(c.in[0]), c.cols, "rows");
+  r.need_count(c, 0, true, c.fn == ir::op::vocab_ce_grad ? c.rows * c.cols : c.rows,
+               c.fn == ir::op::vocab_ce_grad ? "the logits' values" : "one value per row");
+  if (c.fn == ir::op::vocab_ce_max) return;
+  if (c.fn != ir::op::vocab_ce_sumexp) {
+    r.need_int(c, 1);
+    c.ids = r.count(c.in[1]);
+    if (c.ids != c.rows) r.bad(std::to_string(c.ids) + " labels for " + std::to_string(c.rows) + " rows");
+    c.first = r.coord("vocab_axis") * static_cast<std::int64_t>(c.cols);
+  }
+  const std::size_t max_at = c.fn == ir::op::vocab_ce_sumexp ? 1 : 2;
+  r.need_count(c, max_at, false, c.rows, "one value per row");
+  if (c.fn == ir::op::vocab_ce_grad) {
+    r.need_count(c, 3, false, c.rows, "one value per row");
+    c.scale = r.ratio("dloss_num", "dloss_den") / static_cast<float>(t.attr("global_rows", static_cast<std::int64_t>(c.rows)));
+  }
+}
+
+inline void decode_update(const call_reader& r, kernel_call& c) {
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
+  c.n = r.count(c.in[0]);
+  for (std::size_t i = 1; i < c.n_in; ++i) r.need_count(c, i, false, c.n, "the parameter's values");
+  for (std::size_t i = 0; i < c.n_out; ++i) r.need_count(c, i, true, c.n, "the parameter's values");
+  if (c.out[0] != c.in[0]) r.bad("updates `param` in place: it must be its first read and its first write");
+  if (c.fn == ir::op::adamw && (c.out[1] != c.in[2] || c.out[2] != c.in[3]))
+    r.bad("updates `m` and `v` in place: its writes are param, m, v and its reads param, grad, m, v");
+}
+
+inline std::size_t bytes_of(const call_reader& r, ir::buffer_id b) { return static_cast<std::size_t>(r.buffer(b).bytes); }
+
+// slice / concat: the explicit geometry of docs/decomposition.md ([outer, extent, inner] elements).
+inline void decode_parts(const call_reader& r, kernel_call& c) {
+  const bool slicing = c.fn == ir::op::slice;
+  const auto whole = slicing ? c.in[0] : c.out[0];
+  const auto elem = ir::size_of(r.buffer(whole).type);
+  const auto outer = r.attr("outer"), inner = r.attr("inner") * elem, length = r.attr("length") * inner;
+  const auto check = [&](ir::buffer_id part, const rows_in_whole& p) {
+    if (p.outer * p.part_row != bytes_of(r, part) || (p.outer - 1) * p.whole_row + p.offset + p.part_row > bytes_of(r, whole))
+      r.bad("its parts' extents (attrs outer, extent, inner, length, offset) run past buffer '" + r.buffer(part).name +
+            "' or '" + r.buffer(whole).name + "'");
+  };
+  if (slicing) {
+    const rows_in_whole p{outer, r.attr("extent") * inner, length, r.attr("offset") * inner, c.out[0]};
+    check(c.out[0], p);
+    c.parts = {p};
+    return;
+  }
+  const auto parts = r.attr("parts", static_cast<std::int64_t>(r.task().reads.size()));
+  if (parts != r.task().reads.size())
+    r.bad("attr parts = " + std::to_string(parts) + " but the task reads " + std::to_string(r.task().reads.size()) +
+          " buffer(s)");
+  for (std::size_t j = 0; j < parts; ++j) {
+    const rows_in_whole p{outer, parts * length, length, j * length, r.task().reads[j]};
+    check(r.task().reads[j], p);
+    c.parts.push_back(p);
+  }
+}
+
+// shard_slice: the part of `src` along attr `dim` that this rank's coordinate on `mesh_axis` selects.
+inline void decode_shard_slice(const call_reader& r, kernel_call& c) {
+  const auto& sb = r.buffer(c.in[0]);
+  const auto dim = r.attr("dim"), parts = r.positive_attr("parts");
+  if (dim >= std::max<std::size_t>(sb.shape.size(), 1))
+    r.bad("attr dim = " + std::to_string(dim) + " but '" + sb.name + "' has rank " + std::to_string(sb.shape.size()));
+  const auto elem = ir::size_of(sb.type);
+  std::size_t outer = 1, inner = elem;
+  for (std::size_t d = 0; d < dim; ++d) outer *= static_cast<std::size_t>(sb.shape[d]);
+  for (std::size_t d = dim + 1; d < sb.shape.size(); ++d) inner *= static_cast<std::size_t>(sb.shape[d]);
+  const auto extent = sb.shape.empty() ? bytes_of(r, c.in[0]) / elem : static_cast<std::size_t>(sb.shape[dim]);
+  const auto len = r.divide(extent, parts, "parts") * inner;
+  const auto part = static_cast<std::size_t>(r.coord("mesh_axis"));
+  if (part >= parts) r.bad("this rank's coordinate " + std::to_string(part) + " is not one of " + std::to_string(parts) + " parts");
+  c.parts = {rows_in_whole{outer, extent * inner, len, part * len, c.out[0]}};
+  if (bytes_of(r, c.out[0]) != outer * len)
+    r.bad("`dst` ('" + r.buffer(c.out[0]).name + "') holds " + std::to_string(bytes_of(r, c.out[0])) + " bytes, its part " +
+          std::to_string(outer * len));
+}
+
+inline void decode_copy(const call_reader& r, kernel_call& c) {
+  if (bytes_of(r, c.in[0]) != bytes_of(r, c.out[0]))
+    r.bad("copies " + std::to_string(bytes_of(r, c.in[0])) + " bytes into a buffer of " + std::to_string(bytes_of(r, c.out[0])));
+  c.n = bytes_of(r, c.in[0]);
+  if (c.fn == ir::op::keep_one) c.keep = r.coord("mesh_axis") == 0;
+}
+
+} // namespace detail
+
+/// @brief Decodes a compute task of `g` (see the file comment); `coords` is this rank's
+/// coordinate on each mesh axis (kernel_settings::coords). Throws concerto::error naming the
+/// task, its fn and the operand when the task does not fit its op.
+[[nodiscard]] inline kernel_call decode(const ir::graph& g, const ir::task& t, std::span<const int> coords = {}) {
+  const detail::call_reader r(g, t, coords);
+  if (ir::is_collective(t.kind)) r.bad("is a " + std::string(ir::to_string(t.kind)) + ", not a compute kernel");
+  const auto& op = ir::info(t.fn);
+  if (op.role != ir::op_role::compute) r.bad("names no compute op");
+  if (!op.executable) r.bad("no executor runs this op (it is priced in cost-only graphs only)");
+  kernel_call c;
+  c.fn = t.fn;
+  c.task = &t;
+  const auto take = [&](const std::vector<ir::buffer_id>& list, auto& into, std::uint8_t& n, const ir::operand_list& l,
+                        const char* what) {
+    if (list.size() < static_cast<std::size_t>(l.min()) || (!l.variadic && list.size() > static_cast<std::size_t>(l.count)))
+      r.bad(std::string(what) + " " + std::to_string(list.size()) + " buffer(s), which its op does not take");
+    // A variadic list (concat's parts, zero's outputs) is read from the task beyond the first few.
+    n = static_cast<std::uint8_t>(std::min(list.size(), into.size()));
+    for (std::size_t i = 0; i < n; ++i) into[i] = list[i];
+  };
+  take(t.reads, c.in, c.n_in, op.reads, "reads");
+  take(t.writes, c.out, c.n_out, op.writes, "writes");
+  using ir::op;
+  switch (t.fn) {
+  case op::matmul: detail::decode_matmul(r, c); break;
+  case op::add:
+  case op::gelu:
+  case op::relu:
+  case op::gelu_grad:
+  case op::relu_grad:
+  case op::add_inplace:
+  case op::scale:
+    detail::decode_same_size(r, c);
+    if (t.fn == op::scale) c.scale = r.ratio("num", "den");
+    break;
+  case op::bias_add: detail::decode_rows(r, c, 0, 1, false); break;
+  case op::bias_grad: detail::decode_rows(r, c, 0, 0, true); break;
+  case op::layernorm: detail::decode_rows(r, c, 0, 1, false, 2); break;
+  case op::layernorm_grad: detail::decode_rows(r, c, 0, 1, false); break;
+  case op::layernorm_grad_gamma: detail::decode_rows(r, c, 0, 0, true); break;
+  case op::softmax:
+  case op::softmax_grad: detail::decode_softmax(r, c); break;
+  case op::attention:
+  case op::attention_grad: detail::decode_attention(r, c); break;
+  case op::embedding:
+  case op::embedding_grad: detail::decode_embedding(r, c); break;
+  case op::cross_entropy:
+  case op::cross_entropy_grad: detail::decode_cross_entropy(r, c); break;
+  case op::mse:
+  case op::mse_grad: detail::decode_mse(r, c); break;
+  case op::vocab_ce_max:
+  case op::vocab_ce_target:
+  case op::vocab_ce_sumexp:
+  case op::vocab_ce_loss:
+  case op::vocab_ce_grad: detail::decode_vocab_ce(r, c); break;
+  case op::sgd:
+  case op::adamw: detail::decode_update(r, c); break;
+  case op::zero: break;
+  case op::copy:
+  case op::keep_one: detail::decode_copy(r, c); break;
+  case op::slice:
+  case op::concat: detail::decode_parts(r, c); break;
+  case op::shard_slice: detail::decode_shard_slice(r, c); break;
+  case op::silu:
+  case op::mul:
+  case op::swiglu:
+  case op::rmsnorm:
+  case op::rope:
+  case op::silu_grad:
+  case op::mul_grad:
+  case op::swiglu_grad:
+  case op::rmsnorm_grad:
+  case op::rmsnorm_grad_gain:
+  case op::rope_grad:
+  // not compute ops, or priced only
+  case op::none:
+  case op::input:
+  case op::data:
+  case op::param:
+  case op::state:
+  case op::to:
+  case op::repeat_in:
+  case op::repeat_out:
+  case op::select:
+  case op::all_reduce:
+  case op::all_gather:
+  case op::reduce_scatter:
+  case op::all_to_all:
+  case op::send:
+  case op::recv:
+  case op::broadcast:
+  case op::sum:
+  case op::max:
+  case op::min:
+  case op::add_position:
+  case op::position_embedding_grad:
+  case op::moe_route:
+  case op::moe_route_grad:
+  case op::moe_dispatch:
+  case op::moe_dispatch_grad:
+  case op::moe_combine:
+  case op::moe_combine_grad:
+  case op::transpose_blocks: r.bad("has no kernel to decode");
+  }
+  return c;
+}
+
+} // namespace concerto::runtime
