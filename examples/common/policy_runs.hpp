@@ -45,9 +45,9 @@ void announce_plans(std::vector<Step>& runs, bool root) {
 }
 
 /// The "result {json}" line of one plan: the example's own fields, then the measured, predicted
-/// and bound times.
+/// and bound times. Returns what it printed.
 template <class Step>
-void print_result(Step& run, nlohmann::json fields, const std::vector<double>& step_us,
+nlohmann::json print_result(Step& run, nlohmann::json fields, const std::vector<double>& step_us,
                   const std::vector<double>& exposed_us) {
   const auto& sm = run.summary();
   fields["policy"] = sm.policy;
@@ -59,6 +59,7 @@ void print_result(Step& run, nlohmann::json fields, const std::vector<double>& s
   fields["lower_bound_us"] = run.plan().stats.lower_bound_us;
   fields["step_us"] = step_us;
   std::printf("result %s\n", fields.dump().c_str());
+  return fields;
 }
 
 } // namespace examples

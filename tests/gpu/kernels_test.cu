@@ -10,6 +10,7 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace cpu = concerto::runtime::cpu;
@@ -95,6 +96,62 @@ TEST_CASE("row-wise kernels match the CPU kernels", "[gpu][kernels]") {
     cu::softmax_grad(out.p(), dg.p(), ddx.p(), rows, cols, s.get());
     cpu::softmax_grad(y, g, d, rows, cols);
     check_close(ddx.get(), d, 1e-3f, 1e-7f);
+  }
+}
+
+TEST_CASE("Llama's kernels (rmsnorm, silu, mul, swiglu, rope) match the CPU kernels", "[gpu][kernels][llama]") {
+  CONCERTO_REQUIRE_GPU();
+  cu::stream s;
+  const std::size_t rows = 19, cols = 300, n = rows * cols; // cols > block: several passes per thread
+  const auto x = random(n, 21, -3, 3), g = random(n, 22), gain = random(cols, 23, 0.5f, 1.5f);
+  dev<float> dx(x), dg(g), dgain(gain), out(n), rstd(rows), ddx(n), ddgain(cols), pair(2 * n);
+
+  SECTION("rmsnorm forward and backward") {
+    std::vector<float> w(n), wr(rows), wdx(n), wdg(cols, 1.0f);
+    cu::rmsnorm(dx.p(), dgain.p(), out.p(), rstd.p(), rows, cols, 1e-6f, s.get());
+    cpu::rmsnorm(x, gain, w, wr, rows, cols, 1e-6f);
+    check_close(out.get(), w);
+    check_close(rstd.get(), wr);
+    cu::rmsnorm_stats(dx.p(), rstd.p(), rows, cols, 1e-6f, s.get());
+    check_close(rstd.get(), wr);
+    cu::rmsnorm_grad(dg.p(), dx.p(), dgain.p(), rstd.p(), ddx.p(), rows, cols, s.get());
+    cpu::rmsnorm_grad(g, x, gain, wr, wdx, rows, cols);
+    check_close(ddx.get(), wdx, 1e-3f, 1e-5f);
+    for (const bool accumulate : {false, true}) {
+      cu::rmsnorm_grad_gain(dg.p(), dx.p(), rstd.p(), ddgain.p(), rows, cols, accumulate, s.get());
+      cpu::rmsnorm_grad_gain(g, x, wr, wdg, rows, cols, accumulate);
+      check_close(ddgain.get(), wdg, 1e-4f, 1e-4f);
+    }
+  }
+  SECTION("silu, mul, swiglu and their gradients") {
+    std::vector<float> w(n), w2(2 * n);
+    cu::silu(dx.p(), out.p(), n, s.get());
+    cpu::silu(x, w);
+    check_close(out.get(), w);
+    cu::silu_grad(dx.p(), dg.p(), out.p(), n, s.get());
+    cpu::silu_grad(x, g, w);
+    check_close(out.get(), w);
+    cu::mul(dx.p(), dg.p(), out.p(), n, s.get());
+    cpu::mul(x, g, w);
+    check_close(out.get(), w);
+    cu::swiglu(dx.p(), dg.p(), out.p(), n, s.get());
+    cpu::swiglu(x, g, w);
+    check_close(out.get(), w);
+    cu::swiglu_grad(dx.p(), dg.p(), dg.p(), pair.p(), pair.p() + n, n, s.get());
+    cpu::swiglu_grad(x, g, g, std::span<float>(w2).first(n), std::span<float>(w2).subspan(n));
+    check_close(pair.get(), w2);
+  }
+  SECTION("rope and its gradient, in place as the dispatch may run them") {
+    const std::size_t head_dim = 20; // 15 heads of 20 lanes per row
+    std::vector<std::int32_t> pos(rows);
+    for (std::size_t r = 0; r < rows; ++r) pos[r] = static_cast<std::int32_t>(7 * r);
+    dev<std::int32_t> dpos(pos);
+    std::vector<float> w(n);
+    cu::rope(dx.p(), dpos.p(), out.p(), rows, cols, head_dim, 10000.0, 1.0, s.get());
+    cpu::rope(x, pos, w, rows, cols, head_dim, 10000.0);
+    check_close(out.get(), w, 1e-4f, 1e-5f);
+    cu::rope(out.p(), dpos.p(), out.p(), rows, cols, head_dim, 10000.0, -1.0, s.get());
+    check_close(out.get(), x, 1e-4f, 1e-5f);
   }
 }
 

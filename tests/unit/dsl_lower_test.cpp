@@ -1,4 +1,5 @@
 #include <concerto/concerto.hpp>
+#include <concerto/runtime/kernel_call.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -118,7 +119,9 @@ TEST_CASE("lowering refuses shapes that do not fit", "[dsl][lower]") {
   SECTION("contracted sizes must agree") {
     auto shapes = mlp_shapes();
     shapes["w1"] = {24, 32};
-    CHECK_THROWS_WITH(lower(step, shapes, m), ContainsSubstring("contracted sizes differ"));
+    // The message shows the op as written, its operands by name.
+    CHECK_THROWS_WITH(lower(step, shapes, m),
+                      ContainsSubstring("matmul(x, w1): contracted sizes differ, 'x' [8,16] and 'w1' [24,32]"));
   }
   SECTION("a mesh without an axis the program uses is named") {
     CHECK_THROWS_WITH(lower(step, mlp_shapes(), mesh::from_world(4, {{"dp", 4}})), ContainsSubstring("'tp'"));
@@ -202,5 +205,63 @@ TEST_CASE("lowering keeps global sizes over random meshes", "[dsl][lower][proper
     CHECK(buffer_named(g, "w2.grad").bytes * tps == hidden * ffn * 4);
     CHECK(count(g, ir::op_kind::all_reduce) == 4);
     CHECK(g.tasks.size() == static_cast<std::size_t>(step.size - 4)); // leaves make no task
+  }
+}
+
+TEST_CASE("Llama's ops lower to tasks the kernels decode: GQA extents, rope's head_dim, SwiGLU's packed gradient",
+          "[dsl][lower][llama]") {
+  constexpr auto col = spec(replicate, shard(tp));
+  constexpr auto tokens = spec(shard(dp), replicate);
+  constexpr auto h = input<"h">(spec(shard(dp), replicate, replicate));
+  constexpr auto positions = data<"positions">(tokens);
+  constexpr auto a = rmsnorm(h, param<"g">(spec(replicate)));
+  constexpr auto att = causal_attention(rope(matmul(a, param<"wq">(col)), positions),
+                                        rope(matmul(a, param<"wk">(col)), positions), matmul(a, param<"wv">(col)));
+  constexpr auto row = spec(shard(tp), replicate);
+  constexpr auto ff = swiglu(matmul(att, param<"w1">(row)), matmul(att, param<"w3">(row))); // pending sums made first
+  constexpr auto llama = program(mse(ff, input<"target">(spec(shard(dp), replicate, replicate))), sgd{});
+  // 8 query heads of 4 lanes, 2 k/v heads; tp = 2: 4 and 1 per rank.
+  const shape_map shapes{{"h", {2, 6, 32}},  {"positions", {2, 6}}, {"g", {32}},  {"wq", {32, 32}},
+                         {"wk", {32, 8}},    {"wv", {32, 8}},       {"w1", {32, 16}}, {"w3", {32, 16}},
+                         {"target", {2, 6, 16}}};
+  const auto m = mesh::from_world(4, {{"dp", 2}, {"tp", 2}});
+  const auto g = lower(llama, shapes, m, {.heads = 8, .rope_theta = 500000});
+  int ropes = 0, attentions = 0, packed = 0;
+  for (const auto& t : g.tasks) {
+    if (t.fn == ir::op::rope || t.fn == ir::op::rope_grad) {
+      ++ropes;
+      CHECK(t.attrs.at("head_dim") == 4);
+      CHECK(t.attrs.at("theta") == 500000);
+    }
+    if (t.fn == ir::op::attention || t.fn == ir::op::attention_grad) {
+      ++attentions;
+      CHECK(t.attrs.at("heads") == 4);
+      CHECK(t.attrs.at("kv_heads") == 1);
+      CHECK(t.attrs.at("group") == 4);
+    }
+    if (t.fn == ir::op::attention_grad) // dq [1,6,16] then dk and dv [1,6,4] each
+      CHECK(g.buffers[static_cast<std::size_t>(t.writes[0])].bytes == (96 + 2 * 24) * 4);
+    if (t.fn == ir::op::swiglu_grad) {
+      ++packed;
+      CHECK(g.buffers[static_cast<std::size_t>(t.writes[0])].bytes == 2 * 96 * 4); // dgate, dup [1,6,16]
+    }
+  }
+  CHECK(ropes == 4); // q and k, forward and backward
+  CHECK(attentions == 2);
+  CHECK(packed == 1);
+  // Every task decodes (operand counts and sizes as the kernels need them).
+  for (const auto& t : g.tasks)
+    if (!ir::is_collective(t.kind)) CHECK_NOTHROW(runtime::decode(g, t));
+
+  SECTION("k and v whose heads do not divide the query heads are refused, naming the ops") {
+    auto bad = shapes;
+    bad["wk"] = bad["wv"] = {32, 12}; // 3 heads of 4 lanes for 8 query heads
+    CHECK_THROWS_WITH(lower(llama, bad, m, {.heads = 8}),
+                      ContainsSubstring("attention(rope(matmul(…, wq), positions), rope(matmul(…, wk), positions)") &&
+                          ContainsSubstring("divides the 8 query heads"));
+  }
+  SECTION("more k/v heads than the tensor-parallel ranks can split are refused") {
+    CHECK_THROWS_WITH(lower(llama, shapes, mesh::from_world(4, {{"dp", 1}, {"tp", 4}}), {.heads = 8}),
+                      ContainsSubstring("8 heads (2 for k and v) cannot be split over the ranks"));
   }
 }

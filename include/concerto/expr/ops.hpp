@@ -51,13 +51,50 @@ template <expression X, expression G, expression Bt>
 [[nodiscard]] constexpr detail::op_t<op_code::layernorm, X, G, Bt> layernorm(X, G, Bt) noexcept {
   return {};
 }
+/// @brief RMS normalisation over the last dimension with gain `gain[n]` (Llama's):
+/// `x / √(mean(x²) + eps) · gain`; eps is `train::step_options::kernels.rmsnorm_eps`.
+template <expression X, expression G>
+[[nodiscard]] constexpr detail::op_t<op_code::rmsnorm, X, G> rmsnorm(X, G) noexcept {
+  return {};
+}
+/// @brief SiLU (swish) `x·σ(x)`, elementwise.
+template <expression X>
+[[nodiscard]] constexpr detail::op_t<op_code::silu, X> silu(X) noexcept {
+  return {};
+}
+/// @brief Elementwise product of two tensors of the same shape.
+template <expression A, expression B>
+[[nodiscard]] constexpr detail::op_t<op_code::mul, A, B> mul(A, B) noexcept {
+  return {};
+}
+template <expression A, expression B>
+[[nodiscard]] constexpr detail::op_t<op_code::mul, A, B> operator*(A, B) noexcept {
+  return {};
+}
+/// @brief SwiGLU's gating `silu(gate)·up` as one op (one task forward, one backward), for the
+/// feed-forward block of Llama: `matmul(swiglu(matmul(x, w1), matmul(x, w3)), w2)`.
+template <expression G, expression U>
+[[nodiscard]] constexpr detail::op_t<op_code::swiglu, G, U> swiglu(G, U) noexcept {
+  return {};
+}
+/// @brief Rotary position embedding of x[batch, seq, heads·head_dim] by integer
+/// `positions[batch, seq]` (a `data` leaf): each head's lanes i and i + head_dim/2 rotated by
+/// `position·theta^(-2i/head_dim)`. head_dim is the attention's (`lower_options::heads`), theta
+/// `lower_options::rope_theta`. Apply it to q and k before `causal_attention`.
+template <expression X, expression P>
+[[nodiscard]] constexpr detail::op_t<op_code::rope, X, P> rope(X, P) noexcept {
+  return {};
+}
 /// @brief Softmax over the last dimension.
 template <expression X>
 [[nodiscard]] constexpr detail::op_t<op_code::softmax, X> softmax(X) noexcept {
   return {};
 }
-/// @brief Fused causal self-attention on q, k, v of shape [batch, seq, heads·head_dim]; the last
-/// dimension may be split over an axis (heads split across ranks, as Megatron-LM does).
+/// @brief Fused causal self-attention on q of shape [batch, seq, heads·head_dim] and k, v of
+/// shape [batch, seq, kv_heads·head_dim]: kv_heads < heads is grouped-query attention (each k/v
+/// head serves heads / kv_heads query heads; head_dim from `lower_options::heads`). The last
+/// dimension may be split over an axis (heads split across ranks, as Megatron-LM does; k and v
+/// then hold kv_heads / axis size heads per rank).
 template <expression Q, expression K, expression V>
 [[nodiscard]] constexpr detail::op_t<op_code::attention, Q, K, V> causal_attention(Q, K, V) noexcept {
   return {};

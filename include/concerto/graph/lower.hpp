@@ -29,7 +29,8 @@ using shape_map = std::map<std::string, std::vector<std::int64_t>>;
 /// @brief What lowering needs besides shapes and the mesh.
 struct lower_options {
   std::string name = "step";
-  std::int64_t heads = 1; ///< attention heads (over the whole model; split like the hidden dimension)
+  std::int64_t heads = 1; ///< attention (query) heads over the whole model; head_dim = q's width / heads
+  std::int64_t rope_theta = 10000; ///< the base of rope's angles (Llama 2: 10000, Llama 3: 500000)
   ir::dtype type = ir::dtype::f32;
   /// Depth of each `repeat<"name">` of the program, by name: its block is emitted that many times.
   std::map<std::string, int> depth = {};
@@ -83,6 +84,7 @@ template <std::size_t N>
   for (std::size_t i = 0; i < n; ++i) {
     const node& x = p.nodes[i];
     const auto name = p.name_of(static_cast<int>(i));
+    const auto what = p.describe(static_cast<int>(i)); // the op as the user wrote it, for messages
     const auto in = [&](int k) -> const std::vector<std::int64_t>& { return global[static_cast<std::size_t>(x.in[k])]; };
     if (graph::is_leaf(x.op)) {
       const auto it = shapes.find(name);
@@ -104,60 +106,88 @@ template <std::size_t N>
       const auto &a = in(0), &b = in(1);
       const auto k_a = a.back(), k_b = b[b.size() - 2];
       if (k_a != k_b)
-        fail("matmul '" + name + "': contracted sizes differ, '" + p.name_of(x.in[0]) + "' " + dims_text(a) + " and '" +
+        fail(what + ": contracted sizes differ, '" + p.name_of(x.in[0]) + "' " + dims_text(a) + " and '" +
              p.name_of(x.in[1]) + "' " + dims_text(b));
       if (b.size() == a.size() && !std::equal(a.begin(), a.end() - 2, b.begin()))
-        fail("matmul '" + name + "': batch dimensions differ, " + dims_text(a) + " and " + dims_text(b));
+        fail(what + ": batch dimensions differ, " + dims_text(a) + " and " + dims_text(b));
       global[i] = a;
       global[i].back() = b.back();
       break;
     }
     case op_code::add:
       if (in(0) != in(1))
-        fail("add '" + name + "': shapes differ, '" + p.name_of(x.in[0]) + "' " + dims_text(in(0)) + " and '" +
+        fail(what + ": shapes differ, '" + p.name_of(x.in[0]) + "' " + dims_text(in(0)) + " and '" +
              p.name_of(x.in[1]) + "' " + dims_text(in(1)));
+      global[i] = in(0);
+      break;
+    case op_code::mul:
+    case op_code::swiglu:
+      if (in(0) != in(1))
+        fail(what + ": shapes differ, '" + p.name_of(x.in[0]) + "' " +
+             dims_text(in(0)) + " and '" + p.name_of(x.in[1]) + "' " + dims_text(in(1)));
+      global[i] = in(0);
+      break;
+    case op_code::rope:
+      if (in(1).size() + 1 != in(0).size() || !std::equal(in(1).begin(), in(1).end(), in(0).begin()))
+        fail(what + ": positions '" + p.name_of(x.in[1]) + "' " + dims_text(in(1)) +
+             " do not match the leading dimensions of '" + p.name_of(x.in[0]) + "' " + dims_text(in(0)));
       global[i] = in(0);
       break;
     case op_code::bias_add:
     case op_code::layernorm:
+    case op_code::rmsnorm:
       for (int k = 1; k < x.n_in; ++k)
         if (in(k)[0] != in(0).back())
-          fail(std::string(to_string(x.op)) + " '" + name + "': '" + p.name_of(x.in[k]) + "' has " +
+          fail(what + ": '" + p.name_of(x.in[k]) + "' has " +
                std::to_string(in(k)[0]) + " entries but the last dimension of '" + p.name_of(x.in[0]) + "' is " +
                std::to_string(in(0).back()));
       global[i] = in(0);
       break;
-    case op_code::attention:
-      if (in(1) != in(0) || in(2) != in(0)) fail("attention '" + name + "': q, k and v shapes differ");
-      if (in(0).back() % options.heads != 0)
-        fail("attention '" + name + "': hidden size " + std::to_string(in(0).back()) + " is not divisible by " +
+    case op_code::attention: {
+      const auto& q = in(0);
+      if (in(1) != in(2) || !std::equal(q.begin(), q.end() - 1, in(1).begin()))
+        fail(what + ": k " + dims_text(in(1)) + " and v " + dims_text(in(2)) +
+             " must have one shape, and q's " + dims_text(q) + " but for the last dimension");
+      if (q.back() % options.heads != 0)
+        fail(what + ": hidden size " + std::to_string(q.back()) + " is not divisible by " +
              std::to_string(options.heads) + " heads");
-      global[i] = in(0);
+      const auto head_dim = q.back() / options.heads;
+      if (in(1).back() % head_dim != 0 || options.heads % (in(1).back() / head_dim) != 0)
+        fail(what + ": k and v hold " + std::to_string(in(1).back()) + " values per token, not a number " +
+             "of heads of " + std::to_string(head_dim) + " (" + std::to_string(q.back()) + " / " +
+             std::to_string(options.heads) + " heads) that divides the " + std::to_string(options.heads) + " query heads");
+      global[i] = q;
       break;
+    }
     case op_code::embedding:
       global[i] = in(0);
       global[i].push_back(in(1)[1]);
       break;
     case op_code::mse:
-      if (in(0) != in(1)) fail("mse '" + name + "': prediction " + dims_text(in(0)) + " and target " + dims_text(in(1)) + " differ");
+      if (in(0) != in(1)) fail(what + ": prediction " + dims_text(in(0)) + " and target " + dims_text(in(1)) + " differ");
       global[i] = {};
       break;
     case op_code::cross_entropy:
       if (!std::equal(in(1).begin(), in(1).end(), in(0).begin()))
-        fail("cross_entropy '" + name + "': labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
+        fail(what + ": labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
       global[i] = {};
       break;
     case op_code::vocab_ce_max:
     case op_code::vocab_ce_sumexp: global[i] = std::vector<std::int64_t>(in(0).begin(), in(0).end() - 1); break;
     case op_code::vocab_ce_target:
       if (in(1).size() + 1 != in(0).size() || !std::equal(in(1).begin(), in(1).end(), in(0).begin()))
-        fail("cross_entropy '" + name + "': labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
+        fail(what + ": labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
       global[i] = in(1);
       break;
     case op_code::vocab_ce_loss: global[i] = {}; break;
     default: global[i] = in(0); break;
     }
   }
+
+  // Rope rotates heads of the attention's head_dim; a program without attention has none to rotate.
+  std::int64_t head_dim = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if (p.nodes[i].op == op_code::attention) head_dim = global[static_cast<std::size_t>(p.nodes[i].in[0])].back() / options.heads;
 
   // Local shapes.
   std::vector<std::vector<std::int64_t>> local(n);
@@ -312,10 +342,16 @@ template <std::size_t N>
     case op_code::bias_add:
     case op_code::gelu:
     case op_code::relu:
+    case op_code::silu:
+    case op_code::mul:
+    case op_code::swiglu:
     case op_code::gelu_grad:
     case op_code::relu_grad:
+    case op_code::silu_grad:
     case op_code::layernorm:
     case op_code::layernorm_grad:
+    case op_code::rmsnorm:
+    case op_code::rmsnorm_grad:
     case op_code::softmax:
     case op_code::softmax_grad: {
       std::vector<ir::buffer_id> reads;
@@ -324,21 +360,43 @@ template <std::size_t N>
       break;
     }
     case op_code::bias_grad: compute(ir::op::bias_grad, {I(0)}, shape_attrs(L(0))); break;
-    case op_code::layernorm_grad_gamma: compute(ir::op::layernorm_grad_gamma, {I(0), I(1)}, shape_attrs(L(0))); break;
+    case op_code::layernorm_grad_gamma:
+    case op_code::rmsnorm_grad_gain: compute(x.op, {I(0), I(1)}, shape_attrs(L(0))); break;
+    case op_code::swiglu_grad: {
+      // dgate and dup packed; a copy per layer, as attention_grad's.
+      auto packed = local[i];
+      packed.insert(packed.begin(), 2);
+      slot(i) = b.buffer(name, std::move(packed), ir::buffer_role::gradient, options.type);
+      b.compute(x.op, name, {I(0), I(1), I(2)}, {slot(i)}, shape_attrs(L(0)));
+      break;
+    }
+    case op_code::rope:
+    case op_code::rope_grad: {
+      if (head_dim < 1)
+        fail(p.describe(static_cast<int>(i)) + ": rope takes head_dim from the program's causal_attention, and it has none");
+      auto attrs = shape_attrs(out_shape);
+      attrs["head_dim"] = head_dim;
+      attrs["theta"] = options.rope_theta;
+      compute(x.op, {I(0), I(1)}, attrs);
+      break;
+    }
     case op_code::attention:
     case op_code::attention_grad: {
-      const auto& q = L(0);
-      const auto heads_here = options.heads * q[2] / global[static_cast<std::size_t>(x.in[0])][2];
-      if (heads_here < 1)
-        fail("attention '" + name + "': " + std::to_string(options.heads) + " heads cannot be split over the ranks");
-      std::map<std::string, std::int64_t> attrs{{"batch", q[0]}, {"seq", q[1]}, {"heads", heads_here},
-                                                {"head_dim", q[2] / heads_here}, {"causal", 1}};
+      const auto &q = L(0), &k = L(1);
+      const auto heads_here = q[2] / head_dim, kv_heads_here = k[2] / head_dim;
+      if (heads_here < 1 || kv_heads_here < 1 || q[2] % head_dim != 0 || k[2] % head_dim != 0)
+        fail(p.describe(static_cast<int>(i)) + ": " + std::to_string(options.heads) + " heads (" +
+             std::to_string(global[static_cast<std::size_t>(x.in[1])][2] / head_dim) +
+             " for k and v) cannot be split over the ranks");
+      // Grouped-query attention: each rank's k/v heads serve its query heads in groups.
+      std::map<std::string, std::int64_t> attrs{{"batch", q[0]},      {"seq", q[1]},
+                                                {"heads", heads_here}, {"kv_heads", kv_heads_here},
+                                                {"group", heads_here / kv_heads_here}, {"head_dim", head_dim},
+                                                {"causal", 1}};
       const bool fwd = x.op == op_code::attention;
       if (!fwd) {
         // dq, dk, dv packed; a copy, because a repeated block lowers this node once per layer.
-        auto packed = local[i];
-        packed.insert(packed.begin(), 3);
-        slot(i) = b.buffer(name, std::move(packed), ir::buffer_role::gradient, options.type);
+        slot(i) = b.buffer(name, {elements(q) + 2 * elements(k)}, ir::buffer_role::gradient, options.type);
       }
       const auto out = fwd ? new_buffer(i, x.kind) : slot(i);
       std::vector<ir::buffer_id> reads{I(0), I(1), I(2)};
@@ -347,8 +405,13 @@ template <std::size_t N>
       break;
     }
     case op_code::select: {
-      const auto bytes = elems * static_cast<std::int64_t>(ir::size_of(options.type));
-      slot(i) = b.view(name, I(0), x.dim * bytes, bytes, out_shape);
+      // Part `dim` of a packed gradient: the parts are the gradients of the producer's operands
+      // in order, each the size of its operand (k and v are smaller than q under GQA).
+      const node& packed = p.nodes[static_cast<std::size_t>(x.in[0])];
+      const auto size = static_cast<std::int64_t>(ir::size_of(options.type));
+      std::int64_t offset = 0;
+      for (int k = 0; k < x.dim; ++k) offset += elements(local[static_cast<std::size_t>(packed.in[k])]) * size;
+      slot(i) = b.view(name, I(0), offset, elems * size, out_shape);
       break;
     }
     case op_code::embedding:

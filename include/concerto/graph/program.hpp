@@ -170,6 +170,27 @@ struct program {
     return out;
   }
 
+  /// @brief Node i as the user wrote it, for messages: a named value's name (a leaf, "w1.grad"),
+  /// or its op applied to its operands down to `depth` levels, e.g.
+  /// "attention(rope(matmul(…, wq), positions), rope(matmul(…, wk), positions), matmul(…, wv))".
+  /// The redistributions the compiler inserted are looked through.
+  [[nodiscard]] std::string describe(int i, int depth = 3) const {
+    while (nodes[i].n_in == 1 && (is_redistribution(nodes[i].op) || nodes[i].op == op_code::repeat_in) && nodes[i].name < 0)
+      i = nodes[i].in[0];
+    const node& x = nodes[i];
+    const auto named = name_of(i);
+    if (x.n_in == 0 || !named.ends_with("#" + std::to_string(i))) return named;
+    if (depth <= 0) return "…";
+    std::string out(to_string(x.op));
+    out += '(';
+    for (int k = 0; k < x.n_in; ++k) {
+      if (k) out += ", ";
+      out += describe(x.in[k], depth - 1);
+    }
+    out += ')';
+    return out;
+  }
+
   /// @brief One line per node: index, phase, op (and axis), spec, inputs.
   [[nodiscard]] std::string dump() const {
     std::string out;

@@ -87,7 +87,7 @@ enum class op : std::uint8_t {
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss,
   // backward
-  bias_grad, gelu_grad, relu_grad, silu_grad, mul_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
+  bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
   cross_entropy_grad, vocab_ce_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
@@ -121,8 +121,7 @@ enum class sharding : std::uint8_t {
   unify,         ///< add: operands of one shape brought to one spec, linear
   bias,          ///< x + b[n]: x whole (no pending sum), b laid out like x's last dim
   pointwise,     ///< one operand, not linear: pending sums made first
-  pointwise_mul, ///< mul(a, b): operands of one shape unified, or b a row vector laid out like a's last dim
-  pointwise_two, ///< swiglu(a, b): two operands of one shape, not linear
+  pointwise_two, ///< mul(a, b), swiglu(a, b): two operands of one shape and one spec, not linear
   rowwise,       ///< softmax / layernorm / rmsnorm: the last dim whole; vector operands like it
   attention,     ///< [batch, seq, heads·head_dim] q, k, v: seq whole; k, v split like q or replicated
   rope,          ///< x [..., seq, heads·head_dim] and positions [..., seq] following x's leading dims
@@ -235,14 +234,6 @@ constexpr op_info dsl(op_info i, int arity, sharding rule, backward grad, std::a
   i.terms = terms;
   return i;
 }
-// An op whose kernels are not written yet: priced, not run, and not offered by the DSL.
-constexpr op_info pending(op_info i) {
-  i.executable = false;
-  i.arity = -1;
-  i.rule = sharding::none;
-  i.grad = backward::none;
-  return i;
-}
 constexpr op_info with_attrs(op_info i, std::array<std::string_view, 5> attrs) {
   i.attrs = attrs;
   return i;
@@ -282,29 +273,29 @@ inline constexpr op_info table[op_count] = {
         {term(op::gelu_grad, {a::in0, a::dout})}),
     dsl(compute(op::relu, "relu", k::elementwise, list({"x"}), list({"out"}), f::per_output, 1), 1, r::pointwise, b::terms,
         {term(op::relu_grad, {a::in0, a::dout})}),
-    pending(dsl(compute(op::silu, "silu", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise, b::terms,
-        {term(op::silu_grad, {a::in0, a::dout})})),
-    pending(dsl(compute(op::mul, "mul", k::elementwise, list({"a", "b"}), list({"out"}), f::per_output, 1), 2, r::pointwise_mul,
-        b::terms, {term(op::mul, {a::dout, a::in1}), term(op::mul_grad, {a::in0, a::dout}, s::summed_over_rows)})),
-    pending(dsl(compute(op::swiglu, "swiglu", k::elementwise, list({"gate", "up"}), list({"out"}), f::per_output, 5), 2,
-        r::pointwise_two, b::packed, {term(op::swiglu_grad, {a::in0, a::in1, a::dout})})),
+    dsl(compute(op::silu, "silu", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise, b::terms,
+        {term(op::silu_grad, {a::in0, a::dout})}),
+    dsl(compute(op::mul, "mul", k::elementwise, list({"a", "b"}), list({"out"}), f::per_output, 1), 2, r::pointwise_two,
+        b::terms, {term(op::mul, {a::dout, a::in1}), term(op::mul, {a::dout, a::in0})}),
+    dsl(compute(op::swiglu, "swiglu", k::elementwise, list({"gate", "up"}), list({"out"}), f::per_output, 5), 2,
+        r::pointwise_two, b::packed, {term(op::swiglu_grad, {a::in0, a::in1, a::dout})}),
     dsl(compute(op::layernorm, "layernorm", k::norm, list({"x", "gamma", "beta"}), list({"out"}), f::per_output, 8), 3,
         r::rowwise, b::terms,
         {term(op::layernorm_grad, {a::in0, a::regathered_in1, a::dout}),
          term(op::layernorm_grad_gamma, {a::in0, a::dout}, s::summed_over_rows),
          term(op::bias_grad, {a::dout}, s::summed_over_rows)}),
-    pending(dsl(compute(op::rmsnorm, "rmsnorm", k::norm, list({"x", "gain"}), list({"out"}), f::per_output, 5), 2, r::rowwise,
+    dsl(compute(op::rmsnorm, "rmsnorm", k::norm, list({"x", "gain"}), list({"out"}), f::per_output, 5), 2, r::rowwise,
         b::terms,
         {term(op::rmsnorm_grad, {a::in0, a::regathered_in1, a::dout}),
-         term(op::rmsnorm_grad_gain, {a::in0, a::dout}, s::summed_over_rows)})),
+         term(op::rmsnorm_grad_gain, {a::in0, a::dout}, s::summed_over_rows)}),
     dsl(compute(op::softmax, "softmax", k::softmax, list({"x"}), list({"out"}), f::per_output, 5), 1, r::rowwise, b::terms,
         {term(op::softmax_grad, {a::out, a::dout})}),
     dsl(with_attrs(compute(op::attention, "attention", k::attention, list({"q", "k", "v"}), list({"out"}), f::attention, 0),
                    {"batch", "seq", "heads", "head_dim"}),
         3, r::attention, b::packed, {term(op::attention_grad, {a::in0, a::in1, a::in2, a::dout})}),
-    pending(dsl(with_attrs(compute(op::rope, "rope", k::elementwise, list({"x", "positions"}), list({"out"}), f::per_output, 6),
+    dsl(with_attrs(compute(op::rope, "rope", k::elementwise, list({"x", "positions"}), list({"out"}), f::per_output, 6),
                    {"head_dim", "theta"}),
-        2, r::rope, b::terms, {term(op::rope_grad, {a::dout, a::in1})})),
+        2, r::rope, b::terms, {term(op::rope_grad, {a::dout, a::in1})}),
     dsl(compute(op::embedding, "embedding", k::elementwise, list({"ids", "table"}), list({"out"}), f::none, 0), 2,
         r::embedding, b::terms, {term(op::none, {}), term(op::embedding_grad, {a::in0, a::dout}, s::summed_over_ids)}),
     dsl(compute(op::mse, "mse", k::loss, list({"pred", "target"}), list({"loss"}), f::per_input, 3), 2, r::mse, b::terms,
@@ -325,22 +316,21 @@ inline constexpr op_info table[op_count] = {
     compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
     compute(op::relu_grad, "relu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 1),
-    pending(compute(op::silu_grad, "silu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 7)),
-    pending(compute(op::mul_grad, "mul_grad", k::elementwise, list({"a", "dout"}), list({"db"}), f::per_input, 2)),
-    pending(compute(op::swiglu_grad, "swiglu_grad", k::elementwise, list({"gate", "up", "dout"}), list({"dgate_dup"}), f::per_input,
-            10)),
+    compute(op::silu_grad, "silu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 7),
+    compute(op::swiglu_grad, "swiglu_grad", k::elementwise, list({"gate", "up", "dout"}), list({"dgate_dup"}), f::per_input,
+            10),
     compute(op::layernorm_grad, "layernorm_grad", k::norm, list({"x", "gamma", "dout"}), list({"dx"}), f::per_output, 12),
     compute(op::layernorm_grad_gamma, "layernorm_grad_gamma", k::norm, list({"x", "dout"}), list({"dgamma"}), f::per_input,
             5),
-    pending(compute(op::rmsnorm_grad, "rmsnorm_grad", k::norm, list({"x", "gain", "dout"}), list({"dx"}), f::per_output, 8)),
-    pending(compute(op::rmsnorm_grad_gain, "rmsnorm_grad_gain", k::norm, list({"x", "dout"}), list({"dgain"}), f::per_input, 4)),
+    compute(op::rmsnorm_grad, "rmsnorm_grad", k::norm, list({"x", "gain", "dout"}), list({"dx"}), f::per_output, 8),
+    compute(op::rmsnorm_grad_gain, "rmsnorm_grad_gain", k::norm, list({"x", "dout"}), list({"dgain"}), f::per_input, 4),
     compute(op::softmax_grad, "softmax_grad", k::softmax, list({"y", "dout"}), list({"dx"}), f::per_output, 4),
     with_attrs(compute(op::attention_grad, "attention_grad", k::attention, list({"q", "k", "v", "dout"}), list({"dqkv"}),
                        f::attention_grad, 0),
                {"batch", "seq", "heads", "head_dim"}),
-    pending(with_attrs(compute(op::rope_grad, "rope_grad", k::elementwise, list({"dout", "positions"}), list({"dx"}), f::per_output,
+    with_attrs(compute(op::rope_grad, "rope_grad", k::elementwise, list({"dout", "positions"}), list({"dx"}), f::per_output,
                        6),
-               {"head_dim", "theta"})),
+               {"head_dim", "theta"}),
     [] {
       auto i = compute(op::embedding_grad, "embedding_grad", k::elementwise, list({"ids", "dout"}), list({"dtable"}),
                        f::per_input, 1);

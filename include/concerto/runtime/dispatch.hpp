@@ -47,9 +47,9 @@ namespace concerto::runtime {
   case op::attention_grad: case op::embedding_grad: case op::mse_grad: case op::cross_entropy_grad:
   case op::vocab_ce_grad: case op::shard_slice: case op::keep_one: case op::sgd: case op::adamw: case op::add_inplace:
   case op::scale: case op::zero: case op::copy: case op::slice: case op::concat:
-    return true;
-  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad: case op::mul_grad:
+  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad:
   case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
+    return true;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
@@ -82,6 +82,11 @@ static_assert(cpu_matches_table(), "runtime::cpu_runs and the op table's `execut
   case op::layernorm:
   case op::layernorm_grad_gamma: return 2 * c.rows;
   case op::layernorm_grad: return 2 * c.rows + 2 * c.cols;
+  case op::rmsnorm:
+  case op::rmsnorm_grad:
+  case op::rmsnorm_grad_gain: return c.rows;
+  case op::rope:
+  case op::rope_grad: return ids;
   case op::attention: return c.att.lse_floats() + cpu::causal_attention_workspace_floats(c.att);
   case op::attention_grad:
     return c.att.lse_floats() + c.att.q_floats() +
@@ -216,6 +221,25 @@ inline void run_layernorm_grad_gamma(cpu_frame& f) {
   if (!c.accumulate) std::fill(dgamma.begin(), dgamma.end(), 0.0f);
   for (std::size_t r = 0; r < c.rows; ++r)
     for (std::size_t k = 0; k < c.cols; ++k) dgamma[k] += dy[r * c.cols + k] * (x[r * c.cols + k] - mean[r]) * rstd[r];
+}
+
+// RMSNorm keeps no statistics between tasks: each recomputes rstd, one sum of squares per row.
+inline void run_rmsnorm(cpu_frame& f) {
+  const auto& c = f.c;
+  cpu::rmsnorm(f.in(0), f.in(1), f.out(0), f.scratch(c.rows), c.rows, c.cols, f.s.rmsnorm_eps);
+}
+inline std::span<float> rms_stats(cpu_frame& f) {
+  const auto rstd = f.scratch(f.c.rows);
+  cpu::rmsnorm_stats(f.in(0), rstd, f.c.rows, f.c.cols, f.s.rmsnorm_eps);
+  return rstd;
+}
+inline void run_rmsnorm_grad(cpu_frame& f) {
+  const auto& c = f.c;
+  cpu::rmsnorm_grad(f.in(2), f.in(0), f.in(1), rms_stats(f), f.out(0), c.rows, c.cols);
+}
+inline void run_rmsnorm_grad_gain(cpu_frame& f) {
+  const auto& c = f.c;
+  cpu::rmsnorm_grad_gain(f.in(1), f.in(0), rms_stats(f), f.out(0), c.rows, c.cols, c.accumulate);
 }
 
 inline void run_attention(cpu_frame& f) {
@@ -380,8 +404,16 @@ inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_setti
   case op::vocab_ce_sumexp:
   case op::vocab_ce_loss:
   case op::vocab_ce_grad: detail::run_vocab_ce(f); return;
-  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad: case op::mul_grad:
-  case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
+  case op::silu: cpu::silu(f.in(0), f.out(0)); return;
+  case op::silu_grad: cpu::silu_grad(f.in(0), f.in(1), f.out(0)); return;
+  case op::mul: cpu::mul(f.in(0), f.in(1), f.out(0)); return;
+  case op::swiglu: cpu::swiglu(f.in(0), f.in(1), f.out(0)); return;
+  case op::swiglu_grad: cpu::swiglu_grad(f.in(0), f.in(1), f.in(2), f.out(0).first(c.n), f.out(0).subspan(c.n)); return;
+  case op::rmsnorm: detail::run_rmsnorm(f); return;
+  case op::rmsnorm_grad: detail::run_rmsnorm_grad(f); return;
+  case op::rmsnorm_grad_gain: detail::run_rmsnorm_grad_gain(f); return;
+  case op::rope: cpu::rope(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta); return;
+  case op::rope_grad: cpu::rope_grad(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta); return;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:

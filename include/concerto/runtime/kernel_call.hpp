@@ -71,7 +71,6 @@ struct kernel_call {
   std::uint8_t n_in = 0, n_out = 0;
   std::size_t n = 0;             ///< values per operand (elementwise), or of the output
   std::size_t rows = 0, cols = 0; ///< row-wise ops, losses, broadcasts: [rows, cols]
-  bool broadcast = false;        ///< mul / mul_grad: b is one row of cols values
   bool accumulate = false;       ///< add to the output instead of overwriting it
   // matmul
   std::size_t m = 0, k = 0, gemm_n = 0, batch = 1;
@@ -79,9 +78,9 @@ struct kernel_call {
   gemm_form form = gemm_form::single;
   // attention
   attention_extents att{};
-  // rope
+  // rope: rows are tokens of `cols` values, each `cols / head_dim` heads
   std::size_t head_dim = 0;
-  float theta = 10000.0f;
+  double theta = 10000.0;
   // embedding, vocab-parallel cross-entropy: the first row / column this rank holds
   std::int64_t first = 0;
   bool reject_outside = false;   ///< embedding: an id outside the table is an error (an unsplit table)
@@ -244,6 +243,33 @@ inline void decode_softmax(const call_reader& r, kernel_call& c) {
   const auto& shape = r.buffer(c.in[0]).shape;
   c.cols = r.positive_attr("cols", shape.empty() ? -1 : shape.back());
   c.rows = r.divide(c.n, c.cols, "rows");
+}
+
+// swiglu_grad: gate, up and dout of n values each; one write holding dgate then dup.
+inline void decode_packed_pair(const call_reader& r, kernel_call& c) {
+  c.n = r.count(c.in[0]);
+  for (std::size_t i = 0; i < c.n_in; ++i) {
+    r.need_float(c, i, false);
+    r.need_count(c, i, false, c.n, "the gate's values");
+  }
+  r.need_float(c, 0, true);
+  r.need_count(c, 0, true, 2 * c.n, "the two gradients one after the other");
+}
+
+// rope / rope_grad: x (or dout) [rows, cols] and one integer position per row.
+inline void decode_rope(const call_reader& r, kernel_call& c) {
+  r.need_float(c, 0, false);
+  r.need_int(c, 1);
+  r.need_float(c, 0, true);
+  c.n = r.count(c.in[0]);
+  c.ids = c.rows = r.count(c.in[1]);
+  c.cols = r.divide(c.n, c.rows, "values per position");
+  r.need_count(c, 0, true, c.n, "the input's values");
+  c.head_dim = static_cast<std::size_t>(r.positive_attr("head_dim"));
+  if (c.head_dim % 2 != 0 || c.cols % c.head_dim != 0)
+    r.bad("head_dim " + std::to_string(c.head_dim) + " must be even and divide the " + std::to_string(c.cols) +
+          " values of a position");
+  c.theta = static_cast<double>(r.positive_attr("theta"));
 }
 
 inline void decode_attention(const call_reader& r, kernel_call& c) {
@@ -502,16 +528,15 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::concat: detail::decode_parts(r, c); break;
   case op::shard_slice: detail::decode_shard_slice(r, c); break;
   case op::silu:
-  case op::mul:
-  case op::swiglu:
-  case op::rmsnorm:
-  case op::rope:
   case op::silu_grad:
-  case op::mul_grad:
-  case op::swiglu_grad:
-  case op::rmsnorm_grad:
-  case op::rmsnorm_grad_gain:
-  case op::rope_grad:
+  case op::mul:
+  case op::swiglu: detail::decode_same_size(r, c); break;
+  case op::swiglu_grad: detail::decode_packed_pair(r, c); break;
+  case op::rmsnorm: detail::decode_rows(r, c, 0, 1, false); break;
+  case op::rmsnorm_grad: detail::decode_rows(r, c, 0, 1, false); break;
+  case op::rmsnorm_grad_gain: detail::decode_rows(r, c, 0, 0, true); break;
+  case op::rope:
+  case op::rope_grad: detail::decode_rope(r, c); break;
   // not compute ops, or priced only
   case op::none:
   case op::input:

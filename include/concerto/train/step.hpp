@@ -12,7 +12,7 @@
 /// Parameters are initialised from a seed per global element (train/detail/shard.hpp), so a
 /// model starts identical on every mesh shape: rank-1 parameters named `*.g` / `*gamma` are ones,
 /// other rank-1 parameters zeros, the rest uniform with standard deviation 1/√fan_in (fan_in: the
-/// first dimension, the `in` of an `[in, out]` weight).
+/// next-to-last dimension, the `in` of an `[in, out]` or `[experts, in, out]` weight).
 ///
 /// @code
 /// runtime::mpi::environment env(argc, argv);
@@ -601,7 +601,9 @@ private:
         const bool gain = name.ends_with(".g") || name.ends_with("gamma");
         std::fill(global.begin(), global.end(), gain ? 1.0f : 0.0f);
       } else {
-        const float scale = std::sqrt(3.0f / static_cast<float>(shape.front()));
+        // fan_in: the contracted dimension of a [..., in, out] weight (an expert stack [E, in, out]
+        // is scaled by its input width, not by its expert count).
+        const float scale = std::sqrt(3.0f / static_cast<float>(shape[shape.size() - 2]));
         for (std::size_t i = 0; i < global.size(); ++i) global[i] = scale * detail::uniform(options_.seed, name, i);
       }
       std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));

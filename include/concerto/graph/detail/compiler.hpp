@@ -367,13 +367,40 @@ struct work {
       }
       case op_code::gelu:
       case op_code::relu:
+      case op_code::silu:
         rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
         if (rr.err != errc::none) failed(rr.err, r);
         break;
-      case op_code::softmax:
-      case op_code::layernorm: {
+      case op_code::mul:
+      case op_code::swiglu: {
+        // Not linear in the pair: both operands whole (pending sums made) and laid out alike.
+        if (sp(in[0]).rank != sp(in[1]).rank) { rank_error(); break; }
+        if (pinned(in[1]) && sp(in[1]).has_partial()) { failed(errc::partial_into_nonlinear, r); break; }
+        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
+        if (rr.err != errc::none) { failed(rr.err, r); break; }
+        rr.need[1] = rr.need[0];
+        break;
+      }
+      case op_code::rope: {
+        // x [..., seq, heads·head_dim] rotated per position: any layout of x whose split of the
+        // last dimension keeps heads whole (checked when decoded); positions follow x's leading dims.
         const int rk = sp(in[0]).rank;
-        if (rk < 1 || (x.op == op_code::layernorm && (sp(in[1]).rank != 1 || sp(in[2]).rank != 1))) { rank_error(); break; }
+        if (rk < 2 || sp(in[1]).rank != rk - 1) { rank_error(); break; }
+        if (sp(in[1]).has_partial()) { failed(errc::partial_into_nonlinear, r); break; }
+        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
+        if (rr.err != errc::none) { failed(rr.err, r); break; }
+        rr.need[1] = pspec{};
+        rr.need[1].rank = static_cast<std::int8_t>(rk - 1);
+        for (int a = 0; a < A; ++a)
+          if (const int st = rr.need[0].state(a); st >= 0 && st < rk - 1) rr.need[1].set_state(a, st);
+        break;
+      }
+      case op_code::softmax:
+      case op_code::layernorm:
+      case op_code::rmsnorm: {
+        const int rk = sp(in[0]).rank;
+        if (rk < 1 || (x.op == op_code::layernorm && (sp(in[1]).rank != 1 || sp(in[2]).rank != 1)) ||
+            (x.op == op_code::rmsnorm && sp(in[1]).rank != 1)) { rank_error(); break; }
         rr = rules::rowwise(sp(in[0]), pinned(in[0]), rk - 1, A);
         if (rr.err != errc::none) { failed(rr.err, r); break; }
         rr.need[1] = rr.need[2] = rules::like_last_dim(rr.need[0], A);
@@ -628,9 +655,37 @@ struct work {
       }
       case op_code::gelu:
       case op_code::relu:
-        if (needs_grad(a))
-          accumulate(a, bwd(y.op == op_code::gelu ? op_code::gelu_grad : op_code::relu_grad, {a, g}, sp(a), a));
+      case op_code::silu:
+        if (needs_grad(a)) accumulate(a, bwd(ir::info(y.op).terms[0].fn, {a, g}, sp(a), a));
         break;
+      case op_code::mul:
+        if (needs_grad(a)) accumulate(a, bwd(op_code::mul, {g, b}, sp(a), a));
+        if (needs_grad(b)) accumulate(b, bwd(op_code::mul, {g, a}, sp(b), b));
+        break;
+      case op_code::swiglu: {
+        // One task writes dgate and dup one after the other; each operand's gradient is a view.
+        const int packed = bwd(op_code::swiglu_grad, {a, b, g}, sp(a), i);
+        const int which[2] = {a, b};
+        for (int k = 0; k < 2; ++k)
+          if (needs_grad(which[k])) {
+            const int s = bwd(op_code::select, {packed}, sp(which[k]), which[k]);
+            nodes[s].dim = static_cast<std::int8_t>(k);
+            accumulate(which[k], s);
+          }
+        break;
+      }
+      case op_code::rope:
+        if (needs_grad(a)) accumulate(a, bwd(op_code::rope_grad, {g, b}, sp(a), a));
+        break;
+      case op_code::rmsnorm: {
+        if (needs_grad(a)) accumulate(a, bwd(op_code::rmsnorm_grad, {a, regather(b), g}, sp(a), a));
+        if (needs_grad(b)) {
+          pspec s = sp(b);
+          s.partial = rules::axes_splitting(sp(a), 0, sp(a).rank - 2, A);
+          accumulate(b, bwd(op_code::rmsnorm_grad_gain, {a, g}, s, b));
+        }
+        break;
+      }
       case op_code::softmax:
         if (needs_grad(a)) accumulate(a, bwd(op_code::softmax_grad, {i, g}, sp(a), a));
         break;

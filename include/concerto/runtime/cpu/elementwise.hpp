@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief Elementwise CPU kernels and their gradients: add, scale, bias, GELU, ReLU.
+/// @brief Elementwise CPU kernels and their gradients: add, scale, bias, GELU, ReLU, SiLU, products, SwiGLU.
 ///
 /// All arrays are fp32 and contiguous; a `[rows, cols]` array is row-major. The loops are plain
 /// indexed loops over raw pointers so that the compiler vectorises them (with a run-time
@@ -139,6 +139,80 @@ inline void relu_grad(std::span<const float> x, std::span<const float> dout, std
   for (std::size_t i = 0; i < n; ++i) {
     const float g = pg[i]; // loaded unconditionally, so the select becomes a vector blend
     pd[i] = px[i] > 0.0f ? g : 0.0f;
+  }
+}
+
+namespace detail {
+inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+} // namespace detail
+
+/// @brief SiLU (swish): `x·σ(x)`. out may alias x only when the caller no longer needs x: the
+/// backward reads the input x.
+inline void silu(std::span<const float> x, std::span<float> out) {
+  detail::require_size(out, x.size(), "silu", "out");
+  const float* px = x.data();
+  float* po = out.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) po[i] = px[i] * detail::sigmoid(px[i]);
+}
+
+/// @brief `dx = dout·σ(x)·(1 + x·(1 - σ(x)))` from the forward's input x. dx may alias dout.
+inline void silu_grad(std::span<const float> x, std::span<const float> dout, std::span<float> dx) {
+  detail::require_size(dout, x.size(), "silu_grad", "dout");
+  detail::require_size(dx, x.size(), "silu_grad", "dx");
+  const float* px = x.data();
+  const float* pg = dout.data();
+  float* pd = dx.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const float s = detail::sigmoid(px[i]);
+    pd[i] = pg[i] * s * (1.0f + px[i] * (1.0f - s));
+  }
+}
+
+/// @brief `out = a·b`, element by element. out may alias a or b. Its gradients are products too:
+/// `da = dout·b`, `db = dout·a`.
+inline void mul(std::span<const float> a, std::span<const float> b, std::span<float> out) {
+  detail::require_size(b, a.size(), "mul", "b");
+  detail::require_size(out, a.size(), "mul", "out");
+  const float* pa = a.data();
+  const float* pb = b.data();
+  float* po = out.data();
+  const std::size_t n = a.size();
+  for (std::size_t i = 0; i < n; ++i) po[i] = pa[i] * pb[i];
+}
+
+/// @brief SwiGLU's gate: `out = silu(gate)·up` (the two halves of Llama's MLP input projection).
+/// out may alias up.
+inline void swiglu(std::span<const float> gate, std::span<const float> up, std::span<float> out) {
+  detail::require_size(up, gate.size(), "swiglu", "up");
+  detail::require_size(out, gate.size(), "swiglu", "out");
+  const float* pa = gate.data();
+  const float* pb = up.data();
+  float* po = out.data();
+  const std::size_t n = gate.size();
+  for (std::size_t i = 0; i < n; ++i) po[i] = pa[i] * detail::sigmoid(pa[i]) * pb[i];
+}
+
+/// @brief Backward of `swiglu`: `dgate = dout·up·silu'(gate)`, `dup = dout·silu(gate)`.
+/// dgate and dup may not alias the inputs.
+inline void swiglu_grad(std::span<const float> gate, std::span<const float> up, std::span<const float> dout,
+                        std::span<float> dgate, std::span<float> dup) {
+  const std::size_t n = gate.size();
+  detail::require_size(up, n, "swiglu_grad", "up");
+  detail::require_size(dout, n, "swiglu_grad", "dout");
+  detail::require_size(dgate, n, "swiglu_grad", "dgate");
+  detail::require_size(dup, n, "swiglu_grad", "dup");
+  const float* pa = gate.data();
+  const float* pb = up.data();
+  const float* pg = dout.data();
+  float* pda = dgate.data();
+  float* pdb = dup.data();
+  for (std::size_t i = 0; i < n; ++i) {
+    const float s = detail::sigmoid(pa[i]);
+    const float silu_a = pa[i] * s;
+    pda[i] = pg[i] * pb[i] * s * (1.0f + pa[i] * (1.0f - s));
+    pdb[i] = pg[i] * silu_a;
   }
 }
 

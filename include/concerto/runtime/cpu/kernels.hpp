@@ -22,3 +22,4 @@
 #include <concerto/runtime/cpu/matmul.hpp>
 #include <concerto/runtime/cpu/normalization.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
+#include <concerto/runtime/cpu/rotary.hpp>

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief Row-wise CPU kernels: layer normalisation and softmax, forward and backward.
+/// @brief Row-wise CPU kernels: layer and RMS normalisation and softmax, forward and backward.
 ///
 /// Every array is a row-major `[rows, cols]` fp32 block; per-row statistics are `[rows]`.
 
@@ -99,6 +99,85 @@ inline void layernorm_grad(std::span<const float> dout, std::span<const float> x
       const float xhat = (px[c] - mu) * rs;
       pdx[c] = rs * (pgo[c] * pgam[c] - mg - xhat * mgx);
     }
+  }
+}
+
+/// @brief `rstd[r] = 1/√(mean_c(x²) + eps)` per row: RMSNorm's one statistic (its backward
+/// recomputes it rather than keeping it between tasks).
+inline void rmsnorm_stats(std::span<const float> x, std::span<float> rstd, std::size_t rows, std::size_t cols,
+                          float eps = 1e-5f) {
+  detail::require_size(x, rows * cols, "rmsnorm_stats", "x");
+  detail::require_size(rstd, rows, "rmsnorm_stats", "rstd");
+  CONCERTO_CHECK(cols > 0 || rows == 0, "rmsnorm: a row needs at least one column");
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* px = x.data() + r * cols;
+    float sq = 0.0f;
+    for (std::size_t c = 0; c < cols; ++c) sq += px[c] * px[c];
+    rstd[r] = 1.0f / std::sqrt(sq * inv_cols + eps);
+  }
+}
+
+/// @brief RMS normalisation over the last dimension (Llama's): `out = x·rstd·gain`,
+/// `rstd = 1/√(mean(x²) + eps)`. No centring and no shift, so one statistic per row.
+///
+/// Saves `rstd[rows]` for `rmsnorm_grad`. out may alias x.
+/// @code
+/// cpu::rmsnorm(x, gain, y, rstd, tokens, hidden);
+/// @endcode
+inline void rmsnorm(std::span<const float> x, std::span<const float> gain, std::span<float> out,
+                    std::span<float> rstd, std::size_t rows, std::size_t cols, float eps = 1e-5f) {
+  detail::require_size(gain, cols, "rmsnorm", "gain");
+  detail::require_size(out, rows * cols, "rmsnorm", "out");
+  rmsnorm_stats(x, rstd, rows, cols, eps);
+  const float* pg = gain.data();
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* px = x.data() + r * cols;
+    float* po = out.data() + r * cols;
+    const float rs = rstd[r];
+    for (std::size_t c = 0; c < cols; ++c) po[c] = px[c] * rs * pg[c];
+  }
+}
+
+/// @brief Backward of `rmsnorm` for its input: `dx = rstd·(g - x̂·mean_c(g·x̂))`, with
+/// `g = dout·gain` and `x̂ = x·rstd`. dx must not alias dout or x.
+inline void rmsnorm_grad(std::span<const float> dout, std::span<const float> x, std::span<const float> gain,
+                         std::span<const float> rstd, std::span<float> dx, std::size_t rows, std::size_t cols) {
+  detail::require_size(dout, rows * cols, "rmsnorm_grad", "dout");
+  detail::require_size(x, rows * cols, "rmsnorm_grad", "x");
+  detail::require_size(gain, cols, "rmsnorm_grad", "gain");
+  detail::require_size(rstd, rows, "rmsnorm_grad", "rstd");
+  detail::require_size(dx, rows * cols, "rmsnorm_grad", "dx");
+  const float* pgain = gain.data();
+  const float inv_cols = cols > 0 ? 1.0f / static_cast<float>(cols) : 0.0f;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* pgo = dout.data() + r * cols;
+    const float* px = x.data() + r * cols;
+    float* pdx = dx.data() + r * cols;
+    const float rs = rstd[r];
+    float sum_gx = 0.0f;
+    for (std::size_t c = 0; c < cols; ++c) sum_gx += pgo[c] * pgain[c] * px[c] * rs;
+    const float mgx = sum_gx * inv_cols;
+    for (std::size_t c = 0; c < cols; ++c) pdx[c] = rs * (pgo[c] * pgain[c] - px[c] * rs * mgx);
+  }
+}
+
+/// @brief Backward of `rmsnorm` for its gain: `dgain[c] = Σ_r dout·x̂`. With `accumulate`,
+/// added to dgain.
+inline void rmsnorm_grad_gain(std::span<const float> dout, std::span<const float> x, std::span<const float> rstd,
+                              std::span<float> dgain, std::size_t rows, std::size_t cols, bool accumulate = false) {
+  detail::require_size(dout, rows * cols, "rmsnorm_grad_gain", "dout");
+  detail::require_size(x, rows * cols, "rmsnorm_grad_gain", "x");
+  detail::require_size(rstd, rows, "rmsnorm_grad_gain", "rstd");
+  detail::require_size(dgain, cols, "rmsnorm_grad_gain", "dgain");
+  float* pdg = dgain.data();
+  if (!accumulate)
+    for (std::size_t c = 0; c < cols; ++c) pdg[c] = 0.0f;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* pgo = dout.data() + r * cols;
+    const float* px = x.data() + r * cols;
+    const float rs = rstd[r];
+    for (std::size_t c = 0; c < cols; ++c) pdg[c] += pgo[c] * px[c] * rs;
   }
 }
 

@@ -57,9 +57,9 @@ struct device_context {
   case op::attention_grad: case op::embedding_grad: case op::mse_grad: case op::cross_entropy_grad:
   case op::vocab_ce_grad: case op::shard_slice: case op::keep_one: case op::sgd: case op::adamw: case op::add_inplace:
   case op::scale: case op::zero: case op::copy: case op::slice: case op::concat:
-    return true;
-  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad: case op::mul_grad:
+  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad:
   case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
+    return true;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
@@ -98,6 +98,11 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
   case op::layernorm:
   case op::layernorm_grad:
   case op::layernorm_grad_gamma: return 2 * detail::padded(c.rows);
+  case op::rmsnorm:
+  case op::rmsnorm_grad:
+  case op::rmsnorm_grad_gain: return detail::padded(c.rows);
+  case op::rope:
+  case op::rope_grad: return ids;
   case op::attention: return detail::padded(c.att.lse_floats());
   case op::attention_grad: return 2 * detail::padded(c.att.lse_floats()) + detail::padded(c.att.q_floats());
   case op::cross_entropy:
@@ -203,6 +208,24 @@ inline gemm_type gemm_type_of(const kernel_call& c, const device_arena& mem, ir:
     fail(call_ref(c) + ": matmul operand '" + mem.name(b) + "' holds " + std::string(ir::to_string(mem.type(b))) +
          "; the GPU products take f32 or bf16");
   }
+}
+
+// RMSNorm's rstd is recomputed by each task (rmsnorm_stats), as on the CPU.
+inline void run_rmsnorm(device_frame& f) {
+  const auto& c = f.c;
+  rmsnorm(f.in(0), f.in(1), f.out(0), f.take(c.rows, "rstd"), c.rows, c.cols, f.s.rmsnorm_eps, f.st);
+}
+inline void run_rmsnorm_grad(device_frame& f) {
+  const auto& c = f.c;
+  float* rstd = f.take(c.rows, "rstd");
+  rmsnorm_stats(f.in(0), rstd, c.rows, c.cols, f.s.rmsnorm_eps, f.st);
+  rmsnorm_grad(f.in(2), f.in(0), f.in(1), rstd, f.out(0), c.rows, c.cols, f.st);
+}
+inline void run_rmsnorm_grad_gain(device_frame& f) {
+  const auto& c = f.c;
+  float* rstd = f.take(c.rows, "rstd");
+  rmsnorm_stats(f.in(0), rstd, c.rows, c.cols, f.s.rmsnorm_eps, f.st);
+  rmsnorm_grad_gain(f.in(1), f.in(0), rstd, f.out(0), c.rows, c.cols, c.accumulate, f.st);
 }
 
 inline void run_layernorm(device_frame& f) {
@@ -401,8 +424,18 @@ inline void run_kernel(const kernel_call& c, const device_arena& mem, const kern
   case op::vocab_ce_sumexp:
   case op::vocab_ce_loss:
   case op::vocab_ce_grad: detail::run_vocab_ce(f); return;
-  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad: case op::mul_grad:
-  case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
+  case op::silu: silu(f.in(0), f.out(0), c.n, st); return;
+  case op::silu_grad: silu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::mul: mul(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::swiglu: swiglu(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::swiglu_grad: swiglu_grad(f.in(0), f.in(1), f.in(2), f.out(0), f.out(0) + c.n, c.n, st); return;
+  case op::rmsnorm: detail::run_rmsnorm(f); return;
+  case op::rmsnorm_grad: detail::run_rmsnorm_grad(f); return;
+  case op::rmsnorm_grad_gain: detail::run_rmsnorm_grad_gain(f); return;
+  case op::rope:
+  case op::rope_grad:
+    rope(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta, c.fn == op::rope ? 1.0 : -1.0, st);
+    return;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:

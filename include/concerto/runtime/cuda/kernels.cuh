@@ -566,6 +566,96 @@ __global__ void restride_k(const Word* from, Word* to, std::size_t outer, std::s
   }
 }
 
+// ---- Llama's pointwise ops ---------------------------------------------------------------------
+__device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+template <int = 0>
+__global__ void silu_k(const float* x, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] * sigmoid(x[i]);
+}
+template <int = 0>
+__global__ void silu_grad_k(const float* x, const float* dout, float* dx, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) {
+    const float s = sigmoid(x[i]);
+    dx[i] = dout[i] * s * (1.0f + x[i] * (1.0f - s));
+  }
+}
+template <int = 0>
+__global__ void mul_k(const float* a, const float* b, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = a[i] * b[i];
+}
+template <int = 0>
+__global__ void swiglu_k(const float* gate, const float* up, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+template <int = 0>
+__global__ void swiglu_grad_k(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
+                              std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) {
+    const float s = sigmoid(gate[i]);
+    dgate[i] = dout[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
+    dup[i] = dout[i] * gate[i] * s;
+  }
+}
+// One thread per (row, pair); the angle in double, as cpu::rope.
+template <int = 0>
+__global__ void rope_k(const float* x, const std::int32_t* positions, float* out, std::size_t rows, std::size_t width,
+                       std::size_t head_dim, double theta, double direction) {
+  const std::size_t half = head_dim / 2, pairs = width / 2;
+  CONCERTO_GRID_STRIDE(k, rows * pairs) {
+    const std::size_t r = k / pairs, j = k % pairs, h = j / half, i = j % half;
+    const double angle = static_cast<double>(positions[r]) *
+                         pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    const float c = static_cast<float>(cos(angle)), s = static_cast<float>(direction * sin(angle));
+    const std::size_t lo = r * width + h * head_dim + i, hi = lo + half;
+    const float a = x[lo], b = x[hi];
+    out[lo] = a * c - b * s;
+    out[hi] = b * c + a * s;
+  }
+}
+// ---- RMSNorm ------------------------------------------------------------------------------------
+__device__ inline float row_rstd(const float* px, std::size_t cols, float eps, float* red) {
+  float sq = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) sq += px[c] * px[c];
+  return rsqrtf(block_reduce(sq, sum_op{}, red) / static_cast<float>(cols) + eps);
+}
+template <int = 0>
+__global__ void rmsnorm_k(const float* x, const float* gain, float* out, float* rstd, std::size_t cols, float eps) {
+  __shared__ float red[32];
+  const std::size_t r = blockIdx.x;
+  const float* px = x + r * cols;
+  const float rs = row_rstd(px, cols, eps, red);
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = px[c] * rs * gain[c];
+  if (threadIdx.x == 0 && rstd != nullptr) rstd[r] = rs;
+}
+template <int = 0>
+__global__ void rmsnorm_dx_k(const float* dout, const float* x, const float* gain, const float* rstd, float* dx,
+                             std::size_t cols) {
+  __shared__ float red[32];
+  const std::size_t r = blockIdx.x;
+  const float* pg = dout + r * cols;
+  const float* px = x + r * cols;
+  const float rs = rstd[r];
+  float sgx = 0.0f;
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) sgx += pg[c] * gain[c] * px[c] * rs;
+  const float mgx = block_reduce(sgx, sum_op{}, red) / static_cast<float>(cols);
+  for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) dx[r * cols + c] = rs * (pg[c] * gain[c] - px[c] * rs * mgx);
+}
+template <int = 0>
+__global__ void rmsnorm_dgain_k(const float* dout, const float* x, const float* rstd, float* dgain, std::size_t rows,
+                                std::size_t cols, bool accumulate) {
+  CONCERTO_GRID_STRIDE(c, cols) {
+    float g = 0.0f;
+    for (std::size_t r = 0; r < rows; ++r) g += dout[r * cols + c] * x[r * cols + c] * rstd[r];
+    dgain[c] = accumulate ? dgain[c] + g : g;
+  }
+}
+template <int = 0>
+__global__ void rms_stats_k(const float* x, float* rstd, std::size_t cols, float eps) {
+  __shared__ float red[32];
+  const float rs = row_rstd(x + blockIdx.x * cols, cols, eps, red);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+}
+
 #undef CONCERTO_GRID_STRIDE
 
 inline attention_dims make_dims(const cpu::attention_shape& a) {
@@ -664,6 +754,77 @@ inline void layernorm_grad(const float* dout, const float* x, const float* gamma
   CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, dbeta, rows,
                                                                               cols, accumulate);
   detail::launched("layernorm_grad");
+}
+/// @brief SiLU, as cpu::silu.
+inline void silu(const float* x, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::silu_k<>)(x, out, n);
+  detail::launched("silu");
+}
+/// @brief `dx = dout·silu'(x)`.
+inline void silu_grad(const float* x, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::silu_grad_k<>)(x, dout, dx, n);
+  detail::launched("silu_grad");
+}
+/// @brief `out = a·b` element by element.
+inline void mul(const float* a, const float* b, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::mul_k<>)(a, b, out, n);
+  detail::launched("mul");
+}
+/// @brief `out = silu(gate)·up`, as cpu::swiglu.
+inline void swiglu(const float* gate, const float* up, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::swiglu_k<>)(gate, up, out, n);
+  detail::launched("swiglu");
+}
+/// @brief Backward of swiglu, as cpu::swiglu_grad.
+inline void swiglu_grad(const float* gate, const float* up, const float* dout, float* dgate, float* dup, std::size_t n,
+                        cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::swiglu_grad_k<>)(gate, up, dout, dgate, dup, n);
+  detail::launched("swiglu_grad");
+}
+/// @brief RoPE (direction +1) or its gradient (-1), as cpu::rope / cpu::rope_grad; out may alias x.
+inline void rope(const float* x, const std::int32_t* positions, float* out, std::size_t rows, std::size_t width,
+                 std::size_t head_dim, double theta, double direction, cudaStream_t s) {
+  CONCERTO_CHECK(head_dim > 0 && head_dim % 2 == 0 && width % head_dim == 0,
+                 "rope: head_dim " + std::to_string(head_dim) + " must be even and divide the row width " +
+                     std::to_string(width));
+  if (rows * width == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * width / 2), detail::block, 0, s, detail::rope_k<>)(x, positions, out, rows, width,
+                                                                                              head_dim, theta, direction);
+  detail::launched(direction > 0 ? "rope" : "rope_grad");
+}
+/// @brief RMS normalisation over rows, saving rstd when given (as cpu::rmsnorm).
+inline void rmsnorm(const float* x, const float* gain, float* out, float* rstd, std::size_t rows, std::size_t cols, float eps,
+                    cudaStream_t s) {
+  if (rows == 0) return;
+  CONCERTO_CHECK(cols > 0, "rmsnorm: a row needs at least one column");
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "rmsnorm"), detail::block, 0, s, detail::rmsnorm_k<>)(x, gain, out, rstd, cols, eps);
+  detail::launched("rmsnorm");
+}
+/// @brief 1/√(mean(x²) + eps) per row alone (the backward recomputes it), as rmsnorm.
+inline void rmsnorm_stats(const float* x, float* rstd, std::size_t rows, std::size_t cols, float eps, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "rmsnorm_stats"), detail::block, 0, s, detail::rms_stats_k<>)(x, rstd, cols, eps);
+  detail::launched("rmsnorm_stats");
+}
+/// @brief Backward of rmsnorm for its input, as cpu::rmsnorm_grad.
+inline void rmsnorm_grad(const float* dout, const float* x, const float* gain, const float* rstd, float* dx, std::size_t rows,
+                         std::size_t cols, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "rmsnorm_grad"), detail::block, 0, s, detail::rmsnorm_dx_k<>)(dout, x, gain, rstd, dx, cols);
+  detail::launched("rmsnorm_grad");
+}
+/// @brief Backward of rmsnorm for its gain, as cpu::rmsnorm_grad_gain.
+inline void rmsnorm_grad_gain(const float* dout, const float* x, const float* rstd, float* dgain, std::size_t rows,
+                              std::size_t cols, bool accumulate, cudaStream_t s) {
+  if (cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::rmsnorm_dgain_k<>)(dout, x, rstd, dgain, rows, cols,
+                                                                                           accumulate);
+  detail::launched("rmsnorm_grad_gain");
 }
 /// @brief Row-wise stable softmax.
 inline void softmax(const float* x, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {

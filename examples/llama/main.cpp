@@ -1,0 +1,181 @@
+// A small character-level Llama-family decoder trained on /usr/share/common-licenses/GPL-3 over
+// MPI ranks: RMSNorm, rotary position embeddings, grouped-query attention, a SwiGLU feed-forward
+// block, an untied LM head, AdamW (optionally ZeRO-1 or ZeRO-3 over dp), on a DP x TP mesh with
+// optional sequence parallelism:
+//
+//   examples/llama/run.sh                                 # 4 ranks: dp=2 x tp=2, concerto plan
+//   examples/llama/run.sh --tp 2 --sp --zero 1 --policy sync,concerto --json results.json
+//
+// It prints the plan summary, the loss per step, and the median measured step time; it exits
+// with status 1 if the loss did not fall. A comma-separated --policy compiles one step per policy
+// on the same ranks and runs them in turn, step by step (the order rotating each round); each
+// prints a "result {json}" line (median measured step time, predicted time, lower bound), and
+// --json FILE writes them as one JSON array. --help lists every option.
+#include "../common/policy_runs.hpp"
+#include "model.hpp"
+
+#include <concerto/concerto.hpp>
+#include <concerto/core/file.hpp>
+#include <concerto/train/step.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+using namespace concerto;
+
+namespace {
+
+struct settings {
+  int tp = 2, zero_stage = 0, steps = 150, layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 32,
+      batch = 16;
+  bool sp = false;
+  float lr = 3e-3f;
+  std::int64_t rope_theta = 10000;
+  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
+};
+
+// Llama's feed-forward width: 2/3 of 4·hidden, rounded up to a multiple of 8 (so that it splits).
+int default_ffn(int hidden) { return (8 * hidden / 3 + 7) / 8 * 8; }
+
+template <std::size_t N>
+int train_on(const graph::program<N>& model, const settings& s) {
+  std::ifstream in(s.text, std::ios::binary);
+  if (!in) fail("cannot read the training text '" + s.text + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<int> id_of(256, -1);
+  std::int64_t vocab = 0;
+  for (unsigned char c : text)
+    if (id_of[c] < 0) id_of[c] = static_cast<int>(vocab++);
+  vocab = (vocab + 7) / 8 * 8; // padded so that it splits over tp
+
+  const int ffn = s.ffn > 0 ? s.ffn : default_ffn(s.hidden);
+  const shape_map shapes = llama_model::shapes(s.batch, s.seq, vocab, s.hidden, s.heads, s.kv_heads, ffn);
+  const int world = runtime::mpi::environment::world_size();
+  const auto policies = examples::split_policies(s.policy);
+  const auto make = [&](const std::string& policy) {
+    return train::compile(model, mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}}), shapes, {.adamw = {.lr = s.lr}},
+                          {.policy = policy,
+                           .lower = {.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
+                                     .depth = {{"layers", s.layers}}},
+                           .cost_preset = s.cost_preset});
+  };
+  std::vector<decltype(make(""))> runs;
+  runs.reserve(policies.size());
+  for (const auto& p : policies) runs.push_back(make(p));
+  const bool root = runs.front().rank() == 0;
+  if (root) {
+    std::printf("llama: %d layers, hidden %d, %d heads (%d k/v heads), ffn %d, seq %d, batch %d, vocab %lld, %zu chars of %s\n",
+                s.layers, s.hidden, s.heads, s.kv_heads, ffn, s.seq, s.batch, static_cast<long long>(vocab), text.size(),
+                s.text.c_str());
+    std::printf("mesh: dp=%d x tp=%d%s%s on %d ranks, cost preset %s\n", world / s.tp, s.tp, s.sp ? " (sequence parallel)" : "",
+                s.zero_stage > 0 ? (" ZeRO-" + std::to_string(s.zero_stage)).c_str() : "", world, s.cost_preset.c_str());
+  }
+  examples::announce_plans(runs, root);
+  // Every rank draws the same global batch (a fixed seed) and keeps its shard.
+  std::uint64_t state = 12345;
+  const auto next = [&] {
+    state = train::detail::mix(state);
+    return state;
+  };
+  const std::size_t k = runs.size();
+  std::vector<double> first(k), last(k);
+  std::vector<std::vector<double>> times(k), exposed(k);
+  for (int i = 0; i < s.steps; ++i) {
+    train::tensor ids{{s.batch, s.seq}}, labels{{s.batch, s.seq}}, positions{{s.batch, s.seq}};
+    for (int b = 0; b < s.batch; ++b) {
+      const auto at = next() % (text.size() - static_cast<std::size_t>(s.seq) - 1);
+      for (int t = 0; t < s.seq; ++t) {
+        ids.i64.push_back(id_of[static_cast<unsigned char>(text[at + static_cast<std::size_t>(t)])]);
+        labels.i64.push_back(id_of[static_cast<unsigned char>(text[at + static_cast<std::size_t>(t) + 1])]);
+        positions.i64.push_back(t);
+      }
+    }
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::size_t p = (j + static_cast<std::size_t>(i)) % k; // rotate who goes first
+      const auto r = runs[p]({{"ids", ids}, {"labels", labels}, {"positions", positions}});
+      if (i == 0) first[p] = r.loss;
+      last[p] = 0.9 * (i == 0 ? r.loss : last[p]) + 0.1 * r.loss;
+      if (i > 0) { // the first step also warms caches
+        times[p].push_back(r.step_us);
+        exposed[p].push_back(r.exposed_comm_us);
+      }
+      if (root && k == 1) {
+        const int width = 30, done = (i + 1) * width / s.steps;
+        std::printf("step %4lld/%d  loss %.4f  (avg %.4f)  %7.0f us  [%s%s]\n", static_cast<long long>(r.step), s.steps,
+                    r.loss, last[p], r.step_us, std::string(static_cast<std::size_t>(done), '#').c_str(),
+                    std::string(static_cast<std::size_t>(width - done), '.').c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  nlohmann::json results = nlohmann::json::array();
+  for (std::size_t p = 0; root && p < k; ++p) {
+    std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
+                examples::median(times[p]), runs[p].summary().policy.c_str());
+    results.push_back(examples::print_result(
+        runs[p],
+        {{"example", "llama"}, {"world", world}, {"tp", s.tp}, {"sp", s.sp}, {"zero", s.zero_stage}, {"layers", s.layers},
+         {"hidden", s.hidden}, {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"ffn", ffn}, {"seq", s.seq},
+         {"batch", s.batch}, {"cost_preset", s.cost_preset}, {"loss_first", first[p]}, {"loss_last", last[p]}},
+        times[p], exposed[p]));
+  }
+  if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
+  if (root) std::fflush(stdout);
+  for (std::size_t p = 0; p < k; ++p)
+    if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");
+  return 0;
+}
+
+template <auto Residual>
+void train_with_optimizer(const settings& s) {
+  using namespace llama_model;
+  switch (s.zero_stage) {
+  case 0: train_on(make<Residual>(), s); return;
+  case 1: train_on(make<Residual, zero<1>(adamw{}, dp)>(), s); return;
+  case 3: train_on(make<Residual, zero<3>(adamw{}, dp)>(), s); return;
+  default: fail("--zero " + std::to_string(s.zero_stage) + ": the example offers ZeRO stages 0, 1 and 3");
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  runtime::mpi::environment env(argc, argv);
+  settings s;
+  CLI::App app{"Trains a small Llama-family decoder on a text over MPI ranks (DP x TP mesh)."};
+  app.add_option("--tp", s.tp, "tensor-parallel ranks (the rest is data parallel)")->capture_default_str();
+  app.add_flag("--sp", s.sp, "sequence parallelism: the residual stream split over tp on the sequence");
+  app.add_option("--zero", s.zero_stage, "ZeRO stage over dp: 0, 1 or 3")->capture_default_str();
+  app.add_option("--steps", s.steps, "training steps")->capture_default_str();
+  app.add_option("--layers", s.layers, "decoder blocks")->capture_default_str();
+  app.add_option("--hidden", s.hidden, "model width")->capture_default_str();
+  app.add_option("--heads", s.heads, "query heads")->capture_default_str();
+  app.add_option("--kv-heads", s.kv_heads, "key/value heads (grouped-query attention; = heads for MHA)")->capture_default_str();
+  app.add_option("--ffn", s.ffn, "feed-forward width (default: 8/3 of hidden, rounded up to 8)");
+  app.add_option("--seq", s.seq, "sequence length")->capture_default_str();
+  app.add_option("--batch", s.batch, "global batch (sequences per step)")->capture_default_str();
+  app.add_option("--lr", s.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--rope-theta", s.rope_theta, "base of the rotary embedding's angles")->capture_default_str();
+  app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
+      ->capture_default_str();
+  app.add_option("--text", s.text, "training text")->capture_default_str();
+  app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
+      ->capture_default_str();
+  app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints on rank 0 only and ends every rank with status 0; a bad option ends them with 1.
+    const int code = runtime::mpi::environment::world_rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+    return code;
+  }
+  return runtime::mpi::run_or_abort([&] {
+    if (s.sp) train_with_optimizer<llama_model::sequence_parallel_residual>(s);
+    else train_with_optimizer<llama_model::replicated_residual>(s);
+  });
+}
