@@ -75,7 +75,7 @@ def ratio(a, b):
 def print_examples(files, peer_by_cfg):
     """One row per configuration, example and mesh: the three plans measured in one process."""
     print("\nconcerto examples: median step ms of the plans run in turn on the same ranks; LB, predicted with cpu-netns")
-    head = (f"{'config':>10} {'model':>4} {'mesh':>7} {'comm%':>6} {'sync':>8} {'p_order':>8} {'concerto':>9}"
+    head = (f"{'config':>10} {'model':>5} {'mesh':>7} {'comm%':>6} {'sync':>8} {'p_order':>8} {'concerto':>9}"
             f" {'c/sync':>7} {'LB':>8} {'c/LB':>6} {'pred':>8} {'pred/meas':>10} {'DDP':>8} {'DDPtuned':>9}"
             f" {'TPpeer':>8} {'c/torch':>8}")
     print(head)
@@ -107,7 +107,7 @@ def print_examples(files, peer_by_cfg):
                 tp_peer = peer.get("tp")
                 mine = ratio(conc, tp_peer)
             fmt = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
-            print(f"{cfg:>10} {model:>4} {f'{world // tp}x{tp}':>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(conc, 9)}"
+            print(f"{cfg:>10} {model:>5} {f'{world // tp}x{tp}':>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(conc, 9)}"
                   f" {ratio(conc, sync):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f} {ratio(pred, conc):10.2f}"
                   f" {fmt(ddp, 8)} {fmt(ddp_tuned, 9)} {fmt(tp_peer, 8)} {mine:8.2f}")
     print("  (mesh = dp x tp; comm% = sync plan's exposed communication / its step; c = concerto; LB = the plan's lower"

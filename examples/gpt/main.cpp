@@ -12,11 +12,13 @@
 // --policy (e.g. sync,program_order,concerto) compiles one step per policy on the same ranks and
 // runs them in turn, step by step (the order rotating each round), then prints one
 // "result {json}" line per policy: median measured step time, predicted time, lower bound.
-// --cost-preset NAME picks the planner's cost model (cpu-netns: the emulated cluster's).
+// --cost-preset NAME picks the planner's cost model (cpu-netns: the emulated cluster's); --json
+// FILE writes the results, with every step's time, as one JSON array.
 #include "../common/policy_runs.hpp"
 #include "model.hpp"
 
 #include <concerto/concerto.hpp>
+#include <concerto/core/file.hpp>
 #include <concerto/train/step.hpp>
 
 #include <cstdio>
@@ -34,7 +36,7 @@ struct settings {
   int tp = 2, steps = 150, layers = 2, hidden = 64, heads = 4, seq = 32, batch = 16;
   bool sp = false;
   float lr = 3e-3f;
-  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu";
+  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
 };
 
 settings parse(int argc, char** argv) {
@@ -57,8 +59,9 @@ settings parse(int argc, char** argv) {
     else if (a == "--policy") s.policy = next();
     else if (a == "--text") s.text = next();
     else if (a == "--cost-preset") s.cost_preset = next();
+    else if (a == "--json") s.json = next();
     else fail("unknown option '" + a + "' (known: --tp N --sp --steps N --layers N --hidden N --heads N --seq N "
-              "--batch N --lr X --policy sync|program_order|xla_lhs|concerto[,...] --text FILE --cost-preset NAME)");
+              "--batch N --lr X --policy sync|program_order|xla_lhs|concerto[,...] --text FILE --cost-preset NAME --json FILE)");
   }
   return s;
 }
@@ -132,16 +135,18 @@ int train_on(const graph::program<N>& model, const settings& s) {
       }
     }
   }
+  nlohmann::json results = nlohmann::json::array();
   for (std::size_t p = 0; root && p < k; ++p) {
     const auto& sm = runs[p].summary();
     std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
                 examples::median(times[p]), sm.policy.c_str());
-    examples::print_result(runs[p],
+    results.push_back(examples::print_result(runs[p],
                            {{"example", "gpt"}, {"world", world}, {"tp", s.tp}, {"sp", s.sp}, {"layers", s.layers},
                             {"hidden", s.hidden}, {"heads", s.heads}, {"seq", s.seq}, {"batch", s.batch},
                             {"cost_preset", s.cost_preset}},
-                           times[p], exposed[p]);
+                           times[p], exposed[p]));
   }
+  if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
   if (root) std::fflush(stdout);
   for (std::size_t p = 0; p < k; ++p)
     if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");

@@ -480,7 +480,7 @@ template <std::size_t N>
                                                           : ir::op_kind::all_to_all;
       const auto out = x.has(graph::flag_writes_param) ? (slot(i) = param_buffer(x)) : new_buffer(i, x.kind);
       const auto t = b.collective(kind, name, axis_of[static_cast<std::size_t>(x.axis)], I(0), out, -1,
-                                  x.has(graph::flag_max) ? ir::op::max : ir::op::sum);
+                                  x.has(graph::flag_max) ? std::optional(ir::op::max) : std::nullopt);
       std::map<std::string, std::int64_t> attrs;
       if (x.op == op_code::all_gather) attrs["dim"] = x.dim2;
       if (x.op == op_code::reduce_scatter) attrs["dim"] = x.dim;

@@ -179,7 +179,11 @@ struct program {
       i = nodes[i].in[0];
     const node& x = nodes[i];
     const auto named = name_of(i);
-    if (x.n_in == 0 || !named.ends_with("#" + std::to_string(i))) return named;
+    // name_of's fallback is "op#i"; suffix appended piece by piece (g++ 12 warns falsely,
+    // -Wrestrict, on "#" + std::to_string(i)).
+    std::string generated(1, '#');
+    generated += std::to_string(i);
+    if (x.n_in == 0 || !named.ends_with(generated)) return named;
     if (depth <= 0) return "…";
     std::string out(to_string(x.op));
     out += '(';

@@ -234,6 +234,9 @@ inline void graph::check_function(const task& t, const std::string& where) const
            "values: sum, max or min");
     if (t.fn == op::none && reduces(t.kind) && !cost_only)
       fail(where + " is a " + std::string(to_string(t.kind)) + " without fn; say how it combines values: sum, max or min");
+    if (t.fn != op::none && !reduces(t.kind))
+      fail(where + " is a " + std::string(to_string(t.kind)) + " with " + fn + "; it moves values without combining them, "
+           "so it takes no fn");
     return;
   }
   if (t.fn == op::none) {

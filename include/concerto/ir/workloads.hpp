@@ -48,11 +48,9 @@ struct model_spec {
 
 enum class grad_sync { all_reduce, zero3 };
 
-// Per-element FLOP counts of the non-matmul kernels: approximate, and small next to the
-// matmuls (well under 1% of a block), so they only matter for tiny shapes.
-inline constexpr double norm_flops = 8, norm_grad_flops = 16, gelu_flops = 8, gelu_grad_flops = 12, swiglu_flops = 6,
-                        swiglu_grad_flops = 12, rope_flops = 3, ce_flops = 4, adamw_flops = 12,
-                        route_flops = 8, route_grad_flops = 8;
+// Per-element FLOP counts of the router, which no executor runs yet (the others come from the
+// op table, as for the DSL's tasks).
+inline constexpr double route_flops = 8, route_grad_flops = 8;
 
 struct param {
   std::string name;
@@ -82,7 +80,6 @@ public:
     vocab_ = (m.vocab + 128 * tp - 1) / (128 * tp) * (128 * tp);
     head_dim_ = m.hidden / m.heads;
     qkv_n_ = (m.hidden + 2 * m.kv_heads * head_dim_) / tp;
-    up_n_ = (m.llama ? 2 * m.ffn : m.ffn) / tp;
     if (tp > 1)
       tp_axis_ = b.axis("tp", tp, o.ranks_per_node >= tp ? link_class::intra_node : link_class::inter_node);
     if (ep_ > 1)
@@ -104,7 +101,7 @@ public:
     for (auto& p : params_) {
       b_.at(phase::optimizer, p.layer);
       task(p.name + ".adamw", {p.grad_out, p.store, p.state}, {p.store, p.state},
-                 info(op::adamw, adamw_flops * static_cast<double>(local_numel(p)), {{"numel", local_numel(p)}}));
+                 info(op::adamw, {{"numel", local_numel(p)}}));
     }
   }
 
@@ -118,20 +115,34 @@ private:
   struct saved_block {
     buffer_id x_in, n1, n1f, qkv, attn, lse, x_mid, n2, n2f, u, a;
     param *norm1, *qkv_w, *o_w, *norm2, *up_w, *down_w;
+    // Llama: q, k, v and the MLP's gate and up projections are separate, as the DSL writes them.
+    buffer_id q, k, v, gate;
+    param *q_w, *k_w, *v_w, *gate_w;
+  };
+  // A column-parallel projection of a gathered input, for columns_backward.
+  struct column {
+    std::string name;
+    buffer_id dy;
+    param* w;
+    i64 n;
   };
 
   [[nodiscard]] bool zero3() const { return sync_ == grad_sync::zero3 && dp_axis_ >= 0; }
   [[nodiscard]] i64 local_numel(const param& p) const { return zero3() ? (p.numel + dp_ - 1) / dp_ : p.numel; }
   [[nodiscard]] static double d(i64 v) { return static_cast<double>(v); }
-  [[nodiscard]] op norm_fn() const { return m_.llama ? op::rmsnorm : op::layernorm; }
-  [[nodiscard]] op norm_grad_fn() const { return m_.llama ? op::rmsnorm_grad : op::layernorm_grad; }
 
-  // Member by member, so that users' -Wmissing-field-initializers stays quiet.
-  static compute_info info(op fn, double flops, std::map<std::string, std::int64_t> attrs = {}) {
+  // FLOPs from the op table, as the DSL's lowering prices the same op (member by member, so that
+  // users' -Wmissing-field-initializers stays quiet).
+  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) {
     compute_info c;
     c.fn = fn;
-    c.flops = flops;
     c.attrs = std::move(attrs);
+    return c;
+  }
+  // The MoE placeholders, whose FLOPs depend on routing: the count is given here.
+  static compute_info given(op fn, double flops, std::map<std::string, std::int64_t> attrs) {
+    auto c = info(fn, std::move(attrs));
+    c.flops = flops;
     return c;
   }
   // A compute task of the op's kind.
@@ -216,21 +227,24 @@ private:
 
   buffer_id norm(const std::string& name, buffer_id x, param& w) {
     const auto out = act(name + ".out", {tok_sp_, m_.hidden});
-    task(name, {x, use(w, true)}, {out},
-               info(norm_fn(), norm_flops * d(tok_sp_ * m_.hidden), {{"hidden", m_.hidden}}));
+    task(name, {x, use(w, true)}, {out}, info(m_.llama ? op::rmsnorm : op::layernorm, {{"hidden", m_.hidden}}));
     return out;
   }
   buffer_id norm_backward(const std::string& name, buffer_id dy, buffer_id x, param& w) {
     const auto dx = act(name + ".in.grad", {tok_sp_, m_.hidden});
     const auto weight = use(w, false);
-    task(name + ".grad", {dy, x, weight}, {dx, w.grad},
-               info(norm_grad_fn(), norm_grad_flops * d(tok_sp_ * m_.hidden), {{"hidden", m_.hidden}}));
+    if (m_.llama) { // as the DSL lowers RMSNorm's backward: the input's gradient, then the gain's
+      task(name + ".grad", {x, weight, dy}, {dx}, info(op::rmsnorm_grad));
+      task(name + ".grad.gain", {x, dy}, {w.grad}, info(op::rmsnorm_grad_gain));
+    } else {
+      task(name + ".grad", {x, weight, dy}, {dx, w.grad}, info(op::layernorm_grad));
+    }
     gradient_ready(w);
     return dx;
   }
   buffer_id add(const std::string& name, buffer_id a, buffer_id b) {
     const auto out = act(name, {tok_sp_, m_.hidden});
-    task(name, {a, b}, {out}, info(op::add, d(tok_sp_ * m_.hidden)));
+    task(name, {a, b}, {out}, info(op::add));
     return out;
   }
 
@@ -269,22 +283,57 @@ private:
     return dx;
   }
 
+  // Backward of several column-parallel projections of one gathered input, in the DSL's form:
+  // the gathered input is kept (not gathered again), the input gradients are summed, then
+  // reduce-scattered back to sequence shards once.
+  buffer_id columns_backward(const std::string& name, buffer_id x_full, const std::vector<column>& cols, i64 k) {
+    buffer_id sum = -1;
+    for (const auto& c : cols) {
+      const auto dx = act(partial(c.name + ".in.grad"), {tok_, k});
+      b_.matmul(c.name + ".dgrad", c.dy, use(*c.w, false), dx, tok_, k, c.n, 1, false, true);
+      if (sum >= 0) {
+        const auto total = act(partial(c.name + ".in.grad.sum"), {tok_, k});
+        task(c.name + ".in.grad.sum", {sum, dx}, {total}, info(op::add));
+        sum = total;
+      } else {
+        sum = dx;
+      }
+      b_.matmul(c.name + ".wgrad", x_full, c.dy, c.w->grad, k, c.n, tok_, 1, true, false);
+      gradient_ready(*c.w);
+    }
+    return scatter_seq(name + ".in.grad", sum, k);
+  }
+  // Rotary embedding of a [tok, heads·head_dim] projection by the tokens' positions, and back.
+  buffer_id rotate(const std::string& name, buffer_id x) {
+    const auto& shape = b_.peek().buffers[static_cast<std::size_t>(x)].shape;
+    const auto out = act(name + ".out", shape);
+    task(name, {x, positions_}, {out}, info(op::rope, {{"head_dim", head_dim_}, {"theta", 10000}}));
+    return out;
+  }
+  buffer_id rotate_back(const std::string& name, buffer_id dy) {
+    const auto& shape = b_.peek().buffers[static_cast<std::size_t>(dy)].shape;
+    const auto dx = act(name + ".out", shape);
+    task(name, {dy, positions_}, {dx}, info(op::rope_grad, {{"head_dim", head_dim_}, {"theta", 10000}}));
+    return dx;
+  }
+
   buffer_id embedding_forward() {
     b_.at(phase::forward, -1);
     const i64 h = m_.hidden;
     tokens_ = b_.buffer("tokens", {batch_, m_.seq}, buffer_role::input, dtype::i32);
     labels_ = b_.buffer("labels", {batch_, m_.seq}, buffer_role::input, dtype::i32);
+    if (m_.llama) positions_ = b_.buffer("positions", {batch_, m_.seq}, buffer_role::input, dtype::i32);
     wte_ = &make_param("embed.wte", {vocab_ / tp_, h}, -1);
     if (!m_.llama)
       wpe_ = &make_param("embed.wpe", {m_.seq, h}, -1, true);
     // A vocabulary-parallel lookup leaves zeros for other shards' tokens: a partial sum over tp.
     const auto e_full = act(partial("embed.out"), {tok_, h});
     task("embed", {tokens_, use(*wte_, true)}, {e_full},
-               info(op::embedding, 0, {{"vocab", vocab_ / tp_}, {"hidden", h}}));
+               info(op::embedding, {{"vocab", vocab_ / tp_}, {"hidden", h}}));
     auto x = scatter_seq("embed.out", e_full, h);
     if (wpe_) {
       const auto out = act("embed.pos.out", {tok_sp_, h});
-      task("embed.pos", {x, use(*wpe_, true)}, {out}, info(op::add_position, d(tok_sp_ * h)));
+      task("embed.pos", {x, use(*wpe_, true)}, {out}, info(op::add_position));
       x = out;
     }
     return x;
@@ -294,12 +343,12 @@ private:
     b_.at(phase::backward, -1);
     if (wpe_) {
       task("embed.pos.grad", {dx}, {wpe_->grad},
-                 info(op::position_embedding_grad, d(tok_sp_ * m_.hidden)));
+                 info(op::position_embedding_grad));
       gradient_ready(*wpe_);
     }
     const auto dy = gather_seq("embed.out.grad", dx, m_.hidden);
     task("embed.grad", {dy, tokens_}, {wte_->grad},
-               info(op::embedding_grad, d(tok_ * m_.hidden), {{"vocab", vocab_ / tp_}, {"hidden", m_.hidden}}));
+               info(op::embedding_grad, {{"vocab", vocab_ / tp_}, {"hidden", m_.hidden}}));
     gradient_ready(*wte_);
   }
 
@@ -317,22 +366,22 @@ private:
     std::vector<buffer_id> saved{logits, labels_, stats};
     if (tp_axis_ < 0) {
       task("loss", {logits, labels_}, {loss, stats},
-                 info(op::cross_entropy, ce_flops * d(tok_ * v)));
+                 info(op::cross_entropy));
     } else {
       // Vocabulary-parallel cross-entropy (Megatron): a max and a sum of exponentials over tp.
       const auto mx = b_.buffer("loss.max", {tok_}, buffer_role::activation, dtype::f32);
       saved.push_back(mx);
-      task("loss.max", {logits}, {mx}, info(op::vocab_ce_max, d(tok_ * v)));
+      task("loss.max", {logits}, {mx}, info(op::vocab_ce_max));
       b_.collective(op_kind::all_reduce, "loss.max.ar", tp_axis_, mx, mx, -1, op::max);
       task("loss.sumexp", {logits, mx, labels_}, {stats},
-                 info(op::vocab_ce_sumexp, ce_flops * d(tok_ * v)));
+                 info(op::vocab_ce_sumexp));
       b_.collective(op_kind::all_reduce, "loss.stats.ar", tp_axis_, stats, stats);
-      task("loss", {stats, mx}, {loss}, info(op::vocab_ce_loss, d(tok_)));
+      task("loss", {stats, mx}, {loss}, info(op::vocab_ce_loss));
     }
     b_.at(phase::backward, -1);
     const auto dlogits = act("head.logits.grad", {tok_, v});
     task("loss.grad", std::move(saved), {dlogits},
-               info(op::cross_entropy_grad, ce_flops * d(tok_ * v)));
+               info(op::cross_entropy_grad));
     const auto dxf = column_backward("head.logits", xf, xff, dlogits, w, v, h);
     return norm_backward("head.norm", dxf, x, normf);
   }
@@ -343,24 +392,37 @@ private:
     b_.at(phase::forward, l);
     saved_block s{};
     s.x_in = x_in;
+    const i64 kv = m_.kv_heads * head_dim_ / tp_;
     s.norm1 = &make_param(L + "ln1.w", {m_.llama ? h : 2 * h}, l, true);
-    s.qkv_w = &make_param(L + "attn.qkv.w", {h, qkv_n_}, l);
+    if (m_.llama) {
+      s.q_w = &make_param(L + "attn.q.w", {h, h / tp_}, l);
+      s.k_w = &make_param(L + "attn.k.w", {h, kv}, l);
+      s.v_w = &make_param(L + "attn.v.w", {h, kv}, l);
+    } else {
+      s.qkv_w = &make_param(L + "attn.qkv.w", {h, qkv_n_}, l);
+    }
     s.o_w = &make_param(L + "attn.proj.w", {h / tp_, h}, l);
     s.norm2 = &make_param(L + "ln2.w", {m_.llama ? h : 2 * h}, l, true);
     if (!moe_) {
-      s.up_w = &make_param(L + "mlp.up.w", {h, up_n_}, l);
+      if (m_.llama) s.gate_w = &make_param(L + "mlp.gate.w", {h, f}, l);
+      s.up_w = &make_param(L + "mlp.up.w", {h, f}, l);
       s.down_w = &make_param(L + "mlp.down.w", {f, h}, l);
     }
 
     s.n1 = norm(L + "ln1", x_in, *s.norm1);
     s.n1f = gather_seq(L + "ln1.out", s.n1, h);
-    s.qkv = linear(L + "attn.qkv", s.n1f, *s.qkv_w, qkv_n_, h, L + "attn.qkv.out");
-    if (m_.llama)
-      task(L + "rope", {s.qkv}, {s.qkv}, info(op::rope, rope_flops * d(tok_ * qkv_n_)));
     s.attn = act(L + "attn.out", {tok_, h / tp_});
     s.lse = act(L + "attn.lse", {batch_, m_.heads / tp_, m_.seq}, dtype::f32);
-    task(L + "attention", {s.qkv}, {s.attn, s.lse},
-               info(op::attention, 4.0 * d(batch_) * d(m_.seq) * d(m_.seq) * d(h / tp_), attention_attrs()));
+    if (m_.llama) {
+      // Rotary embeddings on q and k; k and v with fewer heads (grouped-query attention).
+      s.q = rotate(L + "attn.q.rope", linear(L + "attn.q", s.n1f, *s.q_w, h / tp_, h, L + "attn.q.out"));
+      s.k = rotate(L + "attn.k.rope", linear(L + "attn.k", s.n1f, *s.k_w, kv, h, L + "attn.k.out"));
+      s.v = linear(L + "attn.v", s.n1f, *s.v_w, kv, h, L + "attn.v.out");
+      task(L + "attention", {s.q, s.k, s.v}, {s.attn, s.lse}, info(op::attention, attention_attrs()));
+    } else {
+      s.qkv = linear(L + "attn.qkv", s.n1f, *s.qkv_w, qkv_n_, h, L + "attn.qkv.out");
+      task(L + "attention", {s.qkv}, {s.attn, s.lse}, info(op::attention, attention_attrs()));
+    }
     const auto o = linear(L + "attn.proj", s.attn, *s.o_w, h, h / tp_, partial(L + "attn.proj.out"));
     s.x_mid = add(L + "resid1", x_in, scatter_seq(L + "attn.proj.out", o, h));
 
@@ -371,12 +433,15 @@ private:
       return x_out;
     }
     s.n2f = gather_seq(L + "ln2.out", s.n2, h);
-    s.u = linear(L + "mlp.up", s.n2f, *s.up_w, up_n_, h, L + "mlp.up.out");
     s.a = act(L + "mlp.act.out", {tok_, f});
-    if (m_.llama)
-      task(L + "mlp.act", {s.u}, {s.a}, info(op::swiglu, swiglu_flops * d(tok_ * f)));
-    else
-      task(L + "mlp.act", {s.u}, {s.a}, info(op::gelu, gelu_flops * d(tok_ * f)));
+    if (m_.llama) {
+      s.gate = linear(L + "mlp.gate", s.n2f, *s.gate_w, f, h, L + "mlp.gate.out");
+      s.u = linear(L + "mlp.up", s.n2f, *s.up_w, f, h, L + "mlp.up.out");
+      task(L + "mlp.act", {s.gate, s.u}, {s.a}, info(op::swiglu));
+    } else {
+      s.u = linear(L + "mlp.up", s.n2f, *s.up_w, f, h, L + "mlp.up.out");
+      task(L + "mlp.act", {s.u}, {s.a}, info(op::gelu));
+    }
     const auto y = linear(L + "mlp.down", s.a, *s.down_w, h, f, partial(L + "mlp.down.out"));
     const auto x_out = add(L + "resid2", s.x_mid, scatter_seq(L + "mlp.down.out", y, h));
     saved_.push_back(s);
@@ -395,14 +460,20 @@ private:
     }
     // x_out = x_mid + down(act(up(norm2(x_mid)))).
     const auto da = row_backward(L + "mlp.down", s.a, dx_out, *s.down_w, h, f);
-    const auto du = act(L + "mlp.up.out.grad", {tok_, up_n_});
-    if (m_.llama)
-      task(L + "mlp.act.grad", {da, s.u}, {du},
-                 info(op::swiglu_grad, swiglu_grad_flops * d(tok_ * f)));
-    else
-      task(L + "mlp.act.grad", {da, s.u}, {du},
-                 info(op::gelu_grad, gelu_grad_flops * d(tok_ * f)));
-    const auto dn2 = column_backward(L + "mlp.up", s.n2, s.n2f, du, *s.up_w, up_n_, h);
+    buffer_id dn2 = -1;
+    if (m_.llama) {
+      // One task writes the gate's and the up projection's gradients, one after the other.
+      const auto packed = act(L + "mlp.act.grad.out", {2, tok_, f});
+      task(L + "mlp.act.grad", {s.gate, s.u, da}, {packed}, info(op::swiglu_grad));
+      const i64 part = tok_ * f * static_cast<i64>(size_of(type_));
+      const auto dgate = b_.view(L + "mlp.gate.out.grad", packed, 0, part, {tok_, f});
+      const auto dup = b_.view(L + "mlp.up.out.grad", packed, part, part, {tok_, f});
+      dn2 = columns_backward(L + "mlp", s.n2f, {{L + "mlp.up", dup, s.up_w, f}, {L + "mlp.gate", dgate, s.gate_w, f}}, h);
+    } else {
+      const auto du = act(L + "mlp.up.out.grad", {tok_, f});
+      task(L + "mlp.act.grad", {s.u, da}, {du}, info(op::gelu_grad));
+      dn2 = column_backward(L + "mlp.up", s.n2, s.n2f, du, *s.up_w, f, h);
+    }
     const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, *s.norm2));
     return attention_backward(L, s, dx_mid);
   }
@@ -411,13 +482,25 @@ private:
   buffer_id attention_backward(const std::string& L, saved_block& s, buffer_id dx_mid) {
     const i64 h = m_.hidden;
     const auto dattn = row_backward(L + "attn.proj", s.attn, dx_mid, *s.o_w, h, h / tp_);
-    const auto dqkv = act(L + "attn.qkv.out.grad", {tok_, qkv_n_});
-    task(L + "attention.grad", {dattn, s.qkv, s.attn, s.lse}, {dqkv},
-               info(op::attention_grad, 8.0 * d(batch_) * d(m_.seq) * d(m_.seq) * d(h / tp_), attention_attrs()));
-    if (m_.llama)
-      task(L + "rope.grad", {dqkv}, {dqkv},
-                 info(op::rope_grad, rope_flops * d(tok_ * qkv_n_)));
-    const auto dn1 = column_backward(L + "attn.qkv", s.n1, s.n1f, dqkv, *s.qkv_w, qkv_n_, h);
+    buffer_id dn1 = -1;
+    if (m_.llama) {
+      // dq, dk and dv one after the other (k and v are smaller under GQA); q and k rotated back.
+      const i64 kv = m_.kv_heads * head_dim_ / tp_, bytes = static_cast<i64>(size_of(type_));
+      const auto packed = act(L + "attention.grad.out", {tok_ * (h / tp_ + 2 * kv)});
+      task(L + "attention.grad", {s.q, s.k, s.v, dattn}, {packed}, info(op::attention_grad, attention_attrs()));
+      const auto dq = b_.view(L + "attn.q.out.grad", packed, 0, tok_ * (h / tp_) * bytes, {tok_, h / tp_});
+      const auto dk = b_.view(L + "attn.k.out.grad", packed, tok_ * (h / tp_) * bytes, tok_ * kv * bytes, {tok_, kv});
+      const auto dv = b_.view(L + "attn.v.out.grad", packed, tok_ * (h / tp_ + kv) * bytes, tok_ * kv * bytes, {tok_, kv});
+      dn1 = columns_backward(L + "attn", s.n1f,
+                             {{L + "attn.v", dv, s.v_w, kv},
+                              {L + "attn.k", rotate_back(L + "attn.k.rope.grad", dk), s.k_w, kv},
+                              {L + "attn.q", rotate_back(L + "attn.q.rope.grad", dq), s.q_w, h / tp_}},
+                             h);
+    } else {
+      const auto dqkv = act(L + "attn.qkv.out.grad", {tok_, qkv_n_});
+      task(L + "attention.grad", {s.qkv, dattn}, {dqkv}, info(op::attention_grad, attention_attrs()));
+      dn1 = column_backward(L + "attn.qkv", s.n1, s.n1f, dqkv, *s.qkv_w, qkv_n_, h);
+    }
     return add(L + "resid0.grad", dx_mid, norm_backward(L + "ln1", dn1, s.x_in, *s.norm1));
   }
 
@@ -449,7 +532,7 @@ private:
       return in;
     const auto out = act(name + ".out", {m_.experts * capacity(), m_.hidden});
     task(name, {in}, {out},
-               info(op::transpose_blocks, 0, {{"a", a}, {"b", b}, {"rows", capacity()}, {"hidden", m_.hidden}}));
+               info(op::transpose_blocks, {{"a", a}, {"b", b}, {"rows", capacity()}, {"hidden", m_.hidden}}));
     return out;
   }
   // Local expert e's M = ep·C rows of a grouped [E/ep · M, cols] buffer.
@@ -479,9 +562,9 @@ private:
     s.gates = act(L + "moe.gates", {tok_, K}, dtype::f32);
     s.slots = act(L + "moe.slots", {tok_, K}, dtype::i32);
     task(L + "moe.route", {s.logits}, {s.gates, s.slots},
-               info(op::moe_route, route_flops * d(tok_ * E), moe_attrs()));
+               given(op::moe_route, route_flops * d(tok_ * E), moe_attrs()));
     const auto send = act(L + "moe.dispatch.out", {E * capacity(), h});
-    task(L + "moe.dispatch", {n2, s.slots}, {send}, info(op::moe_dispatch, 0, moe_attrs()));
+    task(L + "moe.dispatch", {n2, s.slots}, {send}, given(op::moe_dispatch, 0, moe_attrs()));
     const auto recv = exchange(L + "moe.dispatch.a2a", send, L + "moe.dispatch.recv");
     s.grouped = transpose_blocks(L + "moe.group", recv, ep_, el);
     const auto y = act(L + "moe.experts.out", {E * capacity(), h});
@@ -492,7 +575,7 @@ private:
       s.u.push_back(act(X + ".up.out", {M, 2 * f}));
       b_.matmul(X + ".up", x, s.up[static_cast<std::size_t>(e)]->store, s.u.back(), M, 2 * f, h);
       s.a.push_back(act(X + ".act.out", {M, f}));
-      task(X + ".act", {s.u.back()}, {s.a.back()}, info(op::swiglu, swiglu_flops * d(M * f)));
+      task(X + ".act", {s.u.back()}, {s.a.back()}, info(op::swiglu));
       b_.matmul(X + ".down", s.a.back(), s.down[static_cast<std::size_t>(e)]->store, expert_rows(X + ".out", y, e, h),
                 M, h, f);
     }
@@ -500,7 +583,7 @@ private:
     s.back = exchange(L + "moe.combine.a2a", ungrouped, L + "moe.combine.recv");
     const auto out = act(L + "moe.out", {tok_, h});
     task(L + "moe.combine", {s.back, s.gates, s.slots}, {out},
-               info(op::moe_combine, 2.0 * d(tok_ * K * h), moe_attrs()));
+               given(op::moe_combine, 2.0 * d(tok_ * K * h), moe_attrs()));
     moe_saved_.push_back(std::move(s));
     return out;
   }
@@ -513,7 +596,7 @@ private:
     const auto dback = act(L + "moe.combine.in.grad", {E * capacity(), h});
     const auto dgates = act(L + "moe.gates.grad", {tok_, K}, dtype::f32);
     task(L + "moe.combine.grad", {dout, s.back, s.gates, s.slots}, {dback, dgates},
-               info(op::moe_combine_grad, 4.0 * d(tok_ * K * h), moe_attrs()));
+               given(op::moe_combine_grad, 4.0 * d(tok_ * K * h), moe_attrs()));
     const auto dy_recv = exchange(L + "moe.combine.a2a.bwd", dback, L + "moe.experts.out.grad.recv");
     const auto dy = transpose_blocks(L + "moe.ungroup.grad", dy_recv, ep_, el);
     const auto dx = act(L + "moe.experts.in.grad", {E * capacity(), h});
@@ -527,7 +610,7 @@ private:
       gradient_ready(*s.down[ue]);
       const auto du = act(X + ".up.out.grad", {M, 2 * f});
       task(X + ".act.grad", {da, s.u[ue]}, {du},
-                 info(op::swiglu_grad, swiglu_grad_flops * d(M * f)));
+                 info(op::swiglu_grad));
       b_.matmul(X + ".up.dgrad", du, s.up[ue]->store, expert_rows(X + ".in.grad", dx, e, h), M, h, 2 * f, 1, false,
                 true);
       b_.matmul(X + ".up.wgrad", s.x[ue], du, s.up[ue]->grad, h, 2 * f, M, 1, true, false);
@@ -537,10 +620,10 @@ private:
                                 L + "moe.dispatch.out.grad");
     const auto dn2_tokens = act(L + "moe.dispatch.in.grad", {tok_, h});
     task(L + "moe.dispatch.grad", {dsend, s.slots}, {dn2_tokens},
-               info(op::moe_dispatch_grad, d(tok_ * K * h), moe_attrs()));
+               given(op::moe_dispatch_grad, d(tok_ * K * h), moe_attrs()));
     const auto dlogits = act(L + "moe.router.out.grad", {tok_, E});
     task(L + "moe.route.grad", {dgates, s.gates, s.logits, s.slots}, {dlogits},
-               info(op::moe_route_grad, route_grad_flops * d(tok_ * E), moe_attrs()));
+               given(op::moe_route_grad, route_grad_flops * d(tok_ * E), moe_attrs()));
     const auto dn2_router = act(L + "moe.router.in.grad", {tok_, h});
     b_.matmul(L + "moe.router.dgrad", dlogits, s.router->store, dn2_router, tok_, h, E, 1, false, true);
     b_.matmul(L + "moe.router.wgrad", s.n2, dlogits, s.router->grad, h, E, tok_, 1, true, false);
@@ -570,8 +653,8 @@ private:
   bool moe_ = false;
   int ep_ = 1;
   std::vector<moe_saved> moe_saved_;
-  i64 batch_ = 1, tok_ = 0, tok_sp_ = 0, vocab_ = 0, head_dim_ = 0, qkv_n_ = 0, up_n_ = 0;
-  buffer_id tokens_ = -1, labels_ = -1;
+  i64 batch_ = 1, tok_ = 0, tok_sp_ = 0, vocab_ = 0, head_dim_ = 0, qkv_n_ = 0;
+  buffer_id tokens_ = -1, labels_ = -1, positions_ = -1;
   param* wte_ = nullptr;
   param* wpe_ = nullptr;
   std::deque<param> params_; // a deque keeps the references handed out valid
