@@ -13,10 +13,10 @@ constexpr auto row = spec(shard(tp), replicate);
 
 template <class H>
 constexpr auto block(H h) {
-  auto a = layernorm(h, param<"ln1.g">(vec), param<"ln1.b">(vec));
+  auto a = layernorm(h, param<"ln1.g">(vec, init::ones), param<"ln1.b">(vec));
   auto att = causal_attention(matmul(a, param<"wq">(col)), matmul(a, param<"wk">(col)), matmul(a, param<"wv">(col)));
   auto h2 = h + matmul(att, param<"wo">(row));
-  auto m = layernorm(h2, param<"ln2.g">(vec), param<"ln2.b">(vec));
+  auto m = layernorm(h2, param<"ln2.g">(vec, init::ones), param<"ln2.b">(vec));
   return h2 + matmul(gelu(matmul(m, param<"fc1">(col))), param<"fc2">(row));
 }
 

@@ -15,16 +15,16 @@ constexpr auto tokens = spec(shard(dp), replicate); // [batch, seq]
 
 // One block, written once: its parameters become layers.<i>.wq, ... when lowered.
 constexpr auto gpt_block = [](auto h) {
-  auto a = layernorm(h, param<"ln1.g">(vec), param<"ln1.b">(vec));
+  auto a = layernorm(h, param<"ln1.g">(vec, init::ones), param<"ln1.b">(vec));
   auto att = causal_attention(matmul(a, param<"wq">(col)), matmul(a, param<"wk">(col)), matmul(a, param<"wv">(col)));
   auto h2 = h + matmul(att, param<"wo">(row));
-  auto m = layernorm(h2, param<"ln2.g">(vec), param<"ln2.b">(vec));
+  auto m = layernorm(h2, param<"ln2.g">(vec, init::ones), param<"ln2.b">(vec));
   return h2 + matmul(gelu(matmul(m, param<"fc1">(col))), param<"fc2">(row));
 };
 
 constexpr auto h0 = embedding(data<"ids">(tokens), param<"wte">(spec(shard(tp), replicate))); // [V, h] split on V
 constexpr auto hN = repeat<"layers">(gpt_block, h0);
-constexpr auto logits = matmul(layernorm(hN, param<"lnf.g">(vec), param<"lnf.b">(vec)), param<"head">(col));
+constexpr auto logits = matmul(layernorm(hN, param<"lnf.g">(vec, init::ones), param<"lnf.b">(vec)), param<"head">(col));
 constexpr auto gpt = program(cross_entropy(logits, data<"labels">(tokens)), adamw{});
 
 // Per block: Megatron-LM's two all-reduces forward and two backward, whatever the depth.

@@ -19,15 +19,15 @@ inline constexpr auto tokens = spec(shard(dp), replicate);
 template <auto Residual>
 constexpr auto make() {
   constexpr auto block = [](auto h) {
-    auto a = layernorm(h, param<"ln1.g">(vec), param<"ln1.b">(vec));
+    auto a = layernorm(h, param<"ln1.g">(vec, init::ones), param<"ln1.b">(vec));
     auto att = causal_attention(matmul(a, param<"wq">(col)), matmul(a, param<"wk">(col)), matmul(a, param<"wv">(col)));
     auto h2 = h + matmul(att, param<"wo">(row)).to(Residual);
-    auto m = layernorm(h2, param<"ln2.g">(vec), param<"ln2.b">(vec));
+    auto m = layernorm(h2, param<"ln2.g">(vec, init::ones), param<"ln2.b">(vec));
     return h2 + matmul(gelu(matmul(m, param<"fc1">(col))), param<"fc2">(row)).to(Residual);
   };
   constexpr auto h0 = embedding(data<"ids">(tokens), param<"wte">(row)).to(Residual);
   constexpr auto hn = repeat<"layers">(block, h0);
-  constexpr auto logits = matmul(layernorm(hn, param<"lnf.g">(vec), param<"lnf.b">(vec)), param<"head">(col));
+  constexpr auto logits = matmul(layernorm(hn, param<"lnf.g">(vec, init::ones), param<"lnf.b">(vec)), param<"head">(col));
   return program(cross_entropy(logits, data<"labels">(tokens)), adamw{});
 }
 

@@ -22,17 +22,17 @@ template <auto Residual, auto Optimizer = adamw{}>
 constexpr auto make() {
   constexpr auto block = [](auto h) {
     constexpr auto positions = data<"positions">(tokens);
-    auto a = rmsnorm(h, param<"attn_norm.g">(vec));
+    auto a = rmsnorm(h, param<"attn_norm.g">(vec, init::ones));
     auto q = rope(matmul(a, param<"wq">(col)), positions);
     auto k = rope(matmul(a, param<"wk">(col)), positions);
     auto v = matmul(a, param<"wv">(col));
     auto h2 = h + matmul(causal_attention(q, k, v), param<"wo">(row)).to(Residual);
-    auto m = rmsnorm(h2, param<"ffn_norm.g">(vec));
+    auto m = rmsnorm(h2, param<"ffn_norm.g">(vec, init::ones));
     return h2 + matmul(swiglu(matmul(m, param<"w1">(col)), matmul(m, param<"w3">(col))), param<"w2">(row)).to(Residual);
   };
   constexpr auto h0 = embedding(data<"ids">(tokens), param<"wte">(row)).to(Residual);
   constexpr auto hn = repeat<"layers">(block, h0);
-  constexpr auto logits = matmul(rmsnorm(hn, param<"norm.g">(vec)), param<"head">(col));
+  constexpr auto logits = matmul(rmsnorm(hn, param<"norm.g">(vec, init::ones)), param<"head">(col));
   return program(cross_entropy(logits, data<"labels">(tokens)), Optimizer);
 }
 

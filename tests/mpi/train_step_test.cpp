@@ -254,13 +254,38 @@ TEST_CASE("parameters start identical on every mesh shape", "[mpi][train][init]"
     CAPTURE(name);
     const auto v = one.parameter(name);
     CHECK(many.parameter(name) == v);
-    if (name.ends_with(".g")) CHECK(v.front() == 1.0f);
+    if (name.ends_with(".g")) CHECK(v.front() == 1.0f); // the model's gains say init::ones
+    if (name.ends_with(".b")) CHECK(v.front() == 0.0f); // vectors default to zeros
   }
   const auto w = one.parameter("layers.0.wq");
   CHECK(w != one.parameter("layers.1.wq")); // layers differ
   double sq = 0;
   for (auto x : w) sq += static_cast<double>(x) * x;
   CHECK(std::sqrt(sq / static_cast<double>(w.size())) == Catch::Approx(1.0 / std::sqrt(hidden)).epsilon(0.15));
+}
+
+TEST_CASE("each parameter starts by its leaf's initialiser, whatever its name", "[mpi][train][init]") {
+  // A gain named like a bias and a bias named like a gain: the initialiser decides, not the name.
+  // The expert stack [experts, in, out] is scaled by its input width, not by its expert count.
+  constexpr auto vec = spec(replicate);
+  constexpr auto x = input<"x">(spec(replicate, replicate, replicate));
+  constexpr auto experts = matmul(x, param<"stack">(spec(replicate, replicate, replicate)));
+  constexpr auto y = layernorm(experts, param<"bias">(vec, init::ones), param<"gain">(vec));
+  constexpr auto model = program(mse(mul(y, y), input<"t">(spec(replicate, replicate, replicate))), sgd{});
+  constexpr std::int64_t e = 8, rows = 4, in = 64, out = 16;
+  auto step = train::compile(model, mesh::from_world(1, {}), {{"x", {e, rows, in}}, {"t", {e, rows, out}},
+                                                              {"stack", {e, in, out}}, {"bias", {out}}, {"gain", {out}}},
+                             {.sgd = {.lr = 0.0f}}, {.policy = "sync", .use_cache = false, .world = MPI_COMM_SELF});
+  CHECK(step.parameter("bias") == std::vector<float>(out, 1.0f));
+  CHECK(step.parameter("gain") == std::vector<float>(out, 0.0f));
+  const auto w = step.parameter("stack");
+  double sq = 0, largest = 0;
+  for (auto v : w) {
+    sq += static_cast<double>(v) * v;
+    largest = std::max(largest, std::abs(static_cast<double>(v)));
+  }
+  CHECK(largest <= std::sqrt(3.0 / in));
+  CHECK(std::sqrt(sq / static_cast<double>(w.size())) == Catch::Approx(1.0 / std::sqrt(in)).epsilon(0.1));
 }
 
 CONCERTO_MPI_TEST_MAIN

@@ -23,6 +23,26 @@ using op_code = ir::op;
 /// not differentiate (`input<"x">(spec, no_grad)`: the features of a model's first layer).
 enum class leaf_kind : std::uint8_t { input, data, param, constant };
 
+/// @brief How a parameter starts (train::step draws every parameter from its leaf's rule, from a
+/// seed per global element, so every mesh starts from the same model).
+enum class leaf_init : std::uint8_t {
+  automatic, ///< `fan_in` for a weight of rank ≥ 2, `zeros` for a vector (a bias)
+  fan_in,    ///< uniform with standard deviation 1/√fan_in, fan_in the next-to-last dimension (a vector's length)
+  zeros,
+  ones,      ///< a normalisation's gain
+};
+
+/// @brief The initialisers a `param` can name: `param<"ln.g">(spec(replicate), init::ones)`.
+namespace init {
+template <leaf_init I>
+struct rule_t {
+  static constexpr leaf_init value = I;
+};
+inline constexpr rule_t<leaf_init::fan_in> fan_in{};
+inline constexpr rule_t<leaf_init::zeros> zeros{};
+inline constexpr rule_t<leaf_init::ones> ones{};
+} // namespace init
+
 namespace detail {
 struct expr_tag {};
 struct no_extra {};
@@ -52,9 +72,10 @@ struct expr_base : detail::expr_tag {
   }
 };
 
-/// @brief A named leaf. `Storage` differs from `Spec` for ZeRO-3/FSDP parameters.
-template <fixed_string Name, leaf_kind Kind, class Spec, class Storage>
-struct leaf_expr : expr_base<leaf_expr<Name, Kind, Spec, Storage>> {
+/// @brief A named leaf. `Storage` differs from `Spec` for ZeRO-3/FSDP parameters; `Init` is a
+/// parameter's initialiser.
+template <fixed_string Name, leaf_kind Kind, class Spec, class Storage, leaf_init Init = leaf_init::automatic>
+struct leaf_expr : expr_base<leaf_expr<Name, Kind, Spec, Storage, Init>> {
   static_assert(Name.size() > 0 && Name.size() <= 18, "leaf names must have 1 to 18 characters: shorten the name");
   static constexpr auto name = Name;
   static constexpr leaf_kind kind = Kind;
@@ -113,19 +134,22 @@ data(S) noexcept {
   return {};
 }
 
-/// @brief A trained parameter, stored as it is used.
+/// @brief A trained parameter, stored as it is used; it starts by its leaf_init rule (default:
+/// `automatic`, i.e. fan-in scaled weights and zero vectors).
 /// @code
 /// constexpr auto w1 = param<"w1">(spec(replicate, shard(tp))); // column-parallel
+/// constexpr auto g = param<"ln.g">(spec(replicate), init::ones); // a norm's gain
 /// @endcode
-template <fixed_string Name, spec_type S>
-[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::param, std::remove_cvref_t<S>, std::remove_cvref_t<S>>
-param(S) noexcept {
+template <fixed_string Name, spec_type S, leaf_init I = leaf_init::automatic>
+[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::param, std::remove_cvref_t<S>, std::remove_cvref_t<S>, I>
+param(S, init::rule_t<I> = {}) noexcept {
   return {};
 }
 
 /// @brief A trained parameter stored with another spec (sharded) and gathered for use.
-template <fixed_string Name, spec_type S, spec_type T>
-[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::param, std::remove_cvref_t<S>, T> param(S, stored_t<T>) noexcept {
+template <fixed_string Name, spec_type S, spec_type T, leaf_init I = leaf_init::automatic>
+[[nodiscard]] constexpr leaf_expr<Name, leaf_kind::param, std::remove_cvref_t<S>, T, I> param(S, stored_t<T>,
+                                                                                              init::rule_t<I> = {}) noexcept {
   static_assert(S::rank() == T::rank(),
                 "param: the storage spec has another rank than the compute spec; give both one placement per "
                 "dimension of the tensor");

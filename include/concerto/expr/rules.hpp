@@ -22,7 +22,7 @@ enum class errc : std::uint8_t {
   rank_mismatch,          ///< an operand's spec has a rank the op cannot take
   unknown_axis,           ///< a spec names an axis that the declared mesh lacks
   too_many_axes,          ///< more than max_axes distinct axes
-  leaf_redefined,         ///< two leaves with one name but another kind or spec
+  leaf_redefined,         ///< two leaves with one name but another kind, spec or initialiser
   loss_not_scalar,        ///< program(...) was given a non-scalar expression
   no_parameters,          ///< nothing to train
   capacity,               ///< internal node capacity exceeded

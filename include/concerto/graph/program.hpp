@@ -40,6 +40,7 @@ struct program {
   int size = 0;
   axis_table axes{};
   leaf_name names[max_leaves]{};
+  leaf_init inits[max_leaves]{}; ///< each parameter's initialiser, by leaf
   int name_count = 0;
   std::int16_t leaf_node[max_leaves]{};
   std::int16_t grad_of[max_leaves]{};
@@ -317,8 +318,8 @@ struct diagnose {
                 "add the axis to on(...) or fix the spec");
   static_assert(E != errc::too_many_axes, "concerto: too many mesh axes: a program can use at most 4 distinct axes");
   static_assert(E != errc::leaf_redefined,
-                "concerto: leaf redefined: two leaves share a name but differ in kind or spec; rename one or use the "
-                "same spec for both");
+                "concerto: leaf redefined: two leaves share a name but differ in kind, spec or initialiser; rename "
+                "one or write both alike");
   static_assert(E != errc::loss_not_scalar,
                 "concerto: program(...) needs a scalar loss: end the expression with mse(...) or cross_entropy(...)");
   static_assert(E != errc::repeat_spec_changed,
@@ -344,6 +345,7 @@ constexpr program<N> finish(const W& w) noexcept {
   p.name_count = w.name_count;
   for (int l = 0; l < max_leaves; ++l) {
     p.names[l] = w.names[l];
+    p.inits[l] = w.inits[l];
     p.leaf_node[l] = w.leaf_node[l];
     p.grad_of[l] = w.grad_of[l];
     p.update_of[l] = w.update_of[l];

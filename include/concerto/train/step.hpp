@@ -10,9 +10,10 @@
 /// batch on every rank.
 ///
 /// Parameters are initialised from a seed per global element (train/detail/shard.hpp), so a
-/// model starts identical on every mesh shape: rank-1 parameters named `*.g` / `*gamma` are ones,
-/// other rank-1 parameters zeros, the rest uniform with standard deviation 1/√fan_in (fan_in: the
-/// next-to-last dimension, the `in` of an `[in, out]` or `[experts, in, out]` weight).
+/// model starts identical on every mesh shape, by each parameter's initialiser (`param<"g">(spec,
+/// init::ones)`; by default rank-1 parameters are zeros and the rest uniform with standard
+/// deviation 1/√fan_in, fan_in the next-to-last dimension: the `in` of an `[in, out]` or
+/// `[experts, in, out]` weight).
 ///
 /// @code
 /// runtime::mpi::environment env(argc, argv);
@@ -572,7 +573,10 @@ private:
         tensor_info t{buf.id, buf.type, x.spec, x.spec.partial != 0, block_of(x.spec, buf.shape, coords)};
         tensors_[name] = t;
         if (graph::is_leaf(x.op) && x.op != op_code::param) inputs_.push_back(name);
-        if (x.op == op_code::param) params_.push_back(name);
+        if (x.op == op_code::param) {
+          params_.push_back(name);
+          init_of_[name] = program_.inits[x.name];
+        }
         if (x.op == op_code::state) states_.push_back(name);
       }
     }
@@ -597,13 +601,15 @@ private:
       const auto& t = info(name);
       const auto& shape = t.blk.global;
       std::vector<float> global(static_cast<std::size_t>(detail::count(shape)));
-      if (shape.size() == 1) {
-        const bool gain = name.ends_with(".g") || name.ends_with("gamma");
-        std::fill(global.begin(), global.end(), gain ? 1.0f : 0.0f);
+      auto rule = init_of_.at(name);
+      if (rule == leaf_init::automatic) rule = shape.size() == 1 ? leaf_init::zeros : leaf_init::fan_in;
+      if (rule == leaf_init::zeros || rule == leaf_init::ones) {
+        std::fill(global.begin(), global.end(), rule == leaf_init::ones ? 1.0f : 0.0f);
       } else {
         // fan_in: the contracted dimension of a [..., in, out] weight (an expert stack [E, in, out]
-        // is scaled by its input width, not by its expert count).
-        const float scale = std::sqrt(3.0f / static_cast<float>(shape[shape.size() - 2]));
+        // is scaled by its input width, not by its expert count); a vector's length.
+        const auto fan_in = shape.size() == 1 ? shape[0] : shape[shape.size() - 2];
+        const float scale = std::sqrt(3.0f / static_cast<float>(fan_in));
         for (std::size_t i = 0; i < global.size(); ++i) global[i] = scale * detail::uniform(options_.seed, name, i);
       }
       std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
@@ -625,6 +631,7 @@ private:
   plan_summary summary_;
   std::map<std::string, tensor_info> tensors_;
   std::vector<std::string> inputs_, params_, states_;
+  std::map<std::string, leaf_init> init_of_; ///< each parameter's rule, from its leaf
   ir::buffer_id loss_id_ = -1;
   double loss_copies_ = 1;
   std::vector<float> staging_;

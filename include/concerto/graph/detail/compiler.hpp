@@ -94,6 +94,7 @@ struct work {
   axis_table axes{};
   bool axes_fixed = false;
   leaf_name names[max_leaves]{};
+  leaf_init inits[max_leaves]{};
   int name_count = 0;
   std::int16_t leaf_node[max_leaves]{};
   std::int16_t grad_of[max_leaves]{};
@@ -197,7 +198,8 @@ struct work {
     return raw_n++;
   }
 
-  constexpr int leaf(std::string_view name, leaf_kind k, const spec_value& use, const spec_value& stored) noexcept {
+  constexpr int leaf(std::string_view name, leaf_kind k, const spec_value& use, const spec_value& stored,
+                     leaf_init init = leaf_init::automatic) noexcept {
     if (err != errc::none) return 0;
     node x;
     const bool input = k == leaf_kind::input || k == leaf_kind::constant;
@@ -227,7 +229,8 @@ struct work {
           return 0;
         }
         // A leaf with and one without gradient under one name would silently be whichever came first.
-        if (old.op != x.op || !(old.spec == x.spec) || !(old.use == x.use) || old.has(flag_no_grad) != x.has(flag_no_grad)) {
+        if (old.op != x.op || !(old.spec == x.spec) || !(old.use == x.use) || old.has(flag_no_grad) != x.has(flag_no_grad) ||
+            inits[i] != init) {
           x.name = static_cast<std::int16_t>(i);
           raw_add(x);
           failed(errc::leaf_redefined, self);
@@ -240,6 +243,7 @@ struct work {
       return 0;
     }
     names[name_count] = leaf_name(name);
+    inits[name_count] = init;
     x.name = static_cast<std::int16_t>(name_count);
     leaf_node[name_count++] = static_cast<std::int16_t>(raw_n);
     return raw_add(x);
@@ -781,11 +785,11 @@ struct work {
 template <class E>
 struct tracer;
 
-template <fixed_string Name, leaf_kind K, class S, class T>
-struct tracer<leaf_expr<Name, K, S, T>> {
+template <fixed_string Name, leaf_kind K, class S, class T, leaf_init I>
+struct tracer<leaf_expr<Name, K, S, T, I>> {
   template <class W>
   static constexpr int run(W& w) noexcept {
-    return w.leaf(Name.view(), K, S::value, T::value);
+    return w.leaf(Name.view(), K, S::value, T::value, I);
   }
 };
 
