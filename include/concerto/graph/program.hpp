@@ -295,6 +295,11 @@ constexpr where_text describe(const W& w) noexcept {
       put(")");
     }
   }
+  if (w.err == errc::unknown_axis) {
+    put(" uses axis '");
+    put(w.unknown_axis.view());
+    put("'");
+  }
   return where_text(std::string_view(buf, static_cast<std::size_t>(n)));
 }
 

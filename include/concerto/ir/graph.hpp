@@ -230,12 +230,12 @@ inline void graph::check_function(const task& t, const std::string& where) const
   if (is_collective(t.kind)) {
     // A collective's fn is how it combines values; one that only moves them needs none.
     if (op.role != op_role::reduction && t.fn != op::none)
-      fail(where + " is a " + std::string(to_string(t.kind)) + " with " + fn + "; a collective's fn is how it combines "
+      fail(where + " (" + std::string(to_string(t.kind)) + ") has " + fn + "; a collective's fn is how it combines "
            "values: sum, max or min");
     if (t.fn == op::none && reduces(t.kind) && !cost_only)
-      fail(where + " is a " + std::string(to_string(t.kind)) + " without fn; say how it combines values: sum, max or min");
+      fail(where + " (" + std::string(to_string(t.kind)) + ") has no fn; say how it combines values: sum, max or min");
     if (t.fn != op::none && !reduces(t.kind))
-      fail(where + " is a " + std::string(to_string(t.kind)) + " with " + fn + "; it moves values without combining them, "
+      fail(where + " (" + std::string(to_string(t.kind)) + ") has " + fn + "; it moves values without combining them, "
            "so it takes no fn");
     return;
   }

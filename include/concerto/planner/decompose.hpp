@@ -275,6 +275,300 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
 
 } // namespace detail::decompose
 
+namespace detail::decompose {
+
+// The rewrite of one graph: what replaces each old task (emitted at its program position), what
+// goes right before one, and at the end; one method per decomposition pattern.
+class splitter {
+public:
+  explicit splitter(const ir::graph& g) : g_(g), order_(rewrite::program_order(g)), pos_(rewrite::positions(order_)) {
+    d_.graph = g.empty_like();
+    d_.graph.buffers = g.buffers;
+  }
+
+  void add(const decomposition& dec) {
+    if (dec.kind == split_kind::reduce_scatter_all_gather) return split_all_reduce(dec);
+    std::string why;
+    const auto info = match(g_, order_, pos_, dec.collective, dec.compute, dec.chunks, why);
+    if (!info) fail(describe(g_, dec.collective, dec.compute) + " into " + std::to_string(dec.chunks) + " chunks: " + why);
+    for (auto id : {dec.collective, dec.compute}) claim(id, describe(g_, dec.collective, dec.compute));
+    chunks split{g_[dec.collective], g_[dec.compute], *info, dec.chunks};
+    switch (info->shape) {
+    case pattern::gather_matmul: return gather_matmul(split);
+    case pattern::matmul_scatter: return matmul_scatter(split);
+    case pattern::exchange_matmul: return exchange_matmul(split);
+    case pattern::matmul_exchange: return matmul_exchange(split);
+    case pattern::matmul_reduce: return matmul_reduce(split);
+    }
+  }
+
+  ir::graph finish() && {
+    for (auto id : order_) {
+      if (const auto b = before_.find(id); b != before_.end())
+        for (auto& [origin, t] : b->second) d_.add(std::move(t), {origin});
+      const auto it = replacement_.find(id);
+      if (it == replacement_.end()) {
+        d_.add(g_[id], {id});
+        continue;
+      }
+      for (auto& t : it->second) d_.add(std::move(t), {id});
+    }
+    for (auto& [origin, t] : at_end_) d_.add(std::move(t), {origin});
+    return rewrite::finish(g_, order_, std::move(d_));
+  }
+
+private:
+  // One (collective, matmul) pair split into k chunks of c rows per row block (q blocks).
+  struct chunks {
+    const ir::task& coll;
+    const ir::task& mm;
+    match_info info;
+    std::int64_t k, q, c, a_row, y_row;
+    ir::buffer aa, ya; // copies: the buffer list grows
+    chunks(const ir::task& coll, const ir::task& mm, const match_info& info, std::int64_t k)
+        : coll(coll), mm(mm), info(info), k(k), q(info.blocks), c(info.m / (info.blocks * k)) {}
+  };
+
+  [[nodiscard]] std::vector<ir::buffer>& bufs() { return d_.graph.buffers; }
+  [[nodiscard]] const ir::buffer& buffer(ir::buffer_id id) { return bufs()[static_cast<std::size_t>(id)]; }
+
+  void claim(ir::task_id id, const std::string& what) {
+    if (replacement_.count(id)) fail(what + ": task '" + g_[id].name + "' is already part of another decomposition");
+    replacement_[id];
+  }
+
+  ir::buffer_id new_buffer(std::string name, std::vector<std::int64_t> shape, std::int64_t bytes, const ir::buffer& like,
+                           ir::buffer_id view_of = -1, std::int64_t offset = 0) {
+    ir::buffer b;
+    b.id = static_cast<ir::buffer_id>(bufs().size());
+    b.name = std::move(name);
+    b.bytes = bytes;
+    b.type = like.type;
+    b.role = view_of >= 0 ? like.role : (like.role == ir::buffer_role::workspace ? like.role : ir::buffer_role::activation);
+    b.shape = std::move(shape);
+    b.view_of = view_of;
+    b.offset = offset;
+    bufs().push_back(std::move(b));
+    return bufs().back().id;
+  }
+
+  // A slice or concat copy on the compute stream, stamped like the task it serves.
+  static ir::task copy_task(std::string name, ir::op fn, std::vector<ir::buffer_id> reads, ir::buffer_id write,
+                            double bytes, std::map<std::string, std::int64_t> attrs, const ir::task& like) {
+    ir::task t;
+    t.name = std::move(name);
+    t.kind = ir::info(fn).kind;
+    t.stream = ir::compute_stream;
+    t.fn = fn;
+    t.reads = std::move(reads);
+    t.writes = {write};
+    t.bytes = bytes;
+    t.attrs = std::move(attrs);
+    t.step_phase = like.step_phase;
+    t.layer = like.layer;
+    return t;
+  }
+  // The q·k parts of `parts` (row blocks of c rows) joined back into `to`.
+  ir::task join(std::string name, std::vector<ir::buffer_id> parts, ir::buffer_id to, std::int64_t inner, const chunks& s,
+                const ir::task& like) {
+    return copy_task(std::move(name), ir::op::concat, std::move(parts), to, 2.0 * static_cast<double>(buffer(to).bytes),
+                     {{"outer", s.q}, {"inner", inner}, {"length", s.c}, {"parts", s.k}}, like);
+  }
+
+  void chunk_collective(const chunks& s, std::int64_t j, ir::buffer_id in, ir::buffer_id out) {
+    ir::task t = s.coll;
+    t.name = rewrite::indexed(s.coll.name + ".chunk", j);
+    t.reads = {in};
+    t.writes = {out};
+    t.bytes = s.coll.bytes / static_cast<double>(s.k);
+    t.attrs["chunk"] = j;
+    t.attrs["chunks"] = s.k;
+    // The layout attrs index the shape of the collective's buffers. The chunk buffers are
+    // [rows, columns] with the rank blocks along the rows (splits_outer_dimension admits only
+    // collectives with nothing but 1s before their dim), so an inherited dim = 1 of a
+    // [1, seq, hidden] original would make a backend interleave the chunk's columns.
+    for (const char* key : {"dim", "from_dim", "to_dim"})
+      if (t.attrs.contains(key)) t.attrs[key] = 0;
+    replacement_[s.coll.id].push_back(std::move(t));
+  }
+  void chunk_matmul(const chunks& s, std::int64_t j, ir::buffer_id in_a, ir::buffer_id out) {
+    ir::task t = s.mm;
+    t.name = rewrite::indexed(s.mm.name + ".chunk", j);
+    t.reads = {in_a, s.mm.reads[1]};
+    t.writes = {out};
+    t.flops = s.mm.flops / static_cast<double>(s.k);
+    t.bytes = s.mm.bytes / static_cast<double>(s.k);
+    t.attrs["m"] = s.q * s.c;
+    t.attrs["chunk"] = j;
+    t.attrs["chunks"] = s.k;
+    replacement_[s.mm.id].push_back(std::move(t));
+  }
+  // The interleaved rows {r·m/q + j·c + i} of the matmul's row-major [m, inner] A (or of the
+  // columns of a transposed [kk, m] one) as a contiguous chunk: a view when q = 1 and rows are
+  // rows, else a slice task.
+  ir::buffer_id rows_of_a(const chunks& s, std::int64_t j) {
+    const auto a = s.mm.reads[0];
+    const auto kk = s.info.k, m = s.info.m;
+    const auto name = rewrite::indexed(s.aa.name + ".c", j);
+    if (s.q == 1 && !s.info.trans_a) return new_buffer(name, {s.c, kk}, s.c * s.a_row, s.aa, a, j * s.c * s.a_row);
+    const auto out = new_buffer(name, s.info.trans_a ? std::vector<std::int64_t>{kk, s.q * s.c} : std::vector<std::int64_t>{s.q * s.c, kk},
+                                s.q * s.c * s.a_row, s.aa);
+    auto attrs = s.info.trans_a ? std::map<std::string, std::int64_t>{{"outer", kk * s.q}, {"extent", m / s.q}, {"inner", 1},
+                                                                       {"offset", j * s.c}, {"length", s.c}}
+                                : std::map<std::string, std::int64_t>{{"outer", s.q}, {"extent", m / s.q}, {"inner", kk},
+                                                                       {"offset", j * s.c}, {"length", s.c}};
+    replacement_[s.mm.id].push_back(copy_task(rewrite::indexed(s.mm.name + ".slice", j), ir::op::slice, {a}, out,
+                                              2.0 * static_cast<double>(s.q * s.c * s.a_row), std::move(attrs), s.mm));
+    return out;
+  }
+  ir::buffer_id rows_of_y(const chunks& s, std::int64_t j) {
+    const auto name = rewrite::indexed(s.ya.name + ".c", j);
+    if (s.q == 1) return new_buffer(name, {s.c, s.info.n}, s.c * s.y_row, s.ya, s.mm.writes[0], j * s.c * s.y_row);
+    return new_buffer(name, {s.q * s.c, s.info.n}, s.q * s.c * s.y_row, s.ya);
+  }
+  // Chunk j of a buffer laid out in q row blocks (`whole`): a view when q = 1, else a new buffer.
+  ir::buffer_id rows_of(const chunks& s, std::int64_t j, ir::buffer_id whole, std::int64_t cols, std::int64_t row_bytes) {
+    const ir::buffer w = buffer(whole);
+    const auto name = rewrite::indexed(w.name + ".c", j);
+    if (s.q == 1) return new_buffer(name, {s.c, cols}, s.c * row_bytes, w, whole, j * s.c * row_bytes);
+    return new_buffer(name, {s.q * s.c, cols}, s.q * s.c * row_bytes, w);
+  }
+  chunks& prepared(chunks& s) {
+    s.aa = buffer(s.mm.reads[0]);
+    s.ya = buffer(s.mm.writes[0]);
+    s.a_row = s.aa.bytes / s.info.m;
+    s.y_row = s.ya.bytes / s.info.m;
+    return s;
+  }
+
+  // all_gather → matmul: chunk j gathers rows j·c.. of every rank's block and multiplies them.
+  void gather_matmul(chunks& split) {
+    auto& s = prepared(split);
+    const auto x = s.coll.reads[0];
+    const ir::buffer xa = buffer(x);
+    std::vector<ir::buffer_id> parts;
+    for (std::int64_t j = 0; j < s.k; ++j) {
+      const auto xv = new_buffer(rewrite::indexed(xa.name + ".c", j), {s.c, s.info.k}, s.c * s.a_row, xa, x, j * s.c * s.a_row);
+      const auto gathered = new_buffer(rewrite::indexed(s.aa.name + ".c", j), {s.q * s.c, s.info.k}, s.q * s.c * s.a_row, s.aa);
+      chunk_collective(s, j, xv, gathered);
+      const auto out = rows_of_y(s, j);
+      chunk_matmul(s, j, gathered, out);
+      parts.push_back(out);
+    }
+    if (s.q > 1) replacement_[s.mm.id].push_back(join(s.mm.name + ".concat", parts, s.mm.writes[0], s.info.n, s, s.mm));
+  }
+  // matmul → reduce_scatter: chunk j's rows are reduced into rows j·c.. of the output.
+  void matmul_scatter(chunks& split) {
+    auto& s = prepared(split);
+    for (std::int64_t j = 0; j < s.k; ++j) {
+      const auto out = rows_of_y(s, j);
+      chunk_matmul(s, j, rows_of_a(s, j), out);
+      const auto z = s.coll.writes[0];
+      const ir::buffer za = buffer(z);
+      chunk_collective(s, j, out, new_buffer(rewrite::indexed(za.name + ".c", j), {s.c, s.info.n}, s.c * s.y_row, za, z, j * s.c * s.y_row));
+    }
+  }
+  // all_to_all → matmul: chunk j sends rows [j·c, (j+1)·c) of each destination block (a slice of
+  // the input) and receives them from each source: rows {r·m/q + j·c + i} of the exchanged buffer.
+  void exchange_matmul(chunks& split) {
+    auto& s = prepared(split);
+    const auto x = s.coll.reads[0], a = s.mm.reads[0];
+    const ir::buffer xa = buffer(x);
+    std::vector<ir::buffer_id> parts, received;
+    for (std::int64_t j = 0; j < s.k; ++j) {
+      ir::buffer_id send = -1;
+      if (s.q == 1) {
+        send = new_buffer(rewrite::indexed(xa.name + ".c", j), {s.c, s.info.k}, s.c * s.a_row, xa, x, j * s.c * s.a_row);
+      } else {
+        send = new_buffer(rewrite::indexed(xa.name + ".c", j), {s.q * s.c, s.info.k}, s.q * s.c * s.a_row, xa);
+        replacement_[s.coll.id].push_back(copy_task(
+            rewrite::indexed(s.coll.name + ".slice", j), ir::op::slice, {x}, send, 2.0 * static_cast<double>(s.q * s.c * s.a_row),
+            {{"outer", s.q}, {"extent", s.info.m / s.q}, {"inner", s.info.k}, {"offset", j * s.c}, {"length", s.c}}, s.coll));
+      }
+      const auto got = rows_of(s, j, a, s.info.k, s.a_row);
+      chunk_collective(s, j, send, got);
+      const auto out = rows_of_y(s, j);
+      chunk_matmul(s, j, got, out);
+      parts.push_back(out);
+      received.push_back(got);
+    }
+    if (s.q > 1) {
+      replacement_[s.mm.id].push_back(join(s.mm.name + ".concat", parts, s.mm.writes[0], s.info.n, s, s.mm));
+      if (s.info.restore_a) replacement_[s.mm.id].push_back(join(s.coll.name + ".concat", received, a, s.info.k, s, s.mm));
+    }
+  }
+  // matmul → all_to_all: chunk j computes the rows it sends to each rank ({r·m/q + j·c + i}, a
+  // slice of A) and receives rows j·c.. of each source's block; a concat puts them back in place.
+  void matmul_exchange(chunks& split) {
+    auto& s = prepared(split);
+    const auto z = s.coll.writes[0];
+    std::vector<ir::buffer_id> parts;
+    for (std::int64_t j = 0; j < s.k; ++j) {
+      const auto out = rows_of_y(s, j);
+      chunk_matmul(s, j, rows_of_a(s, j), out);
+      const auto got = rows_of(s, j, z, s.info.n, s.y_row);
+      chunk_collective(s, j, out, got);
+      parts.push_back(got);
+    }
+    if (s.q > 1) replacement_[s.coll.id].push_back(join(s.coll.name + ".concat", parts, z, s.info.n, s, s.coll));
+  }
+  // matmul → all_reduce: each chunk's rows reduced as soon as they are computed.
+  void matmul_reduce(chunks& split) {
+    auto& s = prepared(split);
+    const auto out_all = s.coll.writes[0];
+    for (std::int64_t j = 0; j < s.k; ++j) {
+      const auto out = rows_of_y(s, j);
+      chunk_matmul(s, j, rows_of_a(s, j), out);
+      const ir::buffer oa = buffer(out_all);
+      const auto reduced = out_all == s.mm.writes[0]
+                               ? out
+                               : new_buffer(rewrite::indexed(oa.name + ".c", j), {s.c, s.info.n}, s.c * s.y_row, oa, out_all,
+                                            j * s.c * s.y_row);
+      chunk_collective(s, j, out, reduced);
+    }
+  }
+  // all_reduce → reduce_scatter now, all_gather right before the next reader of its result.
+  void split_all_reduce(const decomposition& dec) {
+    std::string why;
+    const auto next = match_split(g_, order_, pos_, dec.collective, why);
+    if (!next) fail(describe(g_, dec.collective, -1) + " into reduce_scatter + all_gather: " + why);
+    claim(dec.collective, describe(g_, dec.collective, -1));
+    const auto& ar = g_[dec.collective];
+    const ir::buffer whole = buffer(ar.reads[0]);
+    const std::int64_t p = g_.group_size(ar);
+    const auto shard = new_buffer(whole.name + ".shard", {whole.bytes / static_cast<std::int64_t>(ir::size_of(whole.type)) / p},
+                                  whole.bytes / p, whole);
+    ir::task rs = ar;
+    rs.name = ar.name + ".rs";
+    rs.kind = ir::op_kind::reduce_scatter;
+    rs.writes = {shard};
+    replacement_[dec.collective].push_back(std::move(rs));
+    ir::task ag = ar;
+    ag.name = ar.name + ".ag";
+    ag.kind = ir::op_kind::all_gather;
+    ag.fn = ir::op::none; // it moves the reduced shards, combines nothing
+    ag.reads = {shard};
+    if (*next >= 0) {
+      // Stamped like the task it precedes: it runs with that phase (the optimizer's, typically).
+      ag.step_phase = g_[*next].step_phase;
+      ag.layer = g_[*next].layer;
+      before_[*next].emplace_back(dec.collective, std::move(ag));
+    } else {
+      at_end_.emplace_back(dec.collective, std::move(ag));
+    }
+  }
+
+  const ir::graph& g_;
+  std::vector<ir::task_id> order_;
+  std::vector<std::size_t> pos_;
+  rewrite::draft d_;
+  std::map<ir::task_id, std::vector<ir::task>> replacement_;
+  std::map<ir::task_id, std::vector<std::pair<ir::task_id, ir::task>>> before_; // (origin, task)
+  std::vector<std::pair<ir::task_id, ir::task>> at_end_;
+};
+
+} // namespace detail::decompose
+
 /// @brief The rewrite: each decomposition's collective and matmul are replaced by `chunks`
 /// chunk collectives and `chunks` chunk matmuls (plus slice / concat tasks where the chunks are
 /// not contiguous); dependencies are recomputed from the buffer accesses in program order, and
@@ -284,294 +578,9 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
 /// ir::graph split = planner::apply(g, std::vector{planner::decomposition{ag, mm, 4}});
 /// @endcode
 [[nodiscard]] inline ir::graph apply(const ir::graph& g, std::span<const decomposition> decompositions) {
-  using namespace detail::decompose;
-  namespace rw = detail::rewrite;
-  const auto order = rw::program_order(g);
-  const auto pos = rw::positions(order);
-
-  rw::draft d;
-  d.graph = g.empty_like();
-  d.graph.buffers = g.buffers;
-  auto& bufs = d.graph.buffers;
-  const auto new_buffer = [&](std::string name, std::vector<std::int64_t> shape, std::int64_t bytes,
-                              const ir::buffer& like, ir::buffer_id view_of = -1, std::int64_t offset = 0) {
-    ir::buffer b;
-    b.id = static_cast<ir::buffer_id>(bufs.size());
-    b.name = std::move(name);
-    b.bytes = bytes;
-    b.type = like.type;
-    b.role = view_of >= 0 ? like.role : (like.role == ir::buffer_role::workspace ? like.role : ir::buffer_role::activation);
-    b.shape = std::move(shape);
-    b.view_of = view_of;
-    b.offset = offset;
-    bufs.push_back(std::move(b));
-    return bufs.back().id;
-  };
-
-  // What replaces each old task, emitted at its program position; what goes right before one.
-  std::map<ir::task_id, std::vector<ir::task>> replacement;
-  std::map<ir::task_id, std::vector<std::pair<ir::task_id, ir::task>>> before; // (origin, task)
-  std::vector<std::pair<ir::task_id, ir::task>> at_end;
-  for (const auto& dec : decompositions) {
-    std::string why;
-    if (dec.kind == split_kind::reduce_scatter_all_gather) {
-      const auto next = match_split(g, order, pos, dec.collective, why);
-      if (!next) fail(describe(g, dec.collective, -1) + " into reduce_scatter + all_gather: " + why);
-      if (replacement.count(dec.collective))
-        fail(describe(g, dec.collective, -1) + ": task '" + g[dec.collective].name +
-             "' is already part of another decomposition");
-      const auto& ar = g[dec.collective];
-      const ir::buffer whole = bufs[static_cast<std::size_t>(ar.reads[0])];
-      const std::int64_t p = g.group_size(ar);
-      const auto shard = new_buffer(whole.name + ".shard", {whole.bytes / static_cast<std::int64_t>(ir::size_of(whole.type)) / p},
-                                    whole.bytes / p, whole);
-      ir::task rs = ar;
-      rs.name = ar.name + ".rs";
-      rs.kind = ir::op_kind::reduce_scatter;
-      rs.writes = {shard};
-      replacement[dec.collective].push_back(std::move(rs));
-      ir::task ag = ar;
-      ag.name = ar.name + ".ag";
-      ag.kind = ir::op_kind::all_gather;
-      ag.reads = {shard};
-      if (*next >= 0) {
-        // Stamped like the task it precedes: it runs with that phase (the optimizer's, typically).
-        ag.step_phase = g[*next].step_phase;
-        ag.layer = g[*next].layer;
-        before[*next].emplace_back(dec.collective, std::move(ag));
-      } else {
-        at_end.emplace_back(dec.collective, std::move(ag));
-      }
-      continue;
-    }
-    const auto info = match(g, order, pos, dec.collective, dec.compute, dec.chunks, why);
-    if (!info) fail(describe(g, dec.collective, dec.compute) + " into " + std::to_string(dec.chunks) + " chunks: " + why);
-    for (auto id : {dec.collective, dec.compute})
-      if (replacement.count(id))
-        fail(describe(g, dec.collective, dec.compute) + ": task '" + g[id].name +
-             "' is already part of another decomposition");
-    const auto& coll = g[dec.collective];
-    const auto& mm = g[dec.compute];
-    const std::int64_t k = dec.chunks, q = info->blocks, m = info->m, n = info->n, kk = info->k;
-    const std::int64_t c = m / (q * k); // rows per block per chunk
-    const auto a = mm.reads[0], b = mm.reads[1], y = mm.writes[0];
-    const ir::buffer ya = bufs[static_cast<std::size_t>(y)]; // copies: bufs grows below
-    const ir::buffer aa = bufs[static_cast<std::size_t>(a)];
-    const std::int64_t a_row = aa.bytes / m, y_row = ya.bytes / m;
-    auto& at_coll = replacement[dec.collective];
-    auto& at_comp = replacement[dec.compute];
-
-    const auto chunk_collective = [&](std::int64_t j, ir::buffer_id in, ir::buffer_id out) {
-      ir::task t = coll;
-      t.name = rw::indexed(coll.name + ".chunk", j);
-      t.reads = {in};
-      t.writes = {out};
-      t.bytes = coll.bytes / static_cast<double>(k);
-      t.attrs["chunk"] = j;
-      t.attrs["chunks"] = k;
-      // The layout attrs index the shape of the collective's buffers. The chunk buffers are
-      // [rows, columns] with the rank blocks along the rows (splits_outer_dimension admits only
-      // collectives with nothing but 1s before their dim), so an inherited dim = 1 of a
-      // [1, seq, hidden] original would make a backend interleave the chunk's columns.
-      for (const char* key : {"dim", "from_dim", "to_dim"})
-        if (t.attrs.contains(key)) t.attrs[key] = 0;
-      at_coll.push_back(std::move(t));
-    };
-    const auto chunk_matmul = [&](std::int64_t j, ir::buffer_id in_a, ir::buffer_id out) {
-      ir::task t = mm;
-      t.name = rw::indexed(mm.name + ".chunk", j);
-      t.reads = {in_a, b};
-      t.writes = {out};
-      t.flops = mm.flops / static_cast<double>(k);
-      t.bytes = mm.bytes / static_cast<double>(k);
-      t.attrs["m"] = q * c;
-      t.attrs["chunk"] = j;
-      t.attrs["chunks"] = k;
-      at_comp.push_back(std::move(t));
-    };
-    // The interleaved rows {r·m/q + j·c + i} of a row-major [m, inner] matrix (or of the
-    // columns of a transposed [kk, m] one) as a contiguous chunk: a view when q = 1 and rows
-    // are rows, else a slice task.
-    const auto rows_of_a = [&](std::int64_t j) {
-      const auto name = rw::indexed(aa.name + ".c", j);
-      if (q == 1 && !info->trans_a) return new_buffer(name, {c, kk}, c * a_row, aa, a, j * c * a_row);
-      const auto out = new_buffer(name, info->trans_a ? std::vector<std::int64_t>{kk, q * c} : std::vector<std::int64_t>{q * c, kk},
-                                  q * c * a_row, aa);
-      ir::task s;
-      s.name = rw::indexed(mm.name + ".slice", j);
-      s.kind = ir::op_kind::slice;
-      s.stream = ir::compute_stream;
-      s.fn = ir::op::slice;
-      s.reads = {a};
-      s.writes = {out};
-      s.bytes = 2.0 * static_cast<double>(q * c * a_row);
-      s.attrs = info->trans_a ? std::map<std::string, std::int64_t>{{"outer", kk * q}, {"extent", m / q}, {"inner", 1},
-                                                                      {"offset", j * c}, {"length", c}}
-                              : std::map<std::string, std::int64_t>{{"outer", q}, {"extent", m / q}, {"inner", kk},
-                                                                      {"offset", j * c}, {"length", c}};
-      s.step_phase = mm.step_phase;
-      s.layer = mm.layer;
-      at_comp.push_back(std::move(s));
-      return out;
-    };
-    const auto rows_of_y = [&](std::int64_t j) {
-      const auto name = rw::indexed(ya.name + ".c", j);
-      if (q == 1) return new_buffer(name, {c, n}, c * y_row, ya, y, j * c * y_row);
-      return new_buffer(name, {q * c, n}, q * c * y_row, ya);
-    };
-
-    switch (info->shape) {
-    case pattern::gather_matmul: {
-      const auto x = coll.reads[0];
-      const ir::buffer xa = bufs[static_cast<std::size_t>(x)];
-      std::vector<ir::buffer_id> parts;
-      for (std::int64_t j = 0; j < k; ++j) {
-        const auto xv = new_buffer(rw::indexed(xa.name + ".c", j), {c, kk}, c * a_row, xa, x, j * c * a_row);
-        const auto gathered = new_buffer(rw::indexed(aa.name + ".c", j), {q * c, kk}, q * c * a_row, aa);
-        chunk_collective(j, xv, gathered);
-        const auto out = rows_of_y(j);
-        chunk_matmul(j, gathered, out);
-        parts.push_back(out);
-      }
-      if (q > 1) {
-        ir::task t;
-        t.name = mm.name + ".concat";
-        t.kind = ir::op_kind::concat;
-        t.stream = ir::compute_stream;
-        t.fn = ir::op::concat;
-        t.reads = parts;
-        t.writes = {y};
-        t.bytes = 2.0 * static_cast<double>(ya.bytes);
-        t.attrs = {{"outer", q}, {"inner", n}, {"length", c}, {"parts", k}};
-        t.step_phase = mm.step_phase;
-        t.layer = mm.layer;
-        at_comp.push_back(std::move(t));
-      }
-      break;
-    }
-    case pattern::matmul_scatter: {
-      const auto z = coll.writes[0];
-      const ir::buffer za = bufs[static_cast<std::size_t>(z)];
-      for (std::int64_t j = 0; j < k; ++j) {
-        const auto in = rows_of_a(j);
-        const auto out = rows_of_y(j);
-        chunk_matmul(j, in, out);
-        chunk_collective(j, out, new_buffer(rw::indexed(za.name + ".c", j), {c, n}, c * y_row, za, z, j * c * y_row));
-      }
-      break;
-    }
-    case pattern::exchange_matmul: {
-      // Chunk j sends rows [j·c, (j+1)·c) of each destination block (a slice of the input)
-      // and receives them from each source: rows {r·m/q + j·c + i} of the exchanged buffer.
-      const auto x = coll.reads[0];
-      const ir::buffer xa = bufs[static_cast<std::size_t>(x)];
-      std::vector<ir::buffer_id> parts, received;
-      for (std::int64_t j = 0; j < k; ++j) {
-        ir::buffer_id send = -1;
-        if (q == 1) {
-          send = new_buffer(rw::indexed(xa.name + ".c", j), {c, kk}, c * a_row, xa, x, j * c * a_row);
-        } else {
-          send = new_buffer(rw::indexed(xa.name + ".c", j), {q * c, kk}, q * c * a_row, xa);
-          ir::task s;
-          s.name = rw::indexed(coll.name + ".slice", j);
-          s.kind = ir::op_kind::slice;
-          s.stream = ir::compute_stream;
-          s.fn = ir::op::slice;
-          s.reads = {x};
-          s.writes = {send};
-          s.bytes = 2.0 * static_cast<double>(q * c * a_row);
-          s.attrs = {{"outer", q}, {"extent", m / q}, {"inner", kk}, {"offset", j * c}, {"length", c}};
-          s.step_phase = coll.step_phase;
-          s.layer = coll.layer;
-          at_coll.push_back(std::move(s));
-        }
-        const auto got = q == 1 ? new_buffer(rw::indexed(aa.name + ".c", j), {c, kk}, c * a_row, aa, a, j * c * a_row)
-                                : new_buffer(rw::indexed(aa.name + ".c", j), {q * c, kk}, q * c * a_row, aa);
-        chunk_collective(j, send, got);
-        const auto out = rows_of_y(j);
-        chunk_matmul(j, got, out);
-        parts.push_back(out);
-        received.push_back(got);
-      }
-      const auto join = [&](std::string name, std::vector<ir::buffer_id> from, ir::buffer_id to, std::int64_t inner) {
-        ir::task t;
-        t.name = std::move(name);
-        t.kind = ir::op_kind::concat;
-        t.stream = ir::compute_stream;
-        t.fn = ir::op::concat;
-        t.reads = std::move(from);
-        t.writes = {to};
-        t.bytes = 2.0 * static_cast<double>(bufs[static_cast<std::size_t>(to)].bytes);
-        t.attrs = {{"outer", q}, {"inner", inner}, {"length", c}, {"parts", k}};
-        t.step_phase = mm.step_phase;
-        t.layer = mm.layer;
-        at_comp.push_back(std::move(t));
-      };
-      if (q > 1) {
-        join(mm.name + ".concat", parts, y, n);
-        if (info->restore_a) join(coll.name + ".concat", received, a, kk);
-      }
-      break;
-    }
-    case pattern::matmul_exchange: {
-      // Chunk j computes the rows it sends to each rank ({r·m/q + j·c + i}, a slice of A), and
-      // receives rows j·c.. of each source's block; a concat puts them back in place.
-      const auto z = coll.writes[0];
-      const ir::buffer za = bufs[static_cast<std::size_t>(z)];
-      std::vector<ir::buffer_id> parts;
-      for (std::int64_t j = 0; j < k; ++j) {
-        const auto in = rows_of_a(j);
-        const auto out = rows_of_y(j);
-        chunk_matmul(j, in, out);
-        const auto got = q == 1 ? new_buffer(rw::indexed(za.name + ".c", j), {c, n}, c * y_row, za, z, j * c * y_row)
-                                : new_buffer(rw::indexed(za.name + ".c", j), {q * c, n}, q * c * y_row, za);
-        chunk_collective(j, out, got);
-        parts.push_back(got);
-      }
-      if (q > 1) {
-        ir::task t;
-        t.name = coll.name + ".concat";
-        t.kind = ir::op_kind::concat;
-        t.stream = ir::compute_stream;
-        t.fn = ir::op::concat;
-        t.reads = parts;
-        t.writes = {z};
-        t.bytes = 2.0 * static_cast<double>(za.bytes);
-        t.attrs = {{"outer", q}, {"inner", n}, {"length", c}, {"parts", k}};
-        t.step_phase = coll.step_phase;
-        t.layer = coll.layer;
-        at_coll.push_back(std::move(t));
-      }
-      break;
-    }
-    case pattern::matmul_reduce: {
-      const auto out_all = coll.writes[0];
-      const ir::buffer oa = bufs[static_cast<std::size_t>(out_all)];
-      for (std::int64_t j = 0; j < k; ++j) {
-        const auto in = rows_of_a(j);
-        const auto out = rows_of_y(j);
-        chunk_matmul(j, in, out);
-        const auto reduced =
-            out_all == y ? out : new_buffer(rw::indexed(oa.name + ".c", j), {c, n}, c * y_row, oa, out_all, j * c * y_row);
-        chunk_collective(j, out, reduced);
-      }
-      break;
-    }
-    }
-  }
-
-  for (auto id : order) {
-    if (const auto b = before.find(id); b != before.end())
-      for (auto& [origin, t] : b->second) d.add(std::move(t), {origin});
-    const auto it = replacement.find(id);
-    if (it == replacement.end()) {
-      d.add(g[id], {id});
-      continue;
-    }
-    for (auto& t : it->second) d.add(std::move(t), {id});
-  }
-  for (auto& [origin, t] : at_end) d.add(std::move(t), {origin});
-  return rw::finish(g, order, std::move(d));
+  detail::decompose::splitter s(g);
+  for (const auto& dec : decompositions) s.add(dec);
+  return std::move(s).finish();
 }
 
 /// @brief The splits worth trying: every (collective, matmul, k) the rewrite supports, and every

@@ -100,6 +100,7 @@ struct work {
   std::int16_t grad_of[max_leaves]{};
   std::int16_t update_of[max_leaves]{};
   errc err = errc::none;
+  axis_name unknown_axis{}; // errc::unknown_axis: the axis the program names and the mesh lacks
   int where = -1; // raw node of the mistake
   int loss = -1;
   int forward_end = 0;
@@ -176,13 +177,17 @@ struct work {
   }
 
   // ---- 1. trace ----------------------------------------------------------------------------------
+  constexpr bool unknown(const axis_name& a, int raw_index) noexcept {
+    if (err == errc::none) unknown_axis = a;
+    return failed(errc::unknown_axis, raw_index);
+  }
   constexpr bool intern(const spec_value& v, pspec& out, int raw_index) noexcept {
     if (axes_fixed) {
       for (int d = 0; d < v.rank; ++d)
         for (const auto& a : v.dims[d])
-          if (!a.empty() && axes.find(a) < 0) return failed(errc::unknown_axis, raw_index);
+          if (!a.empty() && axes.find(a) < 0) return unknown(a, raw_index);
       for (const auto& a : v.partial)
-        if (!a.empty() && axes.find(a) < 0) return failed(errc::unknown_axis, raw_index);
+        if (!a.empty() && axes.find(a) < 0) return unknown(a, raw_index);
     }
     if (!to_pspec(v, axes, out)) return failed(errc::too_many_axes, raw_index);
     return true;
@@ -207,7 +212,14 @@ struct work {
     x.kind = input ? role::input : k == leaf_kind::data ? role::data : role::param;
     if (k == leaf_kind::constant) x.flags |= flag_no_grad;
     const int self = raw_n;
-    if (!intern(use, x.use, self) || !intern(stored, x.spec, self)) return 0;
+    if (!intern(use, x.use, self) || !intern(stored, x.spec, self)) {
+      if (err == errc::unknown_axis && name_count < max_leaves) { // so that the message names the leaf
+        names[name_count] = leaf_name(name);
+        x.name = static_cast<std::int16_t>(name_count++);
+        raw_add(x);
+      }
+      return 0;
+    }
     if (x.op == op_code::param && stage == 3 && x.spec == x.use) x.spec = shard_more(x.spec, zero_axis);
     if (x.use.has_partial()) x.flags |= flag_pinned;
     // Parameters of a block are per layer and data leaves are shared by its layers: neither can
@@ -852,7 +864,7 @@ constexpr auto compile() noexcept {
   w.axes_fixed = mesh_axes<Mesh>::declared;
   if constexpr (traits::stage > 0) {
     if (w.axes_fixed && w.axes.find(axis_name(traits::axis)) < 0) {
-      w.failed(errc::unknown_axis, -1);
+      w.unknown(axis_name(traits::axis), -1);
       return w;
     }
     w.zero_axis = w.axes.intern(axis_name(traits::axis));
