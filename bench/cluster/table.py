@@ -96,7 +96,7 @@ def print_examples(files, peer_by_cfg):
             lb = min(r["lower_bound_us"] for r in by.values()) / 1e3
             pred = by["concerto"]["predicted_us"] / 1e3 if "concerto" in by else float("nan")
             ddp = ddp_tuned = tp_peer = None
-            mine = float("nan")
+            mine = None  # no peer runs this model on this mesh
             if model in ("mlp", "gpt") and tp == 1:
                 mode = "ddp" if model == "mlp" else "gpt"  # the peer's DDP modes of this model
                 ddp = peer.get(mode)
@@ -109,7 +109,7 @@ def print_examples(files, peer_by_cfg):
             fmt = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
             print(f"{cfg:>10} {model:>5} {f'{world // tp}x{tp}':>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(conc, 9)}"
                   f" {ratio(conc, sync):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f} {ratio(pred, conc):10.2f}"
-                  f" {fmt(ddp, 8)} {fmt(ddp_tuned, 9)} {fmt(tp_peer, 8)} {mine:8.2f}")
+                  f" {fmt(ddp, 8)} {fmt(ddp_tuned, 9)} {fmt(tp_peer, 8)} {fmt(mine, 8, 2)}")
     print("  (mesh = dp x tp; comm% = sync plan's exposed communication / its step; c = concerto; LB = the plan's lower"
           " bound;\n   pred = simulated concerto step; DDPtuned = best of the tuned buckets (MLP: 4 and 100 MB, GPT: 1"
           " and 100 MB);\n   c/torch = concerto / best PyTorch (DDP, default or tuned, for dp; Megatron TP for the MLP's"
