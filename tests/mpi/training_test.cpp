@@ -9,7 +9,9 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 using namespace concerto;
@@ -136,3 +138,12 @@ TEST_CASE("a dp x tp MLP step on every rank matches the same step on one rank", 
 }
 
 CONCERTO_MPI_TEST_MAIN
+
+TEST_CASE("a timeout past the clock's range means no deadline, not one already passed", "[mpi][timeout]") {
+  const auto year_from_now = rt::clock::now() + std::chrono::hours(24 * 365);
+  CHECK(rt::detail::deadline_after(9.3e9) > year_from_now);
+  CHECK(rt::detail::deadline_after(1e300) == rt::clock::time_point::max());
+  CHECK(rt::detail::deadline_after(std::numeric_limits<double>::infinity()) == rt::clock::time_point::max());
+  CHECK(rt::detail::deadline_after(1.0) < year_from_now);
+  CHECK(rt::detail::deadline_after(1.0) > rt::clock::now());
+}

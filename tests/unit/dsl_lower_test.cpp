@@ -260,6 +260,12 @@ TEST_CASE("Llama's ops lower to tasks the kernels decode: GQA extents, rope's he
                       ContainsSubstring("attention(rope(matmul(…, wq), positions), rope(matmul(…, wk), positions)") &&
                           ContainsSubstring("divides the 8 query heads"));
   }
+  SECTION("zero heads, or k and v narrower than one head, are refused instead of dividing by zero") {
+    CHECK_THROWS_WITH(lower(llama, shapes, m, {.heads = 0}), ContainsSubstring("0 heads; attention needs at least one"));
+    auto narrow = shapes;
+    narrow["wk"] = narrow["wv"] = {32, 2}; // head_dim is 4 for 8 query heads of width 32
+    CHECK_THROWS_WITH(lower(llama, narrow, m, {.heads = 8}), ContainsSubstring("divides the 8 query heads"));
+  }
   SECTION("more k/v heads than the tensor-parallel ranks can split are refused") {
     CHECK_THROWS_WITH(lower(llama, shapes, mesh::from_world(4, {{"dp", 1}, {"tp", 4}}), {.heads = 8}),
                       ContainsSubstring("8 heads (2 for k and v) cannot be split over the ranks"));

@@ -112,11 +112,13 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
     if (in(1) != in(2) || !std::equal(q.begin(), q.end() - 1, in(1).begin()))
       fail(what() + ": k " + dims_text(in(1)) + " and v " + dims_text(in(2)) + " must have one shape, and q's " +
            dims_text(q) + " but for the last dimension");
+    if (options.heads < 1)
+      fail(what() + ": " + std::to_string(options.heads) + " heads; attention needs at least one (lower_options::heads)");
     if (q.back() % options.heads != 0)
       fail(what() + ": hidden size " + std::to_string(q.back()) + " is not divisible by " + std::to_string(options.heads) +
            " heads");
     const auto head_dim = q.back() / options.heads;
-    if (in(1).back() % head_dim != 0 || options.heads % (in(1).back() / head_dim) != 0)
+    if (in(1).back() < head_dim || in(1).back() % head_dim != 0 || options.heads % (in(1).back() / head_dim) != 0)
       fail(what() + ": k and v hold " + std::to_string(in(1).back()) + " values per token, not a number of heads of " +
            std::to_string(head_dim) + " (" + std::to_string(q.back()) + " / " + std::to_string(options.heads) +
            " heads) that divides the " + std::to_string(options.heads) + " query heads");

@@ -77,8 +77,13 @@ inline double env_timeout_s(double fallback) {
 
 // Every wait with a deadline (the executor's on MPI, the NCCL backend's end of step): when it
 // ends, and how its error begins.
+// A timeout past the clock's range (CONCERTO_TIMEOUT_S=inf, or 1e10 s) means "never": converting
+// it to clock ticks would overflow into the past and fail every wait at once.
 inline clock::time_point deadline_after(double timeout_s) {
-  return clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto now = clock::now();
+  const std::chrono::duration<double> left_in_range = clock::time_point::max() - now;
+  if (!(timeout_s < left_in_range.count())) return clock::time_point::max();
+  return now + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
 }
 inline std::string timed_out_after(double timeout_s) {
   char secs[32];
