@@ -9,8 +9,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <set>
+#include <sstream>
 #include <string>
 
 using namespace concerto;
@@ -128,6 +130,25 @@ TEST_CASE("the second compile of a step is answered by the plan cache", "[mpi][t
     loss.push_back(s(data(0)).loss);
   }
   CHECK(loss[0] == loss[1]);
+
+  // A damaged entry is replanned, and the user is told once, with the file's name.
+  MPI_Barrier(MPI_COMM_WORLD);
+  const bool writer = runtime::mpi::environment::world_rank() == 0;
+  if (writer)
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().extension() == ".plan") std::ofstream(entry.path(), std::ios::binary | std::ios::trunc) << "damaged";
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::ostringstream reported;
+  auto* const terminal = std::cerr.rdbuf(reported.rdbuf());
+  auto s = train::compile(gt::gpt_sp, mesh::from_world(world, {{"dp", world / 2}, {"tp", 2}}), shapes, {}, o);
+  const bool hit = s.summary().cache_hit; // planning happens here, at the first use
+  std::cerr.rdbuf(terminal);
+  CHECK_FALSE(hit);
+  if (writer) {
+    CHECK(reported.str().find("plan cache: '" + dir.string()) != std::string::npos);
+    CHECK(reported.str().find(".plan': header garbage") != std::string::npos);
+  }
+  CHECK(s(data(0)).loss == loss[0]);
   MPI_Barrier(MPI_COMM_WORLD);
   if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
 }

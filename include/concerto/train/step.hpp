@@ -251,7 +251,8 @@ public:
       plan::plan made;
       if (options_.use_cache) {
         const auto key = cache::make_key(g, model, default_backend_name, options_.policy, planner::hash(planning));
-        made = cache::plan_cache(options_.cache_dir).silence().get_or_plan(key, make, &s.cache_hit);
+        // Not silenced: a damaged or unwritable entry is said once (this runs on rank 0 only).
+        made = cache::plan_cache(options_.cache_dir).get_or_plan(key, make, &s.cache_hit);
       } else {
         made = make();
       }
