@@ -110,6 +110,32 @@ TEST_CASE("a checkpoint of another model is refused naming the tensor", "[mpi][t
   if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a damaged checkpoint is refused naming the file and the tensor, and the step is not changed", "[mpi][train][checkpoint]") {
+  const auto dir = shared_temp_dir();
+  const auto file = dir / "gpt.ckpt";
+  auto s = compile_on(MPI_COMM_SELF, 1, 1);
+  (void)s(data(0));
+  if (runtime::mpi::environment::world_rank() == 0) {
+    s.save(file);
+    std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(-2, std::ios::end); // the last value's exponent byte
+    f.put('\x7f');
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto before = s.parameter("wte");
+  try {
+    s.load(file);
+    FAIL("the load should have thrown");
+  } catch (const concerto::error& e) {
+    CHECK(std::string(e.what()).find("checkpoint '" + file.string() + "': tensor '") != std::string::npos);
+    CHECK(std::string(e.what()).find("' fails its checksum") != std::string::npos);
+  }
+  CHECK(s.parameter("wte") == before);
+  CHECK(s.completed_steps() == 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the second compile of a step is answered by the plan cache", "[mpi][train][cache]") {
   const auto dir = shared_temp_dir();
   const int world = runtime::mpi::environment::world_size();

@@ -8,7 +8,9 @@
 
 #include <concerto/core/error.hpp>
 
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream> // kept: includers of this header write streams too
@@ -16,15 +18,55 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 namespace concerto {
 
+/// @brief This machine's host name, reduced to characters safe in a file name.
+[[nodiscard]] inline std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "unknown-host";
+  std::string out(buf);
+  for (auto& c : out)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '_';
+  return out;
+}
+
+/// @brief Removes the temporary files `<path>.tmp.<pid>-<random>.<host>` that a writer of
+/// `path` killed mid-write left behind: those of this host whose process no longer exists.
+/// Temporaries of live writers, of other hosts (a shared file system) and names it does not
+/// recognise are kept. Best effort: errors are ignored, as the write that follows reports its own.
+inline void remove_abandoned_temporaries(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  const auto prefix = path.filename().string() + ".tmp.";
+  std::string suffix(".");
+  suffix += host_name();
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  std::error_code ec;
+  std::vector<fs::path> abandoned;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(suffix)) continue;
+    const auto owner = std::string_view(name).substr(prefix.size());
+    const auto dash = owner.find('-');
+    if (dash == std::string_view::npos) continue;
+    long pid = 0;
+    const auto [end_of_pid, bad] = std::from_chars(owner.data(), owner.data() + dash, pid);
+    if (bad != std::errc() || end_of_pid != owner.data() + dash || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) abandoned.push_back(it->path());
+  }
+  for (const auto& p : abandoned) fs::remove(p, ec);
+}
+
 /// @brief Writes `content` to `path` through a temporary file in the same directory and a
 /// rename, which POSIX makes atomic on one file system. Creates missing parent directories.
 /// Throws concerto::error naming the path when anything fails; the temporary file is removed.
+/// Temporaries of earlier writers of the same path that were killed mid-write are removed first
+/// (remove_abandoned_temporaries).
 /// The temporary file is fsynced before the rename and the directory after it, so that after a
 /// crash or power loss the path holds the old content or the whole new one, never a prefix.
 ///
@@ -40,11 +82,13 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
     fs::create_directories(parent, ec);
     if (ec) fail("cannot create directory '" + parent.string() + "' for '" + path.string() + "': " + ec.message());
   }
-  // A random suffix (not the pid alone) keeps two threads of one process from sharing a temp file.
+  remove_abandoned_temporaries(path);
+  // The pid and host name tell a later writer whether the temp file's owner still lives; the
+  // random part keeps two threads of one process from sharing a temp file.
   std::random_device entropy;
-  const auto suffix = std::to_string(entropy()) + std::to_string(entropy());
   fs::path temp = path;
-  temp += ".tmp." + suffix;
+  temp += ".tmp." + std::to_string(::getpid()) + "-" + std::to_string(entropy()) + std::to_string(entropy()) + "." +
+          host_name();
   {
     const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)

@@ -14,6 +14,7 @@
 /// if (auto hw = cost::load_cpu_cache(file)) use(*hw);
 /// @endcode
 
+#include <concerto/core/file.hpp>
 #include <concerto/cost/hardware.hpp>
 
 #include <unistd.h>
@@ -32,15 +33,7 @@ namespace concerto::cost {
 inline constexpr int cpu_cache_version = 1;
 inline constexpr std::string_view cpu_cache_format = "concerto cost-cpu calibration";
 
-/// @brief This machine's host name, reduced to characters safe in a file name.
-[[nodiscard]] inline std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "unknown-host";
-  std::string out(buf);
-  for (auto& c : out)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '_';
-  return out;
-}
+using concerto::host_name;
 
 /// @brief The folder concerto caches into: $CONCERTO_CACHE_DIR, else $XDG_CACHE_HOME/concerto,
 /// else $HOME/.cache/concerto, else <temp dir>/concerto-cache.
@@ -119,7 +112,7 @@ struct cache_read {
   return std::move(r.hw);
 }
 
-/// @brief Writes a calibration file atomically (temp file + rename), creating the folder.
+/// @brief Writes a calibration file atomically (concerto::write_file_atomically), creating the folder.
 /// Throws concerto::error naming the file when it cannot be written.
 inline void save_cpu_cache(const std::filesystem::path& file, const hardware& hw) {
   hw.validate();
@@ -128,25 +121,7 @@ inline void save_cpu_cache(const std::filesystem::path& file, const hardware& hw
                          {"host", host_name()},
                          {"checksum", hasher::to_hex(hw.hash())},
                          {"hardware", hw}};
-  std::error_code ec;
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
-  // The pid keeps two processes that calibrate at once from writing the same temp file.
-  auto tmp = file;
-  tmp += ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << j.dump(2) << '\n';
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(tmp, ec);
-      fail("cannot write the CPU calibration cache " + tmp.string());
-    }
-  }
-  std::filesystem::rename(tmp, file, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    fail("cannot move the CPU calibration cache into place at " + file.string());
-  }
+  write_file_atomically(file, j.dump(2) + "\n");
 }
 
 } // namespace concerto::cost

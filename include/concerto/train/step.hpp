@@ -39,6 +39,7 @@
 #include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/kernel_profile.hpp>
 #include <concerto/train/backend_select.hpp>
+#include <concerto/train/checkpoint.hpp>
 #include <concerto/trace/chrome_trace.hpp>
 #include <concerto/train/detail/shard.hpp>
 
@@ -391,57 +392,38 @@ public:
 
   /// @brief Writes every parameter and optimizer state, gathered to global tensors, and the step
   /// count to `path` (rank 0 writes, atomically); loadable on any mesh the shapes divide over.
-  /// Collective. Format: a header line `concerto-checkpoint 1 <index bytes>`, a JSON index
-  /// {"step", "tensors": [{"name", "shape", "offset"}]} and the raw little-endian f32 values.
+  /// Collective. Format and checks: train/checkpoint.hpp.
   void save(const std::filesystem::path& path) {
     prepare();
-    nlohmann::json index = nlohmann::json::array();
-    std::string payload;
-    for (const auto& name : state_names()) {
-      const auto v = gather(name);
-      index.push_back({{"name", name}, {"shape", info(name).blk.global}, {"offset", payload.size()}});
-      payload.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-    }
-    const auto head = nlohmann::json{{"step", completed_steps()}, {"tensors", index}}.dump();
-    if (rank_ == 0)
-      write_file_atomically(path, "concerto-checkpoint 1 " + std::to_string(head.size()) + "\n" + head + payload);
+    checkpoint::writer file;
+    for (const auto& name : state_names()) file.add(name, info(name).blk.global, gather(name));
+    if (rank_ == 0) write_file_atomically(path, std::move(file).finish(completed_steps()));
     MPI_Barrier(options_.world);
   }
 
   /// @brief Reads a checkpoint written by `save` (on any mesh): each rank keeps its shards;
-  /// the step count continues from the checkpoint's. Throws naming a missing or misshapen tensor.
+  /// the step count continues from the checkpoint's. Throws naming the file and what is wrong: a
+  /// damaged header, index or tensor (checksums, train/checkpoint.hpp), a missing or misshapen
+  /// tensor.
   void load(const std::filesystem::path& path) {
     prepare();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail("checkpoint '" + path.string() + "' cannot be opened");
-    std::string magic, version;
-    std::size_t head_bytes = 0;
-    in >> magic >> version >> head_bytes;
-    in.get();
-    if (magic != "concerto-checkpoint" || version != "1") fail("'" + path.string() + "' is not a concerto checkpoint (version 1)");
-    std::string head(head_bytes, '\0');
-    in.read(head.data(), static_cast<std::streamsize>(head_bytes));
-    const std::string payload((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const auto doc = nlohmann::json::parse(head);
-    std::map<std::string, nlohmann::json> by_name;
-    for (const auto& t : doc.at("tensors")) by_name[t.at("name").template get<std::string>()] = t;
+    const auto file = checkpoint::read(path);
+    // Every check before the first write: a refused checkpoint leaves the step as it was.
     for (const auto& name : state_names()) {
-      const auto it = by_name.find(name);
-      if (it == by_name.end()) fail("checkpoint '" + path.string() + "' has no tensor '" + name + "'");
+      const auto it = file.tensors.find(name);
+      if (it == file.tensors.end()) fail("checkpoint '" + path.string() + "' has no tensor '" + name + "'");
+      if (const auto& want = info(name).blk.global; it->second.shape != want)
+        fail("checkpoint '" + path.string() + "': tensor '" + name + "' has shape " +
+             graph::detail::dims_text(it->second.shape) + ", the program expects " + graph::detail::dims_text(want));
+    }
+    for (const auto& name : state_names()) {
       const auto& t = info(name);
-      const auto shape = it->second.at("shape").template get<std::vector<std::int64_t>>();
-      if (shape != t.blk.global)
-        fail("checkpoint '" + path.string() + "': tensor '" + name + "' has shape " + graph::detail::dims_text(shape) +
-             ", the program expects " + graph::detail::dims_text(t.blk.global));
-      const auto offset = it->second.at("offset").template get<std::size_t>();
-      const auto bytes = static_cast<std::size_t>(detail::count(shape)) * sizeof(float);
-      if (offset + bytes > payload.size()) fail("checkpoint '" + path.string() + "' is truncated at tensor '" + name + "'");
       std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
-      detail::copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(const_cast<char*>(payload.data() + offset)),
+      detail::copy_block(t.blk, sizeof(float), const_cast<std::byte*>(file.bytes(name).data()),
                          reinterpret_cast<std::byte*>(local.data()), true);
       backend_->write(t.id, std::as_bytes(std::span(local)));
     }
-    ex_->set_completed_steps(doc.at("step").template get<std::int64_t>());
+    ex_->set_completed_steps(file.step);
   }
 
   /// @brief Steps run so far (including those before a loaded checkpoint).
