@@ -13,7 +13,9 @@
 // runs them in turn, step by step (the order rotating each round), then prints one
 // "result {json}" line per policy: median measured step time, predicted time, lower bound.
 // --cost-preset NAME picks the planner's cost model (cpu-netns: the emulated cluster's); --json
-// FILE writes the results, with every step's time, as one JSON array.
+// FILE writes the results, with every step's time, as one JSON array. --help lists every option.
+#include "../common/command_line.hpp"
+#include "../common/corpus.hpp"
 #include "../common/policy_runs.hpp"
 #include "model.hpp"
 
@@ -23,8 +25,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -39,44 +39,13 @@ struct settings {
   std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
 };
 
-settings parse(int argc, char** argv) {
-  settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto next = [&]() -> std::string {
-      if (i + 1 >= argc) fail("option '" + a + "' needs a value");
-      return argv[++i];
-    };
-    if (a == "--sp") s.sp = true;
-    else if (a == "--tp") s.tp = std::stoi(next());
-    else if (a == "--steps") s.steps = std::stoi(next());
-    else if (a == "--layers") s.layers = std::stoi(next());
-    else if (a == "--hidden") s.hidden = std::stoi(next());
-    else if (a == "--heads") s.heads = std::stoi(next());
-    else if (a == "--seq") s.seq = std::stoi(next());
-    else if (a == "--batch") s.batch = std::stoi(next());
-    else if (a == "--lr") s.lr = std::stof(next());
-    else if (a == "--policy") s.policy = next();
-    else if (a == "--text") s.text = next();
-    else if (a == "--cost-preset") s.cost_preset = next();
-    else if (a == "--json") s.json = next();
-    else fail("unknown option '" + a + "' (known: --tp N --sp --steps N --layers N --hidden N --heads N --seq N "
-              "--batch N --lr X --policy sync|program_order|xla_lhs|concerto[,...] --text FILE --cost-preset NAME --json FILE)");
-  }
-  return s;
-}
-
 template <std::size_t N>
 int train_on(const graph::program<N>& model, const settings& s) {
-  std::ifstream in(s.text, std::ios::binary);
-  if (!in) fail("cannot read the training text '" + s.text + "'");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // Characters as ids; the vocabulary is padded so that it splits over tp.
-  std::vector<int> id_of(256, -1);
-  std::int64_t vocab = 0;
-  for (unsigned char c : text)
-    if (id_of[c] < 0) id_of[c] = static_cast<int>(vocab++);
-  vocab = (vocab + 7) / 8 * 8;
+  const auto corpus = examples::read_corpus(s.text, s.seq);
+  const auto& text = corpus.text;
+  const auto& id_of = corpus.id_of;
+  const auto vocab = corpus.vocab;
 
   const shape_map shapes = gpt_model::shapes(s.batch, s.seq, vocab, s.hidden);
   const int world = runtime::mpi::environment::world_size();
@@ -155,8 +124,25 @@ int train_on(const graph::program<N>& model, const settings& s) {
 
 int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
+  settings s;
+  CLI::App app{"Trains a small character-level GPT on a text over MPI ranks (DP x TP mesh)."};
+  app.add_option("--tp", s.tp, "tensor-parallel ranks (the rest is data parallel)")->check(examples::positive)->capture_default_str();
+  app.add_flag("--sp", s.sp, "sequence parallelism: the residual stream split over tp on the sequence");
+  app.add_option("--steps", s.steps, "training steps")->check(examples::positive)->capture_default_str();
+  app.add_option("--layers", s.layers, "transformer blocks")->check(examples::positive)->capture_default_str();
+  app.add_option("--hidden", s.hidden, "model width")->check(examples::positive)->capture_default_str();
+  app.add_option("--heads", s.heads, "attention heads")->check(examples::positive)->capture_default_str();
+  app.add_option("--seq", s.seq, "sequence length")->check(examples::positive)->capture_default_str();
+  app.add_option("--batch", s.batch, "global batch (sequences per step)")->check(examples::positive)->capture_default_str();
+  app.add_option("--lr", s.lr, "AdamW learning rate")->check(examples::positive)->capture_default_str();
+  app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
+      ->capture_default_str();
+  app.add_option("--text", s.text, "training text")->capture_default_str();
+  app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
+      ->capture_default_str();
+  app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
+  if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
   return runtime::mpi::run_or_abort([&] {
-    const auto s = parse(argc, argv);
     if (s.sp) train_on(gpt_sp, s);
     else train_on(gpt_tp, s);
   });

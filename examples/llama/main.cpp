@@ -11,6 +11,8 @@
 // on the same ranks and runs them in turn, step by step (the order rotating each round); each
 // prints a "result {json}" line (median measured step time, predicted time, lower bound), and
 // --json FILE writes them as one JSON array. --help lists every option.
+#include "../common/command_line.hpp"
+#include "../common/corpus.hpp"
 #include "../common/policy_runs.hpp"
 #include "model.hpp"
 
@@ -44,14 +46,10 @@ int default_ffn(int hidden) { return (8 * hidden / 3 + 7) / 8 * 8; }
 
 template <std::size_t N>
 int train_on(const graph::program<N>& model, const settings& s) {
-  std::ifstream in(s.text, std::ios::binary);
-  if (!in) fail("cannot read the training text '" + s.text + "'");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<int> id_of(256, -1);
-  std::int64_t vocab = 0;
-  for (unsigned char c : text)
-    if (id_of[c] < 0) id_of[c] = static_cast<int>(vocab++);
-  vocab = (vocab + 7) / 8 * 8; // padded so that it splits over tp
+  const auto corpus = examples::read_corpus(s.text, s.seq);
+  const auto& text = corpus.text;
+  const auto& id_of = corpus.id_of;
+  const auto vocab = corpus.vocab;
 
   const int ffn = s.ffn > 0 ? s.ffn : default_ffn(s.hidden);
   const shape_map shapes = llama_model::shapes(s.batch, s.seq, vocab, s.hidden, s.heads, s.kv_heads, ffn);
@@ -148,32 +146,26 @@ int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
   settings s;
   CLI::App app{"Trains a small Llama-family decoder on a text over MPI ranks (DP x TP mesh)."};
-  app.add_option("--tp", s.tp, "tensor-parallel ranks (the rest is data parallel)")->capture_default_str();
+  app.add_option("--tp", s.tp, "tensor-parallel ranks (the rest is data parallel)")->check(examples::positive)->capture_default_str();
   app.add_flag("--sp", s.sp, "sequence parallelism: the residual stream split over tp on the sequence");
-  app.add_option("--zero", s.zero_stage, "ZeRO stage over dp: 0, 1 or 3")->capture_default_str();
-  app.add_option("--steps", s.steps, "training steps")->capture_default_str();
-  app.add_option("--layers", s.layers, "decoder blocks")->capture_default_str();
-  app.add_option("--hidden", s.hidden, "model width")->capture_default_str();
-  app.add_option("--heads", s.heads, "query heads")->capture_default_str();
-  app.add_option("--kv-heads", s.kv_heads, "key/value heads (grouped-query attention; = heads for MHA)")->capture_default_str();
-  app.add_option("--ffn", s.ffn, "feed-forward width (default: 8/3 of hidden, rounded up to 8)");
-  app.add_option("--seq", s.seq, "sequence length")->capture_default_str();
-  app.add_option("--batch", s.batch, "global batch (sequences per step)")->capture_default_str();
-  app.add_option("--lr", s.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--rope-theta", s.rope_theta, "base of the rotary embedding's angles")->capture_default_str();
+  app.add_option("--zero", s.zero_stage, "ZeRO stage over dp: 0, 1 or 3")->check(CLI::IsMember({0, 1, 3}))->capture_default_str();
+  app.add_option("--steps", s.steps, "training steps")->check(examples::positive)->capture_default_str();
+  app.add_option("--layers", s.layers, "decoder blocks")->check(examples::positive)->capture_default_str();
+  app.add_option("--hidden", s.hidden, "model width")->check(examples::positive)->capture_default_str();
+  app.add_option("--heads", s.heads, "query heads")->check(examples::positive)->capture_default_str();
+  app.add_option("--kv-heads", s.kv_heads, "key/value heads (grouped-query attention; = heads for MHA)")->check(examples::positive)->capture_default_str();
+  app.add_option("--ffn", s.ffn, "feed-forward width (default: 8/3 of hidden, rounded up to 8)")->check(examples::positive);
+  app.add_option("--seq", s.seq, "sequence length")->check(examples::positive)->capture_default_str();
+  app.add_option("--batch", s.batch, "global batch (sequences per step)")->check(examples::positive)->capture_default_str();
+  app.add_option("--lr", s.lr, "AdamW learning rate")->check(examples::positive)->capture_default_str();
+  app.add_option("--rope-theta", s.rope_theta, "base of the rotary embedding's angles")->check(examples::positive)->capture_default_str();
   app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
       ->capture_default_str();
   app.add_option("--text", s.text, "training text")->capture_default_str();
   app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
       ->capture_default_str();
   app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help prints on rank 0 only and ends every rank with status 0; a bad option ends them with 1.
-    const int code = runtime::mpi::environment::world_rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
-    return code;
-  }
+  if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
   return runtime::mpi::run_or_abort([&] {
     if (s.sp) train_with_optimizer<llama_model::sequence_parallel_residual>(s);
     else train_with_optimizer<llama_model::replicated_residual>(s);

@@ -9,7 +9,9 @@
 // A comma-separated --policy compiles one step per policy on the same ranks and runs them in
 // turn, step by step (the order rotating each round), so that every plan sees the same machine
 // state; it then prints one "result {json}" line per policy with the median measured step time,
-// the predicted one and the plan's lower bound (bench/cluster/run reads those lines).
+// the predicted one and the plan's lower bound (bench/cluster/run reads those lines). --help lists
+// every option.
+#include "../common/command_line.hpp"
 #include "../common/policy_runs.hpp"
 
 #include <concerto/concerto.hpp>
@@ -35,24 +37,21 @@ constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(act, no_grad), pa
 
 int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
+  int tp_size = 2, steps = 60;
+  std::int64_t B = 64, F = 128, ffn = 4;
+  std::string policy = "concerto", cost_preset = "cpu";
+  CLI::App app{"Trains the DSL's MLP on a random teacher network over MPI ranks (DP x TP mesh)."};
+  app.add_option("--tp", tp_size, "tensor-parallel ranks (the rest is data parallel)")->check(examples::positive)->capture_default_str();
+  app.add_option("--steps", steps, "training steps")->check(examples::positive)->capture_default_str();
+  app.add_option("--policy", policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
+      ->capture_default_str();
+  app.add_option("--batch", B, "global batch (rows per step)")->check(examples::positive)->capture_default_str();
+  app.add_option("--hidden", F, "features in and out")->check(examples::positive)->capture_default_str();
+  app.add_option("--ffn", ffn, "hidden width as a multiple of --hidden")->check(examples::positive)->capture_default_str();
+  app.add_option("--cost-preset", cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
+      ->capture_default_str();
+  if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
   return runtime::mpi::run_or_abort([&] {
-    int tp_size = 2, steps = 60;
-    std::int64_t B = 64, F = 128, ffn = 4;
-    std::string policy = "concerto", cost_preset = "cpu";
-    for (int i = 1; i < argc; i += 2) {
-      const std::string a = argv[i];
-      if (i + 1 >= argc) fail("option '" + a + "' needs a value");
-      if (a == "--tp") tp_size = std::atoi(argv[i + 1]);
-      else if (a == "--steps") steps = std::atoi(argv[i + 1]);
-      else if (a == "--policy") policy = argv[i + 1];
-      else if (a == "--batch") B = std::atoll(argv[i + 1]);
-      else if (a == "--hidden") F = std::atoll(argv[i + 1]);
-      else if (a == "--ffn") ffn = std::atoll(argv[i + 1]);
-      else if (a == "--cost-preset") cost_preset = argv[i + 1];
-      else fail("unknown option '" + a + "' (known: --tp N, --steps N, --policy NAME[,NAME...], --batch N, --hidden N, "
-                "--ffn N, --cost-preset NAME)");
-    }
-    if (B < 1 || F < 1 || ffn < 1) fail("--batch, --hidden and --ffn must be positive");
     const int world = runtime::mpi::environment::world_size();
     const std::int64_t H = ffn * F;
     const shape_map shapes{{"x", {B, F}}, {"target", {B, F}}, {"w1", {F, H}}, {"w2", {H, F}}};

@@ -25,6 +25,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // ---- allocation counting ----------------------------------------------------------------
@@ -140,9 +141,9 @@ struct fake_backend {
   void stream_wait(ir::stream_id s, const ir::task& dep) { note('w', dep.id, s); }
   int rank() const { return 0; }
   int world_size() const { return 1; }
-  void broadcast(std::string&, int) {}
-  std::int64_t min_all(std::int64_t v) { return v; }
-  void barrier() {}
+  void broadcast(std::string&, int, std::string_view) {}
+  std::int64_t min_all(std::int64_t v, std::string_view) { return v; }
+  void barrier(std::string_view) {}
 };
 
 static_assert(rt::backend<fake_backend<false>>);

@@ -20,9 +20,21 @@ public:
   using std::runtime_error::runtime_error;
 };
 
+/// @brief An error that every rank of the job raises at the same point with the same message
+/// (a failed agreement check, a non-finite loss): runtime::mpi::run_or_abort prints it once.
+class collective_error : public error {
+public:
+  using error::error;
+};
+
 /// @brief Throws concerto::error with "concerto: <message>" and, for internal checks, the location.
 [[noreturn]] inline void fail(std::string_view message) {
   throw error("concerto: " + std::string(message));
+}
+
+/// @brief Throws concerto::collective_error; only where every rank is known to throw it alike.
+[[noreturn]] inline void fail_on_every_rank(std::string_view message) {
+  throw collective_error("concerto: " + std::string(message));
 }
 
 namespace detail {

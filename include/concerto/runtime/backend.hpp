@@ -21,6 +21,7 @@
 
 #include <concerto/ir/graph.hpp>
 #include <concerto/plan/plan.hpp>
+#include <concerto/runtime/deadline.hpp>
 
 #include <chrono>
 #include <concepts>
@@ -29,11 +30,9 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace concerto::runtime {
-
-/// @brief The clock every deadline and measured time uses.
-using clock = std::chrono::steady_clock;
 
 /// @brief A backend the executor can drive.
 ///
@@ -50,15 +49,16 @@ using clock = std::chrono::steady_clock;
 /// - `b.wait_any(in_flight, deadline) -> optional<index>`: block until one completes, or
 ///   nullopt at the deadline.
 /// - `b.record(t)`, `b.stream_wait(stream, t)`: the cross-stream dependency pair (no-ops on MPI).
-/// - `b.rank()`, `b.world_size()`, `b.broadcast(bytes, root)`, `b.min_all(v)`, `b.barrier()`:
-///   plan agreement over all ranks.
+/// - `b.rank()`, `b.world_size()`, `b.broadcast(bytes, root, what)`, `b.min_all(v, what)`,
+///   `b.barrier(what)`: plan distribution and agreement over all ranks, each bounded by the
+///   runtime's timeout (runtime/deadline.hpp); `what` names the wait in the timeout's message.
 /// @code
 /// static_assert(runtime::backend<runtime::mpi::backend>);
 /// @endcode
 template <class B>
 concept backend = requires(B& b, const B& cb, const plan::plan& p, const ir::task& t, ir::stream_id s,
                            typename B::handle& h, std::span<typename B::handle> in_flight, clock::time_point deadline,
-                           std::string& bytes, int root, std::int64_t value) {
+                           std::string& bytes, int root, std::int64_t value, std::string_view what) {
   requires std::default_initializable<typename B::handle>;
   { B::stream_ordered } -> std::convertible_to<bool>;
   b.prepare(p);
@@ -72,9 +72,9 @@ concept backend = requires(B& b, const B& cb, const plan::plan& p, const ir::tas
   b.stream_wait(s, t);
   { cb.rank() } -> std::convertible_to<int>;
   { cb.world_size() } -> std::convertible_to<int>;
-  b.broadcast(bytes, root);
-  { b.min_all(value) } -> std::same_as<std::int64_t>;
-  b.barrier();
+  b.broadcast(bytes, root, what);
+  { b.min_all(value, what) } -> std::same_as<std::int64_t>;
+  b.barrier(what);
 };
 
 } // namespace concerto::runtime

@@ -52,7 +52,7 @@ namespace concerto::runtime {
 
 /// @brief How an executor runs.
 struct executor_options {
-  double timeout_s = 300;      ///< longest wait for any collective before the step fails
+  double timeout_s = default_timeout_s; ///< longest wait for any collective before the step fails
   bool timeout_from_env = true; ///< CONCERTO_TIMEOUT_S (seconds), when set, overrides timeout_s
   bool verify = true;          ///< plan::verify the plan before the first step
 };
@@ -64,32 +64,6 @@ struct step_report {
 };
 
 namespace detail {
-
-inline double env_timeout_s(double fallback) {
-  const char* text = std::getenv("CONCERTO_TIMEOUT_S");
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  const double v = std::strtod(text, &end);
-  if (end == text || *end != '\0' || !(v > 0))
-    fail(std::string("CONCERTO_TIMEOUT_S='") + text + "' is not a positive number of seconds");
-  return v;
-}
-
-// Every wait with a deadline (the executor's on MPI, the NCCL backend's end of step): when it
-// ends, and how its error begins.
-// A timeout past the clock's range (CONCERTO_TIMEOUT_S=inf, or 1e10 s) means "never": converting
-// it to clock ticks would overflow into the past and fail every wait at once.
-inline clock::time_point deadline_after(double timeout_s) {
-  const auto now = clock::now();
-  const std::chrono::duration<double> left_in_range = clock::time_point::max() - now;
-  if (!(timeout_s < left_in_range.count())) return clock::time_point::max();
-  return now + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
-}
-inline std::string timed_out_after(double timeout_s) {
-  char secs[32];
-  std::snprintf(secs, sizeof secs, "%g", timeout_s);
-  return "timed out after " + std::string(secs) + " s";
-}
 
 inline std::string task_label(const ir::graph& g, ir::task_id id) {
   const auto& t = g.tasks[static_cast<std::size_t>(id)];
@@ -106,8 +80,7 @@ template <backend B>
 class executor {
 public:
   executor(plan::plan p, B& b, executor_options options = {}) : plan_(std::move(p)), b_(b), options_(options) {
-    if (options_.timeout_from_env) options_.timeout_s = detail::env_timeout_s(options_.timeout_s);
-    CONCERTO_CHECK(options_.timeout_s > 0, "executor: timeout_s must be positive");
+    options_.timeout_s = detail::resolve_timeout_s(options_.timeout_s, options_.timeout_from_env, "executor");
     if (options_.verify) plan::verify(plan_);
     const auto& g = plan_.graph;
     const auto n = g.tasks.size();
@@ -411,11 +384,11 @@ void check_plan_agreement(B& b, const plan::plan& p) {
   const auto mine = plan::collective_sequence(p);
   std::string blob;
   if (b.rank() == 0) blob = detail::encode(mine_hash, mine).dump();
-  b.broadcast(blob, 0);
+  b.broadcast(blob, 0, "the plan agreement check (rank 0's plan hash)");
   const auto doc = nlohmann::json::parse(blob);
   const bool differs = doc.at("hash").get<std::string>() != hasher::to_hex(mine_hash);
   constexpr auto none = std::numeric_limits<std::int64_t>::max();
-  const auto first = b.min_all(differs ? static_cast<std::int64_t>(b.rank()) : none);
+  const auto first = b.min_all(differs ? static_cast<std::int64_t>(b.rank()) : none, "the plan agreement check");
   if (first == none) return;
   std::string message;
   if (b.rank() == static_cast<int>(first)) {
@@ -436,8 +409,8 @@ void check_plan_agreement(B& b, const plan::plan& p) {
                 ") differs from rank 0's (hash " + doc.at("hash").get<std::string>() +
                 ") although their collective sequences agree; every rank must run rank 0's plan";
   }
-  b.broadcast(message, static_cast<int>(first));
-  fail(message);
+  b.broadcast(message, static_cast<int>(first), "the plan agreement check (the differing rank's plan)");
+  fail_on_every_rank(message);
 }
 
 /// @brief Rank 0 makes the plan (plans or loads it from the cache) and broadcasts its JSON;
@@ -458,11 +431,11 @@ template <backend B>
       text = std::string("!") + e.what();
     }
   }
-  b.broadcast(text, 0);
+  b.broadcast(text, 0, "the plan from rank 0 (rank 0 plans, or loads it from the cache)");
   if (!text.empty() && text.front() == '!') {
     std::string what = text.substr(1);
     if (what.starts_with("concerto: ")) what.erase(0, 10);
-    fail("rank 0 could not make the plan: " + what);
+    fail_on_every_rank("rank 0 could not make the plan: " + what);
   }
   p = plan::plan_from_json_text(text); // rank 0 too: every rank runs the very bytes it hashes
   plan::verify(p);

@@ -31,6 +31,7 @@
 #include <concepts>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -62,8 +63,13 @@ inline constexpr std::string_view default_backend_name = "nccl";
 /// @brief A GPU backend over `world` (device: the rank's index on its node), with the kernels'
 /// settings (optimizer hyperparameters). Steps run eagerly: the step object writes inputs
 /// between steps, which a captured graph would also see, but changed settings would not.
-inline std::unique_ptr<default_backend> make_backend(MPI_Comm world, const runtime::kernel_settings& settings) {
-  return std::make_unique<default_backend>(runtime::nccl::backend_options{.kernels = settings, .world = world});
+/// `timeout_s` bounds its waits; unset: CONCERTO_TIMEOUT_S, else runtime::default_timeout_s.
+inline std::unique_ptr<default_backend> make_backend(MPI_Comm world, const runtime::kernel_settings& settings,
+                                                     std::optional<double> timeout_s = std::nullopt) {
+  return std::make_unique<default_backend>(runtime::nccl::backend_options{.kernels = settings,
+                                                                         .world = world,
+                                                                         .timeout_s = timeout_s.value_or(runtime::default_timeout_s),
+                                                                         .timeout_from_env = !timeout_s});
 }
 
 #else
@@ -74,8 +80,13 @@ using default_backend = runtime::mpi::backend;
 inline constexpr std::string_view default_backend_name = "mpi";
 
 /// @brief An MPI backend over `world`, with the kernels' settings (optimizer hyperparameters).
-inline std::unique_ptr<default_backend> make_backend(MPI_Comm world, const runtime::kernel_settings& settings) {
-  return std::make_unique<default_backend>(runtime::mpi::backend_options{.kernels = settings, .world = world});
+/// `timeout_s` bounds its waits; unset: CONCERTO_TIMEOUT_S, else runtime::default_timeout_s.
+inline std::unique_ptr<default_backend> make_backend(MPI_Comm world, const runtime::kernel_settings& settings,
+                                                     std::optional<double> timeout_s = std::nullopt) {
+  return std::make_unique<default_backend>(runtime::mpi::backend_options{.kernels = settings,
+                                                                         .world = world,
+                                                                         .timeout_s = timeout_s.value_or(runtime::default_timeout_s),
+                                                                         .timeout_from_env = !timeout_s});
 }
 
 #endif

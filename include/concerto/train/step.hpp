@@ -38,6 +38,8 @@
 #include <concerto/planner/pipeline.hpp>
 #include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/kernel_profile.hpp>
+#include <concerto/runtime/mpi/control.hpp>
+#include <concerto/train/agreement.hpp>
 #include <concerto/train/backend_select.hpp>
 #include <concerto/train/checkpoint.hpp>
 #include <concerto/trace/chrome_trace.hpp>
@@ -48,6 +50,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -154,6 +157,9 @@ struct step_options {
   bool use_cache = true;             ///< look the plan up in (and store it to) the plan cache
   std::filesystem::path cache_dir = cache::default_directory();
   std::uint64_t seed = 1;            ///< parameter initialisation
+  /// A step whose loss is NaN or infinite throws, naming the step (the parameters then hold that
+  /// step's update); false: the loss is returned and training goes on.
+  bool stop_on_non_finite_loss = true;
   MPI_Comm world = MPI_COMM_WORLD;   ///< the ranks of the mesh, in mesh order
   runtime::executor_options executor{};
   /// When set, every rank writes Chrome traces here: the plan's simulated step once
@@ -225,6 +231,8 @@ public:
       fail("train::compile: the mesh has " + std::to_string(mesh_.rank_count()) + " ranks but the communicator has " +
            std::to_string(size_));
     graph_ = lower(p, shapes_, mesh_, options_.lower);
+    control_.emplace(options_.world, runtime::detail::resolve_timeout_s(options_.executor.timeout_s,
+                                                                        options_.executor.timeout_from_env, "train step"));
   }
 
   /// @brief The lowered graph (before planning).
@@ -235,7 +243,10 @@ public:
   /// the first step does it if nobody did. Collective over the step's ranks.
   void prepare() {
     if (ex_) return;
-    backend_ = make_backend(options_.world, settings_);
+    // First, before any other collective: a rank with other settings would run rank 0's plan
+    // with its own numbers, or wait in a collective the others never start.
+    check_agreement(settings_record_of(), *control_);
+    backend_ = make_backend(options_.world, settings_, control_->timeout_s());
     const auto model = planning_model();
     std::string summary_text;
     auto p = runtime::distribute_plan(*backend_, [&] {
@@ -269,7 +280,7 @@ public:
                          .dump();
       return made;
     });
-    backend_->broadcast(summary_text, 0);
+    backend_->broadcast(summary_text, 0, "the plan summary from rank 0");
     const auto j = nlohmann::json::parse(summary_text);
     summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("rewritten"),
                 j.at("tasks"), j.at("collectives")};
@@ -339,9 +350,13 @@ public:
     if (!options_.trace_dir.empty()) write_trace("measured", rep.measured);
     float local = 0;
     backend_->read(loss_id_, std::as_writable_bytes(std::span(&local, 1)));
-    double sum = 0, mine = local;
-    MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, options_.world);
-    return {rep.step, sum / loss_copies_, rep.measured.step_us, rep.measured.exposed_comm_us, rank_};
+    const double loss = control_->sum_all(double{local}, "the loss of step " + std::to_string(rep.step)) / loss_copies_;
+    // Every rank holds the same sum, so every rank stops here, together.
+    if (options_.stop_on_non_finite_loss && !std::isfinite(loss))
+      fail_on_every_rank("train step: the loss of step " + std::to_string(rep.step) + " of graph '" + graph_.name + "' is " +
+           std::to_string(loss) + "; training stopped (the parameters hold this step's update; a smaller learning " +
+           "rate usually helps; step_options::stop_on_non_finite_loss = false goes on)");
+    return {rep.step, loss, rep.measured.step_us, rep.measured.exposed_comm_us, rank_};
   }
 
   /// @brief Names of the trained parameters (as in the graph: `w1`, `layers.0.wq`, ...).
@@ -381,7 +396,7 @@ public:
     const auto n = static_cast<std::size_t>(detail::count(t.blk.local));
     std::vector<float> mine(n), all(n * static_cast<std::size_t>(size_)), out(static_cast<std::size_t>(detail::count(t.blk.global)));
     backend_->read(t.id, std::as_writable_bytes(std::span(mine)));
-    MPI_Allgather(mine.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n), MPI_FLOAT, options_.world);
+    control_->all_gather(std::span<const float>(mine), std::span(all), "gathering tensor '" + name + "'");
     for (int r = 0; r < size_; ++r) {
       const auto blk = block_of(t.spec, t.blk.local, mesh_.coords(r));
       detail::copy_block(blk, sizeof(float), reinterpret_cast<std::byte*>(out.data()),
@@ -398,24 +413,33 @@ public:
     checkpoint::writer file;
     for (const auto& name : state_names()) file.add(name, info(name).blk.global, gather(name));
     if (rank_ == 0) write_file_atomically(path, std::move(file).finish(completed_steps()));
-    MPI_Barrier(options_.world);
+    control_->barrier("the end of saving checkpoint '" + path.string() + "'");
   }
 
   /// @brief Reads a checkpoint written by `save` (on any mesh): each rank keeps its shards;
-  /// the step count continues from the checkpoint's. Throws naming the file and what is wrong: a
-  /// damaged header, index or tensor (checksums, train/checkpoint.hpp), a missing or misshapen
-  /// tensor.
+  /// the step count continues from the checkpoint's. Collective: when the file fails a check on
+  /// any rank, every rank throws (concerto::collective_error) naming the file and what is wrong:
+  /// a damaged header, index or tensor (checksums, train/checkpoint.hpp), a missing or misshapen
+  /// tensor. A refused checkpoint leaves the step as it was.
   void load(const std::filesystem::path& path) {
     prepare();
-    const auto file = checkpoint::read(path);
-    // Every check before the first write: a refused checkpoint leaves the step as it was.
-    for (const auto& name : state_names()) {
-      const auto it = file.tensors.find(name);
-      if (it == file.tensors.end()) fail("checkpoint '" + path.string() + "' has no tensor '" + name + "'");
-      if (const auto& want = info(name).blk.global; it->second.shape != want)
-        fail("checkpoint '" + path.string() + "': tensor '" + name + "' has shape " +
-             graph::detail::dims_text(it->second.shape) + ", the program expects " + graph::detail::dims_text(want));
+    checkpoint::contents file;
+    std::string problem;
+    try {
+      file = checkpoint::read(path);
+      for (const auto& name : state_names()) {
+        const auto it = file.tensors.find(name);
+        if (it == file.tensors.end()) fail("checkpoint '" + path.string() + "' has no tensor '" + name + "'");
+        if (const auto& want = info(name).blk.global; it->second.shape != want)
+          fail("checkpoint '" + path.string() + "': tensor '" + name + "' has shape " +
+               graph::detail::dims_text(it->second.shape) + ", the program expects " + graph::detail::dims_text(want));
+      }
+    } catch (const error& e) {
+      problem = e.what();
     }
+    // Every rank reads the file itself (a shared file system may show one rank another file):
+    // all go on, or all stop, before the first value is written.
+    check_all_succeeded(std::move(problem), *control_, "loading checkpoint '" + path.string() + "'");
     for (const auto& name : state_names()) {
       const auto& t = info(name);
       std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
@@ -452,7 +476,7 @@ private:
                                            : std::filesystem::path();
       std::string known_text = "{}";
       if (rank_ == 0 && options_.use_cache) known_text = detail::read_kernel_scales(file).dump();
-      backend_->broadcast(known_text, 0);
+      backend_->broadcast(known_text, 0, "the measured kernel factors from rank 0");
       auto known = nlohmann::json::parse(known_text).get<std::map<std::string, double, std::less<>>>();
       if (!std::ranges::all_of(wanted, [&](const auto& k) { return known.contains(k); })) {
         // Every rank reaches the reduction below, also one whose timing threw (out of memory on a
@@ -467,8 +491,8 @@ private:
         std::vector<double> mine;
         for (const auto& k : wanted) mine.push_back(scales.contains(k) ? scales.at(k) : 1.0); // launch-bound: 1
         mine.push_back(failure.empty() ? 0.0 : 1.0);
-        std::vector<double> sum(mine.size());
-        MPI_Allreduce(mine.data(), sum.data(), static_cast<int>(mine.size()), MPI_DOUBLE, MPI_SUM, options_.world);
+        auto sum = mine;
+        control_->sum_all(std::span(sum), "the kernel timings of every rank");
         if (sum.back() > 0)
           fail("train step: timing the kernels of graph '" + graph_.name + "' failed on " +
                std::to_string(static_cast<int>(sum.back())) + " rank(s)" + (failure.empty() ? "" : ": " + failure));
@@ -602,6 +626,45 @@ private:
     }
   }
 
+  /// Everything that must be identical on every rank, for check_agreement.
+  [[nodiscard]] settings_record settings_record_of() const {
+    const auto number = [](float v) { // the shortest text that reads back as the same float
+      char buf[32];
+      const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+      return std::string(buf, ec == std::errc() ? end : buf);
+    };
+    const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+    const char* iallreduce = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
+    const planner::plan_options planning{.policy = options_.policy,
+                                         .solver = options_.solver,
+                                         .decompose = options_.decompose,
+                                         .bucket = options_.bucket,
+                                         .memory_cap_bytes = options_.memory_cap_bytes};
+    return {{"library version", std::string(cache::library_version)},
+            {"shapes", nlohmann::json(shapes_).dump()},
+            {"lower.heads", std::to_string(options_.lower.heads)},
+            {"lower.rope_theta", std::to_string(options_.lower.rope_theta)},
+            {"lower.depth", nlohmann::json(options_.lower.depth).dump()},
+            {"lowered graph (program, mesh, shapes)", hasher::to_hex(plan::hash(graph_))},
+            {"policy", options_.policy},
+            {"cost_preset", options_.cost_preset},
+            {"measure_kernels", options_.measure_kernels ? flag(*options_.measure_kernels) : "default"},
+            {"use_cache", flag(options_.use_cache)},
+            {"planner options", hasher::to_hex(planner::hash(planning))},
+            {"seed", std::to_string(options_.seed)},
+            {"sgd.lr", number(settings_.sgd.lr)},
+            {"sgd.momentum", number(settings_.sgd.momentum)},
+            {"sgd.weight_decay", number(settings_.sgd.weight_decay)},
+            {"adamw.lr", number(settings_.adamw.lr)},
+            {"adamw.beta1", number(settings_.adamw.beta1)},
+            {"adamw.beta2", number(settings_.adamw.beta2)},
+            {"adamw.eps", number(settings_.adamw.eps)},
+            {"adamw.weight_decay", number(settings_.adamw.weight_decay)},
+            {"stop_on_non_finite_loss", flag(options_.stop_on_non_finite_loss)},
+            // Open MPI's non-blocking all-reduce algorithm: ranks that differ deadlock in it.
+            {"OMPI_MCA_coll_libnbc_iallreduce_algorithm", iallreduce ? iallreduce : "(unset)"}};
+  }
+
   graph::program<N> program_;
   concerto::mesh mesh_;
   shape_map shapes_;
@@ -609,6 +672,7 @@ private:
   runtime::kernel_settings settings_;
   int rank_ = 0, size_ = 1;
   ir::graph graph_;
+  std::optional<runtime::mpi::control> control_; ///< the step's own collectives, with deadlines
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<runtime::executor<Backend>> ex_;
   plan_summary summary_;

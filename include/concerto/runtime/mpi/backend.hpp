@@ -31,6 +31,7 @@
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/collective_layout.hpp>
 #include <concerto/runtime/dispatch.hpp>
+#include <concerto/runtime/mpi/control.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
 
 #include <mpi.h>
@@ -51,6 +52,10 @@ struct backend_options {
   kernel_settings kernels{};         ///< optimizer hyperparameters and the like
   int blas_threads = 1;              ///< per rank: the ranks already fill the cores
   MPI_Comm world = MPI_COMM_WORLD;   ///< the ranks the plan's mesh covers
+  /// Longest wait of the plan broadcast and agreement checks (the executor bounds the step's
+  /// collectives with its own executor_options::timeout_s, by default the same).
+  double timeout_s = default_timeout_s;
+  bool timeout_from_env = true;      ///< CONCERTO_TIMEOUT_S (seconds), when set, overrides timeout_s
 };
 
 /// @brief MPI + CPU kernels behind the runtime::backend concept.
@@ -71,7 +76,9 @@ public:
   };
   static constexpr bool stream_ordered = false;
 
-  explicit backend(backend_options options = {}) : options_(options) {
+  explicit backend(backend_options options = {})
+      : options_(options),
+        control_(options_.world, detail::resolve_timeout_s(options_.timeout_s, options_.timeout_from_env, "mpi::backend")) {
     check(MPI_Comm_rank(options_.world, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(options_.world, &size_), "MPI_Comm_size");
   }
@@ -203,19 +210,9 @@ public:
   void record(const ir::task&) {}
   void stream_wait(ir::stream_id, const ir::task&) {}
 
-  void broadcast(std::string& bytes, int root) {
-    auto n = static_cast<long long>(bytes.size());
-    check(MPI_Bcast(&n, 1, MPI_LONG_LONG, root, options_.world), "MPI_Bcast");
-    CONCERTO_CHECK(n <= INT_MAX, "broadcast of " + std::to_string(n) + " bytes exceeds MPI's int count");
-    bytes.resize(static_cast<std::size_t>(n));
-    if (n > 0) check(MPI_Bcast(bytes.data(), static_cast<int>(n), MPI_CHAR, root, options_.world), "MPI_Bcast");
-  }
-  std::int64_t min_all(std::int64_t v) {
-    std::int64_t out = 0;
-    check(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, options_.world), "MPI_Allreduce");
-    return out;
-  }
-  void barrier() { check(MPI_Barrier(options_.world), "MPI_Barrier"); }
+  void broadcast(std::string& bytes, int root, std::string_view what) { control_.broadcast(bytes, root, what); }
+  std::int64_t min_all(std::int64_t v, std::string_view what) { return control_.min_all(v, what); }
+  void barrier(std::string_view what) { control_.barrier(what); }
 
 private:
   // Moves the parts of a split between the tensor's own layout and MPI's contiguous blocks,
@@ -318,6 +315,7 @@ private:
   }
 
   backend_options options_;
+  control control_;
   int rank_ = 0, size_ = 1;
   const ir::graph* graph_ = nullptr;
   concerto::mesh mesh_;

@@ -7,10 +7,12 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace concerto::runtime::mpi {
@@ -128,21 +130,34 @@ private:
 
 /// @brief Runs `body`; if it throws, prints "concerto: rank R failed: <what>" to stderr and
 /// MPI_Aborts the whole job, so the other ranks stop instead of hanging in a collective.
+///
+/// The cause comes first and once: a concerto::collective_error (every rank raises the same) is
+/// printed by the comm's rank 0 alone (another rank prints it only if rank 0 has not ended the job
+/// 2 s later), and the abort waits a moment so that the launcher forwards the line before its
+/// own MPI_ABORT banner.
 /// @return 0 when body returns normally (then every rank continues).
 template <class F>
 int run_or_abort(F&& body, MPI_Comm comm = MPI_COMM_WORLD) {
+  const auto report = [](const char* what) {
+    std::string text = what;
+    if (text.starts_with("concerto: ")) text.erase(0, 10);
+    std::fprintf(stderr, "concerto: rank %d failed: %s\n", environment::world_rank(), text.c_str());
+  };
   try {
     std::forward<F>(body)();
     return 0;
+  } catch (const collective_error& e) {
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
+    if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+    report(e.what());
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (what.starts_with("concerto: ")) what.erase(0, 10);
-    std::fprintf(stderr, "concerto: rank %d failed: %s\n", environment::world_rank(), what.c_str());
+    report(e.what());
   } catch (...) {
-    std::fprintf(stderr, "concerto: rank %d failed: an exception that is not a std::exception\n",
-                 environment::world_rank());
+    report("an exception that is not a std::exception");
   }
   std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   MPI_Abort(comm, 1);
   return 1;
 }

@@ -70,6 +70,7 @@
 #include <concerto/runtime/cuda/stream.hpp>
 #include <concerto/runtime/dispatch.hpp>
 #include <concerto/runtime/executor.hpp>
+#include <concerto/runtime/mpi/control.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
 #include <concerto/runtime/nccl/communicator.hpp>
 #include <concerto/runtime/nccl/options.hpp>
@@ -98,9 +99,11 @@ public:
   using handle = task_handle;
   static constexpr bool stream_ordered = true;
 
-  explicit backend(backend_options options = {}) : options_(std::move(options)) {
-    if (options_.timeout_from_env) options_.timeout_s = runtime::detail::env_timeout_s(options_.timeout_s);
-    CONCERTO_CHECK(options_.timeout_s > 0, "nccl::backend: timeout_s must be positive");
+  explicit backend(backend_options options = {})
+      : options_(std::move(options)),
+        control_(options_.world,
+                 runtime::detail::resolve_timeout_s(options_.timeout_s, options_.timeout_from_env, "nccl::backend")) {
+    options_.timeout_s = control_.timeout_s();
     mpi::check(MPI_Comm_rank(options_.world, &rank_), "MPI_Comm_rank");
     mpi::check(MPI_Comm_size(options_.world, &size_), "MPI_Comm_size");
     const int devices = cuda::device_count();
@@ -446,19 +449,9 @@ public:
     events_[i].wait_on(stream_of(s));
   }
 
-  void broadcast(std::string& bytes, int root) {
-    auto n = static_cast<long long>(bytes.size());
-    mpi::check(MPI_Bcast(&n, 1, MPI_LONG_LONG, root, options_.world), "MPI_Bcast");
-    CONCERTO_CHECK(n <= INT_MAX, "broadcast of " + std::to_string(n) + " bytes exceeds MPI's int count");
-    bytes.resize(static_cast<std::size_t>(n));
-    if (n > 0) mpi::check(MPI_Bcast(bytes.data(), static_cast<int>(n), MPI_CHAR, root, options_.world), "MPI_Bcast");
-  }
-  std::int64_t min_all(std::int64_t v) {
-    std::int64_t out = 0;
-    mpi::check(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, options_.world), "MPI_Allreduce");
-    return out;
-  }
-  void barrier() { mpi::check(MPI_Barrier(options_.world), "MPI_Barrier"); }
+  void broadcast(std::string& bytes, int root, std::string_view what) { control_.broadcast(bytes, root, what); }
+  std::int64_t min_all(std::int64_t v, std::string_view what) { return control_.min_all(v, what); }
+  void barrier(std::string_view what) { control_.barrier(what); }
 
 private:
   enum class mode : std::uint8_t { eager, capture, replay };
@@ -723,6 +716,7 @@ private:
   }
 
   backend_options options_;
+  mpi::control control_;
   int rank_ = 0, size_ = 1, device_ = 0;
   const ir::graph* graph_ptr_ = nullptr;
   concerto::mesh mesh_;

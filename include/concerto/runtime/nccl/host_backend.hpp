@@ -37,6 +37,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace concerto::runtime::nccl {
 
@@ -81,9 +82,9 @@ public:
   std::optional<std::size_t> wait_any(std::span<handle> in_flight, clock::time_point deadline);
   void record(const ir::task& t);
   void stream_wait(ir::stream_id s, const ir::task& t);
-  void broadcast(std::string& bytes, int root);
-  std::int64_t min_all(std::int64_t v);
-  void barrier();
+  void broadcast(std::string& bytes, int root, std::string_view what);
+  std::int64_t min_all(std::int64_t v, std::string_view what);
+  void barrier(std::string_view what);
 
 private:
   std::unique_ptr<backend> impl_;
@@ -121,9 +122,9 @@ std::optional<std::size_t> host_backend::wait_any(std::span<handle> in_flight, c
 }
 void host_backend::record(const ir::task& t) { impl_->record(t); }
 void host_backend::stream_wait(ir::stream_id s, const ir::task& t) { impl_->stream_wait(s, t); }
-void host_backend::broadcast(std::string& bytes, int root) { impl_->broadcast(bytes, root); }
-std::int64_t host_backend::min_all(std::int64_t v) { return impl_->min_all(v); }
-void host_backend::barrier() { impl_->barrier(); }
+void host_backend::broadcast(std::string& bytes, int root, std::string_view what) { impl_->broadcast(bytes, root, what); }
+std::int64_t host_backend::min_all(std::int64_t v, std::string_view what) { return impl_->min_all(v, what); }
+void host_backend::barrier(std::string_view what) { impl_->barrier(what); }
 
 } // namespace concerto::runtime::nccl
 #endif

@@ -1,0 +1,201 @@
+// The fault-injection suite: tests/faults/faults.cpp under mpirun on 2 ranks, one fault per case,
+// with CONCERTO_TIMEOUT_S=2. Each case checks that the job ends (well before ctest's own limit:
+// a hang fails here, not by a timing claim), with a non-zero exit status, with the message that
+// names the fault, once and before the launcher's abort banner, from a rank that saw it (a stopped
+// rank does not report), and that the checkpoint folder keeps its file and holds no temporary file.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+using Catch::Matchers::ContainsSubstring;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct outcome {
+  int status = -1;      ///< exit status of mpirun
+  std::string output;   ///< stdout and stderr
+  double seconds = 0;
+};
+
+/// Runs `program arguments` under mpirun on 2 ranks with CONCERTO_TIMEOUT_S=`timeout`.
+outcome launch(const std::string& program, const std::string& arguments, const std::string& timeout = "2") {
+  const std::string command = "CONCERTO_TIMEOUT_S=" + timeout + " " + CONCERTO_MPIEXEC + " -n 2 --oversubscribe " +
+                              program + " " + arguments + " 2>&1";
+  const auto started = std::chrono::steady_clock::now();
+  outcome o;
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) o.output.append(buf, n);
+  const int raw = ::pclose(pipe);
+  o.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return o;
+}
+
+/// Runs the fault program with `fault`, its checkpoints in `dir`.
+outcome run(const std::string& fault, const fs::path& dir, const std::string& timeout = "2") {
+  return launch(CONCERTO_FAULTS, fault + " " + dir.string(), timeout);
+}
+
+std::set<std::string> names_in(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+/// A fresh folder per case, removed at the end.
+struct folder {
+  fs::path path = fs::temp_directory_path() / ("concerto-faults-" + std::to_string(::getpid()));
+  folder() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~folder() { fs::remove_all(path); }
+};
+
+// The job must end by itself: mpirun start-up, lowering and planning take a few seconds on a
+// loaded 2-core machine, the injected stall lasts 60 s. Ending before the stall is over shows
+// that the deadline, not the stall, ended it.
+constexpr double ends_before_stall_s = 55;
+
+std::size_t count_of(const std::string& text, const std::string& part) {
+  std::size_t n = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+/// The job failed with `message`, said once, before the launcher's abort banner.
+void check_failed(const outcome& o, const std::string& message) {
+  CAPTURE(o.output, o.seconds);
+  CHECK(o.status != 0);
+  CHECK(count_of(o.output, message) == 1);
+  CHECK(count_of(o.output, "concerto: rank ") == 1);
+  if (const auto banner = o.output.find("MPI_ABORT was invoked"); banner != std::string::npos)
+    CHECK(o.output.find(message) < banner);
+  CHECK(o.seconds < ends_before_stall_s);
+  CHECK_THAT(o.output, !ContainsSubstring("finished"));
+}
+
+} // namespace
+
+TEST_CASE("a rank stopped before step 1 ends the job at the deadline, reported by the rank that waited", "[faults][deadline]") {
+  folder f;
+  const auto o = run("stall-start", f.path);
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for the settings agreement check before step 1");
+  CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
+}
+
+TEST_CASE("a rank stopped between steps ends the job at the deadline, naming the step and the collective", "[faults][deadline]") {
+  folder f;
+  const auto o = run("stall-mid", f.path);
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s in step 2 waiting for ");
+  CHECK_THAT(o.output, ContainsSubstring("(set CONCERTO_TIMEOUT_S to wait longer)"));
+  CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
+}
+
+TEST_CASE("a rank that never joins the loss reduction ends the job at the deadline", "[faults][deadline]") {
+  folder f;
+  const auto o = run("stall-reduction", f.path);
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for the loss of step 1");
+  CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
+}
+
+TEST_CASE("a rank stopped before a save ends the job at the deadline, and nothing is written", "[faults][deadline][checkpoint]") {
+  folder f;
+  const auto o = run("stall-save", f.path);
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for gathering tensor '");
+  CHECK(names_in(f.path).empty());
+}
+
+TEST_CASE("ranks given other settings are refused before step 1, naming the field and the ranks", "[faults][agreement]") {
+  folder f;
+  SECTION("a learning rate") {
+    check_failed(run("lr", f.path), "the ranks disagree on 'adamw.lr': rank 0 has '0.01', rank 1 has '0.02' (ranks that differ from rank 0: 1)");
+  }
+  SECTION("a model depth") {
+    check_failed(run("layers", f.path), "the ranks disagree on 'lower.depth': rank 0 has '{\"layers\":2}', rank 1 has '{\"layers\":3}'");
+  }
+  SECTION("a policy") {
+    check_failed(run("policy", f.path), "the ranks disagree on 'policy': rank 0 has 'program_order', rank 1 has 'sync'");
+  }
+  SECTION("Open MPI's non-blocking all-reduce algorithm") {
+    check_failed(run("mpi-setting", f.path),
+                 "the ranks disagree on 'OMPI_MCA_coll_libnbc_iallreduce_algorithm': rank 0 has '1', rank 1 has '2'");
+  }
+}
+
+TEST_CASE("a loss that is not finite stops training, naming the step", "[faults][nan]") {
+  folder f;
+  check_failed(run("nan", f.path), "train step: the loss of step 1 of graph 'gpt' is nan; training stopped");
+}
+
+TEST_CASE("a damaged checkpoint is refused naming the file and what is wrong, and stays on disk", "[faults][checkpoint]") {
+  folder f;
+  const auto file = (f.path / "model.ckpt").string();
+  SECTION("a NaN written over a value") {
+    check_failed(run("corrupt-nan", f.path), "checkpoint '" + file + "': tensor 'head.v' fails its checksum");
+  }
+  SECTION("a flipped exponent bit") {
+    check_failed(run("corrupt-flip", f.path), "checkpoint '" + file + "': tensor 'head.v' fails its checksum");
+  }
+  SECTION("an edited offset") {
+    check_failed(run("corrupt-offset", f.path), "checkpoint '" + file + "': the index fails its checksum");
+  }
+  SECTION("a truncated file") {
+    check_failed(run("corrupt-truncate", f.path), "checkpoint '" + file + "': truncated: the index promises ");
+  }
+  CHECK(names_in(f.path) == std::set<std::string>{"model.ckpt"});
+}
+
+TEST_CASE("a timeout past the clock's range means no deadline", "[faults][deadline]") {
+  folder f;
+  for (const std::string timeout : {"inf", "1e10", "9.3e9"}) {
+    const auto o = run("ok", f.path, timeout);
+    CAPTURE(timeout, o.output);
+    CHECK(o.status == 0);
+    CHECK_THAT(o.output, ContainsSubstring("rank 0: finished"));
+    CHECK_THAT(o.output, ContainsSubstring("rank 1: finished"));
+  }
+}
+
+#if defined(CONCERTO_EXAMPLE_GPT)
+TEST_CASE("the GPT example refuses bad flags by name and answers --help", "[faults][flags]") {
+  folder f;
+  const auto refused = [](const std::string& arguments, const std::string& message) {
+    const auto o = launch(CONCERTO_EXAMPLE_GPT, arguments);
+    CAPTURE(arguments, o.output);
+    CHECK(o.status != 0);
+    CHECK(count_of(o.output, message) == 1);
+    CHECK_THAT(o.output, !ContainsSubstring("step "));
+  };
+  refused("--steps 0", "--steps: must be a positive number, not '0'");
+  refused("--steps many", "--steps: must be a positive number, not 'many'");
+  refused("--heads 0", "--heads: must be a positive number, not '0'");
+  refused("--lr=-1", "--lr: must be a positive number, not '-1'");
+  refused("--layers", "--layers: 1 required INT:POSITIVE missing");
+  refused("--bogus 1", "The following arguments were not expected: 1 --bogus");
+  const auto short_text = f.path / "short.txt";
+  std::FILE* out = std::fopen(short_text.c_str(), "w");
+  REQUIRE(out != nullptr);
+  std::fputs("ten chars.", out);
+  std::fclose(out);
+  refused("--text " + short_text.string() + " --seq 32",
+          "the training text '" + short_text.string() + "' has 10 characters; --seq 32 needs at least 34");
+
+  const auto help = launch(CONCERTO_EXAMPLE_GPT, "--help");
+  CAPTURE(help.output);
+  CHECK(help.status == 0);
+  CHECK(count_of(help.output, "Trains a small character-level GPT") == 1);
+  CHECK_THAT(help.output, ContainsSubstring("--steps"));
+}
+#endif

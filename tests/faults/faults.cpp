@@ -1,0 +1,118 @@
+// A small GPT trainer that injects one fault, chosen by argv[1], for tests/faults/fault_injection_test.cpp
+// to run under mpirun (2 ranks) and judge by its exit status, its output and the files it leaves.
+// argv[2] is a folder for checkpoints. Every rank prints "rank R: finished" when nothing failed.
+//
+//   ok                  two steps (run with a huge or infinite CONCERTO_TIMEOUT_S)
+//   stall-start         rank 1 sleeps before its first step: the others wait in the agreement check
+//   stall-mid           rank 1 sleeps between step 1 and step 2: the others wait in a step's collective
+//   stall-reduction     rank 1 never joins a control-path reduction (the one each step's loss uses)
+//   stall-save          rank 1 sleeps before saving: the others wait in the checkpoint's gather
+//   lr, layers, policy  rank 1 compiles the step with another learning rate, depth or policy
+//   mpi-setting         rank 1 starts MPI with another non-blocking all-reduce algorithm
+//   nan                 the embedding holds NaN: the first loss is not finite
+//   corrupt-nan, corrupt-flip, corrupt-offset, corrupt-truncate
+//                       a checkpoint damaged after the save is loaded
+#include "../../examples/gpt/model.hpp"
+
+#include <concerto/runtime/mpi/control.hpp>
+#include <concerto/train/step.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <thread>
+
+using namespace concerto;
+namespace gm = gpt_model;
+
+namespace {
+
+constexpr std::int64_t batch = 4, seq = 8, vocab = 32, hidden = 16;
+
+train::batch data(int step) {
+  train::tensor ids{{batch, seq}}, labels{{batch, seq}};
+  for (std::int64_t i = 0; i < batch * seq; ++i) {
+    ids.i64.push_back((i * 5 + step) % vocab);
+    labels.i64.push_back((i * 5 + step + 1) % vocab);
+  }
+  return {{"ids", ids}, {"labels", labels}};
+}
+
+void stall() { std::this_thread::sleep_for(std::chrono::seconds(60)); } // the others must not wait for this
+
+/// Changes the bytes of `file` as the fault names.
+void damage(const std::filesystem::path& file, std::string_view how) {
+  std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+  const auto size = static_cast<std::streamoff>(std::filesystem::file_size(file));
+  if (how == "corrupt-nan") {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    f.seekp(size - 8);
+    f.write(reinterpret_cast<const char*>(&nan), sizeof nan);
+  } else if (how == "corrupt-flip") {
+    f.seekg(size - 1);
+    const char top = static_cast<char>(f.get());
+    f.seekp(size - 1);
+    f.put(static_cast<char>(top ^ 0x40)); // an exponent bit of the last value
+  } else if (how == "corrupt-offset") {
+    std::string text(static_cast<std::size_t>(size), '\0');
+    f.read(text.data(), size);
+    const auto at = text.find("\"offset\":");
+    text[at + 9] = text[at + 9] == '1' ? '2' : '1';
+    f.seekp(0);
+    f.write(text.data(), size);
+  } else if (how == "corrupt-truncate") {
+    f.close();
+    std::filesystem::resize_file(file, static_cast<std::uintmax_t>(size / 2));
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const std::string_view fault = argc > 1 ? argv[1] : "ok";
+  const std::filesystem::path dir = argc > 2 ? argv[2] : std::filesystem::temp_directory_path();
+  // Before MPI starts: the launcher's rank variable tells which process is rank 1.
+  const char* launcher_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const bool second = launcher_rank != nullptr && std::string_view(launcher_rank) == "1";
+  if (fault == "mpi-setting" && second) ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "2", 1);
+  runtime::mpi::environment env(argc, argv);
+  return runtime::mpi::run_or_abort([&] {
+    const int rank = runtime::mpi::environment::world_rank();
+    const int world = runtime::mpi::environment::world_size();
+    if (fault == "stall-reduction") {
+      const runtime::mpi::control c(MPI_COMM_WORLD, runtime::detail::env_timeout_s(runtime::default_timeout_s));
+      if (rank == 1) stall();
+      (void)c.sum_all(1.0, "the loss of step 1");
+      return;
+    }
+    train::step_options o{.policy = fault == "policy" && rank == 1 ? "sync" : "program_order",
+                          .measure_kernels = false,
+                          .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", fault == "layers" && rank == 1 ? 3 : 2}}},
+                          .use_cache = false};
+    const float lr = fault == "lr" && rank == 1 ? 2e-2f : 1e-2f;
+    auto s = train::compile(gm::gpt_sp, mesh::from_world(world, {{"dp", 1}, {"tp", world}}),
+                            gm::shapes(batch, seq, vocab, hidden), {.adamw = {.lr = lr}}, o);
+    if (fault == "stall-start" && rank == 1) stall();
+    if (fault == "nan") {
+      s.prepare();
+      s.set_parameter("wte", std::vector<float>(static_cast<std::size_t>(vocab * hidden), std::nanf("")));
+    }
+    (void)s(data(0));
+    if (fault == "stall-mid" && rank == 1) stall();
+    (void)s(data(1));
+    if (fault.starts_with("stall-save") && rank == 1) stall();
+    if (fault.starts_with("stall-save") || fault.starts_with("corrupt-")) s.save(dir / "model.ckpt");
+    if (fault.starts_with("corrupt-")) {
+      if (rank == 0) damage(dir / "model.ckpt", fault);
+      MPI_Barrier(MPI_COMM_WORLD);
+      s.load(dir / "model.ckpt");
+    }
+    std::printf("rank %d: finished\n", rank);
+  });
+}
