@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -21,6 +22,8 @@ using namespace concerto;
 namespace {
 
 std::string read_file(const std::string& path) {
+  // A folder opens as a stream of nothing on Linux, which would read as a JSON syntax error.
+  if (std::filesystem::is_directory(path)) fail("'" + path + "' is a folder, not a graph JSON file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read '" + path + "'");
   std::ostringstream text;

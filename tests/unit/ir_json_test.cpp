@@ -12,6 +12,7 @@
 
 using namespace concerto;
 using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::StartsWith;
 using nlohmann::json;
 
 namespace {
@@ -238,6 +239,21 @@ TEST_CASE("malformed graphs are rejected with a message naming the culprit", "[i
   }
   SECTION("a document that is not an object") {
     CHECK_THROWS_WITH(ir::graph_from_json(json::array()), ContainsSubstring("must be a JSON object"));
+  }
+  SECTION("two streams of one name") {
+    doc["streams"] = {{{"name", "compute"}}, {{"name", "comm:dp"}, {"axis", "dp"}}, {{"name", "comm:dp"}, {"axis", "dp"}}};
+    CHECK_THROWS_WITH(ir::graph_from_json(doc),
+                      ContainsSubstring("stream 2: name 'comm:dp' is already stream 1's; stream names must differ"));
+  }
+  SECTION("a value nested 100,000 levels deep in a typed field is refused, not a crash") {
+    std::string text = "{\"name\": \"deep\", \"tasks\": [{\"name\": \"t\", \"kind\": \"matmul\", \"flops\": ";
+    text += std::string(100000, '[') + std::string(100000, ']') + "}]}";
+    CHECK_THROWS_WITH(ir::graph_from_json_text(text),
+                      ContainsSubstring("task 0 't': field 'flops' must be a number (got array [[[[...]]]])"));
+  }
+  SECTION("a number past a double's range is refused by the library, not the JSON parser") {
+    const std::string text = "{\"name\": \"huge\", \"tasks\": [{\"name\": \"t\", \"kind\": \"matmul\", \"flops\": 1e400}]}";
+    CHECK_THROWS_WITH(ir::graph_from_json_text(text), StartsWith("concerto: graph JSON: ") && ContainsSubstring("1e400"));
   }
   SECTION("JSON syntax errors report the parser's position") {
     CHECK_THROWS_WITH(ir::graph_from_json_text("{\"tasks\": [\n  {\"kind\": }]}"),

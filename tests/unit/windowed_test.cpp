@@ -1,3 +1,4 @@
+#include <concerto/plan/lower_bound.hpp>
 #include <concerto/planner/windowed.hpp>
 
 #include <catch2/catch_approx.hpp>
@@ -128,6 +129,36 @@ TEST_CASE("a collective issued late by program order is moved forward", "[planne
     CHECK(after < before);  // hiding G is worth it even when overlap slows compute
     CHECK(rep.final_step_us == Catch::Approx(after));
   }
+}
+
+TEST_CASE("a warm start's own edges never constrain the solver", "[planner][windowed][warm]") {
+  // sync chains every task (step 20 on this graph): started from it, the solver still finds the
+  // optimum of the user's graph (12), and the plan carries the user's dependencies only.
+  const auto m = late_collective();
+  const auto start = planner::list_schedule("sync", m.g, m.d);
+  const auto chained = sim::simulate(start.graph, start.order, m.d).step_us;
+  REQUIRE(chained == Catch::Approx(20.0));
+  REQUIRE(plan::compute_lower_bound(start.graph, m.d).value == Catch::Approx(chained)); // no window could help
+  planner::windowed_report rep;
+  const auto best = planner::improve_schedule(m.g, start, m.d, 1.0, quick(8), &rep);
+  require_complete_orders(best.graph, best.order);
+  CHECK(sim::simulate(best.graph, best.order, m.d).step_us == Catch::Approx(12.0));
+  CHECK(rep.start_step_us == Catch::Approx(20.0));
+  CHECK(rep.final_step_us == Catch::Approx(12.0));
+  CHECK(rep.lower_bound_us == Catch::Approx(12.0));
+  for (std::size_t i = 0; i < m.g.tasks.size(); ++i) CHECK(best.graph.tasks[i].deps == m.g.tasks[i].deps);
+}
+
+TEST_CASE("a start that is faster with its own edges than any order found is kept as it is", "[planner][windowed][warm]") {
+  // No window: the solver cannot move; the start's chained graph is returned unchanged.
+  const auto m = late_collective();
+  auto start = planner::list_schedule("sync", m.g, m.d);
+  auto o = quick(8);
+  o.rounds = 0;
+  planner::windowed_report rep;
+  const auto best = planner::improve_schedule(m.g, start, m.d, 1.0, o, &rep);
+  CHECK(rep.final_step_us <= rep.start_step_us);
+  CHECK(sim::simulate(best.graph, best.order, m.d).step_us == Catch::Approx(rep.final_step_us));
 }
 
 TEST_CASE("window boundaries carry the frozen plan's state", "[planner][windowed]") {

@@ -24,9 +24,37 @@ namespace detail {
 
 using json = nlohmann::json;
 
-/// A short rendering of a value for messages; never throws on odd strings.
+/// Appends a rendering of `v` to `out` until `out` holds `limit` characters, descending at most
+/// `depth` levels: a value nested 100,000 levels deep is shown without recursing that deep.
+inline void preview_into(const json& v, std::string& out, std::size_t limit, int depth) {
+  if (out.size() >= limit) return;
+  if (!v.is_structured()) {
+    out += v.dump(-1, ' ', false, json::error_handler_t::replace);
+    return;
+  }
+  const bool array = v.is_array();
+  if (depth == 0 && !v.empty()) {
+    out += array ? "[...]" : "{...}";
+    return;
+  }
+  out += array ? '[' : '{';
+  bool first = true;
+  for (auto it = v.begin(); it != v.end() && out.size() < limit; ++it) {
+    if (!first) out += ',';
+    first = false;
+    if (!array) {
+      out += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace);
+      out += ':';
+    }
+    preview_into(*it, out, limit, depth - 1);
+  }
+  out += array ? ']' : '}';
+}
+
+/// A short rendering of a value for messages; never throws on odd strings, never recurses deep.
 inline std::string json_preview(const json& v) {
-  auto text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string text;
+  preview_into(v, text, 40, 3);
   if (text.size() > 40) text = text.substr(0, 37) + "...";
   return std::string(v.type_name()) + " " + text;
 }
@@ -240,6 +268,10 @@ inline void read_streams(graph& g, const json& doc, const std::string& where) {
       st.axis = *a;
     }
     if (!find_field(s, "name")) st.name = st.axis < 0 ? "compute" : "comm:" + g.axes[static_cast<std::size_t>(st.axis)].name;
+    // Plans and traces name streams: two streams of one name could not be told apart.
+    for (std::size_t j = 0; j < g.streams.size(); ++j)
+      if (g.streams[j].name == st.name)
+        fail(at + ": name '" + st.name + "' is already stream " + std::to_string(j) + "'s; stream names must differ");
     g.streams.push_back(std::move(st));
   }
   if (g.streams.empty() || !g.streams[0].is_compute())
@@ -435,6 +467,8 @@ inline void read_tasks(graph& g, const json& doc, const std::string& where) {
     doc = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     fail("graph JSON: syntax error at byte " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) { // e.g. a number past a double's range (1e400)
+    fail(std::string("graph JSON: cannot be read: ") + e.what());
   }
   return graph_from_json(doc);
 }

@@ -180,6 +180,8 @@ inline void read_orders(plan& p, const nlohmann::json& doc) {
     doc = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     fail("plan JSON: syntax error at byte " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) { // e.g. a number past a double's range (1e400)
+    fail(std::string("plan JSON: cannot be read: ") + e.what());
   }
   return plan_from_json(doc);
 }

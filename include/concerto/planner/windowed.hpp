@@ -154,10 +154,14 @@ inline std::vector<std::vector<ir::task_id>> splice(const ir::graph& g, const st
 
 /// @brief Improves `start` window by window with Z3; the result is never slower than `start`.
 ///
-/// `start.graph` is the graph scheduled (`g` when `start.graph` has no tasks); `durations[i]`
-/// is task i's uncontended duration and `overlap_slowdown` the simulator's contention factors.
-/// The step time of a candidate is always the simulator's, so the guarantee holds with
-/// contention even though each window is solved without it.
+/// The solver schedules `g`, the user's graph. `start` is only a warm start: its per-stream
+/// orders seed the search, and the edges its own graph may add (`sync` chains every task,
+/// `xla_lhs` caps collectives in flight) never constrain it, so a window proven optimal is
+/// optimal for `g`. If no order found on `g` beats `start` as it stands, with its edges, `start`
+/// is returned unchanged. `start.graph` must hold `g`'s tasks (it may be empty: `g`);
+/// `durations[i]` is task i's uncontended duration and `overlap_slowdown` the simulator's
+/// contention factors. The step time of a candidate is always the simulator's, so the guarantee
+/// holds with contention even though each window is solved without it.
 ///
 /// @code
 /// auto start = planner::list_schedule("xla_lhs", g, durations);
@@ -171,16 +175,22 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
   const auto t0 = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   if (start.graph.tasks.empty()) start.graph = g;
-  const ir::graph& graph = start.graph;
+  const ir::graph& graph = g;
+  if (start.graph.tasks.size() != g.tasks.size())
+    fail("improve_schedule of graph '" + g.name + "': the start schedule has " + std::to_string(start.graph.tasks.size()) +
+         " tasks, the graph " + std::to_string(g.tasks.size()));
   if (durations.size() != graph.tasks.size())
     fail("improve_schedule of graph '" + graph.name + "': " + std::to_string(durations.size()) +
          " durations for " + std::to_string(graph.tasks.size()) + " tasks");
   if (options.window < 2) fail("windowed_options.window must be at least 2, not " + std::to_string(options.window));
   if (options.rounds < 0) fail("windowed_options.rounds must not be negative");
 
+  // The start as it stands (with any edges of its own), and its orders on the user's graph.
+  const double start_step = sim::simulate(start.graph, start.order, durations, overlap_slowdown).step_us;
   auto best_sim = sim::simulate(graph, start.order, durations, overlap_slowdown);
+  schedule best{graph, start.order};
   windowed_report rep;
-  rep.start_step_us = best_sim.step_us;
+  rep.start_step_us = start_step;
   rep.lower_bound_us = plan::compute_lower_bound(graph, durations).value;
 
   const auto topo = graph.topological_order();
@@ -210,7 +220,7 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
       ++rep.windows_total;
       rep.windows_optimal += sol.optimal ? 1 : 0;
       if (sol.improved) {
-        auto order = detail::splice(graph, start.order, cut, sol, topo_rank);
+        auto order = detail::splice(graph, best.order, cut, sol, topo_rank);
         std::optional<sim::result> candidate;
         try {
           candidate = sim::simulate(graph, order, durations, overlap_slowdown);
@@ -218,7 +228,7 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
           // A splice that deadlocks the plan (zero-length ties) is a rejected candidate.
         }
         if (candidate && candidate->step_us <= best_sim.step_us) {
-          start.order = std::move(order);
+          best.order = std::move(order);
           best_sim = std::move(*candidate);
           list = detail::by_start(best_sim, topo_rank);
         }
@@ -234,10 +244,14 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
       }
     }
   }
-  rep.final_step_us = best_sim.step_us;
   rep.solve_seconds = elapsed();
+  // Never worse than the start as given: its own edges may have made its orders faster than the
+  // same orders on the user's graph (a list-scheduling anomaly), and the solver may not have
+  // recovered that.
+  const bool keep_start = start_step < best_sim.step_us;
+  rep.final_step_us = keep_start ? start_step : best_sim.step_us;
   if (report) *report = rep;
-  return start;
+  return keep_start ? std::move(start) : std::move(best);
 }
 
 } // namespace concerto::planner
