@@ -273,6 +273,22 @@ TEST_CASE("hand-made plans get exact messages", "[plan][verify]") {
     p.duration_us[0] = -1;
     CHECK(mentions(plan::check(p), {"task 0 'fc2' has duration -1.0 us"}));
   }
+  SECTION("two tasks writing one buffer with no order between them race") {
+    ir::buffer y;
+    y.id = 0;
+    y.name = "y";
+    y.bytes = 64;
+    p.graph.buffers = {y};
+    p.graph.tasks[0].writes = {0};
+    p.graph.tasks[1].reads = {0};
+    p.graph.tasks[1].writes = {0};
+    CHECK(plan::check(p).empty()); // fc2.ar depends on fc2: ordered
+    p.graph.tasks[1].deps.clear();
+    const auto problems = plan::check(p);
+    INFO(joined(problems));
+    CHECK(mentions(problems, {"task 0 'fc2' and task 1 'fc2.ar' both access buffer 'y', one writing, but no chain of "
+                              "dependencies and stream orders runs from the first to the second (a data race"}));
+  }
 }
 
 TEST_CASE("orders that wait on each other across streams deadlock", "[plan][verify]") {

@@ -10,6 +10,7 @@
 
 #include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/hazards.hpp>
 #include <concerto/plan/memory.hpp>
 #include <concerto/plan/plan.hpp>
 
@@ -161,10 +162,12 @@ public:
       if (deadlock_free) {
         const auto preds = happens_before(p_);
         const auto sorted = ordered(preds);
-        if (sorted.size() != g_.tasks.size())
+        if (sorted.size() != g_.tasks.size()) {
           report_cycle(preds, sorted);
-        else
+        } else {
           check_collective_order(preds, sorted);
+          check_races(preds, sorted);
+        }
       }
     }
     if (times_ok && opts_.memory_cap_bytes) check_memory(*opts_.memory_cap_bytes);
@@ -304,6 +307,55 @@ private:
       text += task_ref(g_, t) + " (" + stream_ref(g_, static_cast<std::size_t>(g_.tasks[static_cast<std::size_t>(t)].stream)) + ") -> ";
     text += task_ref(g_, cycle.front());
     add("the stream orders and the dependencies wait on each other in a cycle (deadlock): " + text);
+  }
+
+  /// Two tasks that touch the same bytes, one of them writing, must run in program order
+  /// (ir/hazards.hpp): the happens-before relation must lead from the earlier to the later.
+  /// A search back from the later task only visits tasks sorted after the earlier one.
+  void check_races(const std::vector<std::vector<ir::task_id>>& preds, const std::vector<ir::task_id>& sorted) {
+    const auto hazards = ir::derived_deps(g_, ir::program_order(g_));
+    const auto pos = ir::positions(sorted);
+    std::vector<std::size_t> seen(g_.tasks.size(), 0);
+    std::size_t search = 0, reported = 0;
+    std::vector<ir::task_id> stack;
+    const auto reaches = [&](ir::task_id from, ir::task_id to) {
+      ++search;
+      stack.assign(1, to);
+      while (!stack.empty()) {
+        const auto t = stack.back();
+        stack.pop_back();
+        for (const auto d : preds[static_cast<std::size_t>(t)]) {
+          if (d == from) return true;
+          const auto du = static_cast<std::size_t>(d);
+          if (pos[du] > pos[static_cast<std::size_t>(from)] && seen[du] != search) {
+            seen[du] = search;
+            stack.push_back(d);
+          }
+        }
+      }
+      return false;
+    };
+    for (std::size_t v = 0; v < g_.tasks.size() && reported < 20; ++v)
+      for (const auto u : hazards[v]) {
+        const auto later = static_cast<ir::task_id>(v);
+        if (pos[static_cast<std::size_t>(u)] < pos[v] && reaches(u, later)) continue;
+        add(task_ref(g_, u) + " and " + task_ref(g_, later) + " both access buffer '" + shared_buffer(u, later) +
+            "', one writing, but no chain of dependencies and stream orders runs from the first to the second (a "
+            "data race; declare the dependency)");
+        if (++reported == 20) break;
+      }
+  }
+
+  /// A buffer name two conflicting tasks share (for messages).
+  std::string shared_buffer(ir::task_id a, ir::task_id b) const {
+    const auto& ta = g_.tasks[static_cast<std::size_t>(a)];
+    const auto& tb = g_.tasks[static_cast<std::size_t>(b)];
+    for (const auto* la : {&ta.reads, &ta.writes})
+      for (const auto x : *la)
+        for (const auto* lb : {&tb.reads, &tb.writes})
+          for (const auto y : *lb)
+            if (g_.overlap(x, y)) return g_.buffers[static_cast<std::size_t>(x)].name;
+    return "?";
   }
 
   /// Collectives of one communicator are safe only if the happens-before relation orders

@@ -15,6 +15,7 @@
 /// @endcode
 
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/hazards.hpp>
 
 #include <algorithm>
 #include <functional>
@@ -34,17 +35,7 @@ struct schedule {
 
 namespace detail {
 
-// Ascending ids when they are already topological (builder graphs), else the graph's own order.
-[[nodiscard]] inline std::vector<ir::task_id> program_order(const ir::graph& g) {
-  for (const auto& t : g.tasks)
-    for (auto d : t.deps)
-      if (d >= t.id)
-        return g.topological_order();
-  std::vector<ir::task_id> order(g.tasks.size());
-  for (std::size_t i = 0; i < order.size(); ++i)
-    order[i] = static_cast<ir::task_id>(i);
-  return order;
-}
+using ir::program_order;
 
 [[nodiscard]] inline std::vector<std::vector<ir::task_id>> split_by_stream(const ir::graph& g,
                                                                            const std::vector<ir::task_id>& order) {

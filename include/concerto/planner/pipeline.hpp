@@ -16,6 +16,7 @@
 
 #include <concerto/core/hash.hpp>
 #include <concerto/cost/model.hpp>
+#include <concerto/ir/hazards.hpp>
 #include <concerto/plan/lower_bound.hpp>
 #include <concerto/plan/plan.hpp>
 #include <concerto/plan/verify.hpp>
@@ -77,7 +78,7 @@ inline schedule best_list_schedule(const ir::graph& g, std::span<const double> d
 }
 
 /// @brief Plans `g` with `options.policy`; the plan is verified before it is returned.
-inline plan::plan make_plan(const ir::graph& g, const cost::model& model, const plan_options& options = {}) {
+inline plan::plan make_plan(const ir::graph& given, const cost::model& model, const plan_options& options = {}) {
   const auto started = std::chrono::steady_clock::now();
   const auto known = policy_names();
   if (std::find(known.begin(), known.end(), options.policy) == known.end()) {
@@ -86,6 +87,10 @@ inline plan::plan make_plan(const ir::graph& g, const cost::model& model, const 
     fail("unknown planning policy '" + options.policy + "' (known: " + list + ")");
   }
   const sim::contention slowdown{model.overlap_slowdown(), model.comm_overlap_slowdown()};
+  // Every policy plans the graph with the orders its buffer accesses imply (ir/hazards.hpp): a
+  // dependency the graph's author left out would otherwise be a race under the baselines and a
+  // constraint only under concerto's rewrites.
+  const ir::graph g = ir::with_buffer_hazards(given);
   schedule chosen;
   windowed_report report{};
   if (options.policy == "concerto") {

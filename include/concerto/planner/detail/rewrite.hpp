@@ -6,6 +6,7 @@
 /// builder-made one. Not part of the public API.
 
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/hazards.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,78 +16,12 @@
 
 namespace concerto::planner::detail::rewrite {
 
-/// Ascending ids when they are topological (builder graphs), else the graph's topological order.
-[[nodiscard]] inline std::vector<ir::task_id> program_order(const ir::graph& g) {
-  bool ascending = true;
-  for (const auto& t : g.tasks)
-    for (auto d : t.deps)
-      if (d >= t.id) ascending = false;
-  if (!ascending) return g.topological_order();
-  std::vector<ir::task_id> order(g.tasks.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<ir::task_id>(i);
-  return order;
-}
-
-/// Position of each task in `order`.
-[[nodiscard]] inline std::vector<std::size_t> positions(const std::vector<ir::task_id>& order) {
-  std::vector<std::size_t> pos(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i) pos[static_cast<std::size_t>(order[i])] = i;
-  return pos;
-}
-
-/// For each buffer, the buffers sharing at least one byte with it (itself included).
-[[nodiscard]] inline std::vector<std::vector<ir::buffer_id>> overlapping(const ir::graph& g) {
-  const auto nb = g.buffers.size();
-  std::vector<std::vector<ir::buffer_id>> by_root(nb);
-  for (std::size_t b = 0; b < nb; ++b)
-    by_root[static_cast<std::size_t>(g.root_of(static_cast<ir::buffer_id>(b)))].push_back(static_cast<ir::buffer_id>(b));
-  std::vector<std::vector<ir::buffer_id>> out(nb);
-  for (std::size_t b = 0; b < nb; ++b)
-    for (auto other : by_root[static_cast<std::size_t>(g.root_of(static_cast<ir::buffer_id>(b)))])
-      if (g.overlap(static_cast<ir::buffer_id>(b), other)) out[b].push_back(other);
-  return out;
-}
-
-/// The dependencies the builder derives from reads and writes (RAW, WAW, WAR, views included)
-/// when the tasks of `g` are issued in `order`; indexed by task id, sorted.
-[[nodiscard]] inline std::vector<std::vector<ir::task_id>> derived_deps(const ir::graph& g,
-                                                                        const std::vector<ir::task_id>& order) {
-  const auto over = overlapping(g);
-  std::vector<ir::task_id> last_writer(g.buffers.size(), -1);
-  std::vector<std::vector<ir::task_id>> readers(g.buffers.size());
-  std::vector<std::vector<ir::task_id>> deps(g.tasks.size());
-  std::vector<char> read_mark(g.buffers.size(), 0), write_mark(g.buffers.size(), 0);
-  for (const auto id : order) {
-    const auto& t = g.tasks[static_cast<std::size_t>(id)];
-    std::vector<ir::buffer_id> touched;
-    for (auto r : t.reads)
-      for (auto o : over[static_cast<std::size_t>(r)]) {
-        if (!read_mark[static_cast<std::size_t>(o)] && !write_mark[static_cast<std::size_t>(o)]) touched.push_back(o);
-        read_mark[static_cast<std::size_t>(o)] = 1;
-      }
-    for (auto w : t.writes)
-      for (auto o : over[static_cast<std::size_t>(w)]) {
-        if (!read_mark[static_cast<std::size_t>(o)] && !write_mark[static_cast<std::size_t>(o)]) touched.push_back(o);
-        write_mark[static_cast<std::size_t>(o)] = 1;
-      }
-    auto& d = deps[static_cast<std::size_t>(id)];
-    for (auto o : touched) {
-      const auto ou = static_cast<std::size_t>(o);
-      if (last_writer[ou] >= 0) d.push_back(last_writer[ou]);
-      if (write_mark[ou]) d.insert(d.end(), readers[ou].begin(), readers[ou].end());
-      read_mark[ou] = write_mark[ou] = 0;
-    }
-    for (auto r : t.reads) readers[static_cast<std::size_t>(r)].push_back(id);
-    for (auto w : t.writes) {
-      last_writer[static_cast<std::size_t>(w)] = id;
-      readers[static_cast<std::size_t>(w)].clear();
-    }
-    std::sort(d.begin(), d.end());
-    d.erase(std::unique(d.begin(), d.end()), d.end());
-    d.erase(std::remove(d.begin(), d.end(), id), d.end());
-  }
-  return deps;
-}
+// What the accesses of a graph imply lives with the graph (ir/hazards.hpp): every policy plans
+// with it, and the verifier checks it.
+using ir::derived_deps;
+using ir::overlapping;
+using ir::positions;
+using ir::program_order;
 
 /// A graph being rewritten: final buffers, and the new tasks in program order, each with the
 /// tasks of the old graph it stands for (its origins).
