@@ -20,6 +20,33 @@ inline const CLI::Validator positive(
     },
     "POSITIVE");
 
+/// What the text-trained decoder examples (GPT, Llama) share on their command lines.
+struct text_model_settings {
+  int tp = 2, steps = 150, layers = 2, hidden = 64, heads = 4, seq = 32, batch = 16;
+  bool sp = false;
+  float lr = 3e-3f;
+  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
+};
+
+/// Adds the shared options to `app`, bound to `s`; `blocks` names the model's layers in --help.
+inline void add_text_model_options(CLI::App& app, text_model_settings& s, const std::string& blocks) {
+  app.add_option("--tp", s.tp, "tensor-parallel ranks (the rest is data parallel)")->check(positive)->capture_default_str();
+  app.add_flag("--sp", s.sp, "sequence parallelism: the residual stream split over tp on the sequence");
+  app.add_option("--steps", s.steps, "training steps")->check(positive)->capture_default_str();
+  app.add_option("--layers", s.layers, blocks)->check(positive)->capture_default_str();
+  app.add_option("--hidden", s.hidden, "model width")->check(positive)->capture_default_str();
+  app.add_option("--heads", s.heads, "attention (query) heads")->check(positive)->capture_default_str();
+  app.add_option("--seq", s.seq, "sequence length")->check(positive)->capture_default_str();
+  app.add_option("--batch", s.batch, "global batch (sequences per step)")->check(positive)->capture_default_str();
+  app.add_option("--lr", s.lr, "AdamW learning rate")->check(positive)->capture_default_str();
+  app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
+      ->capture_default_str();
+  app.add_option("--text", s.text, "training text")->capture_default_str();
+  app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
+      ->capture_default_str();
+  app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
+}
+
 /// Parses argv; nullopt to go on, or the status every rank exits with: 0 after --help (printed by
 /// rank 0 only), 1 after a bad option or value (explained by rank 0 only, naming the option).
 inline std::optional<int> parse_or_exit(CLI::App& app, int argc, char** argv) {

@@ -32,12 +32,7 @@ using namespace concerto;
 using gpt_model::gpt_sp;
 using gpt_model::gpt_tp;
 
-struct settings {
-  int tp = 2, steps = 150, layers = 2, hidden = 64, heads = 4, seq = 32, batch = 16;
-  bool sp = false;
-  float lr = 3e-3f;
-  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
-};
+using settings = examples::text_model_settings;
 
 template <std::size_t N>
 int train_on(const graph::program<N>& model, const settings& s) {
@@ -126,21 +121,7 @@ int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
   settings s;
   CLI::App app{"Trains a small character-level GPT on a text over MPI ranks (DP x TP mesh)."};
-  app.add_option("--tp", s.tp, "tensor-parallel ranks (the rest is data parallel)")->check(examples::positive)->capture_default_str();
-  app.add_flag("--sp", s.sp, "sequence parallelism: the residual stream split over tp on the sequence");
-  app.add_option("--steps", s.steps, "training steps")->check(examples::positive)->capture_default_str();
-  app.add_option("--layers", s.layers, "transformer blocks")->check(examples::positive)->capture_default_str();
-  app.add_option("--hidden", s.hidden, "model width")->check(examples::positive)->capture_default_str();
-  app.add_option("--heads", s.heads, "attention heads")->check(examples::positive)->capture_default_str();
-  app.add_option("--seq", s.seq, "sequence length")->check(examples::positive)->capture_default_str();
-  app.add_option("--batch", s.batch, "global batch (sequences per step)")->check(examples::positive)->capture_default_str();
-  app.add_option("--lr", s.lr, "AdamW learning rate")->check(examples::positive)->capture_default_str();
-  app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
-      ->capture_default_str();
-  app.add_option("--text", s.text, "training text")->capture_default_str();
-  app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
-      ->capture_default_str();
-  app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
+  examples::add_text_model_options(app, s, "transformer blocks");
   if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
   return runtime::mpi::run_or_abort([&] {
     if (s.sp) train_on(gpt_sp, s);

@@ -32,13 +32,9 @@ using namespace concerto;
 
 namespace {
 
-struct settings {
-  int tp = 2, zero_stage = 0, steps = 150, layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 0, seq = 32,
-      batch = 16;
-  bool sp = false;
-  float lr = 3e-3f;
+struct settings : examples::text_model_settings {
+  int zero_stage = 0, kv_heads = 2, ffn = 0;
   std::int64_t rope_theta = 10000;
-  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
 };
 
 // Llama's feed-forward width: 2/3 of 4·hidden, rounded up to a multiple of 8 (so that it splits).
@@ -146,25 +142,11 @@ int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
   settings s;
   CLI::App app{"Trains a small Llama-family decoder on a text over MPI ranks (DP x TP mesh)."};
-  app.add_option("--tp", s.tp, "tensor-parallel ranks (the rest is data parallel)")->check(examples::positive)->capture_default_str();
-  app.add_flag("--sp", s.sp, "sequence parallelism: the residual stream split over tp on the sequence");
+  examples::add_text_model_options(app, s, "decoder blocks");
   app.add_option("--zero", s.zero_stage, "ZeRO stage over dp: 0, 1 or 3")->check(CLI::IsMember({0, 1, 3}))->capture_default_str();
-  app.add_option("--steps", s.steps, "training steps")->check(examples::positive)->capture_default_str();
-  app.add_option("--layers", s.layers, "decoder blocks")->check(examples::positive)->capture_default_str();
-  app.add_option("--hidden", s.hidden, "model width")->check(examples::positive)->capture_default_str();
-  app.add_option("--heads", s.heads, "query heads")->check(examples::positive)->capture_default_str();
   app.add_option("--kv-heads", s.kv_heads, "key/value heads (grouped-query attention; = heads for MHA)")->check(examples::positive)->capture_default_str();
   app.add_option("--ffn", s.ffn, "feed-forward width (default: 8/3 of hidden, rounded up to 8)")->check(examples::positive);
-  app.add_option("--seq", s.seq, "sequence length")->check(examples::positive)->capture_default_str();
-  app.add_option("--batch", s.batch, "global batch (sequences per step)")->check(examples::positive)->capture_default_str();
-  app.add_option("--lr", s.lr, "AdamW learning rate")->check(examples::positive)->capture_default_str();
   app.add_option("--rope-theta", s.rope_theta, "base of the rotary embedding's angles")->check(examples::positive)->capture_default_str();
-  app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
-      ->capture_default_str();
-  app.add_option("--text", s.text, "training text")->capture_default_str();
-  app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
-      ->capture_default_str();
-  app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
   if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
   return runtime::mpi::run_or_abort([&] {
     if (s.sp) train_with_optimizer<llama_model::sequence_parallel_residual>(s);

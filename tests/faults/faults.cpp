@@ -12,7 +12,7 @@
 //   nan                 the embedding holds NaN: the first loss is not finite
 //   corrupt-nan, corrupt-flip, corrupt-offset, corrupt-truncate
 //                       a checkpoint damaged after the save is loaded
-#include "../../examples/gpt/model.hpp"
+#include "../mpi/gpt_program.hpp"
 
 #include <concerto/runtime/mpi/control.hpp>
 #include <concerto/train/step.hpp>
@@ -29,20 +29,13 @@
 #include <thread>
 
 using namespace concerto;
-namespace gm = gpt_model;
+namespace gm = gpt_testing;
 
 namespace {
 
 constexpr std::int64_t batch = 4, seq = 8, vocab = 32, hidden = 16;
 
-train::batch data(int step) {
-  train::tensor ids{{batch, seq}}, labels{{batch, seq}};
-  for (std::int64_t i = 0; i < batch * seq; ++i) {
-    ids.i64.push_back((i * 5 + step) % vocab);
-    labels.i64.push_back((i * 5 + step + 1) % vocab);
-  }
-  return {{"ids", ids}, {"labels", labels}};
-}
+train::batch data(int step) { return gpt_testing::token_batch(step, batch, seq, vocab); }
 
 void stall() { std::this_thread::sleep_for(std::chrono::seconds(60)); } // the others must not wait for this
 

@@ -24,14 +24,7 @@ namespace {
 constexpr std::int64_t batch = 4, seq = 8, vocab = 32, hidden = 16;
 const auto shapes = gt::shapes(batch, seq, vocab, hidden);
 
-train::batch data(int step) {
-  train::tensor ids{{batch, seq}}, labels{{batch, seq}};
-  for (std::int64_t i = 0; i < batch * seq; ++i) {
-    ids.i64.push_back((i * 5 + step) % vocab);
-    labels.i64.push_back((i * 5 + step + 1) % vocab);
-  }
-  return {{"ids", ids}, {"labels", labels}};
-}
+train::batch data(int step) { return gpt_testing::token_batch(step, batch, seq, vocab); }
 
 train::step_options options(MPI_Comm comm) {
   return {.policy = "program_order", .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", 2}}},
