@@ -19,6 +19,7 @@
 /// Plan agreement needs three primitives on the world group: broadcast of bytes from a root,
 /// a min-reduction of an integer, and a barrier.
 
+#include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/plan/plan.hpp>
 #include <concerto/runtime/deadline.hpp>
@@ -27,6 +28,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -76,5 +78,22 @@ concept backend = requires(B& b, const B& cb, const plan::plan& p, const ir::tas
   { b.min_all(value, what) } -> std::same_as<std::int64_t>;
   b.barrier(what);
 };
+
+/// @brief Ends together what each rank checked alone: when `problem` is not empty on some rank,
+/// every rank throws concerto::collective_error with the problem of the lowest such rank (its
+/// "concerto: " prefix dropped). `group` is a backend or an mpi::control: anything with `rank()`
+/// and the bounded `min_all` and `broadcast`; `what` names the wait in a timeout. Collective.
+/// @code
+/// runtime::stop_together(mine_is_bad ? "rank 2 read another file" : "", backend, "the file check");
+/// @endcode
+template <class Group>
+void stop_together(std::string problem, Group& group, std::string_view what) {
+  constexpr auto none = std::numeric_limits<std::int64_t>::max();
+  const auto first = group.min_all(problem.empty() ? none : std::int64_t{group.rank()}, what);
+  if (first == none) return;
+  group.broadcast(problem, static_cast<int>(first), what);
+  if (problem.starts_with("concerto: ")) problem.erase(0, 10);
+  fail_on_every_rank(problem);
+}
 
 } // namespace concerto::runtime

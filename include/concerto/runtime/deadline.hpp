@@ -7,9 +7,11 @@
 #include <concerto/core/error.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace concerto::runtime {
 
@@ -45,6 +47,20 @@ inline clock::time_point deadline_after(double timeout_s) {
   const std::chrono::duration<double> left_in_range = clock::time_point::max() - now;
   if (!(timeout_s < left_in_range.count())) return clock::time_point::max();
   return now + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+
+/// Calls `done()` until it returns true (then true) or `deadline` passes (then false). Between
+/// calls it gives the core away: a yield for the first thousand calls, which a short wait ends
+/// within, then 20 µs sleeps, so that a long wait does not burn a core that another rank (ranks
+/// may outnumber cores) needs. The clock is read every 64 calls.
+template <class Done>
+bool poll_until(clock::time_point deadline, Done&& done) {
+  for (std::uint64_t polls = 0;; ++polls) {
+    if (done()) return true;
+    if ((polls & 63) == 0 && clock::now() >= deadline) return false;
+    if (polls < 1000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 inline std::string timed_out_after(double timeout_s) {

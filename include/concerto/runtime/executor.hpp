@@ -386,14 +386,10 @@ void check_plan_agreement(B& b, const plan::plan& p) {
   if (b.rank() == 0) blob = detail::encode(mine_hash, mine).dump();
   b.broadcast(blob, 0, "the plan agreement check (rank 0's plan hash)");
   const auto doc = nlohmann::json::parse(blob);
-  const bool differs = doc.at("hash").get<std::string>() != hasher::to_hex(mine_hash);
-  constexpr auto none = std::numeric_limits<std::int64_t>::max();
-  const auto first = b.min_all(differs ? static_cast<std::int64_t>(b.rank()) : none, "the plan agreement check");
-  if (first == none) return;
-  std::string message;
-  if (b.rank() == static_cast<int>(first)) {
+  std::string message; // on a rank whose plan differs: where it departs from rank 0's
+  if (doc.at("hash").get<std::string>() != hasher::to_hex(mine_hash)) {
     const auto ref = detail::decode_sequence(doc);
-    const auto r = std::to_string(first);
+    const auto r = std::to_string(b.rank());
     for (std::size_t i = 0; i < std::max(ref.size(), mine.size()) && message.empty(); ++i) {
       if (i < ref.size() && i < mine.size() && ref[i] == mine[i]) continue;
       const auto say = [&](const std::vector<plan::collective_signature>& seq) {
@@ -409,8 +405,7 @@ void check_plan_agreement(B& b, const plan::plan& p) {
                 ") differs from rank 0's (hash " + doc.at("hash").get<std::string>() +
                 ") although their collective sequences agree; every rank must run rank 0's plan";
   }
-  b.broadcast(message, static_cast<int>(first), "the plan agreement check (the differing rank's plan)");
-  fail_on_every_rank(message);
+  stop_together(std::move(message), b, "the plan agreement check");
 }
 
 /// @brief Rank 0 makes the plan (plans or loads it from the cache) and broadcasts its JSON;

@@ -24,7 +24,6 @@
 #include <limits>
 #include <span>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -35,9 +34,7 @@ using settings_record = std::vector<std::pair<std::string, std::string>>;
 
 /// @brief Throws on every rank when some rank's record differs from rank 0's. Collective.
 inline void check_agreement(const settings_record& mine, const runtime::mpi::control& c) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(c.comm(), &rank);
-  MPI_Comm_size(c.comm(), &size);
+  const int rank = c.rank(), size = c.size();
   const std::string what = "the settings agreement check before step 1";
   std::string theirs;
   if (rank == 0) theirs = nlohmann::json(mine).dump();
@@ -84,20 +81,6 @@ inline void check_agreement(const settings_record& mine, const runtime::mpi::con
   fail_on_every_rank("train step: the ranks disagree on '" + name + "': rank 0 has " + value_of(reference) + ", rank " +
        std::to_string(shown) + " has " + shown_value + " (ranks that differ from rank 0: " + ranks +
        "); every rank must compile the step with the same program, shapes, mesh, optimizer, options and MPI settings");
-}
-
-/// @brief Ends a step every rank took alone (e.g. reading a checkpoint) together: when `problem`
-/// is not empty on some rank, every rank throws concerto::collective_error with the message of
-/// the lowest such rank (naming it unless it is rank 0). Collective.
-inline void check_all_succeeded(std::string problem, const runtime::mpi::control& c, std::string_view what) {
-  int rank = 0;
-  MPI_Comm_rank(c.comm(), &rank);
-  constexpr auto none = std::numeric_limits<std::int64_t>::max();
-  const auto first = c.min_all(problem.empty() ? none : std::int64_t{rank}, what);
-  if (first == none) return;
-  c.broadcast(problem, static_cast<int>(first), what);
-  if (problem.starts_with("concerto: ")) problem.erase(0, 10);
-  fail_on_every_rank(first == 0 ? problem : "on rank " + std::to_string(first) + ": " + problem);
 }
 
 } // namespace concerto::train

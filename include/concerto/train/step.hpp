@@ -64,6 +64,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace concerto::train {
@@ -254,11 +255,7 @@ public:
       s.policy = options_.policy;
       const auto started = std::chrono::steady_clock::now();
       const ir::graph g = options_.rewrite ? options_.rewrite(graph_) : graph_;
-      const planner::plan_options planning{.policy = options_.policy,
-                                           .solver = options_.solver,
-                                           .decompose = options_.decompose,
-                                           .bucket = options_.bucket,
-                                           .memory_cap_bytes = options_.memory_cap_bytes};
+      const auto planning = planning_options();
       const auto make = [&] { return planner::make_plan(g, model, planning); };
       plan::plan made;
       if (options_.use_cache) {
@@ -435,11 +432,18 @@ public:
                graph::detail::dims_text(it->second.shape) + ", the program expects " + graph::detail::dims_text(want));
       }
     } catch (const error& e) {
-      problem = e.what();
+      std::string_view why = e.what();
+      if (why.starts_with("concerto: ")) why.remove_prefix(10);
+      if (rank_ != 0) {
+        problem = "on rank ";
+        problem += std::to_string(rank_);
+        problem += ": ";
+      }
+      problem += why;
     }
     // Every rank reads the file itself (a shared file system may show one rank another file):
     // all go on, or all stop, before the first value is written.
-    check_all_succeeded(std::move(problem), *control_, "loading checkpoint '" + path.string() + "'");
+    runtime::stop_together(std::move(problem), *control_, "loading checkpoint '" + path.string() + "'");
     for (const auto& name : state_names()) {
       const auto& t = info(name);
       std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
@@ -626,6 +630,15 @@ private:
     }
   }
 
+  /// What the step asks of the planner.
+  [[nodiscard]] planner::plan_options planning_options() const {
+    return {.policy = options_.policy,
+            .solver = options_.solver,
+            .decompose = options_.decompose,
+            .bucket = options_.bucket,
+            .memory_cap_bytes = options_.memory_cap_bytes};
+  }
+
   /// Everything that must be identical on every rank, for check_agreement.
   [[nodiscard]] settings_record settings_record_of() const {
     const auto number = [](float v) { // the shortest text that reads back as the same float
@@ -635,11 +648,6 @@ private:
     };
     const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
     const char* iallreduce = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
-    const planner::plan_options planning{.policy = options_.policy,
-                                         .solver = options_.solver,
-                                         .decompose = options_.decompose,
-                                         .bucket = options_.bucket,
-                                         .memory_cap_bytes = options_.memory_cap_bytes};
     return {{"library version", std::string(cache::library_version)},
             {"shapes", nlohmann::json(shapes_).dump()},
             {"lower.heads", std::to_string(options_.lower.heads)},
@@ -650,7 +658,7 @@ private:
             {"cost_preset", options_.cost_preset},
             {"measure_kernels", options_.measure_kernels ? flag(*options_.measure_kernels) : "default"},
             {"use_cache", flag(options_.use_cache)},
-            {"planner options", hasher::to_hex(planner::hash(planning))},
+            {"planner options", hasher::to_hex(planner::hash(planning_options()))},
             {"seed", std::to_string(options_.seed)},
             {"sgd.lr", number(settings_.sgd.lr)},
             {"sgd.momentum", number(settings_.sgd.momentum)},

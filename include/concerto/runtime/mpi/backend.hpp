@@ -42,7 +42,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace concerto::runtime::mpi {
@@ -197,14 +196,13 @@ public:
   /// Polls the requests until one completes or the deadline passes, yielding the core between
   /// polls (ranks may outnumber cores).
   std::optional<std::size_t> wait_any(std::span<handle> in_flight, clock::time_point deadline) {
-    if (in_flight.empty()) return std::nullopt;
-    for (std::uint64_t polls = 0;; ++polls) {
-      for (std::size_t i = 0; i < in_flight.size(); ++i)
-        if (test(in_flight[i])) return i;
-      if ((polls & 63) == 0 && clock::now() >= deadline) return std::nullopt;
-      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
-      else std::this_thread::yield();
-    }
+    std::optional<std::size_t> done;
+    detail::poll_until(deadline, [&] {
+      for (std::size_t i = 0; i < in_flight.size() && !done; ++i)
+        if (test(in_flight[i])) done = i;
+      return done.has_value() || in_flight.empty();
+    });
+    return done;
   }
 
   void record(const ir::task&) {}

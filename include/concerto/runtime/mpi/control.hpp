@@ -25,7 +25,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 
 namespace concerto::runtime::mpi {
 
@@ -38,23 +37,21 @@ public:
   }
 
   [[nodiscard]] MPI_Comm comm() const noexcept { return comm_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] double timeout_s() const noexcept { return timeout_s_; }
 
   /// Waits for `request` until the deadline; `what` names the wait in the error.
   void wait(MPI_Request& request, std::string_view what) const {
-    const auto deadline = detail::deadline_after(timeout_s_);
-    for (std::uint64_t polls = 0;; ++polls) {
-      int done = 0;
-      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-      if (done != 0) return;
-      if ((polls & 63) == 0 && clock::now() >= deadline)
-        fail(detail::timed_out_after(timeout_s_) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
-             " waiting for " + std::string(what) +
-             ": another rank stopped or never reached it (set CONCERTO_TIMEOUT_S to wait longer)");
-      // Ranks may outnumber cores: give the core away between polls.
-      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      else std::this_thread::yield();
-    }
+    const bool done = detail::poll_until(detail::deadline_after(timeout_s_), [&] {
+      int complete = 0;
+      check(MPI_Test(&request, &complete, MPI_STATUS_IGNORE), "MPI_Test");
+      return complete != 0;
+    });
+    if (!done)
+      fail(detail::timed_out_after(timeout_s_) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+           " waiting for " + std::string(what) +
+           ": another rank stopped or never reached it (set CONCERTO_TIMEOUT_S to wait longer)");
   }
 
   /// Rank `root`'s bytes on every rank.

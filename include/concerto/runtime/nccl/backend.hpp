@@ -566,24 +566,20 @@ private:
   // Waits for the step's stop event without blocking in the driver: it polls the event and every
   // lane's NCCL error state, so that a failed collective, a device fault or a peer that never
   // joins (whose collective would never complete) ends the step within timeout_s with an error
-  // naming the lanes, all communicators aborted. The first polls only yield (a step's tail is
-  // usually short); later ones sleep 20 µs, so a long wait does not burn a core.
+  // naming the lanes, all communicators aborted. Polled as every wait of the runtime is
+  // (runtime::detail::poll_until: yields, then 20 µs sleeps).
   void wait_for_step() {
     const auto deadline = runtime::detail::deadline_after(options_.timeout_s);
     std::string why;
     try {
-      for (std::uint64_t polls = 0;; ++polls) {
-        if (stop_->done()) break; // throws on a device error
+      const bool ended = runtime::detail::poll_until(deadline, [&] {
+        if (stop_->done()) return true; // throws on a device error
         why = lane_errors();
-        if (!why.empty()) break;
-        if (clock::now() >= deadline) {
-          why = runtime::detail::timed_out_after(options_.timeout_s) + " (set CONCERTO_TIMEOUT_S to wait longer) " +
-                unfinished_lanes();
-          break;
-        }
-        if (polls < 1000) std::this_thread::yield();
-        else std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+        return !why.empty();
+      });
+      if (!ended)
+        why = runtime::detail::timed_out_after(options_.timeout_s) + " (set CONCERTO_TIMEOUT_S to wait longer) " +
+              unfinished_lanes();
       if (why.empty()) why = lane_errors(); // a failed collective need not keep the step from ending
     } catch (const std::exception& e) {
       why = e.what(); // a kernel faulted, or NCCL's error query itself failed
