@@ -54,9 +54,14 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", wopt.micro_batch, "sequences per rank per step")->capture_default_str();
   app.add_option("-p,--policy", policy, "policy: " + join(planner::policy_names()))->capture_default_str();
   app.add_option("--preset", preset, "cost-model preset: " + join(cost::preset_names()))->capture_default_str();
-  app.add_option("--time-budget", popt.solver.time_budget_s, "solver time budget in seconds (concerto policy)")
+  app.add_option("--time-budget", popt.solver.time_budget_s, "planning time budget in seconds: rewrites and solver (concerto policy)")
       ->capture_default_str();
-  app.add_option("--window", popt.solver.window, "solver window size in tasks")->capture_default_str();
+  app.add_option("--window", popt.solver.window, "largest solver window, in tasks")->capture_default_str();
+  app.add_option("--rounds", popt.solver.rounds, "solver passes over the task list")->capture_default_str();
+  app.add_option("--window-work", popt.solver.window_work_limit,
+                 "deterministic mode: Z3 work (rlimit) per window instead of time; the plan is then the same on any machine");
+  app.add_option("--window-time", popt.solver.window_time_limit_s, "solver time per window in seconds")
+      ->capture_default_str();
   app.add_option("-o,--out", out_path, "write the plan JSON here");
   app.add_option("--export-graph", graph_out_path, "write the input graph JSON here");
   app.add_option("--chrome", chrome_path, "write the timeline as a Chrome trace (chrome://tracing, Perfetto)");

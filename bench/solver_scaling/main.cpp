@@ -1,6 +1,7 @@
 // solver_scaling: how planning time, proven windows and the gap to the lower bound of the
 // `concerto` policy grow as a model grows from one layer to its full depth; and how long a
-// plan-cache hit of the full-depth plan takes.
+// plan-cache hit of the full-depth plan takes; and the anytime profile of each plan (the best
+// step found against the time spent), so a user sees what a longer budget buys.
 #include <concerto/cache/plan_cache.hpp>
 #include <concerto/ir/workloads.hpp>
 #include <concerto/planner/pipeline.hpp>
@@ -29,12 +30,14 @@ int main(int argc, char** argv) {
   std::vector<int> depths;
   double budget = 60;
   int cache_repeats = 5;
+  std::vector<double> checkpoints = {0.25, 0.5, 1, 2, 5, 10, 20, 30, 60};
   app.add_option("--workloads", workloads, "workloads")->capture_default_str();
   app.add_option("--preset", preset, "cost-model preset")->capture_default_str();
   app.add_option("--layers", depths, "depths to plan (default: 1, 2, 4, ... up to the full depth)");
   app.add_option("--time-budget", budget, "solver time budget per plan, seconds")->capture_default_str();
   app.add_option("--cache-repeats", cache_repeats, "cache loads timed per workload (median)")->capture_default_str();
   app.add_option("--json", json_path, "write the records here");
+  app.add_option("--anytime-at", checkpoints, "seconds at which the anytime profile is printed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -66,14 +69,32 @@ int main(int argc, char** argv) {
         const auto durations = model.durations_us(graph);
         const auto start = planner::best_list_schedule(graph, durations, model.overlap_slowdown());
         const double start_step = sim::simulate(start.graph, start.order, durations, model.overlap_slowdown()).step_us;
-        auto p = planner::make_plan(graph, model, popt);
+        std::vector<std::pair<double, double>> trace; // seconds, best step so far (us)
+        auto p = planner::make_plan(graph, model, popt, [&](double seconds, double step_us) {
+          if (trace.empty() || step_us < trace.back().second) trace.emplace_back(seconds, step_us);
+        });
         const double bound = p.stats.lower_bound_us;
         const double gap = 100.0 * (p.step_us() / bound - 1.0);
         const double start_gap = 100.0 * (start_step / bound - 1.0);
         std::printf("%-12s %6d %6zu %9.2f %10d %10d %8.2f %8.2f%%\n", workload.c_str(), layers, graph.size(),
                     p.stats.plan_seconds, p.stats.windows_total, p.stats.windows_optimal, gap, start_gap);
+        // Gap to the bound of the best plan found by each checkpoint (the list start before any).
+        std::string anytime;
+        for (double at : checkpoints) {
+          if (at > p.stats.plan_seconds && !anytime.empty() && at > budget) break;
+          double best = start_step;
+          for (const auto& [seconds, step] : trace)
+            if (seconds <= at) best = std::min(best, step);
+          char cell[48];
+          std::snprintf(cell, sizeof cell, "%s%g s %.2f%%", anytime.empty() ? "" : " | ", at, 100.0 * (best / bound - 1.0));
+          anytime += cell;
+        }
+        std::printf("%-12s %6s anytime (gap to bound by then): %s\n", "", "", anytime.c_str());
         std::fflush(stdout);
+        nlohmann::json profile = nlohmann::json::array();
+        for (const auto& [seconds, step] : trace) profile.push_back({seconds, step / 1e3});
         records.push_back({{"workload", workload}, {"preset", preset}, {"layers", layers}, {"tasks", graph.size()},
+                           {"anytime_s_step_ms", profile},
                            {"plan_s", p.stats.plan_seconds}, {"windows_total", p.stats.windows_total},
                            {"windows_optimal", p.stats.windows_optimal}, {"step_ms", p.step_us() / 1e3},
                            {"lower_bound_ms", bound / 1e3}, {"gap_percent", gap},

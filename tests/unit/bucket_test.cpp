@@ -10,6 +10,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <unistd.h>
 #include <string>
@@ -179,10 +180,10 @@ TEST_CASE("choose_buckets reports progress on stderr once it runs long, unless s
   const auto g = ir::make_workload("gpt-dp", {.layers = 2, .ranks = 8});
   const auto judge = planner::simulated_step(model);
   const auto quiet = planner::choose_buckets(g, model, judge, {.progress = false});
-  SECTION("past the quiet time it prints how many all-reduces are placed, and the same buckets come out") {
+  SECTION("past the quiet time it prints how many bucketings were judged, and the same buckets come out") {
     planner::bucketing loud;
     const auto err = stderr_of([&] { loud = planner::choose_buckets(g, model, judge, {.progress_after_s = 0}); });
-    CHECK_THAT(err, ContainsSubstring("concerto: bucketing 'gpt-dp'") && ContainsSubstring("all-reduces placed") &&
+    CHECK_THAT(err, ContainsSubstring("concerto: bucketing 'gpt-dp'") && ContainsSubstring("bucketings judged") &&
                         ContainsSubstring("done:"));
     CHECK(loud == quiet);
   }
@@ -191,4 +192,24 @@ TEST_CASE("choose_buckets reports progress on stderr once it runs long, unless s
               .empty());
     CHECK(stderr_of([&] { (void)planner::choose_buckets(g, model, judge); }).empty());
   }
+}
+
+TEST_CASE("choose_buckets stops at its deadline with the best found so far", "[bucket][budget]") {
+  const auto g = dp_graph();
+  const auto model = cost::model::preset("a800x32");
+  const auto passed = std::chrono::steady_clock::now();
+  CHECK(planner::choose_buckets(g, model, {}, {.deadline = passed}).buckets.empty());
+  const auto far = passed + std::chrono::hours(1);
+  CHECK(planner::choose_buckets(g, model, {}, {.deadline = far}) == planner::choose_buckets(g, model));
+}
+
+TEST_CASE("candidates judged on every core: each index once, the first error passed on", "[bucket][parallel]") {
+  std::vector<int> seen(100, 0);
+  planner::detail::for_each_index(seen.size(), [&](std::size_t i) { ++seen[i]; });
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  CHECK_THROWS_WITH(planner::detail::for_each_index(8,
+                                                    [](std::size_t i) {
+                                                      if (i == 3) concerto::fail("candidate 3 is broken");
+                                                    }),
+                    ContainsSubstring("candidate 3 is broken"));
 }

@@ -11,6 +11,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <unistd.h>
 #include <string>
@@ -457,4 +458,17 @@ TEST_CASE("decompose reports progress on stderr once it runs long, unless silenc
   SECTION("within the quiet time it prints nothing") {
     CHECK(stderr_of([&] { (void)planner::decompose(g, model, {}, {.progress_after_s = 1e6}); }).empty());
   }
+}
+
+TEST_CASE("decompose stops at its deadline with the splits chosen so far", "[decompose][budget]") {
+  const auto model = cost::model::preset("h100x64");
+  const auto g = gather_graph(false); // one exposed all_gather, split when there is time
+  const auto passed = std::chrono::steady_clock::now();
+  const auto none = planner::decompose(g, model, {}, {.deadline = passed, .progress = false});
+  CHECK(none.chosen.empty());
+  CHECK(none.graph.tasks.size() == g.tasks.size());
+  const auto unbounded = planner::decompose(g, model, {}, {.progress = false});
+  REQUIRE_FALSE(unbounded.chosen.empty()); // so that the deadline above is what stopped it
+  const auto far = planner::decompose(g, model, {}, {.deadline = passed + std::chrono::hours(1), .progress = false});
+  CHECK(far.chosen == unbounded.chosen);
 }

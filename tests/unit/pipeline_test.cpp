@@ -1,4 +1,5 @@
 #include <concerto/ir/workloads.hpp>
+#include <concerto/plan/hash.hpp>
 #include <concerto/plan/memory.hpp>
 #include <concerto/planner/pipeline.hpp>
 
@@ -156,4 +157,45 @@ TEST_CASE("the options hash covers what changes the plan", "[planner][pipeline][
   other = base;
   other.solver.window = 20;
   CHECK(planner::hash(base) != planner::hash(other));
+  other = base;
+  other.solver.parallel_windows = 3;
+  CHECK(planner::hash(base) != planner::hash(other));
+  other = base;
+  other.solver.window_work_limit = 1'000'000;
+  CHECK(planner::hash(base) != planner::hash(other));
+}
+
+TEST_CASE("the deterministic mode gives the same plan every time", "[planner][pipeline][deterministic]") {
+  // A graph whose windows are not all proven within a small limit: under a time limit, where
+  // each search stops depends on the machine's load; under a work limit it does not.
+  const auto model = cost::model::preset("h100x64");
+  const auto graph = ir::make_workload("llama-tp-sp", {.layers = 1});
+  auto o = quick("concerto");
+  o.solver.window_work_limit = 200'000;
+  const auto first = planner::make_plan(graph, model, o);
+  CHECK(plan::check(first).empty());
+  for (int again = 0; again < 2; ++again) {
+    const auto p = planner::make_plan(graph, model, o);
+    CHECK(plan::hash(p) == plan::hash(first));
+    CHECK(p.stats.windows_total == first.stats.windows_total);
+    CHECK(p.stats.windows_optimal == first.stats.windows_optimal);
+  }
+  SECTION("and is never slower than the baselines") {
+    for (const auto& baseline : planner::list_policy_names())
+      CHECK(first.step_us() <= planner::make_plan(graph, model, quick(baseline)).step_us() * (1 + 1e-9));
+  }
+}
+
+TEST_CASE("an exhausted budget still gives a verified plan, never slower than the baselines",
+          "[planner][pipeline][budget]") {
+  // A budget too small for any rewrite candidate or window: the rewrites stop at once and the
+  // solver returns its warm start.
+  const auto model = cost::model::preset("h100x64");
+  const auto graph = ir::make_workload("llama-tp-sp", {.layers = 2});
+  auto o = quick("concerto");
+  o.solver.time_budget_s = 1e-6;
+  const auto p = planner::make_plan(graph, model, o);
+  CHECK(plan::check(p).empty());
+  for (const auto& baseline : planner::list_policy_names())
+    CHECK(p.step_us() <= planner::make_plan(graph, model, quick(baseline)).step_us() * (1 + 1e-9));
 }

@@ -237,8 +237,26 @@ TEST_CASE("the time budget bounds the search", "[planner][windowed]") {
   planner::windowed_report rep;
   const auto best = planner::improve_schedule(m.g, start, m.d, 1.0, o, &rep);
   require_complete_orders(best.graph, best.order);
-  CHECK(rep.solve_seconds < 3.0);  // generous: the last window and its simulation finish past it
   CHECK(rep.final_step_us <= rep.start_step_us);
+  SECTION("a spent budget solves no window and returns the start") {
+    o.time_budget_s = 0;
+    planner::windowed_report none;
+    const auto same = planner::improve_schedule(m.g, start, m.d, 1.0, o, &none);
+    CHECK(none.windows_total == 0);
+    CHECK(same.order == start.order);
+  }
+  SECTION("in the deterministic mode the budget is not read, and the same plan comes out every time") {
+    o.time_budget_s = 0;
+    o.rounds = 4;
+    o.window_work_limit = 50'000;
+    planner::windowed_report first_rep, again_rep;
+    const auto first = planner::improve_schedule(m.g, start, m.d, 1.0, o, &first_rep);
+    const auto again = planner::improve_schedule(m.g, start, m.d, 1.0, o, &again_rep);
+    CHECK(first_rep.windows_total > 0);
+    CHECK(first.order == again.order);
+    CHECK(first_rep.windows_total == again_rep.windows_total);
+    CHECK(first_rep.windows_optimal == again_rep.windows_optimal);
+  }
 }
 
 TEST_CASE("bad arguments are reported", "[planner][windowed]") {
@@ -249,4 +267,8 @@ TEST_CASE("bad arguments are reported", "[planner][windowed]") {
                     Catch::Matchers::ContainsSubstring("2 durations for 5 tasks"));
   CHECK_THROWS_WITH(planner::improve_schedule(m.g, start, m.d, 1.0, quick(1)),
                     Catch::Matchers::ContainsSubstring("window must be at least 2"));
+  auto none_at_once = quick(8);
+  none_at_once.parallel_windows = 0;
+  CHECK_THROWS_WITH(planner::improve_schedule(m.g, start, m.d, 1.0, none_at_once),
+                    Catch::Matchers::ContainsSubstring("parallel_windows must be at least 1"));
 }

@@ -670,13 +670,16 @@ struct workload_entry {
 };
 
 // GPT-3 XL-like (2048 hidden, 24 layers, 16 heads); Llama-2-70B (8192, 80 layers, 64 q / 8 kv heads,
-// SwiGLU 28672, vocabulary 32000) at seq 8192; Megatron's GPT 5120 × 40 (the paper's gpt-ptd size).
+// SwiGLU 28672, vocabulary 32000) at seq 8192; Megatron's GPT 5120 × 40 (the paper's gpt-ptd size);
+// Llama-3-405B (16384, 126 layers, 128 q / 8 kv heads, SwiGLU 53248, vocabulary 128000) at seq 8192,
+// laid out as llama-tp-sp: the planner's largest step graph.
 inline constexpr workload_entry workload_table[] = {
     {"gpt-dp", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::all_reduce},
     {"gpt-zero3", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::zero3},
     {"llama-tp-sp", {8192, 80, 8192, 64, 8, 28672, 32000, true, 0, 0}, true, grad_sync::all_reduce},
     {"gpt-ptd", {5120, 40, 2048, 40, 40, 4 * 5120, 50257, false, 0, 0}, true, grad_sync::all_reduce},
     {"moe-ep", {4096, 32, 4096, 32, 8, 14336, 32000, true, 8, 2}, false, grad_sync::all_reduce},
+    {"llama3-405b-tp-sp", {16384, 126, 8192, 128, 8, 53248, 128000, true, 0, 0}, true, grad_sync::all_reduce},
 };
 
 inline void check_divides(i64 part, i64 whole, std::string_view what, std::string_view workload) {

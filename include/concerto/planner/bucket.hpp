@@ -19,19 +19,26 @@
 #include <concerto/cost/model.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/planner/detail/evaluate.hpp>
+#include <concerto/planner/detail/parallel.hpp>
 #include <concerto/planner/detail/progress.hpp>
 #include <concerto/planner/detail/rewrite.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
+#include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace concerto::planner {
 
 /// @brief Tuning of choose_buckets.
 struct bucket_options {
+  planner::deadline deadline;    ///< stop trying caps then, keeping the best so far (none: try all)
   bool progress = true;          ///< progress on stderr once choosing takes longer than ...
   double progress_after_s = 1.0; ///< ... this many seconds
 };
@@ -59,8 +66,9 @@ inline std::string where(const ir::graph& g, ir::task_id id) {
 }
 
 /// Throws unless the bucket's tasks can be fused; returns them in program order.
-inline std::vector<ir::task_id> checked(const ir::graph& g, const std::vector<ir::task_id>& order,
-                                        const std::vector<std::size_t>& pos, std::vector<ir::task_id> bucket) {
+inline std::vector<ir::task_id> checked(const ir::graph& g, const rewrite::program& prog,
+                                        std::vector<ir::task_id> bucket) {
+  const auto& pos = prog.pos;
   for (auto id : bucket) {
     if (id < 0 || static_cast<std::size_t>(id) >= g.tasks.size()) fail(where(g, id) + " does not exist");
     if (!fusable(g, g[id]))
@@ -78,7 +86,7 @@ inline std::vector<ir::task_id> checked(const ir::graph& g, const std::vector<ir
     if (buf.type != g.buffers[static_cast<std::size_t>(first.reads[0])].type)
       fail(where(g, t.id) + ": gradient '" + buf.name + "' has another element type than the bucket's first");
     // Moving the all-reduce to the bucket's end must not change what anyone reads.
-    for (auto other : rewrite::touchers(g, order, buf.id)) {
+    for (auto other : rewrite::touchers(g, prog, buf.id)) {
       const auto at = pos[static_cast<std::size_t>(other)];
       if (at > pos[static_cast<std::size_t>(t.id)] && at <= last_pos && other != bucket.back())
         fail(where(g, t.id) + ": task '" + g[other].name + "' uses gradient '" + buf.name +
@@ -105,13 +113,13 @@ inline std::vector<ir::task_id> checked(const ir::graph& g, const std::vector<ir
 /// @endcode
 [[nodiscard]] inline ir::graph apply_buckets(const ir::graph& g, const bucketing& b) {
   namespace rw = detail::rewrite;
-  const auto order = rw::program_order(g);
-  const auto pos = rw::positions(order);
+  const rw::program prog(g);
+  const auto& order = prog.order;
   std::vector<std::vector<ir::task_id>> fused;
   std::vector<char> used(g.tasks.size(), 0);
   for (const auto& bucket : b.buckets) {
     if (bucket.size() < 2) continue;
-    auto members = detail::bucket::checked(g, order, pos, bucket);
+    auto members = detail::bucket::checked(g, prog, bucket);
     for (auto id : members)
       if (used[static_cast<std::size_t>(id)]++) fail(detail::bucket::where(g, id) + " is in two buckets");
     fused.push_back(std::move(members));
@@ -172,14 +180,141 @@ inline std::vector<ir::task_id> checked(const ir::graph& g, const std::vector<ir
   return rw::finish(g, order, std::move(d));
 }
 
-/// @brief Bucket boundaries by simulated step time: per mesh axis, the fusable gradient
-/// all-reduces are walked in program order and each is added to the open bucket if `judge`
-/// (default: list schedule + simulator on `model`; pass one with a memory cap to respect it)
-/// finds the step faster that way, else it opens a new bucket. Small gradients, whose
-/// all-reduces are latency-bound, end up fused; a large one whose all-reduce is hidden stays
-/// alone, since waiting for later gradients would expose it.
-/// Reports progress on stderr once it takes over `options.progress_after_s`, unless
-/// `options.progress` is false.
+namespace detail::bucket {
+
+/// The gradient all-reduces that may share a bucket, per mesh axis, in program order, and for
+/// each the position of the first later task that touches its gradient: an all-reduce moved to
+/// the end of a bucket must still run before that task.
+struct lanes {
+  std::map<int, std::vector<ir::task_id>> by_axis;
+  std::vector<std::size_t> next_use;
+  std::size_t fusable_count = 0;
+
+  lanes(const ir::graph& g, const rewrite::program& prog) : next_use(g.tasks.size(), prog.order.size()) {
+    for (auto id : prog.order) {
+      if (!fusable(g, g[id])) continue;
+      by_axis[g[id].axis].push_back(id);
+      ++fusable_count;
+      for (auto u : rewrite::touchers(g, prog, g[id].reads[0]))
+        if (prog.at(u) > prog.at(id)) {
+          next_use[static_cast<std::size_t>(id)] = prog.at(u);
+          break;
+        }
+    }
+  }
+};
+
+/// Buckets of one lane filled in program order up to `cap_bytes` each: an all-reduce joins the
+/// open bucket when it reduces with the same function and element type, its gradient has
+/// another root, no member's gradient is used before it, and the bucket stays within the cap.
+inline std::vector<std::vector<ir::task_id>> fill(const ir::graph& g, const rewrite::program& prog, const lanes& l,
+                                                  const std::vector<ir::task_id>& lane, std::int64_t cap_bytes) {
+  std::vector<std::vector<ir::task_id>> out;
+  std::vector<ir::task_id> open;
+  std::int64_t open_bytes = 0;
+  std::size_t must_run_before = 0;
+  const auto grad = [&](ir::task_id id) -> const ir::buffer& { return g.buffers[static_cast<std::size_t>(g[id].reads[0])]; };
+  const auto close = [&] {
+    if (open.size() > 1) out.push_back(open);
+    open.clear();
+  };
+  for (auto id : lane) {
+    const auto bytes = grad(id).bytes;
+    const bool joins = !open.empty() && g[id].fn == g[open.front()].fn && grad(id).type == grad(open.front()).type &&
+                       prog.at(id) < must_run_before && open_bytes + bytes <= cap_bytes &&
+                       std::none_of(open.begin(), open.end(), [&](ir::task_id m) {
+                         return g.root_of(g[m].reads[0]) == g.root_of(g[id].reads[0]);
+                       });
+    if (!joins) {
+      close();
+      open_bytes = 0;
+      must_run_before = prog.order.size();
+    }
+    open.push_back(id);
+    open_bytes += bytes;
+    must_run_before = std::min(must_run_before, l.next_use[static_cast<std::size_t>(id)]);
+  }
+  close();
+  return out;
+}
+
+/// Bucket caps worth trying for a lane: doubling from twice its smallest gradient to the whole
+/// lane, so a cap between two tries is at most a factor of two from one of them.
+inline std::vector<std::int64_t> caps(const ir::graph& g, const std::vector<ir::task_id>& lane) {
+  std::int64_t smallest = std::numeric_limits<std::int64_t>::max(), total = 0;
+  for (auto id : lane) {
+    const auto bytes = g.buffers[static_cast<std::size_t>(g[id].reads[0])].bytes;
+    smallest = std::min(smallest, bytes);
+    total += bytes;
+  }
+  std::vector<std::int64_t> out;
+  for (std::int64_t c = 2 * std::max<std::int64_t>(smallest, 1); c < total; c *= 2) out.push_back(c);
+  out.push_back(total);
+  return out;
+}
+
+} // namespace detail::bucket
+
+namespace detail::bucket {
+
+/// The fine-grained search: per lane, in program order, each all-reduce joins the open bucket
+/// only if `judge` finds the step faster that way (a bucket may then stop before a gradient
+/// that would expose it, which no cap expresses). One judged plan per all-reduce, one after
+/// the other. Returns nothing when `deadline` passes first.
+inline std::optional<std::pair<bucketing, double>> walk(const ir::graph& g, const rewrite::program& prog,
+                                                        const lanes& l, const step_fn& judge, double start_step,
+                                                        const deadline& until) {
+  bucketing best;
+  double best_step = start_step;
+  for (const auto& [axis, lane] : l.by_axis) {
+    std::vector<ir::task_id> open;
+    std::size_t must_run_before = prog.order.size();
+    for (auto id : lane) {
+      if (expired(until)) return std::nullopt;
+      const auto& grad = g.buffers[static_cast<std::size_t>(g[id].reads[0])];
+      const bool may_join =
+          !open.empty() && g[id].fn == g[open.front()].fn &&
+          grad.type == g.buffers[static_cast<std::size_t>(g[open.front()].reads[0])].type &&
+          prog.at(id) < must_run_before && std::none_of(open.begin(), open.end(), [&](ir::task_id m) {
+            return g.root_of(g[m].reads[0]) == g.root_of(grad.id);
+          });
+      if (may_join) {
+        auto trial = best;
+        trial.buckets.push_back(open);
+        trial.buckets.back().push_back(id);
+        const double step = judge(apply_buckets(g, trial));
+        if (step < best_step * (1 - 1e-9)) {
+          best_step = step;
+          open.push_back(id);
+          must_run_before = std::min(must_run_before, l.next_use[static_cast<std::size_t>(id)]);
+          continue;
+        }
+      }
+      if (open.size() > 1) best.buckets.push_back(open);
+      open = {id};
+      must_run_before = l.next_use[static_cast<std::size_t>(id)];
+    }
+    if (open.size() > 1) best.buckets.push_back(open);
+  }
+  return std::pair{std::move(best), best_step};
+}
+
+} // namespace detail::bucket
+
+/// @brief Bucket boundaries by simulated step time, judged by `judge` (default: list schedule +
+/// simulator on `model`; pass one with a memory cap to respect it). Two searches, the better
+/// kept (no buckets at all if neither helps):
+/// - a cap sweep: per mesh axis, the fusable gradient all-reduces fill buckets in program order
+///   up to a cap, for caps doubling from twice the smallest gradient to the whole lane; one
+///   judged plan per cap (on every core), so its cost grows with the logarithm of the gradient
+///   sizes, not with their number;
+/// - a walk that decides each all-reduce on its own (join the open bucket only if the step gets
+///   faster): finer, but one judged plan per all-reduce, so it runs only when the sweep's own
+///   judging time says it ends before `options.deadline` (always, without a deadline).
+/// Small gradients, whose all-reduces are latency-bound, end up fused; a large one whose
+/// all-reduce is hidden stays alone, since a bucket that large would wait for later gradients
+/// and expose it. Stops at `options.deadline` with the best so far. Reports progress on stderr
+/// once it takes over `options.progress_after_s`, unless `options.progress` is false.
 /// @code
 /// auto b = planner::choose_buckets(g, model, planner::simulated_step(model, cap_bytes), {.progress = false});
 /// @endcode
@@ -187,55 +322,63 @@ inline std::vector<ir::task_id> checked(const ir::graph& g, const std::vector<ir
                                               const bucket_options& options = {}) {
   if (!judge) judge = simulated_step(model);
   namespace rw = detail::rewrite;
-  const auto order = rw::program_order(g);
-  std::map<int, std::vector<ir::task_id>> lanes;
-  std::size_t total = 0, done = 0;
-  for (auto id : order)
-    if (detail::bucket::fusable(g, g[id])) {
-      lanes[g[id].axis].push_back(id);
-      ++total;
-    }
+  const rw::program prog(g);
+  const detail::bucket::lanes lanes(g, prog);
 
   detail::progress_meter meter("bucketing", g.name, options.progress, options.progress_after_s);
   bucketing best;
+  if (lanes.fusable_count < 2) return best;
+  const auto sweep_started = std::chrono::steady_clock::now();
   const double start_step = judge(g);
   double best_step = start_step;
+  std::size_t judged = 1;
   const auto status = [&] {
-    return std::to_string(done) + "/" + std::to_string(total) + " all-reduces placed, " +
-           std::to_string(best.buckets.size()) + " buckets closed, step " + detail::progress_meter::us(start_step) +
+    return std::to_string(judged) + " bucketings judged, " + std::to_string(best.buckets.size()) + " buckets of " +
+           std::to_string(lanes.fusable_count) + " all-reduces, step " + detail::progress_meter::us(start_step) +
            " -> " + detail::progress_meter::us(best_step);
   };
-  for (const auto& [axis, list] : lanes) {
-    std::vector<ir::task_id> open;
-    for (auto id : list) {
-      ++done;
-      meter.tick(status);
-      if (!open.empty() && g[id].fn == g[open.front()].fn) {
-        auto trial = best;
-        auto extended = open;
-        extended.push_back(id);
-        trial.buckets.push_back(extended);
-        bool valid = true;
-        ir::graph candidate;
-        try {
-          candidate = apply_buckets(g, trial);
-        } catch (const concerto::error&) {
-          valid = false; // a member's gradient is used in between: this boundary is forced
-        }
-        if (valid) {
-          const double step = judge(candidate);
-          if (step < best_step * (1 - 1e-9)) {
-            best_step = step;
-            open = std::move(extended);
-            continue;
-          }
-        }
-      }
-      if (open.size() > 1) best.buckets.push_back(open);
-      open = {id};
+  for (const auto& [axis, lane] : lanes.by_axis) {
+    const auto kept = best; // the lanes decided before this one
+    std::vector<bucketing> trials;
+    for (const auto cap : detail::bucket::caps(g, lane)) {
+      auto trial = kept;
+      for (auto& b : detail::bucket::fill(g, prog, lanes, lane, cap)) trial.buckets.push_back(std::move(b));
+      // Caps too small to fuse anything, and caps that fuse as the previous one did, add nothing.
+      if (trial.buckets.size() > kept.buckets.size() && (trials.empty() || !(trial == trials.back())))
+        trials.push_back(std::move(trial));
     }
-    if (open.size() > 1) best.buckets.push_back(open);
+    // The caps are independent of each other: judge them on every core, then keep the best in
+    // cap order, as a sequential sweep would. A cap judged after the deadline is skipped.
+    std::vector<double> steps(trials.size(), std::numeric_limits<double>::infinity());
+    detail::for_each_index(trials.size(), [&](std::size_t j) {
+      if (!expired(options.deadline)) steps[j] = judge(apply_buckets(g, trials[j]));
+    });
+    judged += trials.size();
+    for (std::size_t j = 0; j < trials.size(); ++j)
+      if (steps[j] < best_step * (1 - 1e-9)) {
+        best_step = steps[j];
+        best = trials[j];
+      }
+    meter.tick(status);
   }
+  // The walk judges one plan per all-reduce on one core; the sweep's judging time, spread over
+  // its cores, prices one.
+  const double per_judge_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sweep_started).count() *
+      std::max(1u, std::thread::hardware_concurrency()) / static_cast<double>(judged);
+  const bool walk_fits =
+      !options.deadline ||
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(per_judge_s * lanes.fusable_count)) <
+          *options.deadline;
+  if (walk_fits)
+    if (auto walked = detail::bucket::walk(g, prog, lanes, judge, start_step, options.deadline)) {
+      judged += lanes.fusable_count;
+      if (walked->second < best_step * (1 - 1e-9)) {
+        best = std::move(walked->first);
+        best_step = walked->second;
+      }
+    }
   meter.done(status);
   return best;
 }

@@ -28,6 +28,7 @@
 #include <concerto/cost/model.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/planner/detail/evaluate.hpp>
+#include <concerto/planner/detail/parallel.hpp>
 #include <concerto/planner/detail/progress.hpp>
 #include <concerto/planner/detail/rewrite.hpp>
 
@@ -82,6 +83,7 @@ struct decompose_options {
                                            ///< runs while the compute stream is idle
   int max_candidates = 64;                 ///< collectives evaluated, most exposed first
   bool split_all_reduce = true;            ///< also try all_reduce -> reduce_scatter + delayed all_gather
+  planner::deadline deadline;              ///< stop trying candidates then, keeping the splits chosen (none: try all)
   bool progress = true;                    ///< progress on stderr once choosing takes longer than ...
   double progress_after_s = 1.0;           ///< ... this many seconds
 };
@@ -115,9 +117,9 @@ inline std::string describe(const ir::graph& g, ir::task_id coll, ir::task_id co
 }
 
 /// Whether (coll, comp, chunks) is a split this file knows how to rewrite; `why` says why not.
-inline std::optional<match_info> match(const ir::graph& g, const std::vector<ir::task_id>& order,
-                                       const std::vector<std::size_t>& pos, ir::task_id coll, ir::task_id comp,
-                                       int chunks, std::string& why) {
+inline std::optional<match_info> match(const ir::graph& g, const rewrite::program& prog, ir::task_id coll,
+                                       ir::task_id comp, int chunks, std::string& why) {
+  const auto& pos = prog.pos;
   const auto n_tasks = static_cast<ir::task_id>(g.tasks.size());
   if (coll < 0 || coll >= n_tasks || comp < 0 || comp >= n_tasks) {
     why = "a task id does not exist";
@@ -145,7 +147,7 @@ inline std::optional<match_info> match(const ir::graph& g, const std::vector<ir:
     return why = "the sizes of A or C do not match the matmul's m, n, k", std::nullopt;
   const std::int64_t p = g.group_size(c);
   const auto only = [&](ir::buffer_id b, std::vector<ir::task_id> allowed) {
-    auto who = rewrite::touchers(g, order, b);
+    auto who = rewrite::touchers(g, prog, b);
     std::sort(who.begin(), who.end());
     std::sort(allowed.begin(), allowed.end());
     return who == allowed;
@@ -180,7 +182,7 @@ inline std::optional<match_info> match(const ir::graph& g, const std::vector<ir:
     const auto from = pos[static_cast<std::size_t>(comp)], to = pos[static_cast<std::size_t>(coll)];
     if (to < from) return why = "the all_reduce comes before the matmul", std::nullopt;
     for (auto b : {y, out})
-      for (auto other : rewrite::touchers(g, order, b)) {
+      for (auto other : rewrite::touchers(g, prog, b)) {
         const auto at = pos[static_cast<std::size_t>(other)];
         if (at > from && at < to) return why = "a task between the matmul and the all_reduce uses their buffer", std::nullopt;
       }
@@ -196,7 +198,7 @@ inline std::optional<match_info> match(const ir::graph& g, const std::vector<ir:
       info.shape = pattern::exchange_matmul;
       if (info.trans_a) return why = "A is stored transposed, so the exchanged rows are not the matmul's rows", std::nullopt;
       if (from > at) return why = "the all_to_all comes after the matmul", std::nullopt;
-      for (auto other : rewrite::touchers(g, order, a)) {
+      for (auto other : rewrite::touchers(g, prog, a)) {
         if (other == coll || other == comp) continue;
         if (pos[static_cast<std::size_t>(other)] < at)
           return why = "a task between the all_to_all and the matmul uses the exchanged buffer", std::nullopt;
@@ -226,8 +228,9 @@ inline std::optional<match_info> match(const ir::graph& g, const std::vector<ir:
 /// Whether an all_reduce can become reduce_scatter + all_gather: in place on one buffer whose
 /// elements divide evenly over the group. Returns the task that the all_gather must precede
 /// (the next task touching the buffer), or -1 for the end of the step.
-inline std::optional<ir::task_id> match_split(const ir::graph& g, const std::vector<ir::task_id>& order,
-                                              const std::vector<std::size_t>& pos, ir::task_id coll, std::string& why) {
+inline std::optional<ir::task_id> match_split(const ir::graph& g, const rewrite::program& prog, ir::task_id coll,
+                                              std::string& why) {
+  const auto& pos = prog.pos;
   if (coll < 0 || static_cast<std::size_t>(coll) >= g.tasks.size()) return why = "a task id does not exist", std::nullopt;
   const auto& c = g[coll];
   if (c.kind != ir::op_kind::all_reduce) return why = "the collective is not an all_reduce", std::nullopt;
@@ -242,7 +245,7 @@ inline std::optional<ir::task_id> match_split(const ir::graph& g, const std::vec
                  " ranks",
            std::nullopt;
   ir::task_id next = -1;
-  for (auto u : rewrite::touchers(g, order, b.id))
+  for (auto u : rewrite::touchers(g, prog, b.id))
     if (pos[static_cast<std::size_t>(u)] > pos[static_cast<std::size_t>(coll)]) {
       next = u;
       break;
@@ -281,7 +284,7 @@ namespace detail::decompose {
 // goes right before one, and at the end; one method per decomposition pattern.
 class splitter {
 public:
-  explicit splitter(const ir::graph& g) : g_(g), order_(rewrite::program_order(g)), pos_(rewrite::positions(order_)) {
+  explicit splitter(const ir::graph& g) : g_(g), prog_(g) {
     d_.graph = g.empty_like();
     d_.graph.buffers = g.buffers;
   }
@@ -289,7 +292,7 @@ public:
   void add(const decomposition& dec) {
     if (dec.kind == split_kind::reduce_scatter_all_gather) return split_all_reduce(dec);
     std::string why;
-    const auto info = match(g_, order_, pos_, dec.collective, dec.compute, dec.chunks, why);
+    const auto info = match(g_, prog_, dec.collective, dec.compute, dec.chunks, why);
     if (!info) fail(describe(g_, dec.collective, dec.compute) + " into " + std::to_string(dec.chunks) + " chunks: " + why);
     for (auto id : {dec.collective, dec.compute}) claim(id, describe(g_, dec.collective, dec.compute));
     chunks split{g_[dec.collective], g_[dec.compute], *info, dec.chunks};
@@ -303,7 +306,7 @@ public:
   }
 
   ir::graph finish() && {
-    for (auto id : order_) {
+    for (auto id : prog_.order) {
       if (const auto b = before_.find(id); b != before_.end())
         for (auto& [origin, t] : b->second) d_.add(std::move(t), {origin});
       const auto it = replacement_.find(id);
@@ -314,7 +317,7 @@ public:
       for (auto& t : it->second) d_.add(std::move(t), {id});
     }
     for (auto& [origin, t] : at_end_) d_.add(std::move(t), {origin});
-    return rewrite::finish(g_, order_, std::move(d_));
+    return rewrite::finish(g_, prog_.order, std::move(d_));
   }
 
 private:
@@ -530,7 +533,7 @@ private:
   // all_reduce → reduce_scatter now, all_gather right before the next reader of its result.
   void split_all_reduce(const decomposition& dec) {
     std::string why;
-    const auto next = match_split(g_, order_, pos_, dec.collective, why);
+    const auto next = match_split(g_, prog_, dec.collective, why);
     if (!next) fail(describe(g_, dec.collective, -1) + " into reduce_scatter + all_gather: " + why);
     claim(dec.collective, describe(g_, dec.collective, -1));
     const auto& ar = g_[dec.collective];
@@ -559,8 +562,7 @@ private:
   }
 
   const ir::graph& g_;
-  std::vector<ir::task_id> order_;
-  std::vector<std::size_t> pos_;
+  rewrite::program prog_;
   rewrite::draft d_;
   std::map<ir::task_id, std::vector<ir::task>> replacement_;
   std::map<ir::task_id, std::vector<std::pair<ir::task_id, ir::task>>> before_; // (origin, task)
@@ -595,8 +597,8 @@ private:
                                                                 const decompose_options& options = {}) {
   using namespace detail::decompose;
   namespace rw = detail::rewrite;
-  const auto order = rw::program_order(g);
-  const auto pos = rw::positions(order);
+  const rw::program prog(g);
+  const auto& pos = prog.pos;
   const auto p = list_plan(g, model);
   const auto exposed = exposed_us(p);
   std::vector<std::pair<double, decomposition>> found;
@@ -609,7 +611,7 @@ private:
     const auto at = pos[static_cast<std::size_t>(c.id)];
     // The matmul the collective feeds (the first one after it reading its output as A) ...
     const auto consumer = [&] {
-      for (auto u : rw::touchers(g, order, c.writes[0]))
+      for (auto u : rw::touchers(g, prog, c.writes[0]))
         if (pos[static_cast<std::size_t>(u)] > at && g[u].kind == ir::op_kind::matmul && g[u].reads[0] == c.writes[0])
           return u;
       return ir::task_id{-1};
@@ -617,7 +619,7 @@ private:
     // ... or the one it drains (the last task before it touching its input, when a matmul).
     const auto producer = [&] {
       ir::task_id last = -1;
-      for (auto u : rw::touchers(g, order, c.reads[0])) {
+      for (auto u : rw::touchers(g, prog, c.reads[0])) {
         if (pos[static_cast<std::size_t>(u)] >= at) break;
         last = g[u].kind == ir::op_kind::matmul ? u : -1;
       }
@@ -625,7 +627,7 @@ private:
     };
     std::vector<ir::task_id> partners;
     if (c.kind == ir::op_kind::all_gather) {
-      for (auto u : rw::touchers(g, order, c.writes[0]))
+      for (auto u : rw::touchers(g, prog, c.writes[0]))
         if (u != c.id && g[u].kind == ir::op_kind::matmul) partners = {u};
     } else if (c.kind == ir::op_kind::reduce_scatter || c.kind == ir::op_kind::all_reduce) {
       partners = {producer()};
@@ -636,12 +638,12 @@ private:
       if (partner < 0) continue;
       for (int k : options.chunk_choices) {
         std::string why;
-        if (match(g, order, pos, c.id, partner, k, why)) found.push_back({idle, {c.id, partner, k}});
+        if (match(g, prog, c.id, partner, k, why)) found.push_back({idle, {c.id, partner, k}});
       }
     }
     if (options.split_all_reduce && c.kind == ir::op_kind::all_reduce) {
       std::string why;
-      if (match_split(g, order, pos, c.id, why))
+      if (match_split(g, prog, c.id, why))
         found.push_back({idle, {c.id, -1, 1, split_kind::reduce_scatter_all_gather}});
     }
   }
@@ -673,29 +675,37 @@ private:
     if (i == 0 || candidates[i].collective != candidates[i - 1].collective) ++collectives;
   const auto to_try = std::min<std::size_t>(collectives, static_cast<std::size_t>(std::max(0, options.max_candidates)));
   std::size_t tried = 0;
-  for (std::size_t i = 0; i < candidates.size() && tried < to_try;) {
+  for (std::size_t i = 0; i < candidates.size() && tried < to_try && !expired(options.deadline);) {
     std::size_t end = i;
     while (end < candidates.size() && candidates[end].collective == candidates[i].collective) ++end;
     ++tried;
-    std::optional<decomposition> best;
-    ir::graph best_graph;
-    double best_step = result.step_us_after;
+    // One collective's alternatives are independent of each other: judge them on every core,
+    // then keep the best in candidate order, as a sequential search would.
+    std::vector<std::size_t> open;
     for (; i < end; ++i) {
       // A matmul already split with another collective cannot be split again.
       const bool taken = std::any_of(result.chosen.begin(), result.chosen.end(), [&](const decomposition& d) {
         return candidates[i].compute >= 0 && (d.compute == candidates[i].compute || d.collective == candidates[i].compute);
       });
-      if (taken) continue;
-      auto trial = result.chosen;
-      trial.push_back(candidates[i]);
-      auto candidate_graph = planner::apply(g, std::span<const decomposition>(trial));
-      const double step = judge(candidate_graph);
-      if (step < best_step * (1 - 1e-9)) {
-        best_step = step;
-        best = candidates[i];
-        best_graph = std::move(candidate_graph);
-      }
+      if (!taken) open.push_back(i);
     }
+    std::vector<ir::graph> graphs(open.size());
+    std::vector<double> steps(open.size());
+    detail::for_each_index(open.size(), [&](std::size_t j) {
+      auto trial = result.chosen;
+      trial.push_back(candidates[open[j]]);
+      graphs[j] = planner::apply(g, std::span<const decomposition>(trial));
+      steps[j] = judge(graphs[j]);
+    });
+    std::optional<decomposition> best;
+    ir::graph best_graph;
+    double best_step = result.step_us_after;
+    for (std::size_t j = 0; j < open.size(); ++j)
+      if (steps[j] < best_step * (1 - 1e-9)) {
+        best_step = steps[j];
+        best = candidates[open[j]];
+        best_graph = std::move(graphs[j]);
+      }
     if (best) {
       result.chosen.push_back(*best);
       result.graph = std::move(best_graph);

@@ -123,14 +123,9 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
     for (std::size_t i = 0; i < order.size(); ++i)
       rank[static_cast<std::size_t>(order[i])] = i;
   }
-  // Per stream, the ready tasks; the best is picked by a linear scan, as ready lists stay short.
-  std::vector<std::vector<ir::task_id>> ready(g.streams.size());
-  std::vector<int> missing(n, 0);
-  for (const auto& t : g.tasks) {
-    missing[static_cast<std::size_t>(t.id)] = static_cast<int>(t.deps.size());
-    if (t.deps.empty())
-      ready[static_cast<std::size_t>(t.stream)].push_back(t.id);
-  }
+  // A task's priority never changes (program position for collectives, bottom level then
+  // program position for compute), so each stream's ready tasks wait in a heap: the backward
+  // pass can leave hundreds of gradient all-reduces ready behind the in-flight cap.
   const auto better = [&](ir::task_id a, ir::task_id b) {
     const auto ia = static_cast<std::size_t>(a), ib = static_cast<std::size_t>(b);
     if (ir::is_collective(g[a].kind))
@@ -139,11 +134,18 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
       return level[ia] > level[ib];
     return rank[ia] < rank[ib];
   };
-  const auto pop_best = [&](std::vector<ir::task_id>& list) {
-    auto best = std::min_element(list.begin(), list.end(), better);
-    const auto id = *best;
-    *best = list.back();
-    list.pop_back();
+  const auto worse = [&](ir::task_id a, ir::task_id b) { return better(b, a); };
+  using ready_heap = std::priority_queue<ir::task_id, std::vector<ir::task_id>, decltype(worse)>;
+  std::vector<ready_heap> ready(g.streams.size(), ready_heap(worse));
+  std::vector<int> missing(n, 0);
+  for (const auto& t : g.tasks) {
+    missing[static_cast<std::size_t>(t.id)] = static_cast<int>(t.deps.size());
+    if (t.deps.empty())
+      ready[static_cast<std::size_t>(t.stream)].push(t.id);
+  }
+  const auto pop_best = [&](ready_heap& heap) {
+    const auto id = heap.top();
+    heap.pop();
     return id;
   };
 
@@ -169,12 +171,9 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
     while (in_flight < max_in_flight) {
       int lane = -1;
       for (std::size_t st = 1; st < g.streams.size(); ++st)
-        if (!busy[st] && !ready[st].empty()) {
-          const auto cand = *std::min_element(ready[st].begin(), ready[st].end(), better);
-          if (lane < 0 || better(cand, *std::min_element(ready[static_cast<std::size_t>(lane)].begin(),
-                                                         ready[static_cast<std::size_t>(lane)].end(), better)))
-            lane = static_cast<int>(st);
-        }
+        if (!busy[st] && !ready[st].empty() &&
+            (lane < 0 || better(ready[st].top(), ready[static_cast<std::size_t>(lane)].top())))
+          lane = static_cast<int>(st);
       if (lane < 0)
         break;
       const auto id = pop_best(ready[static_cast<std::size_t>(lane)]);
@@ -209,7 +208,7 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
       }
       for (auto nx : succ[static_cast<std::size_t>(id)])
         if (--missing[static_cast<std::size_t>(nx)] == 0)
-          ready[static_cast<std::size_t>(g[nx].stream)].push_back(nx);
+          ready[static_cast<std::size_t>(g[nx].stream)].push(nx);
     }
   }
   return s;

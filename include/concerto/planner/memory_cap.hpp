@@ -48,19 +48,19 @@ struct prefetch_unit {
 /// @endcode
 [[nodiscard]] inline std::vector<prefetch_unit> prefetch_units(const ir::graph& g) {
   namespace rw = detail::rewrite;
-  const auto order = rw::program_order(g);
-  const auto pos = rw::positions(order);
+  const rw::program prog(g);
+  const auto& pos = prog.pos;
   const auto role = [&](ir::buffer_id b) { return g.buffers[static_cast<std::size_t>(g.root_of(b))].role; };
   std::vector<prefetch_unit> units;
   const ir::task* previous = nullptr;
-  for (auto id : order) {
+  for (auto id : prog.order) {
     const auto& t = g[id];
     if (t.kind != ir::op_kind::all_gather || t.reads.size() != 1 || t.writes.size() != 1) continue;
     if (role(t.reads[0]) != ir::buffer_role::param || plan::is_persistent(role(t.writes[0]))) continue;
     if (!previous || previous->layer != t.layer || previous->step_phase != t.step_phase) units.emplace_back();
     units.back().gathers.push_back(id);
     previous = &t;
-    const auto users = rw::touchers(g, order, t.writes[0]);
+    const auto users = rw::touchers(g, prog, t.writes[0]);
     if (!users.empty() && users.back() != id) units.back().frees.push_back(users.back());
   }
   for (auto& u : units) {

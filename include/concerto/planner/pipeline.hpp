@@ -28,6 +28,7 @@
 #include <concerto/sim/simulate.hpp>
 
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -44,11 +45,17 @@ struct plan_options {
   std::optional<std::int64_t> memory_cap_bytes; ///< peak memory per rank the plan must respect
 };
 
+/// @brief The anytime profile of make_plan: called with the seconds since planning began and
+/// the step time whenever the plan found so far gets faster (after each rewrite that gains, and
+/// each window the solver keeps).
+using improvement_fn = std::function<void(double seconds, double step_us)>;
+
 /// @brief Hash of the options that change the plan make_plan returns (for the plan cache key);
 /// `progress` only changes what is printed, so it is left out.
 inline std::uint64_t hash(const plan_options& o) {
   hasher h;
   h.add(o.policy).add(o.solver.window).add(o.solver.rounds).add(o.solver.window_time_limit_s).add(o.solver.time_budget_s);
+  h.add(o.solver.parallel_windows).add(o.solver.window_work_limit);
   h.add(o.decompose).add(o.bucket).add(o.memory_cap_bytes.value_or(-1));
   return h.value();
 }
@@ -78,7 +85,8 @@ inline schedule best_list_schedule(const ir::graph& g, std::span<const double> d
 }
 
 /// @brief Plans `g` with `options.policy`; the plan is verified before it is returned.
-inline plan::plan make_plan(const ir::graph& given, const cost::model& model, const plan_options& options = {}) {
+inline plan::plan make_plan(const ir::graph& given, const cost::model& model, const plan_options& options = {},
+                            const improvement_fn& on_improvement = {}) {
   const auto started = std::chrono::steady_clock::now();
   const auto known = policy_names();
   if (std::find(known.begin(), known.end(), options.policy) == known.end()) {
@@ -98,10 +106,33 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
     // then the solver orders the rewritten graph, warm-started from the best baseline.
     const auto judge = simulated_step(model, options.memory_cap_bytes);
     const bool progress = options.solver.progress;
-    ir::graph rewritten =
-        options.decompose ? decompose(g, model, judge, {.progress = progress}).graph : g;
-    if (options.bucket)
-      rewritten = apply_buckets(rewritten, choose_buckets(rewritten, model, judge, {.progress = progress}));
+    // One budget for the whole plan: each rewrite stops trying candidates at its share
+    // (decomposition the first half, bucketing up to three fifths), the solver gets the rest: on
+    // large graphs the rewrites gain more than the solver, and small ones finish them early.
+    // In the deterministic mode (a work limit per window) no step reads the clock.
+    const auto by = [&](double share) -> deadline {
+      if (options.solver.window_work_limit > 0) return std::nullopt;
+      return started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(share * options.solver.time_budget_s));
+    };
+    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
+    const auto report_step = [&](double step_us) {
+      if (on_improvement) on_improvement(seconds(), step_us);
+    };
+    if (on_improvement) report_step(judge(g));
+    ir::graph rewritten = g;
+    if (options.decompose) {
+      auto split = decompose(g, model, judge, {.deadline = by(0.5), .progress = progress});
+      if (!split.chosen.empty()) report_step(split.step_us_after);
+      rewritten = std::move(split.graph);
+    }
+    if (options.bucket) {
+      const auto buckets = choose_buckets(rewritten, model, judge, {.deadline = by(0.6), .progress = progress});
+      if (!buckets.buckets.empty()) {
+        rewritten = apply_buckets(rewritten, buckets);
+        if (on_improvement) report_step(judge(rewritten));
+      }
+    }
     if (options.memory_cap_bytes && !prefetch_units(rewritten).empty())
       rewritten = limit_memory(rewritten, model, *options.memory_cap_bytes).graph;
     // One budget for the whole plan: the solver gets what the rewrites left (at least a tenth,
@@ -111,7 +142,7 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
     solver.time_budget_s = std::max(options.solver.time_budget_s - spent, 0.1 * options.solver.time_budget_s);
     const auto durations = model.durations_us(rewritten);
     chosen = improve_schedule(rewritten, best_list_schedule(rewritten, durations, slowdown), durations, slowdown,
-                              solver, &report);
+                              solver, &report, report_step);
   } else {
     chosen = list_schedule(options.policy, g, model.durations_us(g));
   }

@@ -3,40 +3,64 @@
 /// @brief The windowed solver: improves a whole schedule one Z3 window at a time.
 ///
 /// Z3 proves optimal schedules only for tens of tasks, so the planner walks the task list
-/// (ordered by start time in the current best schedule) in windows of `window` consecutive
-/// tasks, alternating window boundaries between rounds (offset 0, then window/2) so that no
-/// boundary stays fixed. Each window is solved with the rest of the plan frozen and its
+/// (ordered by start time in the current best schedule) in windows of consecutive tasks. The
+/// windows grow over the rounds, doubling every two up to `window` (20 then 40 by default):
+/// small windows are proven in milliseconds and settle most of the plan, the large ones then
+/// look for moves across their boundaries; odd rounds shift the boundaries by half a window so
+/// that none stays fixed. Each window is solved with the rest of the plan frozen and its
 /// boundary carried in (stream free times, releases from dependencies outside the window,
-/// tails of the work after it); the window's solution is turned back into per-stream orders and
-/// the WHOLE plan is re-simulated, contention included. A window is kept only if the step time
-/// does not get worse, so the result is never slower than the start schedule, and the search
-/// stops at the time budget with the best plan so far.
+/// tails of the work after it); `parallel_windows` windows are solved at once, on as many
+/// cores. A window's solution is turned back into per-stream orders and the WHOLE plan is
+/// re-simulated, contention included; it is kept only if the step time does not get worse, so
+/// the result is never slower than the start schedule. A window met again unchanged, once
+/// proven or searched to its limit, is not solved again. The search stops at the time budget
+/// with the best plan so far, or, in the deterministic mode, runs every round with a fixed
+/// amount of Z3 work per window and never reads the clock.
 
 #include <concerto/core/error.hpp>
+#include <concerto/core/hash.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/plan/lower_bound.hpp>
+#include <concerto/planner/detail/parallel.hpp>
 #include <concerto/planner/list.hpp>
 #include <concerto/planner/z3_window.hpp>
 #include <concerto/sim/simulate.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <span>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace concerto::planner {
 
 /// @brief Tuning of improve_schedule.
 struct windowed_options {
-  /// Tasks per window. 40 is where Z3 still proves most layer-graph windows in a fraction of
-  /// a second on the 2-core machine; beyond it proofs stall (docs/planner.md has the table).
+  /// The largest window, in tasks: the rounds grow to it (see improve_schedule). 40 is where Z3
+  /// still proves most layer-graph windows in a fraction of a second on the 2-core machine;
+  /// beyond it proofs stall (docs/planner.md has the table).
   int window = 40;
   int rounds = 4;                    ///< passes over the task list, alternating boundaries
-  double window_time_limit_s = 1.0;  ///< Z3 time per window
+  /// Z3 time for a window of `window` tasks; smaller windows get their share. 0.15 s is where
+  /// the measured workloads reach the quality that 1 s per window gave (docs/performance.md §2).
+  double window_time_limit_s = 0.15;
   double time_budget_s = 30;         ///< the whole search; the best plan so far is returned
+  /// Windows solved at once (on as many cores as there are), each against the plan as it
+  /// stood before the batch; the result depends on this number, never on the core count.
+  int parallel_windows = 2;
+  /// Deterministic mode when positive: each window gets this much Z3 work (its resource
+  /// counter, "rlimit") instead of window_time_limit_s, and neither the solver nor the rewrites
+  /// read the clock (time_budget_s is ignored), so the same graph gives the same plan on any
+  /// machine under any load. 0, the default, bounds the search by time.
+  std::uint64_t window_work_limit = 0;
   bool progress = true;              ///< progress on stderr once planning takes over a second
 };
 
@@ -150,6 +174,20 @@ inline std::vector<std::vector<ir::task_id>> splice(const ir::graph& g, const st
   return out;
 }
 
+// What identifies a window's problem (its tasks and boundary, not the warm start): a window
+// met again unchanged in a later round, already proven or already searched with the same
+// limit, is not solved again.
+inline std::uint64_t problem_key(const window_cut& cut) {
+  hasher h;
+  for (auto id : cut.tasks) h.add(id);
+  for (const auto& t : cut.problem.tasks) {
+    h.add(t.stream).add(t.duration).add(t.release).add(t.tail).add(t.preds.size());
+    for (auto p : t.preds) h.add(p);
+  }
+  for (auto f : cut.problem.stream_free) h.add(f);
+  return h.value();
+}
+
 } // namespace detail
 
 /// @brief Improves `start` window by window with Z3; the result is never slower than `start`.
@@ -171,7 +209,8 @@ inline std::vector<std::vector<ir::task_id>> splice(const ir::graph& g, const st
 /// @endcode
 inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<const double> durations,
                                  sim::contention overlap_slowdown, const windowed_options& options,
-                                 windowed_report* report = nullptr) {
+                                 windowed_report* report = nullptr,
+                                 const std::function<void(double step_us)>& on_improvement = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   if (start.graph.tasks.empty()) start.graph = g;
@@ -198,29 +237,66 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
   for (std::size_t k = 0; k < topo.size(); ++k) topo_rank[static_cast<std::size_t>(topo[k])] = static_cast<int>(k);
   const auto after = detail::work_after(graph, durations);
   const auto n = graph.tasks.size();
-  const auto w = static_cast<std::size_t>(options.window);
-  z3::context ctx;
+  const auto largest = static_cast<std::size_t>(options.window);
+  if (options.parallel_windows < 1)
+    fail("windowed_options.parallel_windows must be at least 1, not " + std::to_string(options.parallel_windows));
+  const bool deterministic = options.window_work_limit > 0;
+  const auto batch = static_cast<std::size_t>(options.parallel_windows);
+  std::vector<std::unique_ptr<z3::context>> contexts; // one per window of a batch: Z3 contexts are not shared across threads
+  for (std::size_t k = 0; k < batch; ++k) contexts.push_back(std::make_unique<z3::context>());
+  std::unordered_set<std::uint64_t> settled; // problems proven, or searched to the limit without a gain
   double last_progress = 0;
   bool out_of_time = false;
 
   for (int round = 0; round < options.rounds && !out_of_time; ++round) {
     if (best_sim.step_us <= rep.lower_bound_us * (1 + 1e-9)) break;  // nothing left to gain
-    // Odd rounds shift the boundaries by half a window; the first window is then a half one.
+    // Windows grow to `window` over the rounds, doubling every two: small windows are proven
+    // in milliseconds and settle most of the plan; the large ones of the last rounds then look
+    // for moves across their boundaries. Odd rounds shift the boundaries by half a window (the
+    // first window is then a half one).
+    const std::size_t w = std::max<std::size_t>(2, largest >> std::min(16, (options.rounds - 1 - round) / 2));
     const std::size_t shift = round % 2 == 0 ? 0 : w / 2;
-    auto list = detail::by_start(best_sim, topo_rank);
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;
     for (std::size_t begin = 0; begin < n;) {
       const std::size_t end = std::min(n, begin == 0 && shift > 0 ? shift : begin + w);
+      ranges.emplace_back(begin, end);
+      begin = end;
+    }
+    auto list = detail::by_start(best_sim, topo_rank);
+    for (std::size_t first = 0; first < ranges.size(); first += batch) {
       const double left = options.time_budget_s - elapsed();
-      if (left <= 0) {
+      if (!deterministic && left <= 0) {
         out_of_time = true;
         break;
       }
-      const auto cut = detail::cut_window(graph, durations, best_sim, list, begin, end, after);
-      const auto sol = solve_window(cut.problem, std::min(options.window_time_limit_s, left), &ctx);
-      ++rep.windows_total;
-      rep.windows_optimal += sol.optimal ? 1 : 0;
-      if (sol.improved) {
-        auto order = detail::splice(graph, best.order, cut, sol, topo_rank);
+      // Cut the batch's windows from the current plan; solve those not settled, at once.
+      std::vector<detail::window_cut> cuts;
+      std::vector<std::uint64_t> keys;
+      for (std::size_t k = first; k < std::min(ranges.size(), first + batch); ++k) {
+        auto cut = detail::cut_window(graph, durations, best_sim, list, ranges[k].first, ranges[k].second, after);
+        const auto key = detail::problem_key(cut);
+        if (settled.count(key)) continue;
+        cuts.push_back(std::move(cut));
+        keys.push_back(key);
+      }
+      std::vector<window_solution> sols(cuts.size());
+      window_options limits;
+      // A window's allowance scales with its size, so the small early windows stay cheap.
+      const double size_share = static_cast<double>(w) / static_cast<double>(std::max(largest, w));
+      const double full_limit = options.window_time_limit_s * size_share;
+      limits.time_limit_s = deterministic ? full_limit : std::min(full_limit, left);
+      limits.work_limit = static_cast<std::uint64_t>(static_cast<double>(options.window_work_limit) * size_share);
+      detail::for_each_index(cuts.size(), [&](std::size_t k) { sols[k] = solve_window(cuts[k].problem, limits, contexts[k].get()); });
+      // Keep each window's order if the whole plan, re-simulated, is not slower.
+      for (std::size_t k = 0; k < cuts.size(); ++k) {
+        const auto& sol = sols[k];
+        ++rep.windows_total;
+        rep.windows_optimal += sol.optimal ? 1 : 0;
+        // Proven, or searched to its full limit: the same problem met again would get the same
+        // answer (kept or refused below as now), so it is not solved again.
+        if (sol.optimal || deterministic || limits.time_limit_s >= full_limit) settled.insert(keys[k]);
+        if (!sol.improved) continue;
+        auto order = detail::splice(graph, best.order, cuts[k], sol, topo_rank);
         std::optional<sim::result> candidate;
         try {
           candidate = sim::simulate(graph, order, durations, overlap_slowdown);
@@ -228,14 +304,16 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
           // A splice that deadlocks the plan (zero-length ties) is a rejected candidate.
         }
         if (candidate && candidate->step_us <= best_sim.step_us) {
+          const bool faster = candidate->step_us < best_sim.step_us;
           best.order = std::move(order);
           best_sim = std::move(*candidate);
           list = detail::by_start(best_sim, topo_rank);
+          if (faster && on_improvement) on_improvement(best_sim.step_us);
         }
       }
-      begin = end;
+      if (!options.progress || deterministic) continue;
       const double now = elapsed();
-      if (options.progress && now > 1.0 && now - last_progress >= 1.0) {
+      if (now > 1.0 && now - last_progress >= 1.0) {
         last_progress = now;
         std::fprintf(stderr, "concerto: planning '%s': round %d/%d, %d windows (%d proven), step %.1f us (start %.1f), gap to bound %.1f%%\n",
                      graph.name.c_str(), round + 1, options.rounds, rep.windows_total, rep.windows_optimal,

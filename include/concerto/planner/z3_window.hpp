@@ -72,6 +72,10 @@ enum class window_method {
 /// @brief Tuning for solve_window.
 struct window_options {
   double time_limit_s = 1.0;
+  /// When positive, the search is bounded by this much Z3 work (its resource counter,
+  /// "rlimit") instead of time_limit_s: the same window gives the same answer on any machine.
+  /// binary_search only.
+  std::uint64_t work_limit = 0;
   window_method method = window_method::binary_search;
   /// Units per makespan per task: the integer unit is LB / (resolution * (n + 2)).
   double resolution = 2000;
@@ -407,8 +411,51 @@ private:
 
 inline unsigned ms_left(std::chrono::steady_clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-  return left <= 0 ? 0u : static_cast<unsigned>(left);
+  return left <= 0 ? 0u : static_cast<unsigned>(std::min<std::int64_t>(left, std::numeric_limits<unsigned>::max()));
 }
+
+// The work Z3 has counted on this solver so far (its "rlimit count" statistic).
+inline std::uint64_t work_done(const z3::solver& solver) {
+  const auto stats = solver.statistics();
+  for (unsigned i = 0; i < stats.size(); ++i)
+    if (stats.key(i) == "rlimit count") return stats.is_uint(i) ? stats.uint_value(i) : static_cast<std::uint64_t>(stats.double_value(i));
+  return 0;
+}
+
+// What a window's search may still spend: milliseconds until a deadline, or units of Z3 work
+// (the deterministic mode). Each query is given its share before it runs.
+class search_budget {
+public:
+  search_budget(std::chrono::steady_clock::time_point deadline, std::uint64_t work_limit)
+      : deadline_(deadline), work_limit_(work_limit) {}
+
+  [[nodiscard]] std::uint64_t left() const {
+    return work_limit_ > 0 ? work_limit_ - std::min(work_limit_, used_) : ms_left(deadline_);
+  }
+  // Limits the next query to `whole` of what is left, else a third of it (at least a
+  // twentieth of the whole, or 50 ms).
+  void limit(z3::solver& solver, bool whole) {
+    const std::uint64_t rest = left();
+    const std::uint64_t floor = work_limit_ > 0 ? std::max<std::uint64_t>(work_limit_ / 20, 1) : 50;
+    const std::uint64_t share = whole ? rest : std::max(rest / 3, std::min(rest, floor));
+    const auto as_param = static_cast<unsigned>(std::min<std::uint64_t>(share, std::numeric_limits<unsigned>::max()));
+    if (work_limit_ > 0) {
+      solver.set("rlimit", as_param);
+      before_ = work_done(solver);
+    } else {
+      solver.set("timeout", as_param);
+    }
+  }
+  // Charges the query that just ran.
+  void charge(const z3::solver& solver) {
+    if (work_limit_ > 0) used_ += work_done(solver) - std::min(before_, work_done(solver));
+  }
+
+private:
+  std::chrono::steady_clock::time_point deadline_;
+  std::uint64_t work_limit_;
+  std::uint64_t used_ = 0, before_ = 0;
+};
 
 struct search_result {
   std::optional<std::vector<double>> start;  // best integer schedule found by the solver
@@ -421,17 +468,18 @@ struct search_result {
 // proof of optimality is lost. Each query gets at most a third of what is left, so one hard
 // proof cannot starve the improvement.
 inline search_result search_binary(z3::context& ctx, const window_model& model, double lo, double hi,
-                                   std::chrono::steady_clock::time_point deadline) {
+                                   search_budget budget) {
   search_result res;
   res.best = hi;
   z3::solver solver(ctx, "QF_IDL");
   for (const auto& c : model.constraints()) solver.add(c);
   solver.add(model.makespan() <= ctx.int_val(static_cast<std::int64_t>(hi)));
   const auto check = [&](z3::expr_vector& asms, bool whole) {
-    const unsigned left = ms_left(deadline);
-    if (left == 0) return z3::unknown;
-    solver.set("timeout", whole ? left : std::max(left / 3, std::min(left, 50u)));
-    return solver.check(asms);
+    if (budget.left() == 0) return z3::unknown;
+    budget.limit(solver, whole);
+    const auto r = solver.check(asms);
+    budget.charge(solver);
+    return r;
   };
   {
     auto asms = model.incumbent_literals();  // phase priming: immediate, by propagation
@@ -439,7 +487,7 @@ inline search_result search_binary(z3::context& ctx, const window_model& model, 
   }
   double proven = lo;  // no schedule is shorter than this
   std::size_t probe = 0;
-  while (lo < hi && ms_left(deadline) > 0) {
+  while (lo < hi && budget.left() > 0) {
     // Probe the lower bound first: when it is tight this is the whole proof.
     const double target = probe++ == 0 ? lo : std::floor((lo + hi) / 2);
     auto guard = ctx.bool_const(z3_name("le", probe).c_str());
@@ -512,8 +560,13 @@ inline search_result search_optimize(z3::context& ctx, const window_model& model
 inline window_solution solve_window(const window_problem& problem, const window_options& options,
                                     z3::context* context = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto deadline = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                 std::chrono::duration<double>(std::max(0.0, options.time_limit_s)));
+  if (options.work_limit > 0 && options.method != window_method::binary_search)
+    fail("solve_window: a work limit (the deterministic mode) needs the binary_search method");
+  const auto deadline =
+      options.work_limit > 0
+          ? std::chrono::steady_clock::time_point::max()
+          : t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(std::clamp(options.time_limit_s, 0.0, 1e6)));
   const auto ix = detail::check_and_index(problem);
   const auto n = problem.tasks.size();
   window_solution sol;
@@ -563,7 +616,8 @@ inline window_solution solve_window(const window_problem& problem, const window_
     {
       const detail::window_model model(ctx, problem, ix, tm, inc_order);
       found = options.method == window_method::optimize ? detail::search_optimize(ctx, model, lo, hi, deadline)
-                                                        : detail::search_binary(ctx, model, lo, hi, deadline);
+                                                        : detail::search_binary(ctx, model, lo, hi,
+                                                                                {deadline, options.work_limit});
     }
     if (found.start) {
       const auto order = detail::orders_by_start(problem, ix, *found.start);

@@ -11,6 +11,7 @@
 #include <concerto/planner/list.hpp>
 #include <concerto/sim/simulate.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -18,7 +19,16 @@
 
 namespace concerto::planner {
 
+/// @brief When a planning step stops trying candidates; none: it tries them all (the
+/// deterministic mode, whose plan does not depend on the machine's speed).
+using deadline = std::optional<std::chrono::steady_clock::time_point>;
+
+/// @brief Whether `d` is set and has passed.
+[[nodiscard]] inline bool expired(const deadline& d) { return d && std::chrono::steady_clock::now() >= *d; }
+
 /// @brief Judges a candidate graph: its simulated step time in µs, or +infinity to reject it.
+/// The rewrites call it from several threads at once (detail/parallel.hpp), so it must not
+/// change shared state.
 using step_fn = std::function<double(const ir::graph&)>;
 
 /// @brief Makes a plan of a graph (a scheduler followed by the simulator).
@@ -47,6 +57,17 @@ using plan_fn = std::function<plan::plan(const ir::graph&)>;
   return sim::to_plan(std::move(best.graph), std::move(best.order), durations, slowdown, best_name, model.hw().name);
 }
 
+/// @brief The step time of list_plan(g, model) without building the plan: the judge of a
+/// rewrite runs it on every candidate, and a plan costs a copy of the graph and a third replay.
+[[nodiscard]] inline double list_step(const ir::graph& g, const cost::model& model) {
+  const auto durations = model.durations_us(g);
+  const sim::contention slowdown{model.overlap_slowdown(), model.comm_overlap_slowdown()};
+  const double in_program_order =
+      sim::simulate(g, detail::split_by_stream(g, detail::program_order(g)), durations, slowdown).step_us;
+  const auto lhs = xla_lhs_schedule(g, durations);
+  return std::min(in_program_order, sim::simulate(lhs.graph, lhs.order, durations, slowdown).step_us);
+}
+
 /// @brief A judge from a plan maker: the plan's step time, or +infinity when a memory cap is
 /// given and the plan's peak (plan::peak_memory) exceeds it.
 /// @code
@@ -68,7 +89,8 @@ using plan_fn = std::function<plan::plan(const ir::graph&)>;
 /// @endcode
 [[nodiscard]] inline step_fn simulated_step(const cost::model& model,
                                             std::optional<std::int64_t> memory_cap_bytes = std::nullopt) {
-  return simulated_step([model](const ir::graph& g) { return list_plan(g, model); }, memory_cap_bytes);
+  if (memory_cap_bytes) return simulated_step([model](const ir::graph& g) { return list_plan(g, model); }, memory_cap_bytes);
+  return [model](const ir::graph& g) { return list_step(g, model); };
 }
 
 } // namespace concerto::planner

@@ -72,11 +72,31 @@ struct draft {
   return std::move(g);
 }
 
+/// A graph's program order, each task's position in it and, per root buffer, the tasks that
+/// touch it (in program order): built once per graph, so that finding a buffer's users costs
+/// the users of its root, not a scan of the graph. Rewrites ask this for every candidate.
+struct program {
+  std::vector<ir::task_id> order;
+  std::vector<std::size_t> pos;
+  std::vector<std::vector<ir::task_id>> by_root;
+
+  explicit program(const ir::graph& g) : order(program_order(g)), pos(positions(order)), by_root(g.buffers.size()) {
+    for (auto id : order) {
+      const auto& t = g.tasks[static_cast<std::size_t>(id)];
+      for (const auto* list : {&t.reads, &t.writes})
+        for (auto b : *list) {
+          auto& users = by_root[static_cast<std::size_t>(g.root_of(b))];
+          if (users.empty() || users.back() != id) users.push_back(id);
+        }
+    }
+  }
+  [[nodiscard]] std::size_t at(ir::task_id id) const { return pos[static_cast<std::size_t>(id)]; }
+};
+
 /// Every task that reads or writes a byte of buffer `b`, in program order.
-[[nodiscard]] inline std::vector<ir::task_id> touchers(const ir::graph& g, const std::vector<ir::task_id>& order,
-                                                       ir::buffer_id b) {
+[[nodiscard]] inline std::vector<ir::task_id> touchers(const ir::graph& g, const program& prog, ir::buffer_id b) {
   std::vector<ir::task_id> out;
-  for (auto id : order) {
+  for (auto id : prog.by_root[static_cast<std::size_t>(g.root_of(b))]) {
     const auto& t = g.tasks[static_cast<std::size_t>(id)];
     const auto hits = [&](const std::vector<ir::buffer_id>& list) {
       return std::any_of(list.begin(), list.end(), [&](auto x) { return g.overlap(x, b); });
