@@ -259,18 +259,42 @@ namespace detail::bucket {
 
 /// The fine-grained search: per lane, in program order, each all-reduce joins the open bucket
 /// only if `judge` finds the step faster that way (a bucket may then stop before a gradient
-/// that would expose it, which no cap expresses). One judged plan per all-reduce, one after
-/// the other. Returns nothing when `deadline` passes first.
-inline std::optional<std::pair<bucketing, double>> walk(const ir::graph& g, const rewrite::program& prog,
-                                                        const lanes& l, const step_fn& judge, double start_step,
-                                                        const deadline& until) {
-  bucketing best;
+/// that would expose it, which no cap expresses). Each decision is judged with the all-reduces
+/// not walked yet left alone, so not joining changes nothing and costs no judgement: one judged
+/// plan per all-reduce. When `until` passes, the all-reduces not walked get the buckets the cap
+/// sweep gave them (`rest_cap`, per axis), and that bucketing is judged. `tick` is called once
+/// per all-reduce (progress).
+struct walk_result {
+  bucketing buckets;
+  double step_us = 0;
+  std::size_t walked = 0; ///< all-reduces decided by the walk (the others keep the sweep's buckets)
+};
+
+template <class Tick>
+walk_result walk(const ir::graph& g, const rewrite::program& prog, const lanes& l, const step_fn& judge,
+                 const std::map<int, std::int64_t>& rest_cap, double start_step, const deadline& until, Tick&& tick) {
+  walk_result out;
+  bucketing& decided = out.buckets;
   double best_step = start_step;
   for (const auto& [axis, lane] : l.by_axis) {
     std::vector<ir::task_id> open;
     std::size_t must_run_before = prog.order.size();
-    for (auto id : lane) {
-      if (expired(until)) return std::nullopt;
+    for (std::size_t k = 0; k < lane.size(); ++k) {
+      const auto id = lane[k];
+      if (expired(until)) {
+        // The rest of this lane and the later lanes as the sweep filled them.
+        if (open.size() > 1) decided.buckets.push_back(open);
+        const auto cap = [&](int a) { return rest_cap.count(a) ? rest_cap.at(a) : std::int64_t{0}; };
+        const std::vector<ir::task_id> tail(lane.begin() + static_cast<std::ptrdiff_t>(k), lane.end());
+        for (auto& b : fill(g, prog, l, tail, cap(axis))) decided.buckets.push_back(std::move(b));
+        for (const auto& [later, later_lane] : l.by_axis)
+          if (later > axis)
+            for (auto& b : fill(g, prog, l, later_lane, cap(later))) decided.buckets.push_back(std::move(b));
+        out.step_us = judge(apply_buckets(g, decided));
+        return out;
+      }
+      tick();
+      ++out.walked;
       const auto& grad = g.buffers[static_cast<std::size_t>(g[id].reads[0])];
       const bool may_join =
           !open.empty() && g[id].fn == g[open.front()].fn &&
@@ -279,7 +303,7 @@ inline std::optional<std::pair<bucketing, double>> walk(const ir::graph& g, cons
             return g.root_of(g[m].reads[0]) == g.root_of(grad.id);
           });
       if (may_join) {
-        auto trial = best;
+        auto trial = decided;
         trial.buckets.push_back(open);
         trial.buckets.back().push_back(id);
         const double step = judge(apply_buckets(g, trial));
@@ -290,31 +314,34 @@ inline std::optional<std::pair<bucketing, double>> walk(const ir::graph& g, cons
           continue;
         }
       }
-      if (open.size() > 1) best.buckets.push_back(open);
+      if (open.size() > 1) decided.buckets.push_back(open);
       open = {id};
       must_run_before = l.next_use[static_cast<std::size_t>(id)];
     }
-    if (open.size() > 1) best.buckets.push_back(open);
+    if (open.size() > 1) decided.buckets.push_back(open);
   }
-  return std::pair{std::move(best), best_step};
+  out.step_us = best_step;
+  return out;
 }
 
 } // namespace detail::bucket
 
 /// @brief Bucket boundaries by simulated step time, judged by `judge` (default: list schedule +
-/// simulator on `model`; pass one with a memory cap to respect it). Two searches, the better
-/// kept (no buckets at all if neither helps):
+/// simulator on `model`; pass one with a memory cap to respect it); no buckets at all if none
+/// helps. Two searches:
 /// - a cap sweep: per mesh axis, the fusable gradient all-reduces fill buckets in program order
 ///   up to a cap, for caps doubling from twice the smallest gradient to the whole lane; one
 ///   judged plan per cap (on every core), so its cost grows with the logarithm of the gradient
 ///   sizes, not with their number;
 /// - a walk that decides each all-reduce on its own (join the open bucket only if the step gets
-///   faster): finer, but one judged plan per all-reduce, so it runs only when the sweep's own
-///   judging time says it ends before `options.deadline` (always, without a deadline).
+///   faster): finer, since a bucket may stop before a gradient that would be exposed, but one
+///   judged plan per all-reduce, in sequence. At `options.deadline` the all-reduces not walked
+///   get the sweep's buckets, so a longer budget buys a finer bucketing and a short one still
+///   gets the sweep's. The better of the two is kept.
 /// Small gradients, whose all-reduces are latency-bound, end up fused; a large one whose
 /// all-reduce is hidden stays alone, since a bucket that large would wait for later gradients
-/// and expose it. Stops at `options.deadline` with the best so far. Reports progress on stderr
-/// once it takes over `options.progress_after_s`, unless `options.progress` is false.
+/// and expose it. Reports progress on stderr once it takes over `options.progress_after_s`,
+/// unless `options.progress` is false.
 /// @code
 /// auto b = planner::choose_buckets(g, model, planner::simulated_step(model, cap_bytes), {.progress = false});
 /// @endcode
@@ -328,7 +355,6 @@ inline std::optional<std::pair<bucketing, double>> walk(const ir::graph& g, cons
   detail::progress_meter meter("bucketing", g.name, options.progress, options.progress_after_s);
   bucketing best;
   if (lanes.fusable_count < 2) return best;
-  const auto sweep_started = std::chrono::steady_clock::now();
   const double start_step = judge(g);
   double best_step = start_step;
   std::size_t judged = 1;
@@ -337,15 +363,19 @@ inline std::optional<std::pair<bucketing, double>> walk(const ir::graph& g, cons
            std::to_string(lanes.fusable_count) + " all-reduces, step " + detail::progress_meter::us(start_step) +
            " -> " + detail::progress_meter::us(best_step);
   };
+  std::map<int, std::int64_t> best_cap; // per lane, the cap of the sweep's choice (none: no buckets)
   for (const auto& [axis, lane] : lanes.by_axis) {
     const auto kept = best; // the lanes decided before this one
     std::vector<bucketing> trials;
+    std::vector<std::int64_t> trial_caps;
     for (const auto cap : detail::bucket::caps(g, lane)) {
       auto trial = kept;
       for (auto& b : detail::bucket::fill(g, prog, lanes, lane, cap)) trial.buckets.push_back(std::move(b));
       // Caps too small to fuse anything, and caps that fuse as the previous one did, add nothing.
-      if (trial.buckets.size() > kept.buckets.size() && (trials.empty() || !(trial == trials.back())))
+      if (trial.buckets.size() > kept.buckets.size() && (trials.empty() || !(trial == trials.back()))) {
         trials.push_back(std::move(trial));
+        trial_caps.push_back(cap);
+      }
     }
     // The caps are independent of each other: judge them on every core, then keep the best in
     // cap order, as a sequential sweep would. A cap judged after the deadline is skipped.
@@ -358,28 +388,27 @@ inline std::optional<std::pair<bucketing, double>> walk(const ir::graph& g, cons
       if (steps[j] < best_step * (1 - 1e-9)) {
         best_step = steps[j];
         best = trials[j];
+        best_cap[axis] = trial_caps[j];
       }
     meter.tick(status);
   }
-  // The walk judges one plan per all-reduce on one core; the sweep's judging time, spread over
-  // its cores, prices one.
-  const double per_judge_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - sweep_started).count() *
-      std::max(1u, std::thread::hardware_concurrency()) / static_cast<double>(judged);
-  const bool walk_fits =
-      !options.deadline ||
-      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                             std::chrono::duration<double>(per_judge_s * lanes.fusable_count)) <
-          *options.deadline;
-  if (walk_fits)
-    if (auto walked = detail::bucket::walk(g, prog, lanes, judge, start_step, options.deadline)) {
-      judged += lanes.fusable_count;
-      if (walked->second < best_step * (1 - 1e-9)) {
-        best = std::move(walked->first);
-        best_step = walked->second;
-      }
+  // The walk decides gradient by gradient until the deadline, the sweep's buckets after it.
+  std::size_t walked = 0;
+  const auto walk_status = [&] {
+    return status() + ", walk " + std::to_string(walked) + "/" + std::to_string(lanes.fusable_count);
+  };
+  if (!expired(options.deadline)) {
+    auto refined = detail::bucket::walk(g, prog, lanes, judge, best_cap, start_step, options.deadline, [&] {
+      ++walked;
+      meter.tick(walk_status);
+    });
+    judged += refined.walked;
+    if (refined.step_us < best_step * (1 - 1e-9)) {
+      best = std::move(refined.buckets);
+      best_step = refined.step_us;
     }
-  meter.done(status);
+  }
+  meter.done(walk_status);
   return best;
 }
 
