@@ -24,13 +24,11 @@
 #include <concerto/planner/detail/rewrite.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
