@@ -202,27 +202,34 @@ struct lanes {
   }
 };
 
+/// Whether all-reduce `id` may join the open bucket: it reduces with the same function and
+/// element type, its gradient has another root, and it comes before `must_run_before` (the
+/// first later use of a member's gradient). Both searches below ask it.
+inline bool may_join(const ir::graph& g, const rewrite::program& prog, const std::vector<ir::task_id>& open,
+                     ir::task_id id, std::size_t must_run_before) {
+  if (open.empty()) return false;
+  const auto grad = [&](ir::task_id t) -> const ir::buffer& { return g.buffers[static_cast<std::size_t>(g[t].reads[0])]; };
+  return g[id].fn == g[open.front()].fn && grad(id).type == grad(open.front()).type &&
+         prog.at(id) < must_run_before && std::none_of(open.begin(), open.end(), [&](ir::task_id m) {
+           return g.root_of(g[m].reads[0]) == g.root_of(g[id].reads[0]);
+         });
+}
+
 /// Buckets of one lane filled in program order up to `cap_bytes` each: an all-reduce joins the
-/// open bucket when it reduces with the same function and element type, its gradient has
-/// another root, no member's gradient is used before it, and the bucket stays within the cap.
+/// open bucket when may_join allows it and the bucket stays within the cap.
 inline std::vector<std::vector<ir::task_id>> fill(const ir::graph& g, const rewrite::program& prog, const lanes& l,
                                                   const std::vector<ir::task_id>& lane, std::int64_t cap_bytes) {
   std::vector<std::vector<ir::task_id>> out;
   std::vector<ir::task_id> open;
   std::int64_t open_bytes = 0;
   std::size_t must_run_before = 0;
-  const auto grad = [&](ir::task_id id) -> const ir::buffer& { return g.buffers[static_cast<std::size_t>(g[id].reads[0])]; };
   const auto close = [&] {
     if (open.size() > 1) out.push_back(open);
     open.clear();
   };
   for (auto id : lane) {
-    const auto bytes = grad(id).bytes;
-    const bool joins = !open.empty() && g[id].fn == g[open.front()].fn && grad(id).type == grad(open.front()).type &&
-                       prog.at(id) < must_run_before && open_bytes + bytes <= cap_bytes &&
-                       std::none_of(open.begin(), open.end(), [&](ir::task_id m) {
-                         return g.root_of(g[m].reads[0]) == g.root_of(g[id].reads[0]);
-                       });
+    const auto bytes = g.buffers[static_cast<std::size_t>(g[id].reads[0])].bytes;
+    const bool joins = open_bytes + bytes <= cap_bytes && may_join(g, prog, open, id, must_run_before);
     if (!joins) {
       close();
       open_bytes = 0;
@@ -250,10 +257,6 @@ inline std::vector<std::int64_t> caps(const ir::graph& g, const std::vector<ir::
   out.push_back(total);
   return out;
 }
-
-} // namespace detail::bucket
-
-namespace detail::bucket {
 
 /// The fine-grained search: per lane, in program order, each all-reduce joins the open bucket
 /// only if `judge` finds the step faster that way (a bucket may then stop before a gradient
@@ -293,14 +296,7 @@ walk_result walk(const ir::graph& g, const rewrite::program& prog, const lanes& 
       }
       tick();
       ++out.walked;
-      const auto& grad = g.buffers[static_cast<std::size_t>(g[id].reads[0])];
-      const bool may_join =
-          !open.empty() && g[id].fn == g[open.front()].fn &&
-          grad.type == g.buffers[static_cast<std::size_t>(g[open.front()].reads[0])].type &&
-          prog.at(id) < must_run_before && std::none_of(open.begin(), open.end(), [&](ir::task_id m) {
-            return g.root_of(g[m].reads[0]) == g.root_of(grad.id);
-          });
-      if (may_join) {
+      if (may_join(g, prog, open, id, must_run_before)) {
         auto trial = decided;
         trial.buckets.push_back(open);
         trial.buckets.back().push_back(id);

@@ -244,7 +244,7 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
   const auto batch = static_cast<std::size_t>(options.parallel_windows);
   std::vector<std::unique_ptr<z3::context>> contexts; // one per window of a batch: Z3 contexts are not shared across threads
   for (std::size_t k = 0; k < batch; ++k) contexts.push_back(std::make_unique<z3::context>());
-  std::unordered_set<std::uint64_t> settled; // problems proven, or searched to the limit without a gain
+  std::unordered_set<std::uint64_t> settled; // problems proven, or searched to their full limit
   double last_progress = 0;
   bool out_of_time = false;
 
@@ -255,6 +255,11 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
     // for moves across their boundaries. Odd rounds shift the boundaries by half a window (the
     // first window is then a half one).
     const std::size_t w = std::max<std::size_t>(2, largest >> std::min(16, (options.rounds - 1 - round) / 2));
+    // A window's allowance scales with its size, so the small early windows stay cheap.
+    const double size_share = static_cast<double>(w) / static_cast<double>(std::max(largest, w));
+    const double full_limit = options.window_time_limit_s * size_share;
+    window_options limits;
+    limits.work_limit = static_cast<std::uint64_t>(static_cast<double>(options.window_work_limit) * size_share);
     const std::size_t shift = round % 2 == 0 ? 0 : w / 2;
     std::vector<std::pair<std::size_t, std::size_t>> ranges;
     for (std::size_t begin = 0; begin < n;) {
@@ -280,12 +285,7 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
         keys.push_back(key);
       }
       std::vector<window_solution> sols(cuts.size());
-      window_options limits;
-      // A window's allowance scales with its size, so the small early windows stay cheap.
-      const double size_share = static_cast<double>(w) / static_cast<double>(std::max(largest, w));
-      const double full_limit = options.window_time_limit_s * size_share;
       limits.time_limit_s = deterministic ? full_limit : std::min(full_limit, left);
-      limits.work_limit = static_cast<std::uint64_t>(static_cast<double>(options.window_work_limit) * size_share);
       detail::for_each_index(cuts.size(), [&](std::size_t k) { sols[k] = solve_window(cuts[k].problem, limits, contexts[k].get()); });
       // Keep each window's order if the whole plan, re-simulated, is not slower.
       for (std::size_t k = 0; k < cuts.size(); ++k) {
