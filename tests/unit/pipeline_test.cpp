@@ -30,7 +30,8 @@ TEST_CASE("the concerto policy is never slower than any baseline", "[planner][pi
     CHECK(best.policy == "concerto");
     CHECK(best.step_us() <= best.stats.lower_bound_us * 1.5);
     CHECK(best.step_us() >= best.stats.lower_bound_us * (1 - 1e-9));
-    for (const auto& baseline : planner::list_policy_names()) {
+    for (const auto& baseline : planner::policy_names()) { // the list schedules and the frameworks
+      if (baseline == "concerto") continue;
       CAPTURE(baseline);
       const auto p = planner::make_plan(graph, model, quick(baseline));
       CHECK(plan::check(p).empty());

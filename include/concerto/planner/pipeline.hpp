@@ -22,6 +22,7 @@
 #include <concerto/plan/verify.hpp>
 #include <concerto/planner/bucket.hpp>
 #include <concerto/planner/decompose.hpp>
+#include <concerto/planner/frameworks.hpp>
 #include <concerto/planner/list.hpp>
 #include <concerto/planner/memory_cap.hpp>
 #include <concerto/planner/windowed.hpp>
@@ -38,7 +39,7 @@ namespace concerto::planner {
 
 /// @brief How to plan.
 struct plan_options {
-  std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs) or concerto
+  std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs), a framework (megatron, deepspeed) or concerto
   windowed_options solver{};       ///< window size, rounds; time_budget_s bounds the whole plan
   bool decompose = true;           ///< concerto: split exposed collectives with their matmuls
   bool bucket = true;              ///< concerto: fuse small gradient collectives into buckets
@@ -63,6 +64,7 @@ inline std::uint64_t hash(const plan_options& o) {
 /// @brief Every policy make_plan accepts.
 inline std::vector<std::string> policy_names() {
   auto names = list_policy_names();
+  for (auto& n : framework_policy_names()) names.push_back(std::move(n));
   names.emplace_back("concerto");
   return names;
 }
@@ -146,6 +148,9 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
     auto solver = options.solver;
     solver.time_budget_s = std::max(options.solver.time_budget_s - seconds() - finishing, 0.0);
     chosen = improve_schedule(rewritten, std::move(warm), durations, slowdown, solver, &report, report_step);
+  } else if (const auto frameworks = framework_policy_names();
+             std::find(frameworks.begin(), frameworks.end(), options.policy) != frameworks.end()) {
+    chosen = framework_schedule(options.policy, g);
   } else {
     chosen = list_schedule(options.policy, g, model.durations_us(g));
   }
