@@ -132,7 +132,8 @@ int main(int argc, char** argv) {
   });
   std::string nccl_json;
   for (const int channels : {-1, 2, 8}) {
-    auto comm = concerto::runtime::nccl::communicator::from_mpi(MPI_COMM_WORLD, {.max_channels = channels});
+    auto comm = concerto::runtime::nccl::communicator::from_mpi(
+        concerto::runtime::mpi::control(MPI_COMM_WORLD, concerto::runtime::default_timeout_s), {.max_channels = channels});
     const float with_ar = overlapped([&] {
       concerto::runtime::nccl::check(ncclAllReduce(src.data(), dst.data(), copy_bytes / 4, ncclFloat32, ncclSum, comm.get(),
                                                    side.get()),

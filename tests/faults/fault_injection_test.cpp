@@ -6,6 +6,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,10 +27,12 @@ struct outcome {
   double seconds = 0;
 };
 
-/// Runs `program arguments` under mpirun on 2 ranks with CONCERTO_TIMEOUT_S=`timeout`.
-outcome launch(const std::string& program, const std::string& arguments, const std::string& timeout = "2") {
-  const std::string command = "CONCERTO_TIMEOUT_S=" + timeout + " " + CONCERTO_MPIEXEC + " -n 2 --oversubscribe " +
-                              program + " " + arguments + " 2>&1";
+/// Runs `program arguments` under mpirun on 2 ranks with CONCERTO_TIMEOUT_S=`timeout` and the
+/// `environment` assignments.
+outcome launch(const std::string& program, const std::string& arguments, const std::string& timeout = "2",
+               const std::string& environment = "") {
+  const std::string command = "CONCERTO_TIMEOUT_S=" + timeout + " " + environment + " " + CONCERTO_MPIEXEC +
+                              " -n 2 --oversubscribe " + program + " " + arguments + " 2>&1";
   const auto started = std::chrono::steady_clock::now();
   outcome o;
   std::FILE* pipe = ::popen(command.c_str(), "r");
@@ -43,8 +46,9 @@ outcome launch(const std::string& program, const std::string& arguments, const s
 }
 
 /// Runs the fault program with `fault`, its checkpoints in `dir`.
-outcome run(const std::string& fault, const fs::path& dir, const std::string& timeout = "2") {
-  return launch(CONCERTO_FAULTS, fault + " " + dir.string(), timeout);
+outcome run(const std::string& fault, const fs::path& dir, const std::string& timeout = "2",
+            const std::string& environment = "") {
+  return launch(CONCERTO_FAULTS, fault + " " + dir.string(), timeout, environment);
 }
 
 std::set<std::string> names_in(const fs::path& dir) {
@@ -95,6 +99,13 @@ TEST_CASE("a rank stopped before step 1 ends the job at the deadline, reported b
   CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
 }
 
+TEST_CASE("a rank that never makes its communicators ends the job at the deadline, naming the lane", "[faults][deadline]") {
+  folder f;
+  const auto o = run("stall-communicators", f.path);
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for the communicator of lane '");
+  CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
+}
+
 TEST_CASE("a rank stopped between steps ends the job at the deadline, naming the step and the collective", "[faults][deadline]") {
   folder f;
   const auto o = run("stall-mid", f.path);
@@ -136,7 +147,31 @@ TEST_CASE("ranks given other settings are refused before step 1, naming the fiel
 
 TEST_CASE("a loss that is not finite stops training, naming the step", "[faults][nan]") {
   folder f;
-  check_failed(run("nan", f.path), "train step: the loss of step 1 of graph 'gpt' is nan; training stopped");
+  SECTION("and how to find where it began") {
+    const auto o = run("nan", f.path);
+    check_failed(o, "train step: the loss of step 1 of graph 'gpt' is nan (executor_options::find_non_finite, or "
+                    "CONCERTO_FIND_NON_FINITE=1, names the first kernel whose output is not finite); training stopped");
+  }
+  SECTION("and, when asked, the first kernel that wrote one") {
+    const auto o = run("nan", f.path, "2", "CONCERTO_FIND_NON_FINITE=1");
+    check_failed(o, "train step: the loss of step 1 of graph 'gpt' is nan; the first kernel whose output is not finite is ");
+    // The NaN is in the embedding table: the lookup that reads it is where it began, on both ranks.
+    CHECK_THAT(o.output, ContainsSubstring("(embedding reading 'ids', 'wte') on rank 0: nan at element 0 of '"));
+  }
+}
+
+TEST_CASE("copies of a parameter that drift apart stop training when replicas are checked", "[faults][agreement]") {
+  folder f;
+  SECTION("they are found after the step") {
+    const auto o = run("replica-drift", f.path, "2", "CONCERTO_CHECK_REPLICAS=1");
+    check_failed(o, "train step: after step 1 of graph 'gpt', copies of the same parameter block differ: 'lnf.g' on ranks 0 and 1");
+  }
+  SECTION("copies that agree pass the check") {
+    const auto o = run("ok", f.path, "2", "CONCERTO_CHECK_REPLICAS=1");
+    CAPTURE(o.output);
+    CHECK(o.status == 0);
+    CHECK_THAT(o.output, ContainsSubstring("rank 0: finished"));
+  }
 }
 
 TEST_CASE("a damaged checkpoint is refused naming the file and what is wrong, and stays on disk", "[faults][checkpoint]") {
@@ -154,6 +189,27 @@ TEST_CASE("a damaged checkpoint is refused naming the file and what is wrong, an
   SECTION("a truncated file") {
     check_failed(run("corrupt-truncate", f.path), "checkpoint '" + file + "': truncated: the index promises ");
   }
+  CHECK(names_in(f.path) == std::set<std::string>{"model.ckpt"});
+}
+
+TEST_CASE("a writer killed mid-save leaves the previous checkpoint whole; the next save removes its temporary file",
+          "[faults][checkpoint]") {
+  folder f;
+  const auto killed = run("kill-save", f.path);
+  CAPTURE(killed.output, killed.seconds);
+  CHECK(killed.status != 0);
+  CHECK(killed.seconds < ends_before_stall_s);
+  CHECK_THAT(killed.output, !ContainsSubstring("finished"));
+  const auto left = names_in(f.path);
+  CHECK(left.size() == 2);
+  CHECK(left.contains("model.ckpt"));
+  CHECK(std::ranges::any_of(left, [](const std::string& n) { return n.starts_with("model.ckpt.tmp."); }));
+
+  const auto resumed = run("resume", f.path);
+  CAPTURE(resumed.output);
+  CHECK(resumed.status == 0);
+  CHECK_THAT(resumed.output, ContainsSubstring("rank 0: resumed after step 2")); // the checkpoint before the kill
+  CHECK_THAT(resumed.output, ContainsSubstring("rank 1: finished"));
   CHECK(names_in(f.path) == std::set<std::string>{"model.ckpt"});
 }
 

@@ -4,16 +4,24 @@
 //
 //   ok                  two steps (run with a huge or infinite CONCERTO_TIMEOUT_S)
 //   stall-start         rank 1 sleeps before its first step: the others wait in the agreement check
+//   stall-communicators rank 1 sleeps before a second executor of the plan makes its lane
+//                       communicators: the others wait where MPI_Comm_split would hold them
 //   stall-mid           rank 1 sleeps between step 1 and step 2: the others wait in a step's collective
 //   stall-reduction     rank 1 never joins a control-path reduction (the one each step's loss uses)
 //   stall-save          rank 1 sleeps before saving: the others wait in the checkpoint's gather
 //   lr, layers, policy  rank 1 compiles the step with another learning rate, depth or policy
 //   mpi-setting         rank 1 starts MPI with another non-blocking all-reduce algorithm
 //   nan                 the embedding holds NaN: the first loss is not finite
+//   replica-drift       rank 1's copy of the replicated final layernorm gain differs in one value
+//   kill-save           after saving at step 2, rank 0 is killed (SIGKILL) while it writes the
+//                       checkpoint of step 3 (a wider model, so that the write lasts milliseconds)
+//   resume              the same model loads the checkpoint, trains a step and saves again
 //   corrupt-nan, corrupt-flip, corrupt-offset, corrupt-truncate
 //                       a checkpoint damaged after the save is loaded
 #include "../mpi/gpt_program.hpp"
 
+#include <concerto/runtime/executor.hpp>
+#include <concerto/runtime/mpi/backend.hpp>
 #include <concerto/runtime/mpi/control.hpp>
 #include <concerto/train/step.hpp>
 
@@ -28,6 +36,9 @@
 #include <string_view>
 #include <thread>
 
+#include <signal.h>
+#include <unistd.h>
+
 using namespace concerto;
 namespace gm = gpt_testing;
 
@@ -38,6 +49,18 @@ constexpr std::int64_t batch = 4, seq = 8, vocab = 32, hidden = 16;
 train::batch data(int step) { return gpt_testing::token_batch(step, batch, seq, vocab); }
 
 void stall() { std::this_thread::sleep_for(std::chrono::seconds(60)); } // the others must not wait for this
+
+/// Kills this process as soon as a temporary file of `dir/model.ckpt` appears: mid-save.
+void kill_when_saving(const std::filesystem::path& dir) {
+  std::thread([dir] {
+    for (;;) {
+      std::error_code ec;
+      for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+        if (it->path().filename().string().starts_with("model.ckpt.tmp.")) ::kill(::getpid(), SIGKILL);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }).detach();
+}
 
 /// Changes the bytes of `file` as the fault names.
 void damage(const std::filesystem::path& file, std::string_view how) {
@@ -89,18 +112,42 @@ int main(int argc, char** argv) {
                           .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", fault == "layers" && rank == 1 ? 3 : 2}}},
                           .use_cache = false};
     const float lr = fault == "lr" && rank == 1 ? 2e-2f : 1e-2f;
+    const std::int64_t width = fault == "kill-save" || fault == "resume" ? 256 : hidden;
     auto s = train::compile(gm::gpt_sp, mesh::from_world(world, {{"dp", 1}, {"tp", world}}),
-                            gm::shapes(batch, seq, vocab, hidden), {.adamw = {.lr = lr}}, o);
+                            gm::shapes(batch, seq, vocab, width), {.adamw = {.lr = lr}}, o);
+    if (fault == "resume") {
+      s.load(dir / "model.ckpt");
+      std::printf("rank %d: resumed after step %lld\n", rank, static_cast<long long>(s.completed_steps()));
+      (void)s(data(2));
+      s.save(dir / "model.ckpt");
+      std::printf("rank %d: finished\n", rank);
+      return;
+    }
     if (fault == "stall-start" && rank == 1) stall();
     if (fault == "nan") {
       s.prepare();
       s.set_parameter("wte", std::vector<float>(static_cast<std::size_t>(vocab * hidden), std::nanf("")));
     }
+    if (fault == "replica-drift") {
+      std::vector<float> gain(static_cast<std::size_t>(hidden), 1.0f);
+      if (rank == 1) gain[3] = 1.5f;
+      s.set_parameter("lnf.g", gain); // each rank keeps its own block of the value it is given
+    }
     (void)s(data(0));
+    if (fault == "stall-communicators") {
+      if (rank == 1) stall();
+      runtime::mpi::backend be;
+      runtime::executor ex(s.plan(), be);
+    }
     if (fault == "stall-mid" && rank == 1) stall();
     (void)s(data(1));
     if (fault.starts_with("stall-save") && rank == 1) stall();
-    if (fault.starts_with("stall-save") || fault.starts_with("corrupt-")) s.save(dir / "model.ckpt");
+    if (fault.starts_with("stall-save") || fault.starts_with("corrupt-") || fault == "kill-save") s.save(dir / "model.ckpt");
+    if (fault == "kill-save") {
+      (void)s(data(2));
+      if (rank == 0) kill_when_saving(dir);
+      s.save(dir / "model.ckpt");
+    }
     if (fault.starts_with("corrupt-")) {
       if (rank == 0) damage(dir / "model.ckpt", fault);
       MPI_Barrier(MPI_COMM_WORLD);

@@ -17,6 +17,9 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
+
+#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace concerto;
@@ -408,6 +411,46 @@ TEST_CASE("a failed write throws naming the path and leaves no file", "[cache][f
     CHECK_THROWS_WITH(cache.store(key, unsound), ContainsSubstring("refusing to store an invalid plan"));
     CHECK_FALSE(fs::exists(cache.path_of(key)));
   }
+}
+
+TEST_CASE("two jobs storing the same key at once leave one whole plan file and nothing else", "[cache][failure]") {
+  temp_dir dir;
+  const auto g = small_graph();
+  const auto m = cost::model::preset("a800x32");
+  const auto key = cache::make_key(g, m, "mpi", "sync");
+  const auto p = make_plan(g, m);
+  // Two processes, as two jobs cold-starting on one cache folder: each stores the key and reads
+  // it back, again and again, while the other does the same. Every read must find a whole plan
+  // (its own or the other's: the same), never a torn or rejected file.
+  std::vector<pid_t> jobs;
+  for (int j = 0; j < 2; ++j) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int bad_reads = 0;
+      try {
+        cache::plan_cache cache(dir.path);
+        for (int i = 0; i < 30; ++i) {
+          cache.store(key, p);
+          const auto read = cache.load(key);
+          bad_reads += !read || !(*read == p);
+        }
+      } catch (...) {
+        bad_reads = 100;
+      }
+      ::_exit(bad_reads);
+    }
+    jobs.push_back(pid);
+  }
+  for (const pid_t pid : jobs) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path)) names.push_back(e.path().filename().string());
+  CHECK(names == std::vector<std::string>{key.hex() + ".plan"});
 }
 
 TEST_CASE("get_or_plan plans once, then answers from the cache", "[cache]") {

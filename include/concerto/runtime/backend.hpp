@@ -79,6 +79,24 @@ concept backend = requires(B& b, const B& cb, const plan::plan& p, const ir::tas
   b.barrier(what);
 };
 
+/// @brief A value that is not finite (NaN or infinite) in what a compute task wrote: found when
+/// executor_options::find_non_finite is on.
+struct non_finite_output {
+  ir::task_id task = -1;
+  std::size_t position = 0; ///< the task's place in the step's compute order
+  ir::buffer_id buffer = -1;
+  std::int64_t element = 0; ///< index among the buffer's values on this rank
+  float value = 0;
+};
+
+/// @brief A backend that can look at what a compute task just wrote (between steps' kernels, on
+/// the host): `b.first_non_finite(t)` is the first value that is not finite among the task's
+/// f32 outputs, workspace aside (task and position left for the executor to fill).
+template <class B>
+concept finds_non_finite = requires(B& b, const ir::task& t) {
+  { b.first_non_finite(t) } -> std::same_as<std::optional<non_finite_output>>;
+};
+
 /// @brief Ends together what each rank checked alone: when `problem` is not empty on some rank,
 /// every rank throws concerto::collective_error with the problem of the lowest such rank (its
 /// "concerto: " prefix dropped). `group` is a backend or an mpi::control: anything with `rank()`

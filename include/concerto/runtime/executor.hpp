@@ -44,8 +44,10 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace concerto::runtime {
@@ -55,12 +57,19 @@ struct executor_options {
   double timeout_s = default_timeout_s; ///< longest wait for any collective before the step fails
   bool timeout_from_env = true; ///< CONCERTO_TIMEOUT_S (seconds), when set, overrides timeout_s
   bool verify = true;          ///< plan::verify the plan before the first step
+  /// After each compute task, look for a NaN or an infinity in what it wrote, so that a step
+  /// whose loss is not finite can name where that began (step_report::first_non_finite). A
+  /// debugging aid: every output is read once more. CONCERTO_FIND_NON_FINITE=1 turns it on.
+  bool find_non_finite = false;
 };
 
 /// @brief What one step measured.
 struct step_report {
   std::int64_t step = 0;  ///< counting from 1
   sim::result measured;   ///< times in µs from the step's start; exposed_us per lane, see file comment
+  /// With executor_options::find_non_finite: this rank's first compute task of the step whose
+  /// output holds a NaN or an infinity, if any.
+  std::optional<non_finite_output> first_non_finite;
 };
 
 namespace detail {
@@ -81,6 +90,12 @@ class executor {
 public:
   executor(plan::plan p, B& b, executor_options options = {}) : plan_(std::move(p)), b_(b), options_(options) {
     options_.timeout_s = detail::resolve_timeout_s(options_.timeout_s, options_.timeout_from_env, "executor");
+    if (const char* on = std::getenv("CONCERTO_FIND_NON_FINITE"); on != nullptr && std::string_view(on) == "1")
+      options_.find_non_finite = true;
+    if constexpr (!finds_non_finite<B>)
+      if (options_.find_non_finite)
+        fail("executor: this backend cannot look for values that are not finite in the kernels' outputs "
+             "(executor_options::find_non_finite, CONCERTO_FIND_NON_FINITE=1); the MPI backend can");
     if (options_.verify) plan::verify(plan_);
     const auto& g = plan_.graph;
     const auto n = g.tasks.size();
@@ -147,6 +162,7 @@ public:
     std::fill(r.exposed_us.begin(), r.exposed_us.end(), 0.0);
     r.exposed_comm_us = 0;
     r.timeline.clear();
+    report_.first_non_finite.reset();
     in_flight_.clear();
     in_flight_task_.clear();
     issued_ = done_ = 0;
@@ -171,6 +187,7 @@ public:
       if (cpos < compute.size() && ready(compute[cpos])) {
         close_idle();
         run_compute(compute[cpos]);
+        if (options_.find_non_finite && !report_.first_non_finite) look_for_non_finite(compute[cpos], cpos);
         ++cpos;
         progressed = true;
       } else if (idle_since_us_ < 0 && done_ < n) {
@@ -243,6 +260,16 @@ private:
     in_flight_.push_back(b_.start_collective(t));
     in_flight_task_.push_back(id);
     if (B::stream_ordered && has_cross_successor_[static_cast<std::size_t>(id)]) b_.record(t);
+  }
+
+  void look_for_non_finite(ir::task_id id, std::size_t position) {
+    if constexpr (finds_non_finite<B>) {
+      auto found = b_.first_non_finite(plan_.graph.tasks[static_cast<std::size_t>(id)]);
+      if (!found) return;
+      found->task = id;
+      found->position = position;
+      report_.first_non_finite = found;
+    }
   }
 
   void run_compute(ir::task_id id) {

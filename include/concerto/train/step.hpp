@@ -50,14 +50,17 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -103,7 +106,7 @@ inline void write_kernel_scales(const std::filesystem::path& file, const std::ma
 /// What else, besides the hardware description and the graph, decides how fast this build's
 /// kernels run: the compiler and its optimisation and instruction-set flags, the machine, and how
 /// many ranks share it. A kernel measured under another of these is measured again.
-inline std::uint64_t kernel_build_fingerprint(MPI_Comm world) {
+inline std::uint64_t kernel_build_fingerprint(const runtime::mpi::control& world) {
   hasher h;
   h.add(std::string_view("concerto.kernels.v2")); // v2: means of 3 runs (v1 kept the best of 2)
   h.add(std::string_view(__VERSION__));
@@ -123,13 +126,7 @@ inline std::uint64_t kernel_build_fingerprint(MPI_Comm world) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   h.add(std::string_view(host));
-  MPI_Comm node = MPI_COMM_NULL;
-  int on_node = 1;
-  if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-    MPI_Comm_size(node, &on_node);
-    MPI_Comm_free(&node);
-  }
-  h.add(std::int64_t{on_node});
+  h.add(std::int64_t{world.split_by_node(0, "the ranks of this node, for the kernel measurements' key").size()});
   return h.value();
 }
 /// An environment variable as a path; empty when unset.
@@ -161,6 +158,11 @@ struct step_options {
   /// A step whose loss is NaN or infinite throws, naming the step (the parameters then hold that
   /// step's update); false: the loss is returned and training goes on.
   bool stop_on_non_finite_loss = true;
+  /// Every this many steps (0: never), compare bit for bit the parameters that ranks hold copies
+  /// of (data-parallel replicas, replicated weights); a difference stops training on every rank,
+  /// naming the parameter and the ranks. A debugging aid: one hash of every parameter and one
+  /// small all-gather. CONCERTO_CHECK_REPLICAS=N, when set, overrides it.
+  std::int64_t check_replicas_every = 0;
   MPI_Comm world = MPI_COMM_WORLD;   ///< the ranks of the mesh, in mesh order
   runtime::executor_options executor{};
   /// When set, every rank writes Chrome traces here: the plan's simulated step once
@@ -231,6 +233,12 @@ public:
     if (mesh_.rank_count() != size_)
       fail("train::compile: the mesh has " + std::to_string(mesh_.rank_count()) + " ranks but the communicator has " +
            std::to_string(size_));
+    if (const char* every = std::getenv("CONCERTO_CHECK_REPLICAS"); every != nullptr && *every != '\0') {
+      const auto [end, ec] = std::from_chars(every, every + std::strlen(every), options_.check_replicas_every);
+      if (ec != std::errc() || *end != '\0' || options_.check_replicas_every < 0)
+        fail(std::string("CONCERTO_CHECK_REPLICAS='") + every + "' is not a number of steps (0: never)");
+    }
+    if (options_.check_replicas_every < 0) fail("train step: check_replicas_every must not be negative");
     graph_ = lower(p, shapes_, mesh_, options_.lower);
     control_.emplace(options_.world, runtime::detail::resolve_timeout_s(options_.executor.timeout_s,
                                                                         options_.executor.timeout_from_env, "train step"));
@@ -351,8 +359,10 @@ public:
     // Every rank holds the same sum, so every rank stops here, together.
     if (options_.stop_on_non_finite_loss && !std::isfinite(loss))
       fail_on_every_rank("train step: the loss of step " + std::to_string(rep.step) + " of graph '" + graph_.name + "' is " +
-           std::to_string(loss) + "; training stopped (the parameters hold this step's update; a smaller learning " +
-           "rate usually helps; step_options::stop_on_non_finite_loss = false goes on)");
+                         std::to_string(loss) + where_non_finite_began(rep) +
+                         "; training stopped (the parameters hold this step's update; a smaller learning rate usually "
+                         "helps; step_options::stop_on_non_finite_loss = false goes on)");
+    if (options_.check_replicas_every > 0 && rep.step % options_.check_replicas_every == 0) check_replicas(rep.step);
     return {rep.step, loss, rep.measured.step_us, rep.measured.exposed_comm_us, rank_};
   }
 
@@ -476,7 +486,7 @@ private:
       // Every rank knows use_cache, so all or none take part in the fingerprint's collective.
       const auto file = options_.use_cache ? options_.cache_dir / ("kernels-" + hasher::to_hex(model.hw().hash()) + "-" +
                                                                    hasher::to_hex(plan::hash(graph_)) + "-" +
-                                                                   hasher::to_hex(detail::kernel_build_fingerprint(options_.world)) + ".json")
+                                                                   hasher::to_hex(detail::kernel_build_fingerprint(*control_)) + ".json")
                                            : std::filesystem::path();
       std::string known_text = "{}";
       if (rank_ == 0 && options_.use_cache) known_text = detail::read_kernel_scales(file).dump();
@@ -560,6 +570,74 @@ private:
 
   // Names the graph's buffers after the program's nodes (the lowering's naming: a repeated
   // block's node j of layer l is "<repeat>.<l>.<name>"), with each node's spec.
+  /// Where the step's first value that is not finite appeared, as the rest of the message about a
+  /// loss that is not finite: the earliest kernel over all ranks that wrote one, when the executor
+  /// looked (executor_options::find_non_finite), else how to make it look. Collective.
+  std::string where_non_finite_began(const runtime::step_report& rep) {
+    constexpr auto none = std::numeric_limits<std::int64_t>::max();
+    const auto& mine = rep.first_non_finite;
+    const std::string what = "where the values that are not finite of step " + std::to_string(rep.step) + " began";
+    const auto first = control_->min_all(mine ? static_cast<std::int64_t>(mine->position) * size_ + rank_ : none, what);
+    if (first == none)
+      return ex_->options().find_non_finite
+                 ? "; no kernel wrote a value that is not finite on any rank (it came from the inputs or a collective)"
+                 : " (executor_options::find_non_finite, or CONCERTO_FIND_NON_FINITE=1, names the first kernel whose "
+                   "output is not finite)";
+    const int rank = static_cast<int>(first % size_);
+    std::string text;
+    if (rank == rank_) {
+      const auto& g = ex_->plan().graph;
+      const auto& t = g.tasks[static_cast<std::size_t>(mine->task)];
+      std::string reads;
+      for (const auto b : t.reads) reads.append(reads.empty() ? " reading '" : ", '").append(g.buffers[static_cast<std::size_t>(b)].name).append("'");
+      text = "; the first kernel whose output is not finite is " + runtime::detail::task_label(g, t.id) + " (" +
+             std::string(ir::to_string(t.fn)) + reads + ") on rank " + std::to_string(rank) + ": " +
+             std::to_string(mine->value) + " at element " + std::to_string(mine->element) + " of '" +
+             g.buffers[static_cast<std::size_t>(mine->buffer)].name + "'";
+    }
+    control_->broadcast(text, rank, what);
+    return text;
+  }
+
+  /// step_options::check_replicas_every: every rank hashes the block it holds of each parameter
+  /// (which block: offset and shape; what it holds: the bits); ranks with the same block must
+  /// hold the same bits. Collective; every rank reaches the same verdict from the same hashes.
+  void check_replicas(std::int64_t step) {
+    std::vector<std::int64_t> mine;
+    mine.reserve(2 * params_.size());
+    for (const auto& name : params_) {
+      const auto& t = info(name);
+      staging_.resize(static_cast<std::size_t>(detail::count(t.blk.local)));
+      backend_->read(t.id, std::as_writable_bytes(std::span(staging_)));
+      hasher block, bits;
+      for (const auto d : t.blk.offset) block.add(d);
+      for (const auto d : t.blk.local) block.add(d);
+      bits.add_bytes(staging_.data(), staging_.size() * sizeof(float));
+      mine.push_back(std::bit_cast<std::int64_t>(block.value()));
+      mine.push_back(std::bit_cast<std::int64_t>(bits.value()));
+    }
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size_));
+    control_->all_gather(std::span<const std::int64_t>(mine), std::span(all),
+                         "the replica check of step " + std::to_string(step));
+    const auto at = [&](int rank, std::size_t i) { return all[static_cast<std::size_t>(rank) * mine.size() + i]; };
+    std::string differences;
+    for (std::size_t p = 0; p < params_.size(); ++p)
+      for (int r = 0; r < size_; ++r)
+        for (int first = 0; first < r; ++first)
+          if (at(first, 2 * p) == at(r, 2 * p)) { // the first rank that holds the same block
+            if (at(first, 2 * p + 1) != at(r, 2 * p + 1)) {
+              if (!differences.empty()) differences += ", ";
+              differences.append("'").append(params_[p]).append("' on ranks ").append(std::to_string(first));
+              differences.append(" and ").append(std::to_string(r));
+            }
+            break;
+          }
+    if (!differences.empty())
+      fail_on_every_rank("train step: after step " + std::to_string(step) + " of graph '" + graph_.name +
+                         "', copies of the same parameter block differ: " + differences +
+                         " (step_options::check_replicas_every)");
+  }
+
   void index_tensors() {
     const auto& g = ex_->plan().graph;
     std::map<std::string, ir::buffer_id> by_name;
@@ -669,6 +747,7 @@ private:
             {"adamw.eps", number(settings_.adamw.eps)},
             {"adamw.weight_decay", number(settings_.adamw.weight_decay)},
             {"stop_on_non_finite_loss", flag(options_.stop_on_non_finite_loss)},
+            {"check_replicas_every", std::to_string(options_.check_replicas_every)},
             // Open MPI's non-blocking all-reduce algorithm: ranks that differ deadlock in it.
             {"OMPI_MCA_coll_libnbc_iallreduce_algorithm", iallreduce ? iallreduce : "(unset)"}};
   }

@@ -36,7 +36,9 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -140,8 +142,8 @@ public:
     lanes_.resize(g.streams.size());
     for (std::size_t s = 1; s < g.streams.size(); ++s) {
       const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
-      lanes_[s] = communicator::split(options_.world, mesh_.group_index(axis.name, rank_),
-                                      coords_[static_cast<std::size_t>(g.streams[s].axis)]);
+      lanes_[s] = control_.split(mesh_.group_index(axis.name, rank_), coords_[static_cast<std::size_t>(g.streams[s].axis)],
+                                 "the communicator of lane '" + g.streams[s].name + "'");
       if (lanes_[s].size() != axis.size)
         fail("lane '" + g.streams[s].name + "' has " + std::to_string(lanes_[s].size()) + " ranks, mesh axis '" +
              axis.name + "' has size " + std::to_string(axis.size));
@@ -155,6 +157,19 @@ public:
       else
         kernels_[static_cast<std::size_t>(t.id)] = decode(g, t, coords_);
     }
+  }
+
+  /// The first NaN or infinity among the f32 values task `t` wrote (its workspace aside).
+  [[nodiscard]] std::optional<runtime::non_finite_output> first_non_finite(const ir::task& t) {
+    for (const auto b : t.writes) {
+      if (arena_.type(b) != ir::dtype::f32 || graph_->buffers[static_cast<std::size_t>(b)].role == ir::buffer_role::workspace)
+        continue;
+      const auto values = arena_.f32(b);
+      const auto bad = std::ranges::find_if(values, [](float v) { return !std::isfinite(v); });
+      if (bad != values.end())
+        return runtime::non_finite_output{.buffer = b, .element = bad - values.begin(), .value = *bad};
+    }
+    return std::nullopt;
   }
 
   void begin_step(std::int64_t step) { options_.kernels.step = step; }

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// @brief Collectives outside the step's plan, each with a deadline: the plan broadcast, the
-/// agreement checks before step 1, the loss of every step, the gathers of a checkpoint.
+/// agreement checks before step 1, the loss of every step, the gathers of a checkpoint, and the
+/// communicators the backends make (split after a bounded barrier).
 ///
 /// A blocking MPI call waits forever for a rank that stopped; these start the non-blocking form
 /// and poll it until the runtime's timeout (runtime/deadline.hpp), then throw naming what was
@@ -106,6 +107,24 @@ public:
     MPI_Request r = MPI_REQUEST_NULL;
     check(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
     wait(r, what);
+  }
+
+  /// The ranks with the same `colour`, ordered by `key`, as a new communicator. MPI_Comm_split
+  /// has no non-blocking form: a barrier with the deadline comes first, so that a rank that
+  /// never arrives is reported by the ones that did instead of holding them in the split.
+  [[nodiscard]] communicator split(int colour, int key, std::string_view what) const {
+    barrier(what);
+    return communicator::split(comm_, colour, key);
+  }
+
+  /// The ranks of this communicator that share this rank's node (MPI_COMM_TYPE_SHARED), ordered
+  /// by `key`; the same barrier first.
+  [[nodiscard]] communicator split_by_node(int key, std::string_view what) const {
+    barrier(what);
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+    return communicator(node);
   }
 
 private:

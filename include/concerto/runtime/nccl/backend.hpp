@@ -111,13 +111,7 @@ public:
     device_ = options_.device;
     if (device_ < 0) {
       // The rank's index among the ranks of its node picks the device: one GPU per rank.
-      MPI_Comm node = MPI_COMM_NULL;
-      mpi::check(MPI_Comm_split_type(options_.world, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
-                 "MPI_Comm_split_type");
-      int local = 0;
-      MPI_Comm_rank(node, &local);
-      MPI_Comm_free(&node);
-      device_ = local % devices;
+      device_ = control_.split_by_node(rank_, "the ranks of this node, to pick a device").rank() % devices;
     }
     if (device_ >= devices)
       fail("nccl::backend on rank " + std::to_string(rank_) + ": device " + std::to_string(device_) + " requested, " +
@@ -245,11 +239,12 @@ public:
     for (std::size_t s = 1; s < g.streams.size(); ++s) {
       const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
       lanes_.emplace_back(options_.comm_high_priority ? range.greatest : range.least);
-      const auto group = mpi::communicator::split(options_.world, mesh_.group_index(axis.name, rank_),
-                                                  coords_[static_cast<std::size_t>(g.streams[s].axis)]);
+      const auto lane = "the communicator of lane '" + g.streams[s].name + "'";
+      const auto group = control_.split(mesh_.group_index(axis.name, rank_),
+                                        coords_[static_cast<std::size_t>(g.streams[s].axis)], lane);
       auto o = options_.comm;
       if (o.name.empty()) o.name = g.name + "/" + g.streams[s].name;
-      comms_.push_back(communicator::from_mpi(group.get(), o));
+      comms_.push_back(communicator::from_mpi(mpi::control(group.get(), options_.timeout_s), o));
       if (comms_.back().size() != axis.size)
         fail("lane '" + g.streams[s].name + "' has " + std::to_string(comms_.back().size()) + " ranks, mesh axis '" +
              axis.name + "' has size " + std::to_string(axis.size));

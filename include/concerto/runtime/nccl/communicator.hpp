@@ -6,11 +6,12 @@
 /// Host code only; compiles with g++ as well as with nvcc.
 
 #include <concerto/core/error.hpp>
-#include <concerto/runtime/mpi/environment.hpp>
+#include <concerto/runtime/mpi/control.hpp>
 
 #include <mpi.h>
 #include <nccl.h>
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -42,7 +43,8 @@ struct comm_options {
 
 /// @brief An owned NCCL communicator.
 /// @code
-/// runtime::nccl::communicator tp = runtime::nccl::communicator::from_mpi(tp_group, {.max_channels = 8});
+/// runtime::nccl::communicator tp =
+///     runtime::nccl::communicator::from_mpi(runtime::mpi::control(tp_group, 300), {.max_channels = 8});
 /// ncclAllReduce(x, x, n, ncclFloat, ncclSum, tp.get(), stream);
 /// @endcode
 class communicator {
@@ -71,15 +73,19 @@ public:
   }
 
   /// @brief One NCCL communicator over the ranks of `group`, rank i of the group being NCCL rank i.
-  /// Rank 0 makes the unique id and broadcasts it over `group`. Collective over `group`; the
-  /// current CUDA device is the one the communicator uses.
-  [[nodiscard]] static communicator from_mpi(MPI_Comm group, const comm_options& options = {}) {
+  /// Rank 0 makes the unique id and broadcasts it over `group` within the group's deadline, so a
+  /// rank that never comes is reported there; ncclCommInitRank itself then waits only for ranks
+  /// that have the id. Collective over `group`; the current CUDA device is the one it uses.
+  [[nodiscard]] static communicator from_mpi(const mpi::control& group, const comm_options& options = {}) {
     communicator c;
-    mpi::check(MPI_Comm_rank(group, &c.rank_), "MPI_Comm_rank");
-    mpi::check(MPI_Comm_size(group, &c.size_), "MPI_Comm_size");
+    c.rank_ = group.rank();
+    c.size_ = group.size();
     ncclUniqueId id{};
     if (c.rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    mpi::check(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, group), "MPI_Bcast of the ncclUniqueId");
+    std::string id_bytes(reinterpret_cast<const char*>(&id), sizeof id);
+    group.broadcast(id_bytes, 0, "the NCCL unique id" + (options.name.empty() ? std::string() : " of '" + options.name + "'"));
+    if (id_bytes.size() != sizeof id) fail("the NCCL unique id from rank 0 has " + std::to_string(id_bytes.size()) + " bytes");
+    std::memcpy(&id, id_bytes.data(), sizeof id);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
     if (options.min_channels >= 0) config.minCTAs = options.min_channels;
