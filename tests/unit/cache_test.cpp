@@ -96,14 +96,20 @@ struct scoped_env {
   scoped_env& operator=(const scoped_env&) = delete;
 };
 
+/// What most cases start from: a fresh cache folder, the small graph's sync plan and its key.
+struct stored_plan {
+  temp_dir dir;
+  const ir::graph g = small_graph();
+  const cost::model m = cost::model::preset("a800x32");
+  const cache::cache_key key = cache::make_key(g, m, "mpi", "sync");
+  const plan::plan p = make_plan(g, m);
+};
+
 } // namespace
 
 TEST_CASE("a stored plan loads back equal", "[cache]") {
-  temp_dir dir;
-  const auto g = small_graph();
-  const auto m = cost::model::preset("a800x32");
-  const auto key = cache::make_key(g, m, "mpi", "sync");
-  const auto p = make_plan(g, m);
+  stored_plan fixture;
+  auto& [dir, g, m, key, p] = fixture;
   REQUIRE(plan::hash(p.graph) != key.graph); // the scheduler added edges
   cache::plan_cache cache(dir.path);
 
@@ -197,11 +203,8 @@ TEST_CASE("the key changes with everything the plan depends on", "[cache][key]")
 }
 
 TEST_CASE("a bad cache file is reported, set aside and replanned, never trusted", "[cache][failure]") {
-  temp_dir dir;
-  const auto g = small_graph();
-  const auto m = cost::model::preset("a800x32");
-  const auto key = cache::make_key(g, m, "mpi", "sync");
-  const auto p = make_plan(g, m);
+  stored_plan fixture;
+  auto& [dir, g, m, key, p] = fixture;
   cache::plan_cache cache(dir.path);
   cache.silence();
   cache.store(key, p);
@@ -371,11 +374,8 @@ TEST_CASE("a bad cache file is reported, set aside and replanned, never trusted"
 }
 
 TEST_CASE("a failed write throws naming the path and leaves no file", "[cache][failure]") {
-  temp_dir dir;
-  const auto g = small_graph();
-  const auto m = cost::model::preset("a800x32");
-  const auto key = cache::make_key(g, m, "mpi", "sync");
-  const auto p = make_plan(g, m);
+  stored_plan fixture;
+  auto& [dir, g, m, key, p] = fixture;
 
   SECTION("when the cache directory is a regular file") {
     const auto not_a_dir = dir.path / "file";
@@ -414,11 +414,8 @@ TEST_CASE("a failed write throws naming the path and leaves no file", "[cache][f
 }
 
 TEST_CASE("two jobs storing the same key at once leave one whole plan file and nothing else", "[cache][failure]") {
-  temp_dir dir;
-  const auto g = small_graph();
-  const auto m = cost::model::preset("a800x32");
-  const auto key = cache::make_key(g, m, "mpi", "sync");
-  const auto p = make_plan(g, m);
+  stored_plan fixture;
+  auto& [dir, g, m, key, p] = fixture;
   // Two processes, as two jobs cold-starting on one cache folder: each stores the key and reads
   // it back, again and again, while the other does the same. Every read must find a whole plan
   // (its own or the other's: the same), never a torn or rejected file.

@@ -19,6 +19,11 @@ using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
+const cost::model& model() {
+  static const auto m = cost::model::preset("a800x32");
+  return m;
+}
+
 // Appended, not "w" + std::to_string(i): g++ 12 warns falsely (-Wrestrict) on the latter.
 std::string numbered(std::string prefix, std::size_t i) { return prefix.append(std::to_string(i)); }
 
@@ -89,20 +94,20 @@ ir::graph gathered_parameters() {
 TEST_CASE("a framework's gradient buckets have its size, per mesh axis", "[frameworks]") {
   const auto g = data_and_tensor_parallel();
   SECTION("buckets of 2000 elements: w0+w1, then w2 alone (3000), w3 alone") {
-    const auto s = planner::framework_schedule({.name = "test", .bucket_min_elements = 2000}, g);
+    const auto s = planner::framework_schedule({.name = "test", .bucket_min_elements = 2000}, g, model());
     CHECK(count_named(s.graph, "grad.bucket") == 1); // w0 and w1
     CHECK(count_named(s.graph, ".grad.ar") == 2);
     CHECK(count_named(s.graph, "w2.grad.ar") == 1);
     CHECK(count_named(s.graph, "w3.grad.ar") == 1);
   }
   SECTION("Megatron's 40M-parameter buckets hold every gradient of this small graph") {
-    const auto s = planner::framework_schedule(planner::megatron(), g);
+    const auto s = planner::framework_schedule(planner::megatron(), g, model());
     CHECK(count_named(s.graph, "grad.bucket") == 1);
     CHECK(count_named(s.graph, ".grad.ar") == 0);
   }
   SECTION("the size per rank grows with the axis: max(min, per rank x ranks)") {
     // dp has 4 ranks: 4 x 500 = 2000 elements, as in the first section.
-    const auto s = planner::framework_schedule({.name = "test", .bucket_min_elements = 10, .bucket_elements_per_rank = 500}, g);
+    const auto s = planner::framework_schedule({.name = "test", .bucket_min_elements = 10, .bucket_elements_per_rank = 500}, g, model());
     CHECK(count_named(s.graph, "grad.bucket") == 1);
     CHECK(count_named(s.graph, ".grad.ar") == 2);
   }
@@ -111,25 +116,25 @@ TEST_CASE("a framework's gradient buckets have its size, per mesh axis", "[frame
 TEST_CASE("collectives a framework does not overlap block the compute stream", "[frameworks]") {
   const auto g = data_and_tensor_parallel();
   SECTION("the tensor-parallel all-reduce: after fc1, and fc2 waits for it") {
-    const auto s = planner::framework_schedule(planner::megatron(), g);
+    const auto s = planner::framework_schedule(planner::megatron(), g, model());
     CHECK(depends(s.graph, "h.ar.tp", "fc1"));
     CHECK(depends(s.graph, "fc2", "h.ar.tp"));
   }
   SECTION("overlapped gradient reductions hold no compute task back") {
-    const auto s = planner::framework_schedule({.name = "test", .bucket_min_elements = 1}, g);
+    const auto s = planner::framework_schedule({.name = "test", .bucket_min_elements = 1}, g, model());
     CHECK_FALSE(depends(s.graph, "w1.dw", "w0.grad.ar"));
     CHECK_FALSE(depends(s.graph, "tail", "w3.grad.ar"));
   }
   SECTION("gradient reductions that do not overlap: the next compute waits for each") {
-    const auto s = planner::framework_schedule({.name = "test", .bucket_min_elements = 1, .gradients_overlap = false}, g);
+    const auto s = planner::framework_schedule({.name = "test", .bucket_min_elements = 1, .gradients_overlap = false}, g, model());
     CHECK(depends(s.graph, "w1.dw", "w0.grad.ar"));
     CHECK(depends(s.graph, "tail", "w3.grad.ar"));
   }
   SECTION("DeepSpeed overlaps gradient reductions at stage 3 only (overlap_comm's default), read from the graph") {
-    const auto below3 = planner::framework_schedule("deepspeed", g); // no parameter all-gathers
+    const auto below3 = planner::framework_schedule("deepspeed", g, model()); // no parameter all-gathers
     REQUIRE(count_named(below3.graph, ".grad.ar") == 0);             // 5e8 elements: one bucket of all four
     CHECK(depends(below3.graph, "tail", "grad.bucket0.ar"));
-    const auto megatron = planner::framework_schedule("megatron", g);
+    const auto megatron = planner::framework_schedule("megatron", g, model());
     CHECK_FALSE(depends(megatron.graph, "tail", "grad.bucket0.ar"));
     CHECK(planner::deepspeed(true).gradients_overlap);
   }
@@ -138,13 +143,13 @@ TEST_CASE("collectives a framework does not overlap block the compute stream", "
 TEST_CASE("parameter all-gathers run ahead of their use by the framework's prefetch", "[frameworks]") {
   const auto g = gathered_parameters();
   SECTION("Megatron: one ahead - gather k+1 waits until the compute reaches layer k") {
-    const auto s = planner::framework_schedule(planner::megatron(), g);
+    const auto s = planner::framework_schedule(planner::megatron(), g, model());
     CHECK(depends(s.graph, "w2.ag", "layer0"));
     CHECK(depends(s.graph, "w3.ag", "layer1"));
     CHECK_FALSE(depends(s.graph, "w1.ag", "layer0")); // layer0 is w0's use: nothing runs before it
   }
   SECTION("a prefetch of 200 elements lets two gathers run ahead") {
-    const auto s = planner::framework_schedule({.name = "test", .prefetch_elements = 200}, g);
+    const auto s = planner::framework_schedule({.name = "test", .prefetch_elements = 200}, g, model());
     CHECK(depends(s.graph, "w3.ag", "layer0"));
     CHECK_FALSE(depends(s.graph, "w3.ag", "layer1"));
     CHECK_FALSE(depends(s.graph, "w2.ag", "layer0"));
@@ -155,6 +160,24 @@ TEST_CASE("parameter all-gathers run ahead of their use by the framework's prefe
   }
 }
 
+TEST_CASE("megatron_tp_overlap splits each tensor-parallel collective into one chunk per rank, and overlaps the chunks", "[frameworks]") {
+  const auto g = ir::make_workload("llama-tp-sp", {.layers = 1, .ranks = 32, .ranks_per_node = 8});
+  const auto chunked = [](const ir::graph& graph) {
+    std::size_t n = 0;
+    for (const auto& t : graph.tasks) n += ir::is_collective(t.kind) && t.attr("chunks") == 8;
+    return n;
+  };
+  const auto plain = planner::framework_schedule("megatron", g, model());
+  const auto split = planner::framework_schedule("megatron_tp_overlap", g, model());
+  CHECK(chunked(plain.graph) == 0);
+  CHECK(chunked(split.graph) >= 8); // at least one collective of the layer, in 8 chunks
+  const auto m = cost::model::preset("a800x32");
+  const auto plain_plan = planner::make_plan(g, m, {.policy = "megatron"});
+  const auto split_plan = planner::make_plan(g, m, {.policy = "megatron_tp_overlap"});
+  CHECK(split_plan.policy == "megatron_tp_overlap");
+  CHECK(split_plan.step_us() != plain_plan.step_us());
+}
+
 TEST_CASE("megatron and deepspeed plan every benchmark workload; concerto is never slower in simulation", "[frameworks][workloads]") {
   const auto model = cost::model::preset("a800x32");
   for (const auto& name : ir::workload_names()) {
@@ -163,7 +186,7 @@ TEST_CASE("megatron and deepspeed plan every benchmark workload; concerto is nev
     concerto.solver.time_budget_s = 5;
     concerto.solver.progress = false;
     const auto ours = planner::make_plan(g, model, concerto);
-    for (const std::string policy : {"megatron", "deepspeed"}) {
+    for (const std::string policy : {"megatron", "megatron_tp_overlap", "deepspeed"}) {
       const auto theirs = planner::make_plan(g, model, {.policy = policy});
       CAPTURE(name, policy, theirs.step_us(), ours.step_us());
       CHECK(theirs.policy == policy);
@@ -173,6 +196,6 @@ TEST_CASE("megatron and deepspeed plan every benchmark workload; concerto is nev
 }
 
 TEST_CASE("an unknown framework policy is refused by name", "[frameworks]") {
-  CHECK_THROWS_WITH(planner::framework_schedule("fsdp", data_and_tensor_parallel()),
-                    ContainsSubstring("unknown framework policy 'fsdp' (known: megatron, deepspeed)"));
+  CHECK_THROWS_WITH(planner::framework_schedule("fsdp", data_and_tensor_parallel(), model()),
+                    ContainsSubstring("unknown framework policy 'fsdp' (known: megatron, megatron_tp_overlap, deepspeed)"));
 }

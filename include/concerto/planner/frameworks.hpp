@@ -16,21 +16,28 @@
 ///   run ahead of their use by at most the framework's prefetch: the next one always, more
 ///   while the parameters gathered ahead stay within the prefetch size.
 /// - Every other collective (tensor- and sequence-parallel activations, the loss statistics,
-///   expert all-to-alls) is synchronous: neither framework overlaps them by default.
+///   expert all-to-alls) is synchronous: neither framework overlaps them by default. The
+///   `megatron_tp_overlap` variant first splits each tensor-parallel collective and its matmul
+///   into as many chunks as the axis has ranks (TransformerEngine's userbuffers, Megatron's
+///   `tp_comm_overlap`), and those chunks overlap.
 ///
 /// @code
-/// auto s = planner::framework_schedule(planner::megatron(), g);
+/// auto s = planner::framework_schedule(planner::megatron(), g, model);
 /// auto p = planner::make_plan(g, model, {.policy = "deepspeed"});
 /// @endcode
 
 #include <concerto/ir/graph.hpp>
+#include <concerto/cost/model.hpp>
 #include <concerto/planner/bucket.hpp>
+#include <concerto/planner/decompose.hpp>
 #include <concerto/planner/list.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace concerto::planner {
@@ -44,6 +51,9 @@ struct framework {
   bool gradients_overlap = true; ///< false: the compute stream waits for each gradient reduction
   /// Parameters (elements) that all-gathers may fetch ahead of the next one in use.
   std::int64_t prefetch_elements = 0;
+  /// Split each tensor-parallel collective with its matmul into one chunk per rank of its axis,
+  /// and overlap the chunks (Megatron's tp_comm_overlap through TransformerEngine).
+  bool split_tensor_parallel = false;
 };
 
 /// @brief Megatron-LM's DistributedDataParallel with overlap_grad_reduce and the distributed
@@ -53,6 +63,16 @@ struct framework {
 [[nodiscard]] inline framework megatron() {
   return {.name = "megatron", .bucket_min_elements = 40'000'000, .bucket_elements_per_rank = 1'000'000,
           .gradients_overlap = true, .prefetch_elements = 0};
+}
+
+/// @brief megatron() with `tp_comm_overlap`: TransformerEngine's userbuffers split each
+/// all-gather -> matmul and matmul -> reduce-scatter of the tensor-parallel group into one chunk
+/// per rank (a ring), fixed, whatever the shapes.
+[[nodiscard]] inline framework megatron_tp_overlap() {
+  auto f = megatron();
+  f.name = "megatron_tp_overlap";
+  f.split_tensor_parallel = true;
+  return f;
 }
 
 /// @brief DeepSpeed ZeRO at its configuration defaults: reduce_bucket_size 5e8 elements,
@@ -94,6 +114,25 @@ namespace detail::frameworks {
   return out;
 }
 
+/// Every activation collective that decomposition can split with its matmul, split into one
+/// chunk per rank of its axis (the first partner matmul found; each task split once).
+[[nodiscard]] inline ir::graph split_tensor_parallel(const ir::graph& g, const cost::model& model) {
+  decompose_options options{.chunk_choices = {}, .min_exposed_fraction = 0, .split_all_reduce = false};
+  for (const auto& a : g.axes)
+    if (a.size >= 2) options.chunk_choices.push_back(a.size);
+  std::vector<decomposition> chosen;
+  std::set<ir::task_id> split;
+  for (const auto& c : find_candidates(g, model, options)) {
+    const auto& t = g[c.collective];
+    if (reduces_gradient(g, t) || gathers_parameter(g, t) || c.chunks != g.group_size(t)) continue;
+    if (split.count(c.collective) || split.count(c.compute)) continue;
+    split.insert(c.collective);
+    split.insert(c.compute);
+    chosen.push_back(c);
+  }
+  return chosen.empty() ? g : planner::apply(g, chosen);
+}
+
 inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
   auto& deps = g.tasks[static_cast<std::size_t>(to)].deps;
   if (std::find(deps.begin(), deps.end(), from) == deps.end()) deps.push_back(from);
@@ -101,13 +140,21 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
 
 } // namespace detail::frameworks
 
-/// @brief The schedule `f` gives `g`: its buckets applied, then each stream in program order
-/// with the edges that make the framework's synchronous collectives block the compute stream
-/// and hold its parameter all-gathers to its prefetch distance. The edges follow program
-/// order, so the schedule stays consistent with one topological order.
-[[nodiscard]] inline schedule framework_schedule(const framework& f, const ir::graph& given) {
+/// @brief `g` rewritten as `f` rewrites it: its tensor-parallel splits (if any; `model` finds
+/// their candidates), then its gradient buckets.
+[[nodiscard]] inline ir::graph framework_rewrite(const framework& f, const ir::graph& g, const cost::model& model) {
   namespace fw = detail::frameworks;
-  schedule s{apply_buckets(given, fw::buckets(given, f)), {}};
+  const ir::graph split = f.split_tensor_parallel ? fw::split_tensor_parallel(g, model) : g;
+  return apply_buckets(split, fw::buckets(split, f));
+}
+
+/// @brief The schedule `f` gives a graph it has rewritten (framework_rewrite): each stream in
+/// program order, with the edges that make the framework's synchronous collectives block the
+/// compute stream and hold its parameter all-gathers to its prefetch distance. The edges follow
+/// program order, so the schedule stays consistent with one topological order.
+[[nodiscard]] inline schedule framework_edges(const framework& f, ir::graph rewritten) {
+  namespace fw = detail::frameworks;
+  schedule s{std::move(rewritten), {}};
   ir::graph& g = s.graph;
   const auto order = detail::program_order(g);
   const auto pos = ir::positions(order);
@@ -134,6 +181,7 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
       continue;
     }
     if (fw::reduces_gradient(g, t) && f.gradients_overlap) continue;
+    if (f.split_tensor_parallel && t.attrs.count("chunks")) continue; // a chunk of a split: overlapped
     // Synchronous: issued after the compute before it, and the compute after it waits.
     const auto at = pos[static_cast<std::size_t>(id)];
     if (const auto before = compute_before[at]; before >= 0) fw::add_dep(g, before, id);
@@ -165,19 +213,30 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
   return s;
 }
 
-/// @brief The framework policies by name: "megatron", "deepspeed".
-[[nodiscard]] inline std::vector<std::string> framework_policy_names() { return {"megatron", "deepspeed"}; }
+/// @brief The schedule `f` gives `g`: framework_rewrite, then framework_edges.
+[[nodiscard]] inline schedule framework_schedule(const framework& f, const ir::graph& g, const cost::model& model) {
+  return framework_edges(f, framework_rewrite(f, g, model));
+}
 
-/// @brief The schedule of the framework policy `policy` for `g`; throws naming the known ones
-/// when there is no such policy.
-[[nodiscard]] inline schedule framework_schedule(std::string_view policy, const ir::graph& g) {
-  if (policy == "megatron") return framework_schedule(megatron(), g);
-  if (policy == "deepspeed") {
-    const bool stage3 = std::any_of(g.tasks.begin(), g.tasks.end(),
-                                    [&](const ir::task& t) { return detail::frameworks::gathers_parameter(g, t); });
-    return framework_schedule(deepspeed(stage3), g);
-  }
-  fail("unknown framework policy '" + std::string(policy) + "' (known: megatron, deepspeed)");
+/// @brief The framework policies by name: "megatron", "megatron_tp_overlap", "deepspeed".
+[[nodiscard]] inline std::vector<std::string> framework_policy_names() {
+  return {"megatron", "megatron_tp_overlap", "deepspeed"};
+}
+
+/// @brief The framework of policy `policy` for `g` (DeepSpeed's stage is read from `g`: parameter
+/// all-gathers mean stage 3); throws naming the known ones when there is no such policy.
+[[nodiscard]] inline framework framework_named(std::string_view policy, const ir::graph& g) {
+  if (policy == "megatron") return megatron();
+  if (policy == "megatron_tp_overlap") return megatron_tp_overlap();
+  if (policy == "deepspeed")
+    return deepspeed(std::any_of(g.tasks.begin(), g.tasks.end(),
+                                 [&](const ir::task& t) { return detail::frameworks::gathers_parameter(g, t); }));
+  fail("unknown framework policy '" + std::string(policy) + "' (known: megatron, megatron_tp_overlap, deepspeed)");
+}
+
+/// @brief The schedule of the framework policy `policy` for `g`.
+[[nodiscard]] inline schedule framework_schedule(std::string_view policy, const ir::graph& g, const cost::model& model) {
+  return framework_schedule(framework_named(policy, g), g, model);
 }
 
 } // namespace concerto::planner

@@ -33,13 +33,14 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace concerto::planner {
 
 /// @brief How to plan.
 struct plan_options {
-  std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs), a framework (megatron, deepspeed) or concerto
+  std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs), a framework (megatron, megatron_tp_overlap, deepspeed) or concerto
   windowed_options solver{};       ///< window size, rounds; time_budget_s bounds the whole plan
   bool decompose = true;           ///< concerto: split exposed collectives with their matmuls
   bool bucket = true;              ///< concerto: fuse small gradient collectives into buckets
@@ -141,16 +142,36 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
     // One budget for the whole plan: the solver gets what the rewrites left (they stop by nine
     // tenths of it), less what finishing the plan costs after it (a replay, the bounds and the
     // verifier: about three times the warm start's three list schedules and replays, timed here).
-    const auto durations = model.durations_us(rewritten);
+    auto durations = model.durations_us(rewritten);
     const auto warm_started = std::chrono::steady_clock::now();
     auto warm = best_list_schedule(rewritten, durations, slowdown);
+    // The frameworks' recipes are starting points too: where one's rewrites and order beat the
+    // best list schedule of ours, the solver starts from its graph (without the edges that make
+    // its collectives synchronous) and its orders, so concerto is never slower than a framework
+    // either. They ignore memory caps, so under a cap they are not tried.
+    if (!options.memory_cap_bytes) {
+      double warm_step = sim::simulate(warm.graph, warm.order, durations, slowdown).step_us;
+      for (const auto& name : framework_policy_names()) {
+        const auto recipe = framework_named(name, g);
+        auto their_graph = framework_rewrite(recipe, g, model);
+        auto theirs = framework_edges(recipe, their_graph);
+        const auto their_durations = model.durations_us(theirs.graph);
+        const double step = sim::simulate(theirs.graph, theirs.order, their_durations, slowdown).step_us;
+        if (!(step < warm_step)) continue;
+        warm_step = step;
+        rewritten = std::move(their_graph);
+        durations = their_durations;
+        warm = std::move(theirs);
+        if (on_improvement) report_step(step);
+      }
+    }
     const double finishing = 3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_started).count();
     auto solver = options.solver;
     solver.time_budget_s = std::max(options.solver.time_budget_s - seconds() - finishing, 0.0);
     chosen = improve_schedule(rewritten, std::move(warm), durations, slowdown, solver, &report, report_step);
   } else if (const auto frameworks = framework_policy_names();
              std::find(frameworks.begin(), frameworks.end(), options.policy) != frameworks.end()) {
-    chosen = framework_schedule(options.policy, g);
+    chosen = framework_schedule(options.policy, g, model);
   } else {
     chosen = list_schedule(options.policy, g, model.durations_us(g));
   }
