@@ -209,7 +209,8 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
     const auto gate = compute_before[pos[static_cast<std::size_t>(use)]];
     if (gate >= 0 && pos[static_cast<std::size_t>(gate)] < pos[static_cast<std::size_t>(gathers[j])]) fw::add_dep(g, gate, gathers[j]);
   }
-  s.order = detail::split_by_stream(g, detail::program_order(g));
+  // Every edge added runs forward in `order`, which therefore stays a topological order.
+  s.order = detail::split_by_stream(g, order);
   return s;
 }
 

@@ -145,6 +145,7 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
     auto durations = model.durations_us(rewritten);
     const auto warm_started = std::chrono::steady_clock::now();
     auto warm = best_list_schedule(rewritten, durations, slowdown);
+    const double finishing = 3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_started).count();
     // The frameworks' recipes are starting points too: where one's rewrites and order beat the
     // best list schedule of ours, the solver starts from its graph (without the edges that make
     // its collectives synchronous) and its orders, so concerto is never slower than a framework
@@ -155,17 +156,16 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
         const auto recipe = framework_named(name, g);
         auto their_graph = framework_rewrite(recipe, g, model);
         auto theirs = framework_edges(recipe, their_graph);
-        const auto their_durations = model.durations_us(theirs.graph);
+        auto their_durations = model.durations_us(theirs.graph);
         const double step = sim::simulate(theirs.graph, theirs.order, their_durations, slowdown).step_us;
         if (!(step < warm_step)) continue;
         warm_step = step;
         rewritten = std::move(their_graph);
-        durations = their_durations;
+        durations = std::move(their_durations);
         warm = std::move(theirs);
         if (on_improvement) report_step(step);
       }
     }
-    const double finishing = 3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_started).count();
     auto solver = options.solver;
     solver.time_budget_s = std::max(options.solver.time_budget_s - seconds() - finishing, 0.0);
     chosen = improve_schedule(rewritten, std::move(warm), durations, slowdown, solver, &report, report_step);

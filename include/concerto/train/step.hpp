@@ -568,8 +568,6 @@ private:
     return it->second;
   }
 
-  // Names the graph's buffers after the program's nodes (the lowering's naming: a repeated
-  // block's node j of layer l is "<repeat>.<l>.<name>"), with each node's spec.
   /// Where the step's first value that is not finite appeared, as the rest of the message about a
   /// loss that is not finite: the earliest kernel over all ranks that wrote one, when the executor
   /// looked (executor_options::find_non_finite), else how to make it look. Collective.
@@ -638,6 +636,8 @@ private:
                          " (step_options::check_replicas_every)");
   }
 
+  // Names the graph's buffers after the program's nodes (the lowering's naming: a repeated
+  // block's node j of layer l is "<repeat>.<l>.<name>"), with each node's spec.
   void index_tensors() {
     const auto& g = ex_->plan().graph;
     std::map<std::string, ir::buffer_id> by_name;
