@@ -125,35 +125,57 @@ public:
       fail("collective_us: " + std::string(ir::to_string(kind)) + " over a group of " + std::to_string(group_size) +
            " ranks; the group size must be at least 1");
     if (group_size == 1) return 0.0; // nothing leaves the rank
-
     const auto& l = link == ir::link_class::intra_node ? hw_.intra_node : hw_.inter_node;
-    const double a = l.alpha_us;
-    const double per_byte = 1.0 / (l.bandwidth_gbps * 1e3); // µs per byte
+    const auto priced = [&l](alpha_beta_terms t) { return t.latency_steps * l.alpha_us + t.bytes_sent / (l.bandwidth_gbps * 1e3); };
+    const auto ring = collective_terms(kind, bytes, group_size, collective_algorithm::ring);
+    const auto tree = collective_terms(kind, bytes, group_size, collective_algorithm::tree);
+    return algorithm == collective_algorithm::ring   ? priced(ring)
+           : algorithm == collective_algorithm::tree ? priced(tree)
+                                                     : std::min(priced(ring), priced(tree));
+  }
+
+  /// @brief The algorithm `collective_us` prices a collective with on this hardware: the
+  /// hardware's choice, or under `best` the cheaper of ring and tree at these sizes.
+  [[nodiscard]] collective_algorithm algorithm_for(ir::op_kind kind, double bytes, int group_size, ir::link_class link) const {
+    if (hw_.algorithm != collective_algorithm::best) return hw_.algorithm;
+    return collective_us(kind, bytes, group_size, link, collective_algorithm::ring) <=
+                   collective_us(kind, bytes, group_size, link, collective_algorithm::tree)
+               ? collective_algorithm::ring
+               : collective_algorithm::tree;
+  }
+
+  /// @brief A collective's alpha-beta cost as two numbers, so that its duration is
+  /// `latency_steps × alpha + bytes_sent / bandwidth` on any link: linear in the link's two
+  /// parameters, which is what lets planner/refit.hpp fit them to measured collectives. `best`
+  /// is not an algorithm here (it is a choice between two); it reads as ring.
+  struct alpha_beta_terms {
+    double latency_steps = 0; ///< sequential message steps, each paying the link's alpha
+    double bytes_sent = 0;    ///< bytes each rank sends over its link, one after another
+  };
+  [[nodiscard]] static alpha_beta_terms collective_terms(ir::op_kind kind, double bytes, int group_size,
+                                                         collective_algorithm algorithm) {
+    if (group_size <= 1) return {};
     const double p = group_size;
     const double log_p = std::ceil(std::log2(p));
-    const auto pick = [algorithm](double ring, double tree) {
-      return algorithm == collective_algorithm::ring   ? ring
-             : algorithm == collective_algorithm::tree ? tree
-                                                       : std::min(ring, tree);
-    };
+    const bool tree = algorithm == collective_algorithm::tree;
     switch (kind) {
     case ir::op_kind::all_reduce:
       // Ring: reduce-scatter then all-gather, 2(p-1) steps of n/p bytes. Tree: reduce up and
       // broadcast down a binary tree, 2⌈log2 p⌉ steps of the whole buffer (not pipelined, so
       // it only wins where latency dominates, as NCCL's tree does for small messages).
-      return pick(2 * (p - 1) * (a + bytes / p * per_byte), 2 * log_p * (a + bytes * per_byte));
+      return tree ? alpha_beta_terms{2 * log_p, 2 * log_p * bytes} : alpha_beta_terms{2 * (p - 1), 2 * (p - 1) * bytes / p};
     case ir::op_kind::all_gather:
     case ir::op_kind::reduce_scatter:
     case ir::op_kind::all_to_all:
       // p-1 steps, each moving one rank's share (n/p) of the per-rank buffer.
-      return (p - 1) * (a + bytes / p * per_byte);
+      return {p - 1, (p - 1) * bytes / p};
     case ir::op_kind::send:
     case ir::op_kind::recv:
-      return a + bytes * per_byte;
+      return {1, bytes};
     case ir::op_kind::broadcast:
       // Ring: a chain pipelined in small chunks, p-1 hops of latency and the buffer crossing
       // each link once (the large-message limit). Tree: ⌈log2 p⌉ hops of the whole buffer.
-      return pick((p - 1) * a + bytes * per_byte, log_p * (a + bytes * per_byte));
+      return tree ? alpha_beta_terms{log_p, log_p * bytes} : alpha_beta_terms{p - 1, bytes};
     default:
       break;
     }
