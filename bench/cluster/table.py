@@ -73,12 +73,14 @@ def ratio(a, b):
 
 
 def print_examples(files, peer_by_cfg):
-    """One row per configuration, example and mesh: the three plans measured in one process."""
+    """One row per configuration, example and mesh: the plans measured in one process, concerto
+    starting from the plan its choosing run kept; then what each choosing run measured and cost."""
     print("\nconcerto examples: median step ms of the plans run in turn on the same ranks; LB, predicted with cpu-netns")
-    head = (f"{'config':>10} {'model':>5} {'mesh':>7} {'comm%':>6} {'sync':>8} {'p_order':>8} {'concerto':>9}"
-            f" {'c/sync':>7} {'LB':>8} {'c/LB':>6} {'pred':>8} {'pred/meas':>10} {'DDP':>8} {'DDPtuned':>9}"
-            f" {'TPpeer':>8} {'c/torch':>8}")
+    head = (f"{'config':>10} {'model':>5} {'mesh':>7} {'comm%':>6} {'sync':>8} {'p_order':>8} {'xla_lhs':>8} {'concerto':>9}"
+            f" {'chosen':>16} {'c/best':>7} {'LB':>8} {'c/LB':>6} {'pred':>8} {'pred/meas':>10} {'refit/meas':>11}"
+            f" {'DDP':>8} {'DDPtuned':>9} {'TPpeer':>8} {'c/torch':>8}")
     print(head)
+    choosing_rows = []
     for f in files:
         cfg = cfg_key(f, "example-")[2]
         runs = [json.loads(l) for l in open(f) if l.strip().startswith("{")]
@@ -89,12 +91,19 @@ def print_examples(files, peer_by_cfg):
         for (model, tp), by in sorted(groups.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0][0], kv[0][1])):
             any_run = next(iter(by.values()))
             world = any_run["world"]
+            if "concerto-choosing" in by:
+                choosing_rows.append((cfg, model, f"{world // tp}x{tp}", by["concerto-choosing"]))
             ms = {p: by[p]["median_step_us"] / 1e3 for p in by}
-            sync, po, conc = ms.get("sync"), ms.get("program_order"), ms.get("concerto")
+            sync, po, xla, conc = ms.get("sync"), ms.get("program_order"), ms.get("xla_lhs"), ms.get("concerto")
+            baselines = [v for v in (sync, po, xla) if v]
+            best = min(baselines) if baselines else None
             # sync runs every collective alone: its exposed communication is all of it.
             comm = 100 * by["sync"]["median_exposed_comm_us"] / by["sync"]["median_step_us"] if "sync" in by else float("nan")
-            lb = min(r["lower_bound_us"] for r in by.values()) / 1e3
-            pred = by["concerto"]["predicted_us"] / 1e3 if "concerto" in by else float("nan")
+            lb = min(r["lower_bound_us"] for r in by.values() if "lower_bound_us" in r) / 1e3
+            c = by.get("concerto", {})
+            pred = c.get("predicted_us", float("nan")) / 1e3
+            refit = c.get("refit_predicted_us", float("nan")) / 1e3
+            chosen = c.get("chosen", "-")
             ddp = ddp_tuned = tp_peer = None
             mine = None  # no peer runs this model on this mesh
             if model in ("mlp", "gpt") and tp == 1:
@@ -107,13 +116,21 @@ def print_examples(files, peer_by_cfg):
                 tp_peer = peer.get("tp")
                 mine = ratio(conc, tp_peer)
             fmt = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
-            print(f"{cfg:>10} {model:>5} {f'{world // tp}x{tp}':>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(conc, 9)}"
-                  f" {ratio(conc, sync):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f} {ratio(pred, conc):10.2f}"
+            print(f"{cfg:>10} {model:>5} {f'{world // tp}x{tp}':>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(xla, 8)}"
+                  f" {fmt(conc, 9)} {chosen[:16]:>16} {ratio(conc, best):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f}"
+                  f" {ratio(pred, conc):10.2f} {ratio(refit, conc):11.2f}"
                   f" {fmt(ddp, 8)} {fmt(ddp_tuned, 9)} {fmt(tp_peer, 8)} {fmt(mine, 8, 2)}")
-    print("  (mesh = dp x tp; comm% = sync plan's exposed communication / its step; c = concerto; LB = the plan's lower"
-          " bound;\n   pred = simulated concerto step; DDPtuned = best of the tuned buckets (MLP: 4 and 100 MB, GPT: 1"
-          " and 100 MB);\n   c/torch = concerto / best PyTorch (DDP, default or tuned, for dp; Megatron TP for the MLP's"
-          " tp))")
+    print("  (mesh = dp x tp; comm% = sync plan's exposed communication / its step; c = concerto, starting from the plan its"
+          " choosing run kept (chosen);\n   c/best = concerto / fastest of sync, p_order, xla_lhs; LB = the plan's lower bound;"
+          " pred = the plan's simulated step when it was made;\n   refit = the kept plan simulated under the refitted model;"
+          " DDPtuned = best of the tuned buckets (MLP: 4 and 100 MB, GPT: 1 and 100 MB);\n   c/torch = concerto / best"
+          " PyTorch (DDP, default or tuned, for dp; Megatron TP for the MLP's tp))")
+    if choosing_rows:
+        print("\nconcerto's choosing runs (the concerto plan alone, choosing by measuring; median step ms)")
+        print(f"{'config':>10} {'model':>5} {'mesh':>7} {'choosing':>9} {'after':>8} {'overhead s':>11}  choice")
+        for cfg, model, mesh, r in choosing_rows:
+            print(f"{cfg:>10} {model:>5} {mesh:>7} {r.get('median_step_us_choosing', float('nan')) / 1e3:9.1f}"
+                  f" {r['median_step_us'] / 1e3:8.1f} {r.get('choice_overhead_s', float('nan')):11.2f}  {r.get('choice', '-')}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -46,14 +47,34 @@ void announce_plans(std::vector<Step>& runs, bool root) {
 
 /// The "result {json}" line of one plan: the example's own fields, then the measured, predicted
 /// and bound times. Returns the same fields with every step's time (`step_us`), which the line
-/// leaves out to stay short (the examples' --json FILE writes them).
+/// leaves out to stay short (the examples' --json FILE writes them). `step_us[0]` is step 2 (the
+/// first warms caches). Where the step chose its plan by measuring (train/plan_choice.hpp),
+/// `median_step_us` is over the steps after the choice, the plan the job keeps, and
+/// `median_step_us_choosing` over those before; `choice` says what was measured.
 template <class Step>
 nlohmann::json print_result(Step& run, nlohmann::json fields, const std::vector<double>& step_us,
                   const std::vector<double>& exposed_us) {
+  constexpr std::int64_t first_measured_step = 2;
   const auto& sm = run.summary();
   fields["policy"] = sm.policy;
   fields["steps"] = step_us.size();
   fields["median_step_us"] = median(step_us);
+  if (const auto& choice = run.choice(); choice.decided()) {
+    fields["choice"] = choice.text();
+    const auto& winner = choice.candidates[static_cast<std::size_t>(choice.winner)];
+    fields["chosen"] = winner.name;
+    fields["chosen_from_cache"] = choice.from_cache;
+    fields["refit_predicted_us"] = winner.predicted_us; // the winner under the refitted model
+    fields["choice_overhead_s"] = choice.planning_seconds + choice.switching_seconds + choice.trial_cost_us * 1e-6;
+    const auto split = static_cast<std::size_t>(
+        std::clamp<std::int64_t>(choice.decided_at_step + 1 - first_measured_step, 0, static_cast<std::int64_t>(step_us.size())));
+    const std::vector<double> choosing(step_us.begin(), step_us.begin() + static_cast<std::ptrdiff_t>(split));
+    const std::vector<double> kept(step_us.begin() + static_cast<std::ptrdiff_t>(split), step_us.end());
+    fields["median_step_us_choosing"] = median(choosing);
+    fields["steps_after_choice"] = kept.size();
+    if (!kept.empty()) fields["median_step_us"] = median(kept);
+    std::printf("%s\n", choice.text().c_str());
+  }
   fields["median_exposed_comm_us"] = median(exposed_us);
   fields["predicted_us"] = sm.predicted_us;
   fields["sync_predicted_us"] = sm.sync_predicted_us;

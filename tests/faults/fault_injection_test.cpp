@@ -174,6 +174,12 @@ TEST_CASE("copies of a parameter that drift apart stop training when replicas ar
   }
 }
 
+TEST_CASE("a rank that fails while the plan is chosen ends the job with its message", "[faults][choice]") {
+  folder f;
+  const auto o = run("choice-fails", f.path);
+  check_failed(o, "concerto: rank 1 failed: injected failure while reporting a trial step of the plan choice");
+}
+
 TEST_CASE("a damaged checkpoint is refused naming the file and what is wrong, and stays on disk", "[faults][checkpoint]") {
   folder f;
   const auto file = (f.path / "model.ckpt").string();

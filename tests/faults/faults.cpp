@@ -13,6 +13,8 @@
 //   mpi-setting         rank 1 starts MPI with another non-blocking all-reduce algorithm
 //   nan                 the embedding holds NaN: the first loss is not finite
 //   replica-drift       rank 1's copy of the replicated final layernorm gain differs in one value
+//   choice-fails        the concerto policy chooses its plan by measuring; rank 1 throws while it
+//                       reports its first trial step
 //   kill-save           after saving at step 2, rank 0 is killed (SIGKILL) while it writes the
 //                       checkpoint of step 3 (a wider model, so that the write lasts milliseconds)
 //   resume              the same model loads the checkpoint, trains a step and saves again
@@ -111,6 +113,15 @@ int main(int argc, char** argv) {
                           .measure_kernels = false,
                           .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", fault == "layers" && rank == 1 ? 3 : 2}}},
                           .use_cache = false};
+    if (fault == "choice-fails") {
+      o.policy = "concerto";
+      o.solver = {.time_budget_s = 0.5, .progress = false};
+      o.choice = {.warmup_steps = 0, .profile_steps = 1, .trial_steps = 1, .rounds = 1, .also_try = {"sync"}};
+      o.choice.adjust_measured = [](int r, std::string_view, double us) {
+        if (r == 1) fail("injected failure while reporting a trial step of the plan choice");
+        return us;
+      };
+    }
     const float lr = fault == "lr" && rank == 1 ? 2e-2f : 1e-2f;
     const std::int64_t width = fault == "kill-save" || fault == "resume" ? 256 : hidden;
     auto s = train::compile(gm::gpt_sp, mesh::from_world(world, {{"dp", 1}, {"tp", world}}),

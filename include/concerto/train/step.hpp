@@ -42,6 +42,7 @@
 #include <concerto/train/agreement.hpp>
 #include <concerto/train/backend_select.hpp>
 #include <concerto/train/checkpoint.hpp>
+#include <concerto/train/plan_choice.hpp>
 #include <concerto/trace/chrome_trace.hpp>
 #include <concerto/train/detail/shard.hpp>
 
@@ -165,6 +166,9 @@ struct step_options {
   std::int64_t check_replicas_every = 0;
   MPI_Comm world = MPI_COMM_WORLD;   ///< the ranks of the mesh, in mesh order
   runtime::executor_options executor{};
+  /// The `concerto` policy measures its first plan, refits the cost model, re-plans, and keeps
+  /// whichever candidate measured fastest (train/plan_choice.hpp). CONCERTO_CHOOSE_PLAN=0 turns it off.
+  plan_choice_options choice{};
   /// When set, every rank writes Chrome traces here: the plan's simulated step once
   /// (`<graph>.<policy>.planned.rank<r>.json`) and each executed step's measured timeline,
   /// overwritten step by step (`<graph>.<policy>.measured.rank<r>.json`), outside the measured
@@ -239,6 +243,18 @@ public:
         fail(std::string("CONCERTO_CHECK_REPLICAS='") + every + "' is not a number of steps (0: never)");
     }
     if (options_.check_replicas_every < 0) fail("train step: check_replicas_every must not be negative");
+    if (const char* on = std::getenv("CONCERTO_CHOOSE_PLAN"); on != nullptr && *on != '\0') {
+      if (std::string_view(on) != "0" && std::string_view(on) != "1")
+        fail(std::string("CONCERTO_CHOOSE_PLAN='") + on + "' must be 0 (keep the first plan) or 1 (choose by measuring)");
+      options_.choice.enabled = std::string_view(on) == "1";
+    }
+    if (const auto& c = options_.choice; c.warmup_steps < 0 || c.profile_steps < 1 || c.trial_steps < 1 || c.rounds < 1)
+      fail("train step: plan choice needs warmup_steps >= 0, profile_steps >= 1, trial_steps >= 1 and rounds >= 1 (got " +
+           std::to_string(c.warmup_steps) + ", " + std::to_string(c.profile_steps) + ", " + std::to_string(c.trial_steps) +
+           ", " + std::to_string(c.rounds) + ")");
+    for (const auto& policy : options_.choice.also_try)
+      if (const auto known = planner::policy_names(); std::find(known.begin(), known.end(), policy) == known.end())
+        fail("train step: plan choice: also_try names '" + policy + "', which is not a policy");
     graph_ = lower(p, shapes_, mesh_, options_.lower);
     control_.emplace(options_.world, runtime::detail::resolve_timeout_s(options_.executor.timeout_s,
                                                                         options_.executor.timeout_from_env, "train step"));
@@ -257,7 +273,7 @@ public:
     check_agreement(settings_record_of(), *control_);
     backend_ = make_backend(options_.world, settings_, control_->timeout_s());
     const auto model = planning_model();
-    std::string summary_text;
+    std::string summary_text, choice_text;
     auto p = runtime::distribute_plan(*backend_, [&] {
       plan_summary s;
       s.policy = options_.policy;
@@ -266,7 +282,10 @@ public:
       const auto planning = planning_options();
       const auto make = [&] { return planner::make_plan(g, model, planning); };
       plan::plan made;
-      if (options_.use_cache) {
+      if (auto kept = chooses() && options_.use_cache ? load_chosen(g, model, choice_text) : std::nullopt) {
+        made = std::move(*kept);
+        s.cache_hit = true;
+      } else if (options_.use_cache) {
         const auto key = cache::make_key(g, model, default_backend_name, options_.policy, planner::hash(planning));
         // Not silenced: a damaged or unwritable entry is said once (this runs on rank 0 only).
         made = cache::plan_cache(options_.cache_dir).get_or_plan(key, make, &s.cache_hit);
@@ -281,7 +300,7 @@ public:
       for (const auto& t : made.graph.tasks) s.collectives += ir::is_collective(t.kind);
       summary_text = nlohmann::json{{"policy", s.policy}, {"solver", s.solver_seconds}, {"predicted", s.predicted_us},
                                     {"sync", s.sync_predicted_us}, {"hit", s.cache_hit}, {"rewritten", s.rewritten},
-                                    {"tasks", s.tasks}, {"collectives", s.collectives}}
+                                    {"tasks", s.tasks}, {"collectives", s.collectives}, {"choice", choice_text}}
                          .dump();
       return made;
     });
@@ -289,6 +308,12 @@ public:
     const auto j = nlohmann::json::parse(summary_text);
     summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("rewritten"),
                 j.at("tasks"), j.at("collectives")};
+    if (const auto& kept = j.at("choice").get_ref<const std::string&>(); !kept.empty()) {
+      choice_ = report_of_record(nlohmann::json::parse(kept));
+    } else if (chooses()) {
+      choosing_.emplace();
+      choosing_->prior = model;
+    }
     ex_ = std::make_unique<runtime::executor<Backend>>(std::move(p), *backend_, options_.executor);
     if (!options_.trace_dir.empty()) {
       const auto& planned = ex_->plan();
@@ -363,8 +388,14 @@ public:
                          "; training stopped (the parameters hold this step's update; a smaller learning rate usually "
                          "helps; step_options::stop_on_non_finite_loss = false goes on)");
     if (options_.check_replicas_every > 0 && rep.step % options_.check_replicas_every == 0) check_replicas(rep.step);
-    return {rep.step, loss, rep.measured.step_us, rep.measured.exposed_comm_us, rank_};
+    const step_result out{rep.step, loss, rep.measured.step_us, rep.measured.exposed_comm_us, rank_};
+    if (choosing_) advance_choice(rep); // may replace the executor, and `rep` with it
+    return out;
   }
+
+  /// @brief What the plan choice measured and kept (train/plan_choice.hpp); `decided()` is false
+  /// while it is still measuring, and when the step does not choose (another policy, or off).
+  [[nodiscard]] const plan_choice_report& choice() const noexcept { return choice_; }
 
   /// @brief Names of the trained parameters (as in the graph: `w1`, `layers.0.wq`, ...).
   [[nodiscard]] std::vector<std::string> parameter_names() {
@@ -522,6 +553,263 @@ private:
       if (measure) fail("train step: measure_kernels times the CPU kernels; this build's backend runs on a GPU");
       return model;
     }
+  }
+
+  /// The graph the planner is given: the lowered one, or the test's rewrite of it.
+  [[nodiscard]] ir::graph planner_input() const { return options_.rewrite ? options_.rewrite(graph_) : graph_; }
+
+  [[nodiscard]] bool chooses() const { return options_.policy == "concerto" && options_.choice.enabled; }
+
+  /// Where an earlier run's winner is kept: the plan in the plan cache under its own key (the
+  /// first plan's, policy "concerto+measured"), and beside it what was measured, which names the
+  /// plan by hash. Both must be whole and agree, or the choice is made again.
+  [[nodiscard]] cache::cache_key chosen_key(const ir::graph& g, const cost::model& model) const {
+    return cache::make_key(g, model, default_backend_name, options_.policy + "+measured", planner::hash(planning_options()));
+  }
+  [[nodiscard]] std::filesystem::path chosen_record_path(const cache::cache_key& key) const {
+    return options_.cache_dir / ("choice-" + key.hex() + ".json");
+  }
+  std::optional<plan::plan> load_chosen(const ir::graph& g, const cost::model& model, std::string& record_text) const {
+    const auto key = chosen_key(g, model);
+    const auto path = chosen_record_path(key);
+    if (!std::filesystem::exists(path)) return std::nullopt;
+    try {
+      std::ifstream in(path);
+      const auto record = nlohmann::json::parse(in);
+      std::string why;
+      auto kept = cache::plan_cache(options_.cache_dir).load(key, &why);
+      if (!kept) fail("its plan is missing from the plan cache" + (why.empty() ? std::string() : " (" + why + ")"));
+      if (hasher::to_hex(plan::hash(*kept)) != record.at("plan_hash").get<std::string>())
+        fail("it names another plan than the one the plan cache holds");
+      (void)report_of_record(record); // every field readable
+      record_text = record.dump();
+      return kept;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "concerto: ignoring the plan chosen by an earlier run ('%s': %s); choosing again\n",
+                   path.c_str(), e.what());
+      return std::nullopt;
+    }
+  }
+  [[nodiscard]] static plan_choice_report report_of_record(const nlohmann::json& record) {
+    plan_choice_report r;
+    r.from_cache = true;
+    r.winner = 0;
+    r.decided_at_step = record.at("decided_at_step").get<std::int64_t>();
+    r.refit = record.at("refit").get<std::string>();
+    r.candidates.push_back({record.at("winner").get<std::string>(), record.at("plan_hash").get<std::string>(),
+                            record.at("predicted_us").get<double>(), record.at("measured_us").get<double>(),
+                            record.at("steps").get<int>()});
+    return r;
+  }
+  /// Rank 0, with the plan cache on: the winner and what was measured, for the next run.
+  void store_chosen(const plan_choice_report& r, const plan::plan& winner, const cost::model& refitted) const {
+    if (rank_ != 0 || !options_.use_cache) return;
+    try {
+      const auto key = chosen_key(planner_input(), choosing_->prior);
+      cache::plan_cache(options_.cache_dir).store(key, winner);
+      const auto& w = r.candidates[static_cast<std::size_t>(r.winner)];
+      nlohmann::json measured = nlohmann::json::object();
+      for (const auto& c : r.candidates) measured[c.name] = c.measured_us;
+      const nlohmann::json record{{"winner", w.name},          {"plan_hash", w.plan_hash},      {"predicted_us", w.predicted_us},
+                                  {"measured_us", w.measured_us}, {"steps", w.steps},           {"decided_at_step", r.decided_at_step},
+                                  {"candidates_measured_us", measured}, {"refit", r.refit}, {"refitted_model", refitted.hw()}};
+      write_file_atomically(chosen_record_path(key), record.dump(2) + "\n");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "concerto: could not keep the chosen plan for the next run (%s)\n", e.what());
+    }
+  }
+
+  /// One step more of the plan choice (train/plan_choice.hpp), after step `rep` ran.
+  void advance_choice(const runtime::step_report& rep) {
+    auto& c = *choosing_;
+    const auto& o = options_.choice;
+    ++c.seen;
+    if (c.order.empty()) { // measuring the first plan
+      if (c.seen <= o.warmup_steps) return;
+      c.profile.push_back(rep.measured);
+      if (static_cast<int>(c.profile.size()) == o.profile_steps) start_trials(rep.step);
+      return;
+    }
+    const int ran = c.order[c.position];
+    double t = rep.measured.step_us;
+    if (o.adjust_measured) t = o.adjust_measured(rank_, c.names[static_cast<std::size_t>(ran)], t);
+    c.times.push_back(t);
+    if (++c.position < c.order.size()) {
+      switch_plan(c.order[c.position]);
+      return;
+    }
+    finish_choice(rep.step);
+  }
+
+  /// Refit (host backends), re-plan and make the candidates on rank 0, send them to every rank.
+  void start_trials(std::int64_t step) {
+    auto& c = *choosing_;
+    const auto started = std::chrono::steady_clock::now();
+    const auto& first = ex_->plan();
+    cost::model refitted = c.prior;
+    bool refit = false;
+    if constexpr (!Backend::stream_ordered) {
+      const auto mine = detail::pack(planner::observe(first.graph, c.profile));
+      std::vector<double> all(mine.size() * static_cast<std::size_t>(size_));
+      control_->all_gather(std::span<const double>(mine), std::span(all), "the measured steps of the first plan");
+      if (rank_ == 0) {
+        const auto fit = planner::refit(first, c.prior, detail::combine(first.graph, all, size_, static_cast<int>(c.profile.size())));
+        refitted = fit.model;
+        c.refitted = fit.model;
+        c.refit = fit.text();
+      }
+      refit = true;
+    }
+    std::vector<double> profiled;
+    for (const auto& r : c.profile) profiled.push_back(r.step_us);
+    const double profile_median = planner::detail::refitting::median(std::move(profiled));
+    c.profile.clear();
+    // Rank 0 makes the candidates and says which there are; a failure there stops every rank.
+    std::vector<plan::plan> made;
+    std::string header;
+    if (rank_ == 0) {
+      try {
+        const auto g = planner_input();
+        auto planning = planning_options();
+        std::vector<std::string> names{"concerto"};
+        made.push_back(first);
+        if (refit) {
+          names.emplace_back("concerto (re-planned)");
+          made.push_back(planner::make_plan(g, refitted, planning));
+        }
+        std::optional<plan::plan> best;
+        std::string best_name;
+        for (const auto& policy : planner::policy_names()) {
+          const auto frameworks = planner::framework_policy_names();
+          const bool framework = std::find(frameworks.begin(), frameworks.end(), policy) != frameworks.end();
+          if (policy == "concerto" || (planning.memory_cap_bytes && framework)) continue; // frameworks ignore caps
+          planning.policy = policy;
+          auto p = planner::make_plan(g, refitted, planning);
+          if (!best || p.step_us() < best->step_us()) best = std::move(p), best_name = policy;
+        }
+        names.push_back(best_name);
+        made.push_back(std::move(*best));
+        for (const auto& policy : options_.choice.also_try) {
+          planning.policy = policy;
+          names.push_back(policy);
+          made.push_back(planner::make_plan(g, refitted, planning));
+        }
+        nlohmann::json candidates = nlohmann::json::array();
+        std::set<std::uint64_t> seen;
+        std::vector<plan::plan> kept;
+        for (std::size_t i = 0; i < made.size(); ++i) {
+          if (!seen.insert(plan::hash(made[i])).second) continue;
+          const auto replay = sim::simulate(made[i], refitted.durations_us(made[i].graph),
+                                            {refitted.overlap_slowdown(), refitted.comm_overlap_slowdown()});
+          candidates.push_back({names[i], replay.step_us});
+          kept.push_back(std::move(made[i]));
+        }
+        made = std::move(kept);
+        header = nlohmann::json{{"candidates", candidates}, {"refit", c.refit}}.dump();
+      } catch (const std::exception& e) {
+        header = std::string("!") + e.what();
+      }
+    }
+    control_->broadcast(header, 0, "the candidate plans from rank 0");
+    if (header.starts_with("!"))
+      fail_on_every_rank("train step: planning the candidates of the plan choice failed on rank 0: " + header.substr(1));
+    const auto h = nlohmann::json::parse(header);
+    c.refit = h.at("refit");
+    c.plans.clear();
+    c.names.clear();
+    c.predicted_us.clear();
+    for (std::size_t i = 0; i < h.at("candidates").size(); ++i) {
+      const auto& candidate = h.at("candidates")[i];
+      c.names.push_back(candidate.at(0));
+      c.predicted_us.push_back(candidate.at(1));
+      c.plans.push_back(i == 0 ? ex_->plan() : runtime::distribute_plan(*backend_, [&] { return made[i]; }));
+    }
+    c.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (c.plans.size() == 1) { // nothing else to try
+      c.times.assign(1, profile_median);
+      finish_choice(step);
+      return;
+    }
+    c.order = detail::trial_order(static_cast<int>(c.plans.size()), options_.choice.rounds, options_.choice.trial_steps);
+    switch_plan(c.order.front());
+  }
+
+  /// Rank 0 judges the trials; every rank switches to the winner; the report; the cache.
+  void finish_choice(std::int64_t step) {
+    auto& c = *choosing_;
+    const auto k = static_cast<int>(c.plans.size());
+    std::vector<double> all(c.times.size() * static_cast<std::size_t>(size_));
+    control_->all_gather(std::span<const double>(c.times), std::span(all), "the plan choice's measured steps");
+    std::vector<double> spent{c.planning_s, c.switching_s};
+    std::vector<double> all_spent(2 * static_cast<std::size_t>(size_));
+    control_->all_gather(std::span<const double>(spent), std::span(all_spent), "the plan choice's overhead");
+    std::string decision;
+    if (rank_ == 0) {
+      auto order = c.order.empty() ? std::vector<int>{0} : c.order;
+      const auto v = detail::judge_trials(order, all, size_, k);
+      double trying = 0;
+      const auto winner_us = v.median_us[static_cast<std::size_t>(v.winner)];
+      for (std::size_t s = 0; s < order.size(); ++s) {
+        if (order[s] == v.winner) continue;
+        double slowest = 0;
+        for (int r = 0; r < size_; ++r) slowest = std::max(slowest, all[static_cast<std::size_t>(r) * order.size() + s]);
+        trying += slowest - winner_us;
+      }
+      decision = nlohmann::json{{"winner", v.winner}, {"median_us", v.median_us}, {"steps", v.steps}, {"trying_us", trying}}.dump();
+    }
+    control_->broadcast(decision, 0, "the plan choice from rank 0");
+    const auto d = nlohmann::json::parse(decision);
+    plan_choice_report r;
+    r.winner = d.at("winner");
+    r.decided_at_step = step;
+    r.refit = c.refit;
+    r.trial_cost_us = d.at("trying_us");
+    for (int i = 0; i < size_; ++i) {
+      r.planning_seconds = std::max(r.planning_seconds, all_spent[2 * static_cast<std::size_t>(i)]);
+      r.switching_seconds = std::max(r.switching_seconds, all_spent[2 * static_cast<std::size_t>(i) + 1]);
+    }
+    for (int i = 0; i < k; ++i) {
+      const auto at = static_cast<std::size_t>(i);
+      // One candidate only: its "trial" is the first plan's measured profile, which has no time here.
+      const auto& median = d.at("median_us")[at];
+      r.candidates.push_back({c.names[at], hasher::to_hex(plan::hash(c.plans[at])), c.predicted_us[at],
+                              median.is_number() ? median.get<double>() : 0.0, d.at("steps")[at].get<int>()});
+    }
+    switch_plan(r.winner);
+    choice_ = r;
+    store_chosen(r, c.plans[static_cast<std::size_t>(r.winner)], c.refitted.value_or(c.prior));
+    choosing_.reset();
+  }
+
+  /// Runs candidate `index` from the next step on: a new executor over the same backend, every
+  /// named tensor (parameters, optimizer state, gradients) carried over by name. Collective.
+  void switch_plan(int index) {
+    auto& c = *choosing_;
+    if (c.current == index) return;
+    const auto started = std::chrono::steady_clock::now();
+    const auto& g = ex_->plan().graph;
+    std::map<std::string, std::vector<std::byte>> kept;
+    for (const auto& [name, t] : tensors_) {
+      auto& bytes = kept[name];
+      bytes.resize(static_cast<std::size_t>(g.buffers[static_cast<std::size_t>(t.id)].bytes));
+      backend_->read(t.id, bytes);
+    }
+    const auto steps = ex_->completed_steps();
+    ex_.reset();
+    ex_ = std::make_unique<runtime::executor<Backend>>(c.plans[static_cast<std::size_t>(index)], *backend_, options_.executor);
+    ex_->set_completed_steps(steps);
+    tensors_.clear();
+    inputs_.clear();
+    params_.clear();
+    states_.clear();
+    index_tensors();
+    const auto& now = ex_->plan().graph;
+    for (const auto& [name, t] : tensors_)
+      if (const auto it = kept.find(name); it != kept.end() && static_cast<std::int64_t>(it->second.size()) ==
+                                                                    now.buffers[static_cast<std::size_t>(t.id)].bytes)
+        backend_->write(t.id, it->second);
+    c.current = index;
+    c.switching_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
 
   // A trace that cannot be written is reported, not thrown: one rank throwing here would leave the
@@ -748,6 +1036,9 @@ private:
             {"adamw.weight_decay", number(settings_.adamw.weight_decay)},
             {"stop_on_non_finite_loss", flag(options_.stop_on_non_finite_loss)},
             {"check_replicas_every", std::to_string(options_.check_replicas_every)},
+            {"plan choice", nlohmann::json{options_.choice.enabled, options_.choice.warmup_steps, options_.choice.profile_steps,
+                                           options_.choice.trial_steps, options_.choice.rounds, options_.choice.also_try}
+                                .dump()},
             // Open MPI's non-blocking all-reduce algorithm: ranks that differ deadlock in it.
             {"OMPI_MCA_coll_libnbc_iallreduce_algorithm", iallreduce ? iallreduce : "(unset)"}};
   }
@@ -763,6 +1054,24 @@ private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<runtime::executor<Backend>> ex_;
   plan_summary summary_;
+  /// While the plan choice runs: the candidates, where the trials stand, what was measured.
+  struct choosing {
+    cost::model prior = cost::model::preset("a800x32"); ///< the model the first plan was made with
+    std::optional<cost::model> refitted;                ///< rank 0: the prior refitted to the measured steps
+    int seen = 0;                       ///< steps since the first
+    std::vector<sim::result> profile;   ///< measured steps of the first plan
+    std::vector<plan::plan> plans;      ///< the candidates; 0 is the first plan
+    std::vector<std::string> names;
+    std::vector<double> predicted_us;
+    std::vector<int> order;             ///< candidate of each trial step
+    std::size_t position = 0;           ///< next trial step
+    int current = 0;                    ///< the candidate the executor runs
+    std::vector<double> times;          ///< this rank's trial step times
+    std::string refit;
+    double planning_s = 0, switching_s = 0;
+  };
+  std::optional<choosing> choosing_;
+  plan_choice_report choice_;
   std::map<std::string, tensor_info> tensors_;
   std::vector<std::string> inputs_, params_, states_;
   std::map<std::string, leaf_init> init_of_; ///< each parameter's rule, from its leaf

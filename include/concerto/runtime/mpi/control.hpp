@@ -91,14 +91,14 @@ public:
 
   /// Every rank's `mine`, in rank order, in `all` (size: ranks × mine.size()).
   template <class T>
-    requires std::same_as<T, float> || std::same_as<T, std::int64_t>
+    requires std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int64_t>
   void all_gather(std::span<const T> mine, std::span<T> all, std::string_view what) const {
     if (all.size() != mine.size() * static_cast<std::size_t>(size_) || mine.size() > INT_MAX)
       fail(std::string(what) + ": all_gather of " + std::to_string(mine.size()) + " values into " +
            std::to_string(all.size()) + " on " + std::to_string(size_) + " ranks");
     const int n = static_cast<int>(mine.size());
     MPI_Request r = MPI_REQUEST_NULL;
-    const MPI_Datatype type = std::same_as<T, float> ? MPI_FLOAT : MPI_INT64_T;
+    const MPI_Datatype type = std::same_as<T, float> ? MPI_FLOAT : std::same_as<T, double> ? MPI_DOUBLE : MPI_INT64_T;
     check(MPI_Iallgather(mine.data(), n, type, all.data(), n, type, comm_, &r), "MPI_Iallgather");
     wait(r, what);
   }
