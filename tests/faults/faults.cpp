@@ -152,6 +152,8 @@ int main(int argc, char** argv) {
     }
     if (fault == "stall-mid" && rank == 1) stall();
     (void)s(data(1));
+    // Rank 1 fails after step 2's collectives: rank 0 would finish without a step that needs it.
+    if (fault == "choice-fails") (void)s(data(2));
     if (fault.starts_with("stall-save") && rank == 1) stall();
     if (fault.starts_with("stall-save") || fault.starts_with("corrupt-") || fault == "kill-save") s.save(dir / "model.ckpt");
     if (fault == "kill-save") {

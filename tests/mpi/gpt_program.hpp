@@ -8,6 +8,10 @@ namespace gpt_testing {
 
 using namespace gpt_model;
 
+/// The size the MPI tests train it at: 4 sequences of 8 tokens, a vocabulary of 32, width 16.
+inline constexpr std::int64_t test_batch = 4, test_seq = 8, test_vocab = 32, test_hidden = 16;
+inline concerto::shape_map test_shapes() { return shapes(test_batch, test_seq, test_vocab, test_hidden); }
+
 /// Token ids and next-token labels for step `step`: a fixed pattern every test can recompute.
 inline concerto::train::batch token_batch(int step, std::int64_t batch, std::int64_t seq, std::int64_t vocab) {
   concerto::train::tensor ids{{batch, seq}}, labels{{batch, seq}};

@@ -19,8 +19,6 @@ namespace gt = gpt_testing;
 
 namespace {
 
-constexpr std::int64_t batch = 4, seq = 8, vocab = 32, hidden = 16;
-const auto shapes = gt::shapes(batch, seq, vocab, hidden);
 const std::vector<std::string> params{"wte", "layers.0.wq", "layers.1.fc1", "layers.0.ln1.g", "lnf.g", "head"};
 constexpr int steps = 12; // 1 profiled + up to 4 candidates x 2 rounds, then the winner
 
@@ -60,7 +58,7 @@ std::filesystem::path shared_temp_dir() {
 
 auto compile(train::step_options o) {
   return train::compile(gt::gpt_sp, mesh::from_world(runtime::mpi::environment::world_size(), {{"dp", -1}, {"tp", 2}}),
-                        shapes, {.adamw = {.lr = 1e-2f}}, std::move(o));
+                        gt::test_shapes(), {.adamw = {.lr = 1e-2f}}, std::move(o));
 }
 
 } // namespace
@@ -74,7 +72,7 @@ TEST_CASE("a run that switches plans while choosing trains as one that keeps its
   auto choosing = compile(o);
   tt::run_result switched;
   for (int s = 0; s < steps; ++s) {
-    switched.loss.push_back(choosing(gt::token_batch(s, batch, seq, vocab)).loss);
+    switched.loss.push_back(choosing(gt::token_batch(s, gt::test_batch, gt::test_seq, gt::test_vocab)).loss);
     if (!choosing.choice().decided()) CHECK(s < steps - 1);
   }
   const auto& report = choosing.choice();
@@ -96,7 +94,7 @@ TEST_CASE("a run that switches plans while choosing trains as one that keeps its
 
   auto keeping = compile(options(false));
   tt::run_result kept;
-  for (int s = 0; s < steps; ++s) kept.loss.push_back(keeping(gt::token_batch(s, batch, seq, vocab)).loss);
+  for (int s = 0; s < steps; ++s) kept.loss.push_back(keeping(gt::token_batch(s, gt::test_batch, gt::test_seq, gt::test_vocab)).loss);
   CHECK_FALSE(keeping.choice().decided());
   CHECK(keeping.plan().policy == "concerto");
   for (const auto& name : params) {
@@ -114,7 +112,7 @@ TEST_CASE("ranks that measure different times all switch to rank 0's pick", "[mp
     return us + (candidate == (rank % 2 == 0 ? "sync" : "concerto") ? 0.0 : 1e5 * (rank + 1));
   };
   auto step = compile(o);
-  for (int s = 0; s < steps; ++s) (void)step(gt::token_batch(s, batch, seq, vocab));
+  for (int s = 0; s < steps; ++s) (void)step(gt::token_batch(s, gt::test_batch, gt::test_seq, gt::test_vocab));
   REQUIRE(step.choice().decided());
   CHECK(same_on_every_rank(hasher::to_hex(plan::hash(step.plan()))));
   CHECK(same_on_every_rank(step.choice().text()));
@@ -129,7 +127,7 @@ TEST_CASE("the winner is kept in the plan cache; the next run starts from it; a 
   std::string winner_hash;
   {
     auto first = compile(o);
-    for (int s = 0; s < steps; ++s) (void)first(gt::token_batch(s, batch, seq, vocab));
+    for (int s = 0; s < steps; ++s) (void)first(gt::token_batch(s, gt::test_batch, gt::test_seq, gt::test_vocab));
     REQUIRE(first.choice().decided());
     winner_hash = hasher::to_hex(plan::hash(first.plan()));
   }

@@ -138,6 +138,10 @@ TEST_CASE("collectives a framework does not overlap block the compute stream", "
     CHECK_FALSE(depends(megatron.graph, "tail", "grad.bucket0.ar"));
     CHECK(planner::deepspeed(true).gradients_overlap);
   }
+  SECTION("ZeRO-2's gathers of the updated shards do not make it stage 3; ZeRO-3's gathers for use do") {
+    CHECK_FALSE(planner::framework_named("deepspeed", ir::make_workload("vit-zero2", {.layers = 1})).gradients_overlap);
+    CHECK(planner::framework_named("deepspeed", ir::make_workload("gpt-zero3", {.layers = 1})).gradients_overlap);
+  }
 }
 
 TEST_CASE("parameter all-gathers run ahead of their use by the framework's prefetch", "[frameworks]") {

@@ -77,8 +77,10 @@ TEST_CASE("every workload is a valid, executable training step", "[ir][workloads
     for (const auto& t : g.tasks)
       for (auto d : t.deps)
         CHECK(d < t.id);
+    // The optimizer phase: the updates, and under ZeRO-2 the gathers of the updated shards.
     for (const auto& t : g.tasks)
-      CHECK((t.step_phase == ir::phase::optimizer) == (t.kind == ir::op_kind::optimizer_update));
+      CHECK((t.step_phase == ir::phase::optimizer) ==
+            (t.kind == ir::op_kind::optimizer_update || (t.kind == ir::op_kind::all_gather && t.name.ends_with(".ag.update"))));
   }
   SECTION("block tasks carry their layer, the others are embedding, head or loss") {
     std::map<int, int> per_layer;
@@ -200,6 +202,29 @@ TEST_CASE("gpt-zero3 gathers every parameter twice and reduce-scatters its gradi
     const auto& ln = task_named(odd, "L0.ln1.w.ag.fwd"); // 4096 = 24 × 170 + 16: padded to 24 × 171
     CHECK(buf(odd, ln.reads[0]).shape == std::vector<std::int64_t>{171});
     CHECK(buf(odd, ln.writes[0]).shape == std::vector<std::int64_t>{24 * 171});
+  }
+}
+
+TEST_CASE("vit-zero2 reduce-scatters every gradient and gathers every updated shard after the optimizer",
+          "[ir][workloads]") {
+  const auto g = ir::make_workload("vit-zero2", {.layers = 2});
+  constexpr auto opt = ir::phase::optimizer;
+  for (int l = 0; l < 2; ++l)
+    CHECK(collectives_of_layer(g, l) == census{{{rs, "dp", bwd}, 6}, {{ag, "dp", opt}, 6}});
+  SECTION("the kernels read whole parameters, the optimizer updates the rank's shard") {
+    const auto& up = task_named(g, "L0.mlp.up");
+    CHECK(buf(g, up.reads[1]).shape == std::vector<std::int64_t>{1280, 5120});
+    const auto& step = task_named(g, "L0.mlp.up.w.adamw");
+    CHECK(step.attr("numel") == 1280 * 5120 / 32);
+    CHECK(buf(g, step.writes[0]).shape == std::vector<std::int64_t>{1280 * 5120 / 32});
+    const auto& gather = task_named(g, "L0.mlp.up.w.ag.update");
+    CHECK(gather.reads == std::vector<ir::buffer_id>{step.writes[0]});
+    CHECK(buf(g, gather.writes[0]).shape == std::vector<std::int64_t>{1280, 5120});
+    // The update may not overwrite the weights before the backward pass has read them.
+    CHECK(dep_names(g, gather) == std::vector<std::string>{"L0.mlp.up", "L0.mlp.up.dgrad", "L0.mlp.up.w.adamw"});
+  }
+  SECTION("257 tokens per image (256 patches of 14 x 14 and the class token)") {
+    CHECK(task_named(g, "L0.attention").attr("seq") == 257);
   }
 }
 

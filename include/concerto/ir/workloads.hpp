@@ -46,7 +46,10 @@ struct model_spec {
   i64 experts = 0, top_k = 0;
 };
 
-enum class grad_sync { all_reduce, zero3 };
+// ZeRO-2 keeps whole parameters and shards gradients and optimizer state: each gradient is
+// reduce-scattered, each rank updates its shard, and the updated shards are all-gathered back.
+// ZeRO-3 also shards the parameters and gathers each before every use.
+enum class grad_sync { all_reduce, zero2, zero3 };
 
 // Per-element FLOP counts of the router, which no executor runs yet (the others come from the
 // op table, as for the DSL's tasks).
@@ -60,7 +63,8 @@ struct param {
   buffer_id use_fwd = -1;  // what forward kernels read (the gathered copy under ZeRO-3)
   buffer_id use_bwd = -1;  // what backward kernels read (gathered again under ZeRO-3)
   buffer_id grad = -1;     // what the kernels write
-  buffer_id grad_out = -1; // what the optimizer reads (the reduce-scattered shard under ZeRO-3)
+  buffer_id grad_out = -1; // what the optimizer reads (the reduce-scattered shard under ZeRO-2/3)
+  buffer_id shard = -1;    // ZeRO-2: the rank's shard of the parameter, which the optimizer updates
   buffer_id state = -1;    // AdamW master weight, m and v in f32
   bool tp_partial = false; // gradient is a partial sum over the tensor-parallel group (sequence-parallel norms)
   bool expert = false;     // an expert's weight: replicated over dp only, not over the expert-parallel group
@@ -100,8 +104,10 @@ public:
     embedding_backward(dx);
     for (auto& p : params_) {
       b_.at(phase::optimizer, p.layer);
-      task(p.name + ".adamw", {p.grad_out, p.store, p.state}, {p.store, p.state},
+      const auto updated = zero2() ? p.shard : p.store;
+      task(p.name + ".adamw", {p.grad_out, updated, p.state}, {updated, p.state},
                  info(op::adamw, {{"numel", local_numel(p)}}));
+      if (zero2()) b_.collective(op_kind::all_gather, p.name + ".ag.update", dp_axis_, p.shard, p.store);
     }
   }
 
@@ -128,7 +134,8 @@ private:
   };
 
   [[nodiscard]] bool zero3() const { return sync_ == grad_sync::zero3 && dp_axis_ >= 0; }
-  [[nodiscard]] i64 local_numel(const param& p) const { return zero3() ? (p.numel + dp_ - 1) / dp_ : p.numel; }
+  [[nodiscard]] bool zero2() const { return sync_ == grad_sync::zero2 && dp_axis_ >= 0; }
+  [[nodiscard]] i64 local_numel(const param& p) const { return zero2() || zero3() ? (p.numel + dp_ - 1) / dp_ : p.numel; }
   [[nodiscard]] static double d(i64 v) { return static_cast<double>(v); }
 
   // FLOPs from the op table, as the DSL's lowering prices the same op (member by member, so that
@@ -172,6 +179,14 @@ private:
       p.use_bwd = b_.buffer(name + ".full.bwd", full, buffer_role::workspace, type_);
       p.grad = b_.buffer(name + ".grad.full", full, buffer_role::gradient, type_);
       p.grad_out = b_.buffer(name + ".grad", {shard}, buffer_role::gradient, type_);
+    } else if (zero2()) {
+      // Whole parameters for the kernels; the shard the optimizer owns is padded as under ZeRO-3.
+      const i64 shard = local_numel(p);
+      p.store = p.use_fwd = p.use_bwd = b_.buffer(name, shape, buffer_role::param, type_);
+      p.shard = b_.buffer(name + ".shard", {shard}, buffer_role::param, type_);
+      p.grad = b_.buffer(name + ".grad.full", p.numel % dp_ == 0 ? shape : std::vector<i64>{shard * dp_},
+                         buffer_role::gradient, type_);
+      p.grad_out = b_.buffer(name + ".grad", {shard}, buffer_role::gradient, type_);
     } else {
       p.store = p.use_fwd = p.use_bwd = b_.buffer(name, std::move(shape), buffer_role::param, type_);
       p.grad = p.grad_out = b_.buffer(name + ".grad", b_.peek().buffers[static_cast<std::size_t>(p.store)].shape,
@@ -201,7 +216,7 @@ private:
       b_.collective(op_kind::all_reduce, p.name + ".grad.ar.ep", ep_axis_, p.grad, p.grad);
     if (dp_axis_ < 0)
       return;
-    if (zero3())
+    if (zero2() || zero3())
       b_.collective(op_kind::reduce_scatter, p.name + ".grad.rs", dp_axis_, p.grad, p.grad_out);
     else
       b_.collective(op_kind::all_reduce, p.name + ".grad.ar", dp_axis_, p.grad, p.grad);
@@ -672,7 +687,13 @@ struct workload_entry {
 // GPT-3 XL-like (2048 hidden, 24 layers, 16 heads); Llama-2-70B (8192, 80 layers, 64 q / 8 kv heads,
 // SwiGLU 28672, vocabulary 32000) at seq 8192; Megatron's GPT 5120 × 40 (the paper's gpt-ptd size);
 // Llama-3-405B (16384, 126 layers, 128 q / 8 kv heads, SwiGLU 53248, vocabulary 128000) at seq 8192,
-// laid out as llama-tp-sp: the planner's largest step graph.
+// laid out as llama-tp-sp: the planner's largest step graph. ViT-Huge/14 at 224 × 224 (1280 hidden,
+// 32 layers, 16 heads, MLP 5120, 256 patches + the class token = 257 tokens per image; one
+// "sequence" of micro_batch is one image) under ZeRO-2, as a pre-norm GELU encoder: the patch
+// projection and the 1000-class head are priced as the GPT's embedding and head over a
+// vocabulary of 1000 (together under 1% of the step's FLOPs), and its attention as the causal
+// kernel the op table prices, half of an encoder's full square (attention is about 3% of a ViT-H
+// layer's FLOPs at 257 tokens).
 inline constexpr workload_entry workload_table[] = {
     {"gpt-dp", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::all_reduce},
     {"gpt-zero3", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::zero3},
@@ -680,6 +701,7 @@ inline constexpr workload_entry workload_table[] = {
     {"gpt-ptd", {5120, 40, 2048, 40, 40, 4 * 5120, 50257, false, 0, 0}, true, grad_sync::all_reduce},
     {"moe-ep", {4096, 32, 4096, 32, 8, 14336, 32000, true, 8, 2}, false, grad_sync::all_reduce},
     {"llama3-405b-tp-sp", {16384, 126, 8192, 128, 8, 53248, 128000, true, 0, 0}, true, grad_sync::all_reduce},
+    {"vit-zero2", {1280, 32, 257, 16, 16, 5120, 1000, false, 0, 0}, false, grad_sync::zero2},
 };
 
 inline void check_divides(i64 part, i64 whole, std::string_view what, std::string_view workload) {

@@ -77,7 +77,7 @@ struct framework {
 
 /// @brief DeepSpeed ZeRO at its configuration defaults: reduce_bucket_size 5e8 elements,
 /// overlap_comm on only at stage 3, stage3_prefetch_bucket_size 5e7 elements. The stage is read
-/// from the graph: parameter all-gathers mean stage 3.
+/// from the graph: parameters gathered for their use mean stage 3.
 [[nodiscard]] inline framework deepspeed(bool stage3) {
   return {.name = "deepspeed", .bucket_min_elements = 500'000'000, .bucket_elements_per_rank = 0,
           .gradients_overlap = stage3, .prefetch_elements = 50'000'000};
@@ -224,14 +224,18 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
   return {"megatron", "megatron_tp_overlap", "deepspeed"};
 }
 
-/// @brief The framework of policy `policy` for `g` (DeepSpeed's stage is read from `g`: parameter
-/// all-gathers mean stage 3); throws naming the known ones when there is no such policy.
+/// @brief The framework of policy `policy` for `g` (DeepSpeed's stage is read from `g`: parameters
+/// gathered for their use mean stage 3); throws naming the known ones when there is no such policy.
 [[nodiscard]] inline framework framework_named(std::string_view policy, const ir::graph& g) {
   if (policy == "megatron") return megatron();
   if (policy == "megatron_tp_overlap") return megatron_tp_overlap();
   if (policy == "deepspeed")
-    return deepspeed(std::any_of(g.tasks.begin(), g.tasks.end(),
-                                 [&](const ir::task& t) { return detail::frameworks::gathers_parameter(g, t); }));
+    // Stage 3 gathers parameters into copies for their use; stage 2 gathers the updated shards
+    // back into the parameters themselves, after the optimizer.
+    return deepspeed(std::any_of(g.tasks.begin(), g.tasks.end(), [&](const ir::task& t) {
+      return detail::frameworks::gathers_parameter(g, t) && !t.writes.empty() &&
+             detail::frameworks::root(g, t.writes[0]).role != ir::buffer_role::param;
+    }));
   fail("unknown framework policy '" + std::string(policy) + "' (known: megatron, megatron_tp_overlap, deepspeed)");
 }
 

@@ -16,9 +16,12 @@
 ///   tasks; s is the median over overlapped tasks of the s that explains them. Alternated until
 ///   both settle.
 /// - Collectives are linear in their link's parameters (cost::model::collective_terms):
-///   d = steps × alpha + bytes / bandwidth. Per link class, least squares over its collectives
-///   (with the overlap share removed as for compute); a link whose collectives all have one size
-///   keeps its alpha and gets the bandwidth that explains them.
+///   d = steps × alpha + bytes / bandwidth. Per link class, least squares over the collectives
+///   that ran while compute was idle (all of them where fewer than two did); a link whose
+///   collectives all have one size keeps its alpha and gets the bandwidth that explains them.
+///   What slowed the overlapped ones (kernels on the cores the network needs, late ranks, MPI
+///   progressing only between kernels) is the collectives' overlap slowdown, found by bisection
+///   so that the replay of the measured plan takes the measured step.
 ///
 /// A parameter nothing measured keeps its value. Steps measured with `step_us` of the plan
 /// replayed under the refitted model give `predicted_us`, so a caller can say how close the
@@ -201,72 +204,77 @@ struct refit_result {
       for (const auto i : ids)
         if (const auto& o = seen.tasks[i]; o.overlapped >= overlapped_enough)
           explained.push_back(slowdown_explaining(scaled.compute_us(g.tasks[i]), o.duration_us, o.overlapped));
-    if (!explained.empty()) hw.overlap_slowdown = std::clamp(median(std::move(explained)), 1.0, 10.0);
+    if (!explained.empty()) hw.overlap_slowdown = std::clamp(median(std::move(explained)), 1.0, 4.0);
   }
   for (const auto& [kernel, scale] : hw.kernel_scale) {
     const auto it = old_scale.find(kernel);
     out.kernel_factor_change[kernel] = scale / (it == old_scale.end() ? 1.0 : it->second);
   }
 
-  // Collectives: per link class, least squares of d = steps × alpha + bytes × (1/bandwidth),
-  // each measurement first freed of its overlap with compute, then the slowdown refitted.
-  for (int round = 0; round < 3; ++round) {
-    const cost::model current(hw);
-    for (const auto link : {ir::link_class::intra_node, ir::link_class::inter_node}) {
-      double saa = 0, sab = 0, sbb = 0, sad = 0, sbd = 0, sd = 0;
-      int count = 0;
-      for (const auto& t : g.tasks) {
-        if (!ir::is_collective(t.kind) || t.axis < 0) continue;
-        const auto& axis = g.axes[static_cast<std::size_t>(t.axis)];
-        if (axis.link != link || axis.size <= 1) continue;
-        const auto& o = seen.tasks[static_cast<std::size_t>(t.id)];
-        if (o.duration_us <= 0) continue;
-        const auto terms = cost::model::collective_terms(t.kind, t.bytes, axis.size,
-                                                         current.algorithm_for(t.kind, t.bytes, axis.size, link));
-        const double d = work_of(o.duration_us, o.overlapped, hw.comm_overlap_slowdown);
-        const double a = terms.latency_steps, b = terms.bytes_sent;
-        saa += a * a, sab += a * b, sbb += b * b, sad += a * d, sbd += b * d, sd += d;
-        ++count;
-      }
-      if (count == 0) continue;
-      auto& l = link == ir::link_class::intra_node ? hw.intra_node : hw.inter_node;
-      const double det = saa * sbb - sab * sab;
-      double alpha = -1, per_byte = -1;
-      if (det > 1e-9 * saa * sbb) {
-        alpha = (sad * sbb - sbd * sab) / det;
-        per_byte = (saa * sbd - sab * sad) / det;
-      }
-      if (alpha < 0 || per_byte <= 0) {
-        // One size, or a fit that would make a parameter negative: keep the alpha, scale the
-        // bandwidth so that the link's collectives take what they took in total.
-        alpha = l.alpha_us;
-        double latency = 0, bytes = 0;
-        for (const auto& t : g.tasks) {
-          if (!ir::is_collective(t.kind) || t.axis < 0) continue;
-          const auto& axis = g.axes[static_cast<std::size_t>(t.axis)];
-          if (axis.link != link || axis.size <= 1 || seen.tasks[static_cast<std::size_t>(t.id)].duration_us <= 0) continue;
-          const auto terms = cost::model::collective_terms(t.kind, t.bytes, axis.size,
-                                                           current.algorithm_for(t.kind, t.bytes, axis.size, link));
-          latency += terms.latency_steps * alpha;
-          bytes += terms.bytes_sent;
-        }
-        if (bytes <= 0 || sd <= latency) continue; // nothing to say about the bandwidth
-        per_byte = (sd - latency) / bytes;
-      }
-      l.alpha_us = alpha;
-      l.bandwidth_gbps = 1 / (per_byte * 1e3);
-      if (round == 0) ++out.links_refitted;
-    }
-    const cost::model linked(hw);
-    std::vector<double> explained;
+  // Collectives. A measured duration mixes the link's speed with what slowed the collective down
+  // (kernels on the cores the network stack needs, a rank that arrived late, a CPU executor that
+  // progresses MPI only between kernels). So each link class is fitted on the collectives that
+  // ran mostly while compute was idle (all of them where fewer than two did), by least squares of
+  // d = steps × alpha + bytes / bandwidth; and the collectives' overlap slowdown is then the one
+  // that makes the replay of the measured plan take the measured step.
+  const cost::model linkless(hw);
+  for (const auto link : {ir::link_class::intra_node, ir::link_class::inter_node}) {
+    struct sample {
+      double latency_steps, bytes, duration;
+    };
+    std::vector<sample> alone, all;
     for (const auto& t : g.tasks) {
       if (!ir::is_collective(t.kind) || t.axis < 0) continue;
       const auto& axis = g.axes[static_cast<std::size_t>(t.axis)];
       const auto& o = seen.tasks[static_cast<std::size_t>(t.id)];
-      if (axis.size <= 1 || o.overlapped < overlapped_enough || o.duration_us <= 0) continue;
-      explained.push_back(slowdown_explaining(linked.task_us(g, t), o.duration_us, o.overlapped));
+      if (axis.link != link || axis.size <= 1 || o.duration_us <= 0) continue;
+      const auto terms = cost::model::collective_terms(t.kind, t.bytes, axis.size,
+                                                       linkless.algorithm_for(t.kind, t.bytes, axis.size, link));
+      const sample x{terms.latency_steps, terms.bytes_sent, o.duration_us};
+      all.push_back(x);
+      if (o.overlapped < overlapped_enough) alone.push_back(x);
     }
-    if (!explained.empty()) hw.comm_overlap_slowdown = std::clamp(median(std::move(explained)), 1.0, 10.0);
+    const auto& used = alone.size() >= 2 ? alone : all;
+    if (used.empty()) continue;
+    double saa = 0, sab = 0, sbb = 0, sad = 0, sbd = 0, sd = 0, latency_steps = 0, bytes = 0;
+    for (const auto& [a, b, d] : used) {
+      saa += a * a, sab += a * b, sbb += b * b, sad += a * d, sbd += b * d, sd += d;
+      latency_steps += a, bytes += b;
+    }
+    auto& l = link == ir::link_class::intra_node ? hw.intra_node : hw.inter_node;
+    const double det = saa * sbb - sab * sab;
+    double alpha = -1, per_byte = -1;
+    if (det > 1e-9 * saa * sbb) {
+      alpha = (sad * sbb - sbd * sab) / det;
+      per_byte = (saa * sbd - sab * sad) / det;
+    }
+    if (alpha < 0 || per_byte <= 0) {
+      // One size, or a fit that would make a parameter negative: keep the alpha, and take the
+      // bandwidth that makes these collectives last what they lasted in total.
+      alpha = l.alpha_us;
+      if (bytes <= 0 || sd <= latency_steps * alpha) continue; // nothing to say about the bandwidth
+      per_byte = (sd - latency_steps * alpha) / bytes;
+    }
+    l.alpha_us = alpha;
+    l.bandwidth_gbps = 1 / (per_byte * 1e3);
+    ++out.links_refitted;
+  }
+  if (seen.step_us > 0) {
+    // The replayed step grows with the slowdown: bisection between none and 20 times.
+    const auto step_at = [&](double slowdown) {
+      auto trial = hw;
+      trial.comm_overlap_slowdown = slowdown;
+      return replay(cost::model(std::move(trial)));
+    };
+    double low = 1, high = 20;
+    if (step_at(low) >= seen.step_us) {
+      high = low;
+    } else if (step_at(high) <= seen.step_us) {
+      low = high;
+    } else {
+      for (int i = 0; i < 40 && high - low > 1e-4; ++i) (step_at((low + high) / 2) < seen.step_us ? low : high) = (low + high) / 2;
+    }
+    hw.comm_overlap_slowdown = (low + high) / 2;
   }
   if (!hw.name.ends_with(" (refit)")) hw.name += " (refit)";
   out.model = cost::model(hw);

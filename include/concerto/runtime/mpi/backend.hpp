@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -121,7 +122,7 @@ public:
   }
   [[nodiscard]] kernel_settings& settings() noexcept { return options_.kernels; }
   /// The communicator of a lane (stream id), for tests and tools.
-  [[nodiscard]] MPI_Comm lane_communicator(ir::stream_id s) const { return lanes_.at(static_cast<std::size_t>(s)).get(); }
+  [[nodiscard]] MPI_Comm lane_communicator(ir::stream_id s) const { return lanes_.at(static_cast<std::size_t>(s)); }
 
   /// Builds the mesh, the lane communicators and the arena; resolves every task. Collective
   /// over the world: every rank calls it (the executor's constructor does).
@@ -138,14 +139,21 @@ public:
     coords_ = mesh_.coords(rank_);
     options_.kernels.coords = coords_;
     runtime::cpu::init_blas_threads(options_.blas_threads);
-    lanes_.clear();
-    lanes_.resize(g.streams.size());
+    lanes_.assign(g.streams.size(), MPI_COMM_NULL);
     for (std::size_t s = 1; s < g.streams.size(); ++s) {
       const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
-      lanes_[s] = control_.split(mesh_.group_index(axis.name, rank_), coords_[static_cast<std::size_t>(g.streams[s].axis)],
-                                 "the communicator of lane '" + g.streams[s].name + "'");
-      if (lanes_[s].size() != axis.size)
-        fail("lane '" + g.streams[s].name + "' has " + std::to_string(lanes_[s].size()) + " ranks, mesh axis '" +
+      const int colour = mesh_.group_index(axis.name, rank_), key = coords_[static_cast<std::size_t>(g.streams[s].axis)];
+      // Every rank prepares the same plans in the same order, so all find a lane in the cache, or
+      // none does and all split: a later plan of the same mesh (the plan choice switches plans)
+      // makes no communicator.
+      const auto cached = std::to_string(s).append("/").append(g.streams[s].name).append("/").append(axis.name).append(
+          "/" + std::to_string(axis.size) + "/" + std::to_string(colour) + "/" + std::to_string(key));
+      auto it = lane_cache_.find(cached);
+      if (it == lane_cache_.end())
+        it = lane_cache_.emplace(cached, control_.split(colour, key, "the communicator of lane '" + g.streams[s].name + "'")).first;
+      lanes_[s] = it->second.get();
+      if (it->second.size() != axis.size)
+        fail("lane '" + g.streams[s].name + "' has " + std::to_string(it->second.size()) + " ranks, mesh axis '" +
              axis.name + "' has size " + std::to_string(axis.size));
     }
     arena_ = host_arena(g, make_layout(g, workspace_bytes(g)));
@@ -288,7 +296,7 @@ private:
     auto* pin = address_of(l.in);
     auto* pout = address_of(l.out);
     call c;
-    c.comm = lanes_.at(static_cast<std::size_t>(t.stream)).get();
+    c.comm = lanes_.at(static_cast<std::size_t>(t.stream));
     if (l.reduces) {
       c.type = reduce_type(bin.type);
       c.op = l.op == reduction::max ? MPI_MAX : l.op == reduction::min ? MPI_MIN : MPI_SUM;
@@ -333,7 +341,8 @@ private:
   const ir::graph* graph_ = nullptr;
   concerto::mesh mesh_;
   std::vector<int> coords_;
-  std::vector<communicator> lanes_;
+  std::vector<MPI_Comm> lanes_;                          ///< per stream, owned by lane_cache_
+  std::map<std::string, communicator, std::less<>> lane_cache_; ///< every lane communicator made
   host_arena arena_;
   std::vector<kernel_call> kernels_;
   std::vector<call> calls_;

@@ -229,26 +229,16 @@ public:
     }
     coords_ = mesh_.coords(rank_);
     options_.kernels.coords = coords_; // as on MPI: kernels that take the rank's shard read it here
-    const auto range = cuda::stream_priorities();
-    lanes_.clear();
-    comms_.clear();
-    lanes_.reserve(g.streams.size());
-    comms_.reserve(g.streams.size());
-    lanes_.emplace_back(range.least); // slot 0 unused: the compute stream is compute_
-    comms_.emplace_back();
+    // A plan with the same lanes as the last one prepared (the plan choice switches between plans
+    // of one mesh) keeps its streams and communicators: every rank prepares the same plans in
+    // the same order, so all keep them or all make new ones.
+    std::string lanes;
     for (std::size_t s = 1; s < g.streams.size(); ++s) {
       const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
-      lanes_.emplace_back(options_.comm_high_priority ? range.greatest : range.least);
-      const auto lane = "the communicator of lane '" + g.streams[s].name + "'";
-      const auto group = control_.split(mesh_.group_index(axis.name, rank_),
-                                        coords_[static_cast<std::size_t>(g.streams[s].axis)], lane);
-      auto o = options_.comm;
-      if (o.name.empty()) o.name = g.name + "/" + g.streams[s].name;
-      comms_.push_back(communicator::from_mpi(mpi::control(group.get(), options_.timeout_s), o));
-      if (comms_.back().size() != axis.size)
-        fail("lane '" + g.streams[s].name + "' has " + std::to_string(comms_.back().size()) + " ranks, mesh axis '" +
-             axis.name + "' has size " + std::to_string(axis.size));
+      lanes.append(g.streams[s].name).append("@").append(axis.name).append(":" + std::to_string(axis.size) + ";");
     }
+    if (lanes != lane_signature_ || comms_.empty()) make_lanes(g);
+    lane_signature_ = std::move(lanes);
     // Scratch: the cuBLASLt workspace, then (256-byte aligned) the kernels' workspace.
     const auto blas_bytes = (options_.blas_workspace_bytes + cuda::device_alignment - 1) / cuda::device_alignment *
                             cuda::device_alignment;
@@ -714,7 +704,32 @@ private:
   std::vector<int> coords_;
   std::optional<cuda::stream> compute_;
   std::optional<cuda::blas_handle> blas_;
+  /// The lanes' streams and NCCL communicators of `g`, one per comm stream.
+  void make_lanes(const ir::graph& g) {
+    const auto range = cuda::stream_priorities();
+    lanes_.clear();
+    comms_.clear();
+    lanes_.reserve(g.streams.size());
+    comms_.reserve(g.streams.size());
+    lanes_.emplace_back(range.least); // slot 0 unused: the compute stream is compute_
+    comms_.emplace_back();
+    for (std::size_t s = 1; s < g.streams.size(); ++s) {
+      const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
+      lanes_.emplace_back(options_.comm_high_priority ? range.greatest : range.least);
+      const auto lane = "the communicator of lane '" + g.streams[s].name + "'";
+      const auto group = control_.split(mesh_.group_index(axis.name, rank_),
+                                        coords_[static_cast<std::size_t>(g.streams[s].axis)], lane);
+      auto o = options_.comm;
+      if (o.name.empty()) o.name = g.name + "/" + g.streams[s].name;
+      comms_.push_back(communicator::from_mpi(mpi::control(group.get(), options_.timeout_s), o));
+      if (comms_.back().size() != axis.size)
+        fail("lane '" + g.streams[s].name + "' has " + std::to_string(comms_.back().size()) + " ranks, mesh axis '" +
+             axis.name + "' has size " + std::to_string(axis.size));
+    }
+  }
+
   std::vector<cuda::stream> lanes_;
+  std::string lane_signature_; ///< what make_lanes last made lanes for
   std::vector<communicator> comms_;
   cuda::device_arena arena_;
   cuda::device_buffer words_;           // [0]: status word (int), [8]: step counter (int64)
