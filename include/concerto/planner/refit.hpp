@@ -109,8 +109,9 @@ inline double work_of(double d, double f, double s) { return d * (1 - f + f / s)
 } // namespace detail::refitting
 
 /// @brief Condenses measured steps of one plan (the executor's `step_report::measured`, or a
-/// replay) into one observation per task: the median duration over the steps and the median
-/// share of it spent next to the other kind of work. Throws concerto::error when a step's size
+/// replay) into one observation per task: the median over the steps of the time it was served
+/// (from its start, or from the end of the task before it on its stream if that was later) and
+/// of the share of it spent next to the other kind of work. Throws concerto::error when a step's size
 /// does not match the graph.
 [[nodiscard]] inline observation observe(const ir::graph& g, std::span<const sim::result> steps) {
   using namespace detail::refitting;
@@ -125,15 +126,27 @@ inline double work_of(double d, double f, double s) { return d * (1 - f + f / s)
     if (r.start_us.size() != n || r.end_us.size() != n)
       fail("observe: a measured step of graph '" + g.name + "' has " + std::to_string(r.start_us.size()) +
            " tasks, the graph " + std::to_string(n));
+    // A task is served from when it was issued, or from when the task before it on its stream
+    // ended if that was later: an executor may issue a lane's next collective before the last
+    // one finished, and it then waits behind it, which the simulator's one-at-a-time streams
+    // already count. (Compute streams run one task at a time: nothing changes there.)
+    std::vector<double> served(r.start_us);
+    std::vector<std::vector<std::size_t>> by_stream(g.streams.size());
+    for (std::size_t i = 0; i < n; ++i) by_stream.at(static_cast<std::size_t>(g.tasks[i].stream)).push_back(i);
+    for (auto& ids : by_stream) {
+      std::sort(ids.begin(), ids.end(), [&](std::size_t a, std::size_t b) { return r.start_us[a] < r.start_us[b]; });
+      for (std::size_t k = 1; k < ids.size(); ++k)
+        served[ids[k]] = std::clamp(r.end_us[ids[k - 1]], r.start_us[ids[k]], r.end_us[ids[k]]);
+    }
     std::vector<std::array<double, 2>> compute, comm;
     for (std::size_t i = 0; i < n; ++i)
-      (ir::is_collective(g.tasks[i].kind) ? comm : compute).push_back({r.start_us[i], r.end_us[i]});
+      (ir::is_collective(g.tasks[i].kind) ? comm : compute).push_back({served[i], r.end_us[i]});
     const auto compute_busy = merged(std::move(compute)), comm_busy = merged(std::move(comm));
     for (std::size_t i = 0; i < n; ++i) {
-      const double d = r.end_us[i] - r.start_us[i];
+      const double d = r.end_us[i] - served[i];
       durations[i].push_back(d);
       const auto& other = ir::is_collective(g.tasks[i].kind) ? compute_busy : comm_busy;
-      shares[i].push_back(d > 0 ? std::clamp(covered(other, r.start_us[i], r.end_us[i]) / d, 0.0, 1.0) : 0.0);
+      shares[i].push_back(d > 0 ? std::clamp(covered(other, served[i], r.end_us[i]) / d, 0.0, 1.0) : 0.0);
     }
     step_times.push_back(r.step_us);
   }

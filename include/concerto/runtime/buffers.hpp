@@ -81,13 +81,23 @@ struct memory_layout {
 class host_arena {
 public:
   host_arena() = default;
-  host_arena(const ir::graph& g, memory_layout layout) : layout_(std::move(layout)) {
+  host_arena(const ir::graph& g, memory_layout layout) : host_arena(g, std::move(layout), host_arena()) {}
+  /// As above, in `recycled`'s memory where it is large enough and as aligned: a backend that
+  /// prepares another plan of the same model (the plan choice) touches no new page.
+  host_arena(const ir::graph& g, memory_layout layout, host_arena&& recycled) : layout_(std::move(layout)) {
     CONCERTO_CHECK(layout_.offset.size() == g.buffers.size(),
                    "host arena of graph '" + g.name + "': the layout covers " + std::to_string(layout_.offset.size()) +
                        " buffers, the graph has " + std::to_string(g.buffers.size()));
     const auto total = static_cast<std::size_t>(std::max<std::int64_t>(layout_.total_bytes, 1));
-    storage_ = {static_cast<std::byte*>(::operator new[](total, std::align_val_t(layout_.alignment))),
-                aligned_delete{layout_.alignment}};
+    if (recycled.storage_ && recycled.capacity_ >= total && recycled.storage_.get_deleter().alignment == layout_.alignment) {
+      storage_ = std::move(recycled.storage_);
+      capacity_ = recycled.capacity_;
+    } else {
+      recycled.storage_.reset(); // freed before the new one is touched
+      storage_ = {static_cast<std::byte*>(::operator new[](total, std::align_val_t(layout_.alignment))),
+                  aligned_delete{layout_.alignment}};
+      capacity_ = total;
+    }
     std::memset(storage_.get(), 0, total);
     for (const auto& b : g.buffers) {
       const auto off = layout_.offset[static_cast<std::size_t>(b.id)];
@@ -150,6 +160,7 @@ private:
 
   memory_layout layout_;
   std::unique_ptr<std::byte, aligned_delete> storage_{nullptr, aligned_delete{}};
+  std::size_t capacity_ = 0; ///< bytes allocated (at least the layout's total)
   std::vector<info> infos_;
 };
 

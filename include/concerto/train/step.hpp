@@ -788,11 +788,17 @@ private:
     if (c.current == index) return;
     const auto started = std::chrono::steady_clock::now();
     const auto& g = ex_->plan().graph;
-    std::map<std::string, std::vector<std::byte>> kept;
+    // One buffer kept from switch to switch: its pages are touched once.
+    std::map<std::string, std::span<std::byte>> kept;
+    std::size_t total = 0;
+    for (const auto& [name, t] : tensors_) total += static_cast<std::size_t>(g.buffers[static_cast<std::size_t>(t.id)].bytes);
+    if (carried_.size() < total) carried_.resize(total);
+    std::size_t at = 0;
     for (const auto& [name, t] : tensors_) {
-      auto& bytes = kept[name];
-      bytes.resize(static_cast<std::size_t>(g.buffers[static_cast<std::size_t>(t.id)].bytes));
+      const auto bytes = std::span(carried_).subspan(at, static_cast<std::size_t>(g.buffers[static_cast<std::size_t>(t.id)].bytes));
       backend_->read(t.id, bytes);
+      kept.emplace(name, bytes);
+      at += bytes.size();
     }
     const auto steps = ex_->completed_steps();
     ex_.reset();
@@ -1071,6 +1077,7 @@ private:
     double planning_s = 0, switching_s = 0;
   };
   std::optional<choosing> choosing_;
+  std::vector<std::byte> carried_; ///< the named tensors while switch_plan changes executors
   plan_choice_report choice_;
   std::map<std::string, tensor_info> tensors_;
   std::vector<std::string> inputs_, params_, states_;

@@ -156,7 +156,7 @@ public:
         fail("lane '" + g.streams[s].name + "' has " + std::to_string(it->second.size()) + " ranks, mesh axis '" +
              axis.name + "' has size " + std::to_string(axis.size));
     }
-    arena_ = host_arena(g, make_layout(g, workspace_bytes(g)));
+    arena_ = host_arena(g, make_layout(g, workspace_bytes(g)), std::move(arena_)); // another plan reuses the memory
     kernels_.assign(g.tasks.size(), {});
     calls_.assign(g.tasks.size(), {});
     for (const auto& t : g.tasks) {
