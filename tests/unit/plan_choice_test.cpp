@@ -28,6 +28,7 @@ TEST_CASE("plan choice: a step takes its slowest rank's time; the lowest median 
   CHECK(v.winner == 1);
   CHECK(v.median_us == std::vector<double>{30, 20});
   CHECK(v.steps == std::vector<int>{3, 3});
+  CHECK(v.excess_us == 12); // candidate 0's steps (slowest ranks: 30, 30, 12) less the winner's median, 20, each
   CHECK(train::detail::judge_trials(std::vector<int>{0, 1}, std::vector<double>{5, 5}, 1, 2).winner == 0);
   // A candidate never run has no median and cannot win.
   const auto partial = train::detail::judge_trials(std::vector<int>{1, 1}, std::vector<double>{7, 9}, 1, 3);

@@ -35,13 +35,13 @@
 /// @endcode
 
 #include <concerto/core/error.hpp>
+#include <concerto/core/intervals.hpp>
 #include <concerto/cost/model.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/plan/plan.hpp>
 #include <concerto/sim/simulate.hpp>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <map>
 #include <span>
@@ -72,28 +72,6 @@ inline double median(std::vector<double> v) {
   std::nth_element(v.begin(), mid, v.end());
   if (v.size() % 2 == 1) return *mid;
   return (*mid + *std::max_element(v.begin(), mid)) / 2;
-}
-
-/// Sorted, merged busy periods of a set of intervals.
-inline std::vector<std::array<double, 2>> merged(std::vector<std::array<double, 2>> spans) {
-  std::sort(spans.begin(), spans.end());
-  std::vector<std::array<double, 2>> out;
-  for (const auto& s : spans) {
-    if (!out.empty() && s[0] <= out.back()[1])
-      out.back()[1] = std::max(out.back()[1], s[1]);
-    else
-      out.push_back(s);
-  }
-  return out;
-}
-
-/// Length of [a, b] covered by the merged periods.
-inline double covered(const std::vector<std::array<double, 2>>& periods, double a, double b) {
-  double c = 0;
-  auto it = std::lower_bound(periods.begin(), periods.end(), std::array<double, 2>{a, a},
-                             [](const auto& x, const auto& y) { return x[1] < y[0]; });
-  for (; it != periods.end() && (*it)[0] < b; ++it) c += std::max(0.0, std::min(b, (*it)[1]) - std::max(a, (*it)[0]));
-  return c;
 }
 
 /// The compute slowdown that makes a task of work `w` that was overlapped a share `f` of its
@@ -138,15 +116,15 @@ inline double work_of(double d, double f, double s) { return d * (1 - f + f / s)
       for (std::size_t k = 1; k < ids.size(); ++k)
         served[ids[k]] = std::clamp(r.end_us[ids[k - 1]], r.start_us[ids[k]], r.end_us[ids[k]]);
     }
-    std::vector<std::array<double, 2>> compute, comm;
+    intervals::span_list compute, comm;
     for (std::size_t i = 0; i < n; ++i)
-      (ir::is_collective(g.tasks[i].kind) ? comm : compute).push_back({served[i], r.end_us[i]});
-    const auto compute_busy = merged(std::move(compute)), comm_busy = merged(std::move(comm));
+      (ir::is_collective(g.tasks[i].kind) ? comm : compute).emplace_back(served[i], r.end_us[i]);
+    const auto compute_busy = intervals::merged(std::move(compute)), comm_busy = intervals::merged(std::move(comm));
     for (std::size_t i = 0; i < n; ++i) {
       const double d = r.end_us[i] - served[i];
       durations[i].push_back(d);
       const auto& other = ir::is_collective(g.tasks[i].kind) ? compute_busy : comm_busy;
-      shares[i].push_back(d > 0 ? std::clamp(covered(other, served[i], r.end_us[i]) / d, 0.0, 1.0) : 0.0);
+      shares[i].push_back(d > 0 ? std::clamp(intervals::covered(other, served[i], r.end_us[i]) / d, 0.0, 1.0) : 0.0);
     }
     step_times.push_back(r.step_us);
   }

@@ -114,4 +114,16 @@ void stop_together(std::string problem, Group& group, std::string_view what) {
   fail_on_every_rank(problem);
 }
 
+/// @brief What a backend's lane communicators depend on: each comm stream's name, mesh axis and
+/// size. Plans of one graph share it, so a backend that prepares another (the plan choice) keeps
+/// its communicators when it is unchanged.
+[[nodiscard]] inline std::string lane_signature(const ir::graph& g) {
+  std::string out;
+  for (std::size_t s = 1; s < g.streams.size(); ++s) {
+    const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
+    out.append(g.streams[s].name).append("@").append(axis.name).append(":").append(std::to_string(axis.size)).append(";");
+  }
+  return out;
+}
+
 } // namespace concerto::runtime

@@ -4,6 +4,7 @@
 /// task coloured by op kind, a time axis in milliseconds, a legend, tooltips, and the exposed
 /// communication (a collective running while compute is idle) marked in red.
 
+#include <concerto/core/intervals.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/sim/simulate.hpp>
 #include <concerto/trace/detail/check.hpp>
@@ -81,34 +82,6 @@ inline constexpr std::array<std::string_view, ir::op_kind_count> kind_colours = 
 
 inline constexpr std::string_view exposed_colour = "#d62728";
 
-using span_list = std::vector<std::pair<double, double>>;
-
-inline span_list merged(span_list spans) {
-  std::sort(spans.begin(), spans.end());
-  span_list out;
-  for (const auto& [a, b] : spans) {
-    if (b <= a) continue;
-    if (!out.empty() && a <= out.back().second) out.back().second = std::max(out.back().second, b);
-    else out.emplace_back(a, b);
-  }
-  return out;
-}
-
-/// a \ b, both merged.
-inline span_list minus(const span_list& a, const span_list& b) {
-  span_list out;
-  std::size_t j = 0;
-  for (auto [lo, hi] : a) {
-    while (j < b.size() && b[j].second <= lo) ++j;
-    for (std::size_t k = j; k < b.size() && b[k].first < hi; ++k) {
-      if (b[k].first > lo) out.emplace_back(lo, b[k].first);
-      lo = std::max(lo, b[k].second);
-    }
-    if (lo < hi) out.emplace_back(lo, hi);
-  }
-  return out;
-}
-
 /// Tick spacing of 1, 2 or 5 × 10^k ms giving about eight ticks.
 inline double tick_step_ms(double span_ms) {
   if (!(span_ms > 0)) return 1;
@@ -139,15 +112,15 @@ inline double tick_step_ms(double span_ms) {
   const double top = 34;
 
   // Exposed spans: per lane, its busy time minus compute busy time; overall, the union of lanes.
-  detail::span_list compute_busy, comm_busy;
-  std::vector<detail::span_list> lane_busy(streams);
+  intervals::span_list compute_busy, comm_busy;
+  std::vector<intervals::span_list> lane_busy(streams);
   for (const auto& iv : r.timeline) {
     const auto s = static_cast<std::size_t>(iv.stream);
     (g.streams[s].is_compute() ? compute_busy : comm_busy).emplace_back(iv.start_us, iv.end_us);
     lane_busy[s].emplace_back(iv.start_us, iv.end_us);
   }
-  compute_busy = detail::merged(std::move(compute_busy));
-  const auto exposed_all = detail::minus(detail::merged(std::move(comm_busy)), compute_busy);
+  compute_busy = intervals::merged(std::move(compute_busy));
+  const auto exposed_all = intervals::minus(intervals::merged(std::move(comm_busy)), compute_busy);
 
   const std::size_t rows = streams + (options.show_exposed ? 1 : 0);
   const double axis_y = top + static_cast<double>(rows) * row_h;
@@ -226,7 +199,7 @@ inline double tick_step_ms(double span_ms) {
     for (std::size_t s = 0; s < streams; ++s) {
       if (g.streams[s].is_compute()) continue;
       const double y = top + static_cast<double>(s + 1) * row_h - 6;
-      for (const auto& [a, b] : detail::minus(detail::merged(std::move(lane_busy[s])), compute_busy))
+      for (const auto& [a, b] : intervals::minus(intervals::merged(std::move(lane_busy[s])), compute_busy))
         exposed_rect(y, 4, a, b);
     }
     const double y = top + static_cast<double>(streams) * row_h + 3;

@@ -121,11 +121,13 @@ namespace detail {
 /// The decision of rank 0: `times` holds every rank's trial step times (rank-major, one per
 /// entry of `order`); a step took what its slowest rank took; the candidate with the lowest
 /// median wins, the earlier one on a tie (the first plan before the others). Returns the
-/// median per candidate (NaN for one never run) and the winner.
+/// median per candidate (NaN for one never run), the winner, and what the other candidates'
+/// steps took beyond the winner's median.
 struct trial_verdict {
   std::vector<double> median_us;
   std::vector<int> steps;
   int winner = -1;
+  double excess_us = 0;
 };
 [[nodiscard]] inline trial_verdict judge_trials(std::span<const int> order, std::span<const double> times, int ranks,
                                                 int candidates) {
@@ -133,10 +135,10 @@ struct trial_verdict {
     fail("plan choice: " + std::to_string(times.size()) + " trial times for " + std::to_string(order.size()) +
          " steps on " + std::to_string(ranks) + " ranks");
   std::vector<std::vector<double>> per(static_cast<std::size_t>(candidates));
+  std::vector<double> slowest(order.size(), 0.0);
   for (std::size_t s = 0; s < order.size(); ++s) {
-    double slowest = 0;
-    for (int r = 0; r < ranks; ++r) slowest = std::max(slowest, times[static_cast<std::size_t>(r) * order.size() + s]);
-    per.at(static_cast<std::size_t>(order[s])).push_back(slowest);
+    for (int r = 0; r < ranks; ++r) slowest[s] = std::max(slowest[s], times[static_cast<std::size_t>(r) * order.size() + s]);
+    per.at(static_cast<std::size_t>(order[s])).push_back(slowest[s]);
   }
   trial_verdict v;
   for (int c = 0; c < candidates; ++c) {
@@ -145,6 +147,8 @@ struct trial_verdict {
     v.median_us.push_back(t.empty() ? std::numeric_limits<double>::quiet_NaN() : planner::detail::refitting::median(t));
     if (!t.empty() && (v.winner < 0 || v.median_us.back() < v.median_us[static_cast<std::size_t>(v.winner)])) v.winner = c;
   }
+  for (std::size_t s = 0; s < order.size(); ++s)
+    if (order[s] != v.winner) v.excess_us += slowest[s] - v.median_us[static_cast<std::size_t>(v.winner)];
   return v;
 }
 

@@ -679,8 +679,8 @@ private:
         }
         std::optional<plan::plan> best;
         std::string best_name;
+        const auto frameworks = planner::framework_policy_names();
         for (const auto& policy : planner::policy_names()) {
-          const auto frameworks = planner::framework_policy_names();
           const bool framework = std::find(frameworks.begin(), frameworks.end(), policy) != frameworks.end();
           if (policy == "concerto" || (planning.memory_cap_bytes && framework)) continue; // frameworks ignore caps
           planning.policy = policy;
@@ -738,24 +738,22 @@ private:
   void finish_choice(std::int64_t step) {
     auto& c = *choosing_;
     const auto k = static_cast<int>(c.plans.size());
-    std::vector<double> all(c.times.size() * static_cast<std::size_t>(size_));
-    control_->all_gather(std::span<const double>(c.times), std::span(all), "the plan choice's measured steps");
-    std::vector<double> spent{c.planning_s, c.switching_s};
-    std::vector<double> all_spent(2 * static_cast<std::size_t>(size_));
-    control_->all_gather(std::span<const double>(spent), std::span(all_spent), "the plan choice's overhead");
+    // Each rank's trial step times, then its planning and switching seconds: one all-gather.
+    auto mine = c.times;
+    mine.push_back(c.planning_s);
+    mine.push_back(c.switching_s);
+    std::vector<double> all(mine.size() * static_cast<std::size_t>(size_));
+    control_->all_gather(std::span<const double>(mine), std::span(all), "the plan choice's measured steps");
     std::string decision;
     if (rank_ == 0) {
-      auto order = c.order.empty() ? std::vector<int>{0} : c.order;
-      const auto v = detail::judge_trials(order, all, size_, k);
-      double trying = 0;
-      const auto winner_us = v.median_us[static_cast<std::size_t>(v.winner)];
-      for (std::size_t s = 0; s < order.size(); ++s) {
-        if (order[s] == v.winner) continue;
-        double slowest = 0;
-        for (int r = 0; r < size_; ++r) slowest = std::max(slowest, all[static_cast<std::size_t>(r) * order.size() + s]);
-        trying += slowest - winner_us;
+      const auto order = c.order.empty() ? std::vector<int>{0} : c.order;
+      std::vector<double> times;
+      for (int r = 0; r < size_; ++r) {
+        const auto from = all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * mine.size());
+        times.insert(times.end(), from, from + static_cast<std::ptrdiff_t>(c.times.size()));
       }
-      decision = nlohmann::json{{"winner", v.winner}, {"median_us", v.median_us}, {"steps", v.steps}, {"trying_us", trying}}.dump();
+      const auto v = detail::judge_trials(order, times, size_, k);
+      decision = nlohmann::json{{"winner", v.winner}, {"median_us", v.median_us}, {"steps", v.steps}, {"trying_us", v.excess_us}}.dump();
     }
     control_->broadcast(decision, 0, "the plan choice from rank 0");
     const auto d = nlohmann::json::parse(decision);
@@ -765,8 +763,9 @@ private:
     r.refit = c.refit;
     r.trial_cost_us = d.at("trying_us");
     for (int i = 0; i < size_; ++i) {
-      r.planning_seconds = std::max(r.planning_seconds, all_spent[2 * static_cast<std::size_t>(i)]);
-      r.switching_seconds = std::max(r.switching_seconds, all_spent[2 * static_cast<std::size_t>(i) + 1]);
+      const auto spent = static_cast<std::size_t>(i + 1) * mine.size();
+      r.planning_seconds = std::max(r.planning_seconds, all[spent - 2]);
+      r.switching_seconds = std::max(r.switching_seconds, all[spent - 1]);
     }
     for (int i = 0; i < k; ++i) {
       const auto at = static_cast<std::size_t>(i);

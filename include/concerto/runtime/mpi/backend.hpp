@@ -41,7 +41,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -122,7 +121,7 @@ public:
   }
   [[nodiscard]] kernel_settings& settings() noexcept { return options_.kernels; }
   /// The communicator of a lane (stream id), for tests and tools.
-  [[nodiscard]] MPI_Comm lane_communicator(ir::stream_id s) const { return lanes_.at(static_cast<std::size_t>(s)); }
+  [[nodiscard]] MPI_Comm lane_communicator(ir::stream_id s) const { return lanes_.at(static_cast<std::size_t>(s)).get(); }
 
   /// Builds the mesh, the lane communicators and the arena; resolves every task. Collective
   /// over the world: every rank calls it (the executor's constructor does).
@@ -139,22 +138,21 @@ public:
     coords_ = mesh_.coords(rank_);
     options_.kernels.coords = coords_;
     runtime::cpu::init_blas_threads(options_.blas_threads);
-    lanes_.assign(g.streams.size(), MPI_COMM_NULL);
-    for (std::size_t s = 1; s < g.streams.size(); ++s) {
-      const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
-      const int colour = mesh_.group_index(axis.name, rank_), key = coords_[static_cast<std::size_t>(g.streams[s].axis)];
-      // Every rank prepares the same plans in the same order, so all find a lane in the cache, or
-      // none does and all split: a later plan of the same mesh (the plan choice switches plans)
-      // makes no communicator.
-      const auto cached = std::to_string(s).append("/").append(g.streams[s].name).append("/").append(axis.name).append(
-          "/" + std::to_string(axis.size) + "/" + std::to_string(colour) + "/" + std::to_string(key));
-      auto it = lane_cache_.find(cached);
-      if (it == lane_cache_.end())
-        it = lane_cache_.emplace(cached, control_.split(colour, key, "the communicator of lane '" + g.streams[s].name + "'")).first;
-      lanes_[s] = it->second.get();
-      if (it->second.size() != axis.size)
-        fail("lane '" + g.streams[s].name + "' has " + std::to_string(it->second.size()) + " ranks, mesh axis '" +
-             axis.name + "' has size " + std::to_string(axis.size));
+    // A plan with the lanes of the last one prepared (the plan choice switches between plans of
+    // one mesh) keeps their communicators: every rank prepares the same plans in the same order,
+    // so all keep them or all split.
+    if (auto lanes = lane_signature(g); lanes != lane_signature_ || lanes_.empty()) {
+      lanes_.clear();
+      lanes_.resize(g.streams.size());
+      for (std::size_t s = 1; s < g.streams.size(); ++s) {
+        const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
+        lanes_[s] = control_.split(mesh_.group_index(axis.name, rank_), coords_[static_cast<std::size_t>(g.streams[s].axis)],
+                                   "the communicator of lane '" + g.streams[s].name + "'");
+        if (lanes_[s].size() != axis.size)
+          fail("lane '" + g.streams[s].name + "' has " + std::to_string(lanes_[s].size()) + " ranks, mesh axis '" +
+               axis.name + "' has size " + std::to_string(axis.size));
+      }
+      lane_signature_ = std::move(lanes);
     }
     arena_ = host_arena(g, make_layout(g, workspace_bytes(g)), std::move(arena_)); // another plan reuses the memory
     kernels_.assign(g.tasks.size(), {});
@@ -296,7 +294,7 @@ private:
     auto* pin = address_of(l.in);
     auto* pout = address_of(l.out);
     call c;
-    c.comm = lanes_.at(static_cast<std::size_t>(t.stream));
+    c.comm = lanes_.at(static_cast<std::size_t>(t.stream)).get();
     if (l.reduces) {
       c.type = reduce_type(bin.type);
       c.op = l.op == reduction::max ? MPI_MAX : l.op == reduction::min ? MPI_MIN : MPI_SUM;
@@ -341,8 +339,8 @@ private:
   const ir::graph* graph_ = nullptr;
   concerto::mesh mesh_;
   std::vector<int> coords_;
-  std::vector<MPI_Comm> lanes_;                          ///< per stream, owned by lane_cache_
-  std::map<std::string, communicator, std::less<>> lane_cache_; ///< every lane communicator made
+  std::vector<communicator> lanes_;
+  std::string lane_signature_; ///< the lanes lanes_ were made for (runtime::lane_signature)
   host_arena arena_;
   std::vector<kernel_call> kernels_;
   std::vector<call> calls_;

@@ -229,16 +229,13 @@ public:
     }
     coords_ = mesh_.coords(rank_);
     options_.kernels.coords = coords_; // as on MPI: kernels that take the rank's shard read it here
-    // A plan with the same lanes as the last one prepared (the plan choice switches between plans
-    // of one mesh) keeps its streams and communicators: every rank prepares the same plans in
-    // the same order, so all keep them or all make new ones.
-    std::string lanes;
-    for (std::size_t s = 1; s < g.streams.size(); ++s) {
-      const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
-      lanes.append(g.streams[s].name).append("@").append(axis.name).append(":" + std::to_string(axis.size) + ";");
+    // A plan with the lanes of the last one prepared (the plan choice switches between plans of
+    // one mesh) keeps their streams and communicators: every rank prepares the same plans in the
+    // same order, so all keep them or all make new ones.
+    if (auto lanes = lane_signature(g); lanes != lane_signature_ || comms_.empty()) {
+      make_lanes(g);
+      lane_signature_ = std::move(lanes);
     }
-    if (lanes != lane_signature_ || comms_.empty()) make_lanes(g);
-    lane_signature_ = std::move(lanes);
     // Scratch: the cuBLASLt workspace, then (256-byte aligned) the kernels' workspace.
     const auto blas_bytes = (options_.blas_workspace_bytes + cuda::device_alignment - 1) / cuda::device_alignment *
                             cuda::device_alignment;
@@ -729,7 +726,7 @@ private:
   }
 
   std::vector<cuda::stream> lanes_;
-  std::string lane_signature_; ///< what make_lanes last made lanes for
+  std::string lane_signature_; ///< the lanes make_lanes last made (runtime::lane_signature)
   std::vector<communicator> comms_;
   cuda::device_arena arena_;
   cuda::device_buffer words_;           // [0]: status word (int), [8]: step counter (int64)
