@@ -4,9 +4,13 @@
 // memory contention). Run as one rank (bench/gpu/run does), NCCL has nothing to reduce with and
 // runs each all-reduce as a device copy (cudaMemcpyAsync, no NCCL kernel, so max_channels
 // changes nothing): those rows are labelled as such, and measure copy contention, not NCCL's.
+// Then the time of each kernel one block of the GPU-sized GPT of bench/gpu/run calls (width
+// 1024, 16 heads, 256 tokens x 32 sequences, ffn 4096; fp32 products with and without TF32),
+// so that its measured step can be taken apart kernel by kernel.
 // Writes JSON to argv[1] (default gpu_bench.json).
 // Build: bench/gpu/run does it (nvcc, one translation unit).
 #include <concerto/runtime/cuda/blas.hpp>
+#include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
 #include <concerto/runtime/cuda/stream.hpp>
 #include <concerto/runtime/nccl/communicator.hpp>
@@ -14,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <mpi.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -112,6 +117,62 @@ int main(int argc, char** argv) {
       std::printf("matmul %5zu x %5zu x %5zu %s: %.3f ms, %.1f TFLOP/s\n", sh[0], sh[1], sh[2], names[kind], ms,
                   flops / (ms * 1e-3) / 1e12);
     }
+  json += "\n  ],\n  \"gpt_block_kernels\": [\n";
+  first = true;
+  const auto kernel_row = [&](const char* name, float ms) {
+    char row[200];
+    std::snprintf(row, sizeof row, "%s    {\"kernel\": \"%s\", \"ms\": %.4f}", first ? "" : ",\n", name, ms);
+    json += row;
+    first = false;
+    std::printf("gpt block (8192 x 1024, 16 heads of 64, seq 256): %-34s %.3f ms\n", name, ms);
+  };
+  {
+    constexpr std::size_t rows = 8192, width = 1024, ffn = 4096, vocab = 80;
+    const concerto::runtime::cpu::attention_shape att{.batch = 32, .seq = 256, .heads = 16, .head_dim = 64};
+    for (const bool tf32 : {false, true})
+      for (const auto& sh : {std::array<std::size_t, 3>{rows, 3 * width, width}, {rows, width, width}, {rows, ffn, width},
+                             {rows, width, ffn}}) {
+        cu::gemm p(lt, {.m = sh[0], .n = sh[1], .k = sh[2], .allow_tf32 = tf32}, ws.size());
+        const float ms = time_ms(compute.get(), 10, [&] { p.run(lt, A.data(), B.data(), C.data(), ws.data(), compute.get()); });
+        const std::string name = std::string("matmul ") + std::to_string(sh[0]) + "x" + std::to_string(sh[1]) + "x" +
+                                 std::to_string(sh[2]) + (tf32 ? " tf32" : " fp32");
+        kernel_row(name.c_str(), ms);
+      }
+    // Distinct random buffers, each as large as the largest operand (rows x ffn floats).
+    std::vector<cu::device_buffer> t;
+    for (int i = 0; i < 8; ++i) {
+      t.emplace_back(rows * ffn * 4);
+      fill_random(t.back(), cu::gemm_type::f32, 10 + i);
+    }
+    const auto f = [&](int i) { return t[static_cast<std::size_t>(i)].as<float>(); };
+    cu::device_buffer targets(rows * 4), status(4), step(8);
+    cu::check(cudaMemset(targets.data(), 0, rows * 4), "cudaMemset");
+    cu::check(cudaMemset(status.data(), 0, 4), "cudaMemset");
+    const std::int64_t one = 1;
+    cu::check(cudaMemcpy(step.data(), &one, 8, cudaMemcpyHostToDevice), "cudaMemcpy");
+    const auto s = compute.get();
+    kernel_row("causal_attention", time_ms(s, 10, [&] { cu::causal_attention(f(0), f(1), f(2), f(3), f(4), att, s); }));
+    kernel_row("causal_attention_grad", time_ms(s, 10, [&] {
+                 cu::causal_attention_grad(f(0), f(1), f(2), f(5), f(4), f(6), f(7), f(3), C.as<float>(), att, s);
+               }));
+    kernel_row("layernorm", time_ms(s, 10, [&] { cu::layernorm(f(0), f(1), f(2), f(3), f(4), f(5), rows, width, 1e-5f, s); }));
+    kernel_row("layernorm_grad", time_ms(s, 10, [&] {
+                 cu::layernorm_grad(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), rows, width, false, s);
+               }));
+    kernel_row("gelu (8192 x 4096)", time_ms(s, 10, [&] { cu::gelu(f(0), f(1), rows * ffn, s); }));
+    kernel_row("gelu_grad (8192 x 4096)", time_ms(s, 10, [&] { cu::gelu_grad(f(0), f(1), f(2), rows * ffn, s); }));
+    kernel_row("bias_add_grad (8192 x 4096)", time_ms(s, 10, [&] { cu::bias_add_grad(f(0), f(1), rows, ffn, false, s); }));
+    kernel_row("add (8192 x 1024)", time_ms(s, 10, [&] { cu::add(f(0), f(1), f(2), rows * width, s); }));
+    kernel_row("adamw_update (one block, 12.6M)", time_ms(s, 10, [&] {
+                 cu::adamw_update(f(0), f(1), f(2), f(3), 12 * width * width, {}, step.as<std::int64_t>(), s);
+               }));
+    kernel_row("cross_entropy (8192 x 80)", time_ms(s, 10, [&] {
+                 cu::cross_entropy(f(0), targets.as<std::int32_t>(), f(1), f(2), rows, vocab, status.as<int>(), 1, s);
+               }));
+    kernel_row("cross_entropy_grad (8192 x 80)", time_ms(s, 10, [&] {
+                 cu::cross_entropy_grad(f(0), targets.as<std::int32_t>(), f(1), f(2), rows, vocab, 1.0f, s);
+               }));
+  }
   // Overlap: a bf16 4096^3 matmul alone, then
   // while a 256 MiB D2D copy or an NCCL all-reduce of 256 MiB runs on a second stream. With
   // one rank the all-reduce is a device copy (see the file comment), labelled so.

@@ -143,6 +143,9 @@ TEST_CASE("ranks given other settings are refused before step 1, naming the fiel
     check_failed(run("mpi-setting", f.path),
                  "the ranks disagree on 'OMPI_MCA_coll_libnbc_iallreduce_algorithm': rank 0 has '1', rank 1 has '2'");
   }
+  SECTION("TF32 products (CONCERTO_TF32)") {
+    check_failed(run("tf32", f.path), "the ranks disagree on 'allow_tf32': rank 0 has 'false', rank 1 has 'true'");
+  }
 }
 
 TEST_CASE("a loss that is not finite stops training, naming the step", "[faults][nan]") {

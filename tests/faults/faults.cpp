@@ -11,6 +11,7 @@
 //   stall-save          rank 1 sleeps before saving: the others wait in the checkpoint's gather
 //   lr, layers, policy  rank 1 compiles the step with another learning rate, depth or policy
 //   mpi-setting         rank 1 starts MPI with another non-blocking all-reduce algorithm
+//   tf32                rank 1 asks for TF32 products (CONCERTO_TF32=1), rank 0 does not
 //   nan                 the embedding holds NaN: the first loss is not finite
 //   replica-drift       rank 1's copy of the replicated final layernorm gain differs in one value
 //   choice-fails        the concerto policy chooses its plan by measuring; rank 1 throws while it
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
   const char* launcher_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const bool second = launcher_rank != nullptr && std::string_view(launcher_rank) == "1";
   if (fault == "mpi-setting" && second) ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "2", 1);
+  if (fault == "tf32") ::setenv("CONCERTO_TF32", second ? "1" : "0", 1);
   runtime::mpi::environment env(argc, argv);
   return runtime::mpi::run_or_abort([&] {
     const int rank = runtime::mpi::environment::world_rank();

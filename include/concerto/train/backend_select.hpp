@@ -64,10 +64,12 @@ inline constexpr std::string_view default_backend_name = "nccl";
 /// settings (optimizer hyperparameters). Steps run eagerly: the step object writes inputs
 /// between steps, which a captured graph would also see, but changed settings would not.
 /// `timeout_s` bounds its waits; unset: CONCERTO_TIMEOUT_S, else runtime::default_timeout_s.
+/// `allow_tf32`: fp32 products on the TF32 tensor cores.
 inline std::unique_ptr<default_backend> make_backend(MPI_Comm world, const runtime::kernel_settings& settings,
-                                                     std::optional<double> timeout_s = std::nullopt) {
+                                                     std::optional<double> timeout_s = std::nullopt, bool allow_tf32 = false) {
   return std::make_unique<default_backend>(runtime::nccl::backend_options{.kernels = settings,
                                                                          .world = world,
+                                                                         .allow_tf32 = allow_tf32,
                                                                          .timeout_s = timeout_s.value_or(runtime::default_timeout_s),
                                                                          .timeout_from_env = !timeout_s});
 }
@@ -81,8 +83,10 @@ inline constexpr std::string_view default_backend_name = "mpi";
 
 /// @brief An MPI backend over `world`, with the kernels' settings (optimizer hyperparameters).
 /// `timeout_s` bounds its waits; unset: CONCERTO_TIMEOUT_S, else runtime::default_timeout_s.
+/// `allow_tf32` concerns GPUs only (the CPU kernels compute in fp32).
 inline std::unique_ptr<default_backend> make_backend(MPI_Comm world, const runtime::kernel_settings& settings,
-                                                     std::optional<double> timeout_s = std::nullopt) {
+                                                     std::optional<double> timeout_s = std::nullopt,
+                                                     [[maybe_unused]] bool allow_tf32 = false) {
   return std::make_unique<default_backend>(runtime::mpi::backend_options{.kernels = settings,
                                                                          .world = world,
                                                                          .timeout_s = timeout_s.value_or(runtime::default_timeout_s),

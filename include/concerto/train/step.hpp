@@ -174,6 +174,10 @@ struct step_options {
   /// overwritten step by step (`<graph>.<policy>.measured.rank<r>.json`), outside the measured
   /// time. Defaults to $CONCERTO_TRACE_DIR.
   std::filesystem::path trace_dir = detail::env_path("CONCERTO_TRACE_DIR");
+  /// On the GPU backend, fp32 matrix products run on the TF32 tensor cores (about 8x cuBLASLt's
+  /// fp32 throughput on an H200, inputs rounded to 10 mantissa bits: ~1e-3 relative error). No
+  /// effect on the CPU backend. CONCERTO_TF32=0/1, when set, overrides it.
+  bool allow_tf32 = false;
 };
 
 /// @brief What the first call decided (the same on every rank).
@@ -248,6 +252,11 @@ public:
         fail(std::string("CONCERTO_CHOOSE_PLAN='") + on + "' must be 0 (keep the first plan) or 1 (choose by measuring)");
       options_.choice.enabled = std::string_view(on) == "1";
     }
+    if (const char* on = std::getenv("CONCERTO_TF32"); on != nullptr && *on != '\0') {
+      if (std::string_view(on) != "0" && std::string_view(on) != "1")
+        fail(std::string("CONCERTO_TF32='") + on + "' must be 0 (fp32 products) or 1 (TF32 tensor cores on the GPU)");
+      options_.allow_tf32 = std::string_view(on) == "1";
+    }
     if (const auto& c = options_.choice; c.warmup_steps < 0 || c.profile_steps < 1 || c.trial_steps < 1 || c.rounds < 1)
       fail("train step: plan choice needs warmup_steps >= 0, profile_steps >= 1, trial_steps >= 1 and rounds >= 1 (got " +
            std::to_string(c.warmup_steps) + ", " + std::to_string(c.profile_steps) + ", " + std::to_string(c.trial_steps) +
@@ -271,7 +280,7 @@ public:
     // First, before any other collective: a rank with other settings would run rank 0's plan
     // with its own numbers, or wait in a collective the others never start.
     check_agreement(settings_record_of(), *control_);
-    backend_ = make_backend(options_.world, settings_, control_->timeout_s());
+    backend_ = make_backend(options_.world, settings_, control_->timeout_s(), options_.allow_tf32);
     const auto model = planning_model();
     std::string summary_text, choice_text;
     auto p = runtime::distribute_plan(*backend_, [&] {
@@ -689,6 +698,16 @@ private:
         }
         names.push_back(best_name);
         made.push_back(std::move(*best));
+        // Without a refit (a GPU backend: the executor sees when tasks were issued, not how long
+        // they ran) the model's ranking of the baselines was never checked against this machine:
+        // on one H200 it put xla_lhs first for a small GPT that ran 1.2x slower under it than under
+        // sync (launch-bound steps, where each cross-stream event costs). Each list baseline runs.
+        if (!refit)
+          for (const auto& policy : planner::list_policy_names()) {
+            planning.policy = policy;
+            names.push_back(policy);
+            made.push_back(planner::make_plan(g, refitted, planning));
+          }
         for (const auto& policy : options_.choice.also_try) {
           planning.policy = policy;
           names.push_back(policy);
@@ -787,16 +806,29 @@ private:
     if (c.current == index) return;
     const auto started = std::chrono::steady_clock::now();
     const auto& g = ex_->plan().graph;
-    // One buffer kept from switch to switch: its pages are touched once.
-    std::map<std::string, std::span<std::byte>> kept;
+    // Only what outlives a step travels: parameters (and their shards), optimizer states, and
+    // the last step's gradients (gradient() reads them), by buffer name, so that a gradient that
+    // is a view of a bucket in one plan and a buffer of its own in the other still arrives.
+    // Activations are written again by the next step, and on a GPU every byte carried crosses
+    // the host twice (a width-1024 GPT's activations took 1.6 s per switch on an H200).
+    std::set<ir::buffer_id> bucketed;
+    for (const auto& b : g.buffers)
+      if (b.view_of >= 0) bucketed.insert(b.view_of);
+    std::vector<const ir::buffer*> persistent;
+    for (const auto& b : g.buffers)
+      if ((b.role == ir::buffer_role::param || b.role == ir::buffer_role::optimizer_state ||
+           b.role == ir::buffer_role::gradient) && !bucketed.contains(b.id))
+        persistent.push_back(&b);
     std::size_t total = 0;
-    for (const auto& [name, t] : tensors_) total += static_cast<std::size_t>(g.buffers[static_cast<std::size_t>(t.id)].bytes);
+    for (const auto* b : persistent) total += static_cast<std::size_t>(b->bytes);
+    // One buffer kept from switch to switch: its pages are touched once.
     if (carried_.size() < total) carried_.resize(total);
+    std::map<std::string, std::span<std::byte>> kept;
     std::size_t at = 0;
-    for (const auto& [name, t] : tensors_) {
-      const auto bytes = std::span(carried_).subspan(at, static_cast<std::size_t>(g.buffers[static_cast<std::size_t>(t.id)].bytes));
-      backend_->read(t.id, bytes);
-      kept.emplace(name, bytes);
+    for (const auto* b : persistent) {
+      const auto bytes = std::span(carried_).subspan(at, static_cast<std::size_t>(b->bytes));
+      backend_->read(b->id, bytes);
+      kept.emplace(b->name, bytes);
       at += bytes.size();
     }
     const auto steps = ex_->completed_steps();
@@ -809,10 +841,9 @@ private:
     states_.clear();
     index_tensors();
     const auto& now = ex_->plan().graph;
-    for (const auto& [name, t] : tensors_)
-      if (const auto it = kept.find(name); it != kept.end() && static_cast<std::int64_t>(it->second.size()) ==
-                                                                    now.buffers[static_cast<std::size_t>(t.id)].bytes)
-        backend_->write(t.id, it->second);
+    for (const auto& b : now.buffers)
+      if (const auto it = kept.find(b.name); it != kept.end() && static_cast<std::int64_t>(it->second.size()) == b.bytes)
+        backend_->write(b.id, it->second);
     c.current = index;
     c.switching_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
@@ -1041,6 +1072,7 @@ private:
             {"adamw.weight_decay", number(settings_.adamw.weight_decay)},
             {"stop_on_non_finite_loss", flag(options_.stop_on_non_finite_loss)},
             {"check_replicas_every", std::to_string(options_.check_replicas_every)},
+            {"allow_tf32", flag(options_.allow_tf32)},
             {"plan choice", nlohmann::json{options_.choice.enabled, options_.choice.warmup_steps, options_.choice.profile_steps,
                                            options_.choice.trial_steps, options_.choice.rounds, options_.choice.also_try}
                                 .dump()},
