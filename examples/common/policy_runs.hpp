@@ -4,6 +4,7 @@
 // line (median measured step, the simulator's prediction, the plan's lower bound), which
 // bench/cluster/run reads.
 #include <concerto/core/error.hpp>
+#include <concerto/core/statistics.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -23,12 +24,6 @@ inline std::vector<std::string> split_policies(const std::string& list) {
     if (!p.empty()) out.push_back(p);
   if (out.empty()) concerto::fail("option '--policy' needs at least one policy name");
   return out;
-}
-
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 /// Plans every step (collective): rank 0 prints each plan's summary and lower bound.
@@ -58,7 +53,7 @@ nlohmann::json print_result(Step& run, nlohmann::json fields, const std::vector<
   const auto& sm = run.summary();
   fields["policy"] = sm.policy;
   fields["steps"] = step_us.size();
-  fields["median_step_us"] = median(step_us);
+  fields["median_step_us"] = concerto::median(step_us);
   if (const auto& choice = run.choice(); choice.decided()) {
     fields["choice"] = choice.text();
     const auto& winner = choice.candidates[static_cast<std::size_t>(choice.winner)];
@@ -70,12 +65,12 @@ nlohmann::json print_result(Step& run, nlohmann::json fields, const std::vector<
         std::clamp<std::int64_t>(choice.decided_at_step + 1 - first_measured_step, 0, static_cast<std::int64_t>(step_us.size())));
     const std::vector<double> choosing(step_us.begin(), step_us.begin() + static_cast<std::ptrdiff_t>(split));
     const std::vector<double> kept(step_us.begin() + static_cast<std::ptrdiff_t>(split), step_us.end());
-    fields["median_step_us_choosing"] = median(choosing);
+    fields["median_step_us_choosing"] = concerto::median(choosing);
     fields["steps_after_choice"] = kept.size();
-    if (!kept.empty()) fields["median_step_us"] = median(kept);
+    if (!kept.empty()) fields["median_step_us"] = concerto::median(kept);
     std::printf("%s\n", choice.text().c_str());
   }
-  fields["median_exposed_comm_us"] = median(exposed_us);
+  fields["median_exposed_comm_us"] = concerto::median(exposed_us);
   fields["predicted_us"] = sm.predicted_us;
   fields["sync_predicted_us"] = sm.sync_predicted_us;
   fields["lower_bound_us"] = run.plan().stats.lower_bound_us;

@@ -103,7 +103,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
   for (std::size_t p = 0; root && p < k; ++p) {
     const auto& sm = runs[p].summary();
     std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
-                examples::median(times[p]), sm.policy.c_str());
+                concerto::median(times[p]), sm.policy.c_str());
     results.push_back(examples::print_result(runs[p],
                            {{"example", "gpt"}, {"world", world}, {"tp", s.tp}, {"sp", s.sp}, {"layers", s.layers},
                             {"hidden", s.hidden}, {"heads", s.heads}, {"seq", s.seq}, {"batch", s.batch},

@@ -110,7 +110,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
   nlohmann::json results = nlohmann::json::array();
   for (std::size_t p = 0; root && p < k; ++p) {
     std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
-                examples::median(times[p]), runs[p].summary().policy.c_str());
+                concerto::median(times[p]), runs[p].summary().policy.c_str());
     results.push_back(examples::print_result(
         runs[p],
         {{"example", "llama"}, {"world", world}, {"tp", s.tp}, {"sp", s.sp}, {"zero", s.zero_stage}, {"layers", s.layers},

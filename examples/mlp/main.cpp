@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     for (std::size_t p = 0; p < k; ++p) {
       if (!root) continue;
       const auto& sm = runs[p].summary();
-      std::printf("loss %.5f -> %.5f; median step %.0f us (measured, %s plan)\n", first[p], last[p], examples::median(times[p]),
+      std::printf("loss %.5f -> %.5f; median step %.0f us (measured, %s plan)\n", first[p], last[p], concerto::median(times[p]),
                   sm.policy.c_str());
       examples::print_result(runs[p],
                              {{"example", "mlp"}, {"world", world}, {"tp", tp_size}, {"batch", B}, {"hidden", F},

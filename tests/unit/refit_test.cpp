@@ -3,6 +3,7 @@
 // longer latency, stronger contention): its replays are the measured steps. After the refit,
 // the model must predict the true step of every plan within 5%, and re-planning with it must
 // find the plan the true costs make best.
+#include <concerto/core/statistics.hpp>
 #include <concerto/ir/workloads.hpp>
 #include <concerto/planner/pipeline.hpp>
 #include <concerto/planner/refit.hpp>
@@ -12,6 +13,7 @@
 #include <catch2/matchers/catch_matchers_floating_point.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -113,4 +115,31 @@ TEST_CASE("refit: nothing measured changes nothing; a foreign observation is ref
   } catch (const error& e) {
     CHECK_THAT(e.what(), ContainsSubstring("the observation has 3 tasks"));
   }
+}
+
+TEST_CASE("refit: only the kernels measured are reported as refitted; a factor for another kernel is kept") {
+  const auto g = workload();
+  auto hw = prior().hw();
+  hw.kernel_scale["conv2d"] = 2.0; // no task of the graph runs it
+  const cost::model with_other(hw);
+  const auto p = planner::make_plan(g, with_other, {.policy = "program_order"});
+  const std::vector<sim::result> steps{run_on_machine(p)};
+  const auto fit = planner::refit(p, with_other, planner::observe(p.graph, steps));
+  CHECK(fit.kernel_factor_change.contains("matmul"));
+  CHECK_FALSE(fit.kernel_factor_change.contains("conv2d"));
+  CHECK(fit.model.hw().kernel_scale.at("conv2d") == 2.0);
+  for (const auto& [kernel, change] : fit.kernel_factor_change) {
+    INFO("kernel " << kernel);
+    CHECK(std::any_of(g.tasks.begin(), g.tasks.end(), [&](const ir::task& t) {
+      return !ir::is_collective(t.kind) && cost::model::kernel_name(t) == kernel;
+    }));
+  }
+}
+
+TEST_CASE("median: the middle value, the mean of the two middle ones for an even count, 0 for none") {
+  CHECK(median({}) == 0);
+  CHECK(median({7}) == 7);
+  CHECK(median({9, 1, 5}) == 5);
+  CHECK(median({4, 1, 3, 2}) == 2.5);
+  CHECK(median({2, 2, 8, 8}) == 5);
 }

@@ -36,6 +36,7 @@
 
 #include <concerto/core/error.hpp>
 #include <concerto/core/intervals.hpp>
+#include <concerto/core/statistics.hpp>
 #include <concerto/cost/model.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/plan/plan.hpp>
@@ -44,6 +45,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,14 +67,6 @@ struct observation {
 };
 
 namespace detail::refitting {
-
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  if (v.size() % 2 == 1) return *mid;
-  return (*mid + *std::max_element(v.begin(), mid)) / 2;
-}
 
 /// The compute slowdown that makes a task of work `w` that was overlapped a share `f` of its
 /// measured duration `d` take `d`: d = w / (1 - f + f/s).
@@ -176,6 +170,7 @@ struct refit_result {
     if (!ir::is_collective(t.kind) && seen.tasks[static_cast<std::size_t>(t.id)].duration_us > 0)
       by_kernel[std::string(cost::model::kernel_name(t))].push_back(static_cast<std::size_t>(t.id));
   const auto old_scale = hw.kernel_scale;
+  std::set<std::string, std::less<>> fitted; // kernels with measured work: the others keep their factor
   for (int round = 0; round < 4; ++round) {
     cost::model current(hw);
     for (const auto& [kernel, ids] : by_kernel) {
@@ -187,7 +182,10 @@ struct refit_result {
         work += std::max(work_of(o.duration_us, o.overlapped, hw.overlap_slowdown) - hw.launch_us, 0.0);
         roofline += (current.compute_us(g.tasks[i]) - hw.launch_us) / scale;
       }
-      if (work > 0 && roofline > 0) hw.kernel_scale[kernel] = work / roofline;
+      if (work > 0 && roofline > 0) {
+        hw.kernel_scale[kernel] = work / roofline;
+        fitted.insert(kernel);
+      }
     }
     cost::model scaled(hw);
     std::vector<double> explained;
@@ -197,9 +195,9 @@ struct refit_result {
           explained.push_back(slowdown_explaining(scaled.compute_us(g.tasks[i]), o.duration_us, o.overlapped));
     if (!explained.empty()) hw.overlap_slowdown = std::clamp(median(std::move(explained)), 1.0, 4.0);
   }
-  for (const auto& [kernel, scale] : hw.kernel_scale) {
+  for (const auto& kernel : fitted) {
     const auto it = old_scale.find(kernel);
-    out.kernel_factor_change[kernel] = scale / (it == old_scale.end() ? 1.0 : it->second);
+    out.kernel_factor_change[kernel] = hw.kernel_scale.at(kernel) / (it == old_scale.end() ? 1.0 : it->second);
   }
 
   // Collectives. A measured duration mixes the link's speed with what slowed the collective down

@@ -25,6 +25,7 @@
 /// judged by their measured steps (the step's end is synchronised).
 
 #include <concerto/core/error.hpp>
+#include <concerto/core/statistics.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/planner/refit.hpp>
 
@@ -144,7 +145,7 @@ struct trial_verdict {
   for (int c = 0; c < candidates; ++c) {
     auto& t = per[static_cast<std::size_t>(c)];
     v.steps.push_back(static_cast<int>(t.size()));
-    v.median_us.push_back(t.empty() ? std::numeric_limits<double>::quiet_NaN() : planner::detail::refitting::median(t));
+    v.median_us.push_back(t.empty() ? std::numeric_limits<double>::quiet_NaN() : concerto::median(t));
     if (!t.empty() && (v.winner < 0 || v.median_us.back() < v.median_us[static_cast<std::size_t>(v.winner)])) v.winner = c;
   }
   for (std::size_t s = 0; s < order.size(); ++s)

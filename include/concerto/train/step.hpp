@@ -671,7 +671,7 @@ private:
     }
     std::vector<double> profiled;
     for (const auto& r : c.profile) profiled.push_back(r.step_us);
-    const double profile_median = planner::detail::refitting::median(std::move(profiled));
+    const double profile_median = concerto::median(std::move(profiled));
     c.profile.clear();
     // Rank 0 makes the candidates and says which there are; a failure there stops every rank.
     std::vector<plan::plan> made;
@@ -680,8 +680,8 @@ private:
       try {
         const auto g = planner_input();
         auto planning = planning_options();
+        // Candidate 0 is the plan running (the executor's, not copied); made[i] is candidate i + 1.
         std::vector<std::string> names{"concerto"};
-        made.push_back(first);
         if (refit) {
           names.emplace_back("concerto (re-planned)");
           made.push_back(planner::make_plan(g, refitted, planning));
@@ -713,14 +713,17 @@ private:
           names.push_back(policy);
           made.push_back(planner::make_plan(g, refitted, planning));
         }
+        const auto replayed_us = [&](const plan::plan& p) {
+          return sim::simulate(p, refitted.durations_us(p.graph), {refitted.overlap_slowdown(), refitted.comm_overlap_slowdown()})
+              .step_us;
+        };
         nlohmann::json candidates = nlohmann::json::array();
-        std::set<std::uint64_t> seen;
+        candidates.push_back({names[0], replayed_us(first)});
+        std::set<std::uint64_t> seen{plan::hash(first)};
         std::vector<plan::plan> kept;
         for (std::size_t i = 0; i < made.size(); ++i) {
           if (!seen.insert(plan::hash(made[i])).second) continue;
-          const auto replay = sim::simulate(made[i], refitted.durations_us(made[i].graph),
-                                            {refitted.overlap_slowdown(), refitted.comm_overlap_slowdown()});
-          candidates.push_back({names[i], replay.step_us});
+          candidates.push_back({names[i + 1], replayed_us(made[i])});
           kept.push_back(std::move(made[i]));
         }
         made = std::move(kept);
@@ -741,7 +744,7 @@ private:
       const auto& candidate = h.at("candidates")[i];
       c.names.push_back(candidate.at(0));
       c.predicted_us.push_back(candidate.at(1));
-      c.plans.push_back(i == 0 ? ex_->plan() : runtime::distribute_plan(*backend_, [&] { return made[i]; }));
+      c.plans.push_back(i == 0 ? ex_->plan() : runtime::distribute_plan(*backend_, [&] { return made[i - 1]; }));
     }
     c.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (c.plans.size() == 1) { // nothing else to try

@@ -123,14 +123,48 @@ template <int = 0>
 __global__ void bias_add_k(const float* x, const float* bias, float* out, std::size_t n, std::size_t cols) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] + bias[i % cols];
 }
-// One thread per column walking down the rows: coalesced across the threads of a warp.
+// Sums over the rows, per column, of N terms `term(r, c, t)` (t[0..N) set by the call) into
+// out[k][c] (or adds to it with `accumulate`; a null out[k] is skipped). A block of
+// column_sum_threads threads owns 32 columns: its 32 row lanes each walk every 32nd row, a warp
+// reading 32 adjacent floats of one row, then lane partials are added in lane order, so results
+// do not vary run to run. One thread per column walking all rows left most of the GPU idle: on
+// an H200, layernorm's gain and bias sums over 8192 x 1024 took 3.4 ms, 14% of a GPT step.
+inline constexpr int column_tile = 32;
+inline constexpr int column_sum_threads = 1024; // column_tile columns x 32 row lanes
+template <int N, class Term>
+__device__ void column_sums(std::size_t rows, std::size_t cols, bool accumulate, float* const (&out)[N], Term term) {
+  constexpr int lanes = column_sum_threads / column_tile;
+  __shared__ float partial[N][lanes][column_tile + 1];
+  const std::size_t tx = threadIdx.x % column_tile, lane = threadIdx.x / column_tile;
+  for (std::size_t c0 = std::size_t{blockIdx.x} * column_tile; c0 < cols; c0 += std::size_t{gridDim.x} * column_tile) {
+    const std::size_t c = c0 + tx;
+    float acc[N] = {};
+    if (c < cols)
+      for (std::size_t r = lane; r < rows; r += lanes) {
+        float t[N];
+        term(r, c, t);
+        for (int k = 0; k < N; ++k) acc[k] += t[k];
+      }
+    for (int k = 0; k < N; ++k) partial[k][lane][tx] = acc[k];
+    __syncthreads();
+    if (lane == 0 && c < cols)
+      for (int k = 0; k < N; ++k) {
+        if (out[k] == nullptr) continue;
+        float sum = 0.0f;
+        for (int l = 0; l < lanes; ++l) sum += partial[k][l][tx];
+        out[k][c] = accumulate ? out[k][c] + sum : sum;
+      }
+    __syncthreads(); // partial is rewritten by the next tile
+  }
+}
+inline unsigned column_grid(std::size_t cols) {
+  const std::size_t tiles = (cols + column_tile - 1) / column_tile;
+  return static_cast<unsigned>(tiles < 1 ? 1 : tiles > 65535 ? 65535 : tiles);
+}
 template <int = 0>
 __global__ void column_sum_k(const float* x, float* out, std::size_t rows, std::size_t cols, bool accumulate) {
-  CONCERTO_GRID_STRIDE(c, cols) {
-    float s = 0.0f;
-    for (std::size_t r = 0; r < rows; ++r) s += x[r * cols + c];
-    out[c] = accumulate ? out[c] + s : s;
-  }
+  float* const outs[1] = {out};
+  column_sums(rows, cols, accumulate, outs, [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = x[r * cols + c]; });
 }
 template <int = 0>
 __global__ void gelu_k(const float* x, float* out, std::size_t n) {
@@ -212,16 +246,12 @@ __global__ void layernorm_dx_k(const float* dout, const float* x, const float* g
 template <int = 0>
 __global__ void layernorm_dparams_k(const float* dout, const float* x, const float* mean, const float* rstd,
                                     float* dgamma, float* dbeta, std::size_t rows, std::size_t cols, bool accumulate) {
-  CONCERTO_GRID_STRIDE(c, cols) {
-    float g = 0.0f, b = 0.0f;
-    for (std::size_t r = 0; r < rows; ++r) {
-      const float d = dout[r * cols + c];
-      g += d * (x[r * cols + c] - mean[r]) * rstd[r];
-      b += d;
-    }
-    dgamma[c] = accumulate ? dgamma[c] + g : g;
-    if (dbeta != nullptr) dbeta[c] = accumulate ? dbeta[c] + b : b;
-  }
+  float* const outs[2] = {dgamma, dbeta};
+  column_sums(rows, cols, accumulate, outs, [&](std::size_t r, std::size_t c, float (&t)[2]) {
+    const float d = dout[r * cols + c];
+    t[0] = d * (x[r * cols + c] - mean[r]) * rstd[r];
+    t[1] = d;
+  });
 }
 template <int = 0>
 __global__ void softmax_k(const float* x, float* out, std::size_t cols) {
@@ -643,11 +673,9 @@ __global__ void rmsnorm_dx_k(const float* dout, const float* x, const float* gai
 template <int = 0>
 __global__ void rmsnorm_dgain_k(const float* dout, const float* x, const float* rstd, float* dgain, std::size_t rows,
                                 std::size_t cols, bool accumulate) {
-  CONCERTO_GRID_STRIDE(c, cols) {
-    float g = 0.0f;
-    for (std::size_t r = 0; r < rows; ++r) g += dout[r * cols + c] * x[r * cols + c] * rstd[r];
-    dgain[c] = accumulate ? dgain[c] + g : g;
-  }
+  float* const outs[1] = {dgain};
+  column_sums(rows, cols, accumulate, outs,
+              [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = dout[r * cols + c] * x[r * cols + c] * rstd[r]; });
 }
 template <int = 0>
 __global__ void rms_stats_k(const float* x, float* rstd, std::size_t cols, float eps) {
@@ -707,7 +735,7 @@ inline void bias_add(const float* x, const float* bias, float* out, std::size_t 
 inline void bias_add_grad(const float* dout, float* dbias, std::size_t rows, std::size_t cols, bool accumulate,
                           cudaStream_t s) {
   if (cols == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::column_sum_k<>)(dout, dbias, rows, cols, accumulate);
+  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::column_sum_k<>)(dout, dbias, rows, cols, accumulate);
   detail::launched("bias_add_grad");
 }
 /// @brief GELU (tanh approximation), as cpu::gelu.
@@ -751,7 +779,7 @@ inline void layernorm_grad(const float* dout, const float* x, const float* gamma
     CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s, detail::layernorm_dx_k<>)(dout, x, gamma, mean, rstd, dx, cols);
     detail::launched("layernorm_grad");
   }
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, dbeta, rows,
+  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, dbeta, rows,
                                                                               cols, accumulate);
   detail::launched("layernorm_grad");
 }
@@ -822,7 +850,7 @@ inline void rmsnorm_grad(const float* dout, const float* x, const float* gain, c
 inline void rmsnorm_grad_gain(const float* dout, const float* x, const float* rstd, float* dgain, std::size_t rows,
                               std::size_t cols, bool accumulate, cudaStream_t s) {
   if (cols == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::rmsnorm_dgain_k<>)(dout, x, rstd, dgain, rows, cols,
+  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::rmsnorm_dgain_k<>)(dout, x, rstd, dgain, rows, cols,
                                                                                            accumulate);
   detail::launched("rmsnorm_grad_gain");
 }
@@ -964,7 +992,7 @@ inline void layernorm_grad_input(const float* dout, const float* x, const float*
 inline void layernorm_grad_gamma(const float* dout, const float* x, const float* mean, const float* rstd, float* dgamma,
                                  std::size_t rows, std::size_t cols, bool accumulate, cudaStream_t s) {
   if (cols == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, nullptr,
+  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, nullptr,
                                                                               rows, cols, accumulate);
   detail::launched("layernorm_grad_gamma");
 }
