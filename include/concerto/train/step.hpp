@@ -130,6 +130,15 @@ inline std::uint64_t kernel_build_fingerprint(const runtime::mpi::control& world
   h.add(std::int64_t{world.split_by_node(0, "the ranks of this node, for the kernel measurements' key").size()});
   return h.value();
 }
+/// An environment variable that must be 0 or 1; nullopt when unset or empty. `off` and `on`
+/// say what each value means, for the error on any other value.
+inline std::optional<bool> env_flag(const char* name, std::string_view off, std::string_view on) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  if (std::string_view(v) != "0" && std::string_view(v) != "1")
+    fail(std::string(name) + "='" + v + "' must be 0 (" + std::string(off) + ") or 1 (" + std::string(on) + ")");
+  return std::string_view(v) == "1";
+}
 /// An environment variable as a path; empty when unset.
 inline std::filesystem::path env_path(const char* name) {
   const char* v = std::getenv(name);
@@ -247,16 +256,10 @@ public:
         fail(std::string("CONCERTO_CHECK_REPLICAS='") + every + "' is not a number of steps (0: never)");
     }
     if (options_.check_replicas_every < 0) fail("train step: check_replicas_every must not be negative");
-    if (const char* on = std::getenv("CONCERTO_CHOOSE_PLAN"); on != nullptr && *on != '\0') {
-      if (std::string_view(on) != "0" && std::string_view(on) != "1")
-        fail(std::string("CONCERTO_CHOOSE_PLAN='") + on + "' must be 0 (keep the first plan) or 1 (choose by measuring)");
-      options_.choice.enabled = std::string_view(on) == "1";
-    }
-    if (const char* on = std::getenv("CONCERTO_TF32"); on != nullptr && *on != '\0') {
-      if (std::string_view(on) != "0" && std::string_view(on) != "1")
-        fail(std::string("CONCERTO_TF32='") + on + "' must be 0 (fp32 products) or 1 (TF32 tensor cores on the GPU)");
-      options_.allow_tf32 = std::string_view(on) == "1";
-    }
+    if (const auto on = detail::env_flag("CONCERTO_CHOOSE_PLAN", "keep the first plan", "choose by measuring"))
+      options_.choice.enabled = *on;
+    if (const auto on = detail::env_flag("CONCERTO_TF32", "fp32 products", "TF32 tensor cores on the GPU"))
+      options_.allow_tf32 = *on;
     if (const auto& c = options_.choice; c.warmup_steps < 0 || c.profile_steps < 1 || c.trial_steps < 1 || c.rounds < 1)
       fail("train step: plan choice needs warmup_steps >= 0, profile_steps >= 1, trial_steps >= 1 and rounds >= 1 (got " +
            std::to_string(c.warmup_steps) + ", " + std::to_string(c.profile_steps) + ", " + std::to_string(c.trial_steps) +
@@ -701,14 +704,11 @@ private:
         // Without a refit (a GPU backend: the executor sees when tasks were issued, not how long
         // they ran) the model's ranking of the baselines was never checked against this machine:
         // on one H200 it put xla_lhs first for a small GPT that ran 1.2x slower under it than under
-        // sync (launch-bound steps, where each cross-stream event costs). Each list baseline runs.
-        if (!refit)
-          for (const auto& policy : planner::list_policy_names()) {
-            planning.policy = policy;
-            names.push_back(policy);
-            made.push_back(planner::make_plan(g, refitted, planning));
-          }
-        for (const auto& policy : options_.choice.also_try) {
+        // sync (launch-bound steps, where each cross-stream event costs). Each list baseline runs,
+        // as does every policy the options add.
+        auto more = refit ? std::vector<std::string>{} : planner::list_policy_names();
+        more.insert(more.end(), options_.choice.also_try.begin(), options_.choice.also_try.end());
+        for (const auto& policy : more) {
           planning.policy = policy;
           names.push_back(policy);
           made.push_back(planner::make_plan(g, refitted, planning));
@@ -1111,7 +1111,7 @@ private:
     double planning_s = 0, switching_s = 0;
   };
   std::optional<choosing> choosing_;
-  std::vector<std::byte> carried_; ///< the named tensors while switch_plan changes executors
+  std::vector<std::byte> carried_; ///< what outlives a step, while switch_plan changes executors
   plan_choice_report choice_;
   std::map<std::string, tensor_info> tensors_;
   std::vector<std::string> inputs_, params_, states_;
