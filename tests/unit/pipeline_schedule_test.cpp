@@ -1,0 +1,231 @@
+#include <concerto/pipeline/search.hpp>
+#include <concerto/pipeline/workloads.hpp>
+
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <random>
+
+using namespace concerto;
+using Catch::Approx;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+pipeline::chunk_cost unit_cost(double f, double b, double w) {
+  pipeline::chunk_cost k;
+  k.forward_us = f;
+  k.input_grad_us = b;
+  k.weight_grad_us = w;
+  k.activation_bytes = 1;
+  k.weight_grad_share = 0.5;
+  return k;
+}
+
+// A problem with uneven chunks, messages, reductions and optimizer steps, from a seed.
+pipeline::problem random_problem(std::uint32_t seed, int stages, int microbatches) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0.5, 2.0);
+  auto p = pipeline::uniform_problem(stages, microbatches, unit_cost(1, 1, 1));
+  for (auto& k : p.chunks) {
+    k = unit_cost(u(rng), u(rng), u(rng));
+    k.activation_bytes = u(rng);
+    k.weight_grad_share = u(rng) / 4;
+    k.grad_sync_us = u(rng);
+    k.optimizer_us = u(rng) / 2;
+  }
+  for (auto& s : p.send_us) s = u(rng) / 5;
+  return p;
+}
+
+std::string error_of(const auto& f) {
+  try {
+    f();
+  } catch (const concerto::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+} // namespace
+
+TEST_CASE("the baselines' steps and memory match their papers' formulas", "[pipeline]") {
+  for (const int p : {2, 4, 8})
+    for (const int m : {8, 16}) {
+      CAPTURE(p, m);
+      const double F = 1, B = 1.5, W = 0.75;
+      const auto prob = pipeline::uniform_problem(p, m, unit_cost(F, B, W));
+      // 1F1B and GPipe: (m + p - 1) slots of a forward and a whole backward.
+      const auto ofob = pipeline::verify(prob, pipeline::one_f_one_b(prob));
+      CHECK(ofob.step_us == Approx((m + p - 1) * (F + B + W)));
+      CHECK(pipeline::simulate(prob, pipeline::gpipe(prob)).step_us == Approx((m + p - 1) * (F + B + W)));
+      // 1F1B: stage s holds p - s micro-batches; GPipe holds all of them.
+      for (int s = 0; s < p; ++s) CHECK(ofob.peak_memory_bytes[static_cast<std::size_t>(s)] == Approx(p - s));
+      CHECK(pipeline::peak_memory(pipeline::simulate(prob, pipeline::gpipe(prob))) == Approx(m));
+      // ZB-H1: the bubble shrinks to (p - 1)(F + B - W), at 1F1B's peak.
+      const auto zb = pipeline::verify(prob, pipeline::zb_h1(prob));
+      CHECK(zb.step_us == Approx(m * (F + B + W) + (p - 1) * (F + B - W)));
+      CHECK(pipeline::peak_memory(zb) <= Approx(pipeline::peak_memory(ofob)));
+      // Every schedule respects the lower bound.
+      CHECK(pipeline::lower_bound(prob) <= zb.step_us * (1 + 1e-12));
+    }
+  // With F = B = W the bound is met: ZB-H1's bubble is the first micro-batch's forward path.
+  const auto equal = pipeline::uniform_problem(4, 8, unit_cost(1, 1, 1));
+  CHECK(pipeline::simulate(equal, pipeline::zb_h1(equal)).step_us == Approx(27));
+  CHECK(pipeline::lower_bound(equal) == Approx(27));
+}
+
+TEST_CASE("interleaved 1F1B divides the bubble by the chunks per stage", "[pipeline]") {
+  const int p = 4, m = 8, v = 2;
+  auto prob = pipeline::uniform_problem(p, m, unit_cost(1.0 / v, 1.0 / v, 1.0 / v));
+  prob.virtual_stages = v;
+  prob.chunks.assign(static_cast<std::size_t>(p * v), prob.chunks[0]);
+  prob.send_us.assign(static_cast<std::size_t>(p * v - 1), 0);
+  const auto t = pipeline::verify(prob, pipeline::interleaved_one_f_one_b(prob));
+  CHECK(t.step_us == Approx(m * 3.0 + (p - 1) * 3.0 / v));
+  prob.microbatches = 6;
+  CHECK_THAT(error_of([&] { (void)pipeline::interleaved_one_f_one_b(prob); }),
+             ContainsSubstring("micro-batches (6) to be a multiple of the stages (4)"));
+  CHECK_THAT(error_of([&] { (void)pipeline::one_f_one_b(prob); }), ContainsSubstring("one chunk per stage"));
+}
+
+TEST_CASE("the verifier names both stages of a send/recv order mismatch", "[pipeline]") {
+  const auto prob = pipeline::uniform_problem(4, 6, unit_cost(1, 1, 1));
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    auto s = pipeline::zb_h1(prob);
+    // Seeded mutation: on one stage, swap two forwards (or two B passes) of different micro-batches.
+    const int stage = static_cast<int>(rng() % 4);
+    const auto kind = rng() % 2 ? pipeline::pass::forward : pipeline::pass::input_grad;
+    auto& o = s.order[static_cast<std::size_t>(stage)];
+    std::vector<std::size_t> at;
+    for (std::size_t i = 0; i < o.size(); ++i)
+      if (o[i].kind == kind) at.push_back(i);
+    const auto a = at[rng() % at.size()], b = at[rng() % at.size()];
+    if (a == b) continue;
+    std::swap(o[a].microbatch, o[b].microbatch);
+    const auto msg = error_of([&] { (void)pipeline::verify(prob, s); });
+    CAPTURE(stage, msg);
+    // Only the mutated stage's order changed, so every mismatch involves it and a neighbour.
+    const bool fwd = kind == pipeline::pass::forward;
+    CHECK_THAT(msg, ContainsSubstring("stage " + std::to_string(stage)));
+    CHECK_THAT(msg, ContainsSubstring("receives them"));
+    CHECK_THAT(msg, ContainsSubstring(fwd ? "activations" : "input gradients"));
+  }
+}
+
+TEST_CASE("the verifier refuses incomplete, misplaced, deadlocked and oversized schedules", "[pipeline]") {
+  auto prob = pipeline::uniform_problem(3, 4, unit_cost(1, 1, 1));
+  auto s = pipeline::one_f_one_b(prob);
+  auto missing = s;
+  missing.order[1].pop_back();
+  CHECK_THAT(error_of([&] { (void)pipeline::verify(prob, missing); }), ContainsSubstring("stage 1 never runs B(chunk 1, micro-batch 3)"));
+  auto twice = s;
+  twice.order[2].push_back(twice.order[2].front());
+  CHECK_THAT(error_of([&] { (void)pipeline::verify(prob, twice); }), ContainsSubstring("runs F(chunk 2, micro-batch 0) twice"));
+  auto elsewhere = s;
+  elsewhere.order[0].push_back(elsewhere.order[1].back());
+  elsewhere.order[1].pop_back();
+  CHECK_THAT(error_of([&] { (void)pipeline::verify(prob, elsewhere); }), ContainsSubstring("a block of stage 1"));
+  auto fused_w = s;
+  fused_w.order[0].push_back({0, 0, pipeline::pass::weight_grad});
+  CHECK_THAT(error_of([&] { (void)pipeline::verify(prob, fused_w); }), ContainsSubstring("does not split the backward"));
+  // The last stage runs B(0) before F(0): it waits for ever.
+  auto stuck = s;
+  std::swap(stuck.order[2][0], stuck.order[2][1]);
+  CHECK_THAT(error_of([&] { (void)pipeline::verify(prob, stuck); }), ContainsSubstring("deadlocks: stage"));
+  CHECK_THAT(error_of([&] { (void)pipeline::verify(prob, stuck); }), ContainsSubstring("stage 2 waits for ever at B(chunk 2, micro-batch 0)"));
+  // GPipe over 1F1B's memory.
+  prob.memory_cap_bytes = pipeline::peak_memory(pipeline::simulate(prob, s));
+  CHECK_NOTHROW(pipeline::verify(prob, s));
+  CHECK_THAT(error_of([&] { (void)pipeline::verify(prob, pipeline::gpipe(prob)); }), ContainsSubstring("stage 0 holds"));
+  // A problem that does not fit names the field.
+  auto bad = prob;
+  bad.send_us.pop_back();
+  CHECK_THAT(error_of([&] { bad.check(); }), ContainsSubstring("message costs for 3 chunks"));
+  bad = prob;
+  bad.chunks[1].weight_grad_share = 2;
+  CHECK_THAT(error_of([&] { bad.check(); }), ContainsSubstring("chunk 1 has weight_grad_share"));
+  CHECK_THAT(error_of([&] { (void)pipeline::baseline("zb_h2", prob); }), ContainsSubstring("unknown pipeline policy 'zb_h2'"));
+}
+
+TEST_CASE("concerto is never slower than a baseline that fits, stays in the cap, and respects the bound",
+          "[pipeline][z3]") {
+  for (std::uint32_t seed = 1; seed <= 6; ++seed) {
+    const int stages = 2 + static_cast<int>(seed % 3);
+    const auto p1 = random_problem(seed, stages, 2 * stages);
+    std::vector<pipeline::problem> layouts{p1};
+    pipeline::search_options o;
+    o.window_work_limit = 2'000'000; // deterministic
+    o.whole_problem = 0;             // windows only: the path large problems take
+    o.window = 24;
+    const auto r = pipeline::plan_concerto(layouts, o);
+    CAPTURE(seed, r.warm_start);
+    const double cap = r.layout.memory_cap_bytes;
+    CHECK(cap == Approx(pipeline::peak_memory(pipeline::simulate(p1, pipeline::one_f_one_b(p1)))));
+    for (const auto& c : r.candidates)
+      if (c.fits) CHECK(r.time.step_us <= c.step_us * (1 + 1e-9));
+    CHECK(pipeline::peak_memory(r.time) <= cap * (1 + 1e-9));
+    CHECK(r.time.step_us >= r.lower_bound_us * (1 - 1e-9));
+    CHECK_NOTHROW(pipeline::verify(r.layout, r.best));
+  }
+}
+
+TEST_CASE("concerto finds and proves the optimum of a small pipeline", "[pipeline][z3]") {
+  // Equal passes: ZB-H1 meets the bound, and the whole problem is one window.
+  const auto equal = pipeline::uniform_problem(3, 4, unit_cost(1, 1, 1));
+  std::vector<pipeline::problem> layouts{equal};
+  const auto r = pipeline::plan_concerto(layouts, {});
+  CHECK(r.time.step_us == Approx(pipeline::lower_bound(r.layout)));
+  // A last stage twice as slow: the search must move work to beat the best baseline.
+  auto skewed = pipeline::uniform_problem(3, 6, unit_cost(1, 1, 1));
+  skewed.chunks[2] = unit_cost(2, 2, 2);
+  skewed.chunks[2].activation_bytes = 1;
+  layouts = {skewed};
+  const auto s = pipeline::plan_concerto(layouts, {});
+  CHECK(s.time.step_us <= s.warm_start_us);
+  CHECK(s.time.step_us >= s.lower_bound_us * (1 - 1e-9));
+}
+
+TEST_CASE("layers split over chunks as evenly as possible, the ends lighter", "[pipeline]") {
+  CHECK(pipeline::split_layers(40, 4) == std::vector<int>{10, 10, 10, 10});
+  const auto llama = pipeline::split_layers(126, 16);
+  CHECK(llama.front() == 7);
+  CHECK(llama.back() == 7);
+  for (std::size_t i = 1; i + 1 < llama.size(); ++i) CHECK(llama[i] == 8);
+  CHECK(pipeline::split_layers(7, 4) == std::vector<int>{1, 2, 2, 2});
+  CHECK_THAT(error_of([] { (void)pipeline::split_layers(3, 4); }), ContainsSubstring("cannot split 3 layers over 4 pipeline chunks"));
+}
+
+TEST_CASE("pipelined workloads are priced from their task graphs", "[pipeline]") {
+  const auto model = cost::model::preset("a800x32");
+  pipeline::workload_layout l;
+  l.stages = 4;
+  l.microbatches = 8;
+  l.layers = 8;
+  const auto p = pipeline::make_problem("gpt-ptd", model, l);
+  REQUIRE(p.chunks.size() == 4);
+  for (const auto& k : p.chunks) {
+    CHECK(k.layers == 2);
+    CHECK(k.forward_us > 0);
+    CHECK(k.input_grad_us > 0);
+    CHECK(k.weight_grad_us > 0);
+    CHECK(k.activation_bytes > 0);
+    CHECK(k.weight_grad_share > 0);
+    CHECK(k.weight_grad_share < 1);
+  }
+  // The head and loss make the last chunk heavier than a middle one, the embedding the first.
+  CHECK(p.chunks[3].forward_us > p.chunks[1].forward_us);
+  CHECK(p.chunks[0].optimizer_us > p.chunks[1].optimizer_us);
+  CHECK(p.chunks[1].forward_us == Approx(p.chunks[2].forward_us));
+  CHECK(p.send_us[0] > 0);
+  // Data parallelism adds the gradient reduction.
+  l.data_parallel = 2;
+  CHECK(pipeline::make_problem("gpt-ptd", model, l).chunks[1].grad_sync_us > 0);
+  CHECK_THAT(error_of([&] { (void)pipeline::make_problem("gpt-pp", model, l); }),
+             ContainsSubstring("unknown pipeline workload 'gpt-pp' (known: gpt-ptd, llama-ptd)"));
+  l.layers = 3;
+  CHECK_THAT(error_of([&] { (void)pipeline::make_problem("gpt-ptd", model, l); }),
+             ContainsSubstring("cannot split 3 layers over 4 pipeline chunks"));
+}
