@@ -1,5 +1,7 @@
 #pragma once
 // The examples' command lines, parsed by CLI11 on every rank (the same argv everywhere).
+#include "settings.hpp"
+
 #include <concerto/runtime/mpi/environment.hpp>
 
 #include <CLI/CLI.hpp>
@@ -19,14 +21,6 @@ inline const CLI::Validator positive(
       return std::string();
     },
     "POSITIVE");
-
-/// What the text-trained decoder examples (GPT, Llama) share on their command lines.
-struct text_model_settings {
-  int tp = 2, steps = 150, layers = 2, hidden = 64, heads = 4, seq = 32, batch = 16;
-  bool sp = false;
-  float lr = 3e-3f;
-  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
-};
 
 /// Adds the shared options to `app`, bound to `s`; `blocks` names the model's layers in --help.
 inline void add_text_model_options(CLI::App& app, text_model_settings& s, const std::string& blocks) {

@@ -10,17 +10,16 @@
 // with status 1 if the loss did not fall. A comma-separated --policy compiles one step per policy
 // on the same ranks and runs them in turn, step by step (the order rotating each round); each
 // prints a "result {json}" line (median measured step time, predicted time, lower bound), and
-// --json FILE writes them as one JSON array. --help lists every option.
-#include "../common/command_line.hpp"
+// --json FILE writes them as one JSON array. --help lists every option (flags.cpp). It is built
+// in concerto's separately compiled mode (CMake: concerto::mpi_compiled; docs/training.md).
 #include "../common/corpus.hpp"
 #include "../common/policy_runs.hpp"
 #include "model.hpp"
+#include "settings.hpp"
 
 #include <concerto/concerto.hpp>
 #include <concerto/core/file.hpp>
 #include <concerto/train/step.hpp>
-
-#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -32,35 +31,40 @@ using namespace concerto;
 
 namespace {
 
-struct settings : examples::text_model_settings {
-  int zero_stage = 0, kv_heads = 2, ffn = 0;
-  std::int64_t rope_theta = 10000;
-};
+using llama_example::settings;
 
 // Llama's feed-forward width: 2/3 of 4·hidden, rounded up to a multiple of 8 (so that it splits).
 int default_ffn(int hidden) { return (8 * hidden / 3 + 7) / 8 * 8; }
 
+// Trains the compiled steps in turn. Everything after compiling is the same code for every
+// variant of the model: a train::basic_step holds no trace of the program's size.
+int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const examples::corpus& corpus, int ffn,
+               int world, const std::vector<std::string>& policies);
+
 template <std::size_t N>
 int train_on(const graph::program<N>& model, const settings& s) {
   const auto corpus = examples::read_corpus(s.text, s.seq);
+  const int ffn = s.ffn > 0 ? s.ffn : default_ffn(s.hidden);
+  const shape_map shapes = llama_model::shapes(s.batch, s.seq, corpus.vocab, s.hidden, s.heads, s.kv_heads, ffn);
+  const int world = runtime::mpi::environment::world_size();
+  const auto policies = examples::split_policies(s.policy);
+  std::vector<train::basic_step<>> runs;
+  runs.reserve(policies.size());
+  for (const auto& policy : policies)
+    runs.push_back(train::compile(model, mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}}), shapes,
+                                  {.adamw = {.lr = s.lr}},
+                                  {.policy = policy,
+                                   .lower = {.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
+                                             .depth = {{"layers", s.layers}}},
+                                   .cost_preset = s.cost_preset}));
+  return train_runs(runs, s, corpus, ffn, world, policies);
+}
+
+int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const examples::corpus& corpus, int ffn,
+               int world, const std::vector<std::string>& policies) {
   const auto& text = corpus.text;
   const auto& id_of = corpus.id_of;
   const auto vocab = corpus.vocab;
-
-  const int ffn = s.ffn > 0 ? s.ffn : default_ffn(s.hidden);
-  const shape_map shapes = llama_model::shapes(s.batch, s.seq, vocab, s.hidden, s.heads, s.kv_heads, ffn);
-  const int world = runtime::mpi::environment::world_size();
-  const auto policies = examples::split_policies(s.policy);
-  const auto make = [&](const std::string& policy) {
-    return train::compile(model, mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}}), shapes, {.adamw = {.lr = s.lr}},
-                          {.policy = policy,
-                           .lower = {.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
-                                     .depth = {{"layers", s.layers}}},
-                           .cost_preset = s.cost_preset});
-  };
-  std::vector<decltype(make(""))> runs;
-  runs.reserve(policies.size());
-  for (const auto& p : policies) runs.push_back(make(p));
   const bool root = runs.front().rank() == 0;
   if (root) {
     std::printf("llama: %d layers, hidden %d, %d heads (%d k/v heads), ffn %d, seq %d, batch %d, vocab %lld, %zu chars of %s\n",
@@ -129,9 +133,23 @@ template <auto Residual>
 void train_with_optimizer(const settings& s) {
   using namespace llama_model;
   switch (s.zero_stage) {
-  case 0: train_on(make<Residual>(), s); return;
-  case 1: train_on(make<Residual, zero<1>(adamw{}, dp)>(), s); return;
-  case 3: train_on(make<Residual, zero<3>(adamw{}, dp)>(), s); return;
+  // Each program is a constant made by the compiler ("static constexpr"): passed as a call's
+  // result instead, g++ would emit code that builds it node by node at run time.
+  case 0: {
+    static constexpr auto model = make<Residual>();
+    train_on(model, s);
+    return;
+  }
+  case 1: {
+    static constexpr auto model = make<Residual, zero<1>(adamw{}, dp)>();
+    train_on(model, s);
+    return;
+  }
+  case 3: {
+    static constexpr auto model = make<Residual, zero<3>(adamw{}, dp)>();
+    train_on(model, s);
+    return;
+  }
   default: fail("--zero " + std::to_string(s.zero_stage) + ": the example offers ZeRO stages 0, 1 and 3");
   }
 }
@@ -141,13 +159,7 @@ void train_with_optimizer(const settings& s) {
 int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
   settings s;
-  CLI::App app{"Trains a small Llama-family decoder on a text over MPI ranks (DP x TP mesh)."};
-  examples::add_text_model_options(app, s, "decoder blocks");
-  app.add_option("--zero", s.zero_stage, "ZeRO stage over dp: 0, 1 or 3")->check(CLI::IsMember({0, 1, 3}))->capture_default_str();
-  app.add_option("--kv-heads", s.kv_heads, "key/value heads (grouped-query attention; = heads for MHA)")->check(examples::positive)->capture_default_str();
-  app.add_option("--ffn", s.ffn, "feed-forward width (default: 8/3 of hidden, rounded up to 8)")->check(examples::positive);
-  app.add_option("--rope-theta", s.rope_theta, "base of the rotary embedding's angles")->check(examples::positive)->capture_default_str();
-  if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
+  if (const auto status = llama_example::parse_command_line(argc, argv, s)) return *status;
   return runtime::mpi::run_or_abort([&] {
     if (s.sp) train_with_optimizer<llama_model::sequence_parallel_residual>(s);
     else train_with_optimizer<llama_model::replicated_residual>(s);

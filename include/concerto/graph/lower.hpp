@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -560,17 +561,15 @@ private:
 
 } // namespace graph::detail
 
-/// @brief Lowers a program to the task graph of one rank (all ranks share it). Throws
-/// concerto::error naming the tensor for a missing or wrong shape, a dimension that does not
-/// divide over its mesh axis, a mesh that lacks an axis the program uses, or a repeat without a depth.
-/// A repeated block is unrolled: layer i's tasks are named `<repeat>.<i>.<name>` and carry
-/// `ir::task::layer` (numbered across the repeats of the program in order), forward layers run
-/// 0..L-1, backward layers L-1..0. Tasks whose results neither the loss, a leaf's gradient nor
-/// an update needs are not in the graph (ir::remove_dead_tasks).
+namespace graph::detail {
+
+// Every program is lowered as a program of this many nodes (copied into one on the heap), so
+// that the lowering's code is generated once per trainer, not once per model size, and can be
+// compiled separately (CONCERTO_SEPARATE_COMPILATION). A larger program is lowered as it is.
+inline constexpr std::size_t lowering_size = 4096;
+
 template <std::size_t N>
-[[nodiscard]] ir::graph lower(const graph::program<N>& p, const shape_map& shapes, const mesh& m,
-                              const lower_options& options = {}) {
-  using namespace graph::detail;
+ir::graph lower_sized(const graph::program<N>& p, const shape_map& shapes, const mesh& m, const lower_options& options) {
   std::vector<int> axis_of(static_cast<std::size_t>(p.axes.count)); // program axis -> mesh axis
   for (int a = 0; a < p.axes.count; ++a) {
     const auto idx = m.index_of(p.axes.names[a].view());
@@ -583,6 +582,33 @@ template <std::size_t N>
   auto local = local_shapes(p, global, m, axis_of);
   auto layout = repeat_depths(p, global, options);
   return emitter<N>(p, m, options, std::move(axis_of), std::move(global), std::move(local), std::move(layout)).run();
+}
+
+#ifdef CONCERTO_SEPARATE_COMPILATION
+extern template ir::graph lower_sized<lowering_size>(const graph::program<lowering_size>&, const shape_map&, const mesh&,
+                                                     const lower_options&);
+#endif
+
+} // namespace graph::detail
+
+/// @brief Lowers a program to the task graph of one rank (all ranks share it). Throws
+/// concerto::error naming the tensor for a missing or wrong shape, a dimension that does not
+/// divide over its mesh axis, a mesh that lacks an axis the program uses, or a repeat without a depth.
+/// A repeated block is unrolled: layer i's tasks are named `<repeat>.<i>.<name>` and carry
+/// `ir::task::layer` (numbered across the repeats of the program in order), forward layers run
+/// 0..L-1, backward layers L-1..0. Tasks whose results neither the loss, a leaf's gradient nor
+/// an update needs are not in the graph (ir::remove_dead_tasks).
+template <std::size_t N>
+[[nodiscard]] ir::graph lower(const graph::program<N>& p, const shape_map& shapes, const mesh& m,
+                              const lower_options& options = {}) {
+  using graph::detail::lowering_size;
+  if constexpr (N <= lowering_size) {
+    const auto wide = std::make_unique<graph::program<lowering_size>>();
+    graph::detail::widen_into(*wide, p);
+    return graph::detail::lower_sized(*wide, shapes, m, options);
+  } else {
+    return graph::detail::lower_sized(p, shapes, m, options);
+  }
 }
 
 } // namespace concerto

@@ -35,7 +35,7 @@ namespace graph {
 /// @brief A compiled training step of N nodes (nodes are in execution order: forward, backward,
 /// optimizer).
 template <std::size_t N>
-struct program {
+struct program { // a field added here is copied by detail::finish and detail::widen_into
   node nodes[N]{};
   int size = 0;
   axis_table axes{};
@@ -362,6 +362,30 @@ constexpr program<N> finish(const W& w) noexcept {
   p.repeat_count = w.repeat_count;
   for (int k = 0; k < max_repeats; ++k) p.repeats[k] = w.repeats[k];
   return p;
+}
+
+// The same program in a larger one (graph/lower.hpp lowers every program through one size).
+// A field added to program must be copied here and in finish.
+template <std::size_t M, std::size_t N>
+  requires(M >= N)
+void widen_into(program<M>& out, const program<N>& p) noexcept {
+  out.size = p.size;
+  for (int i = 0; i < p.size; ++i) out.nodes[i] = p.nodes[i];
+  out.axes = p.axes;
+  out.name_count = p.name_count;
+  for (int l = 0; l < max_leaves; ++l) {
+    out.names[l] = p.names[l];
+    out.inits[l] = p.inits[l];
+    out.leaf_node[l] = p.leaf_node[l];
+    out.grad_of[l] = p.grad_of[l];
+    out.update_of[l] = p.update_of[l];
+  }
+  out.loss = p.loss;
+  out.optimizer = p.optimizer;
+  out.zero_stage = p.zero_stage;
+  out.zero_axis = p.zero_axis;
+  out.repeat_count = p.repeat_count;
+  for (int k = 0; k < max_repeats; ++k) out.repeats[k] = p.repeats[k];
 }
 
 } // namespace detail

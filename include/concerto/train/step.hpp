@@ -238,11 +238,87 @@ struct step_result {
 };
 
 /// @brief A compiled training step; see the file comment. Move-only.
-template <std::size_t N, class Backend = default_backend>
-class step {
+namespace detail {
+
+/// What a step needs of its program after lowering: the names, specs and initialisers of its
+/// nodes, its axes and its loss. Plain data, so that the step's code does not depend on the
+/// program's size N and is compiled once for every model of a trainer (and, in the separately
+/// compiled mode, once for all trainers: docs/training.md).
+struct program_facts {
+  struct node {
+    std::string name;   ///< the node's own name (a repeated block's are prefixed per layer)
+    std::string repeat; ///< the repeat the node belongs to, empty if none (data leaves: none)
+    op_code op = op_code::param;
+    pspec spec{};
+    leaf_init init = leaf_init::automatic; ///< a parameter's rule
+  };
+  std::vector<std::string> axes; ///< the program's axis names, by its axis index
+  std::vector<node> nodes;
+  std::string loss;
+  std::uint32_t loss_partial = 0; ///< the program axes the loss is pending a sum over
+};
+
+template <std::size_t N>
+program_facts facts_of(const graph::program<N>& p) {
+  program_facts f;
+  for (int a = 0; a < p.axes.count; ++a) f.axes.emplace_back(p.axes.names[a].view());
+  for (int i = 0; i < p.size; ++i) {
+    const auto& x = p.nodes[i];
+    program_facts::node n;
+    n.name = p.name_of(i);
+    if (x.block >= 0 && x.op != op_code::data) n.repeat = std::string(p.repeats[x.block].name.view());
+    n.op = x.op;
+    n.spec = x.spec;
+    if (x.op == op_code::param) n.init = p.inits[x.name];
+    f.nodes.push_back(std::move(n));
+  }
+  f.loss = p.name_of(p.loss);
+  f.loss_partial = p.nodes[p.loss].spec.partial;
+  return f;
+}
+
+/// A program lowered for a step: its facts and its graph.
+struct lowered_program {
+  program_facts facts;
+  ir::graph graph;
+};
+
+// Every step's program goes through the one size of graph/lower.hpp (lowering_size), so that
+// this, like the step itself, is compiled once (and, in the separately compiled mode, in the
+// library only).
+template <std::size_t N>
+lowered_program lower_for_step(const graph::program<N>& p, const shape_map& shapes, const mesh& m,
+                               const lower_options& options) {
+  return {facts_of(p), graph::detail::lower_sized(p, shapes, m, options)};
+}
+
+#ifdef CONCERTO_SEPARATE_COMPILATION
+extern template lowered_program lower_for_step<graph::detail::lowering_size>(
+    const graph::program<graph::detail::lowering_size>&, const shape_map&, const mesh&, const lower_options&);
+#endif
+
+template <std::size_t N>
+lowered_program lower_any(const graph::program<N>& p, const shape_map& shapes, const mesh& m, const lower_options& options) {
+  using graph::detail::lowering_size;
+  if constexpr (N <= lowering_size) {
+    const auto wide = std::make_unique<graph::program<lowering_size>>();
+    graph::detail::widen_into(*wide, p);
+    return lower_for_step(*wide, shapes, m, options);
+  } else {
+    return lower_for_step(p, shapes, m, options);
+  }
+}
+
+} // namespace detail
+
+/// @brief A compiled training step (what `train::compile` returns is a `step<N>`, which adds
+/// only its constructor from the program): lowering done, planning on the first call.
+template <class Backend = default_backend>
+class basic_step {
 public:
-  step(const graph::program<N>& p, concerto::mesh m, shape_map shapes, optimizer_settings opt, step_options o)
-      : program_(p), mesh_(std::move(m)), shapes_(std::move(shapes)), options_(std::move(o)) {
+  basic_step(detail::lowered_program lowered, concerto::mesh m, shape_map shapes, optimizer_settings opt,
+             step_options o)
+      : facts_(std::move(lowered.facts)), mesh_(std::move(m)), shapes_(std::move(shapes)), options_(std::move(o)) {
     settings_.sgd = opt.sgd;
     settings_.adamw = opt.adamw;
     MPI_Comm_rank(options_.world, &rank_);
@@ -267,7 +343,7 @@ public:
     for (const auto& policy : options_.choice.also_try)
       if (const auto known = planner::policy_names(); std::find(known.begin(), known.end(), policy) == known.end())
         fail("train step: plan choice: also_try names '" + policy + "', which is not a policy");
-    graph_ = lower(p, shapes_, mesh_, options_.lower);
+    graph_ = std::move(lowered.graph);
     control_.emplace(options_.world, runtime::detail::resolve_timeout_s(options_.executor.timeout_s,
                                                                         options_.executor.timeout_from_env, "train step"));
   }
@@ -878,7 +954,7 @@ private:
       std::int64_t index = 0, parts = 1;
       for (const auto a : spec.dims[d]) {
         if (a < 0) continue;
-        const auto m = *mesh_.index_of(program_.axes.names[a].view());
+        const auto m = *mesh_.index_of(facts_.axes[static_cast<std::size_t>(a)]);
         const auto size = mesh_.axes()[static_cast<std::size_t>(m)].size;
         index = index * size + coords[static_cast<std::size_t>(m)];
         parts *= size;
@@ -971,16 +1047,13 @@ private:
     // Views included: the planner's buckets turn gradients into views of one flat buffer.
     for (const auto& b : g.buffers) by_name.emplace(b.name, b.id);
     const auto coords = mesh_.coords(rank_);
-    for (int i = 0; i < program_.size; ++i) {
-      const auto& x = program_.nodes[i];
-      const auto base = program_.name_of(i);
+    for (const auto& x : facts_.nodes) {
       std::vector<std::string> names;
-      if (x.block >= 0 && x.op != op_code::data) {
-        const std::string r(program_.repeats[x.block].name.view());
-        const auto depth = options_.lower.depth.at(r);
-        for (int l = 0; l < depth; ++l) names.push_back(r + "." + std::to_string(l) + "." + base);
+      if (!x.repeat.empty()) {
+        const auto depth = options_.lower.depth.at(x.repeat);
+        for (int l = 0; l < depth; ++l) names.push_back(x.repeat + "." + std::to_string(l) + "." + x.name);
       } else {
-        names.push_back(base);
+        names.push_back(x.name);
       }
       for (const auto& name : names) {
         const auto it = by_name.find(name);
@@ -991,18 +1064,17 @@ private:
         if (graph::is_leaf(x.op) && x.op != op_code::param) inputs_.push_back(name);
         if (x.op == op_code::param) {
           params_.push_back(name);
-          init_of_[name] = program_.inits[x.name];
+          init_of_[name] = x.init;
         }
         if (x.op == op_code::state) states_.push_back(name);
       }
     }
-    const auto loss_name = program_.name_of(program_.loss);
-    loss_id_ = info(loss_name).id;
+    loss_id_ = info(facts_.loss).id;
     // The loss is a sum over the axes it is pending on and a copy over the others.
     int pending = 1;
-    for (int a = 0; a < program_.axes.count; ++a)
-      if (program_.nodes[program_.loss].spec.partial & (1u << a))
-        pending *= mesh_.axes()[static_cast<std::size_t>(*mesh_.index_of(program_.axes.names[a].view()))].size;
+    for (std::size_t a = 0; a < facts_.axes.size(); ++a)
+      if (facts_.loss_partial & (1u << a))
+        pending *= mesh_.axes()[static_cast<std::size_t>(*mesh_.index_of(facts_.axes[a]))].size;
     loss_copies_ = static_cast<double>(size_) / pending;
   }
 
@@ -1083,7 +1155,7 @@ private:
             {"OMPI_MCA_coll_libnbc_iallreduce_algorithm", iallreduce ? iallreduce : "(unset)"}};
   }
 
-  graph::program<N> program_;
+  detail::program_facts facts_;
   concerto::mesh mesh_;
   shape_map shapes_;
   step_options options_;
@@ -1122,6 +1194,17 @@ private:
   std::vector<std::int64_t> staging_i64_;
 };
 
+/// @brief The step of a program of N nodes: lowers it, keeps what the step needs of it.
+template <std::size_t N, class Backend = default_backend>
+class step : public basic_step<Backend> {
+public:
+  // Copies, not moves, of the arguments both the lowering and the base read: the order in
+  // which a constructor's arguments are evaluated is unspecified.
+  step(const graph::program<N>& p, const concerto::mesh& m, const shape_map& shapes, optimizer_settings opt,
+       step_options o)
+      : basic_step<Backend>(detail::lower_any(p, shapes, m, o.lower), m, shapes, opt, o) {}
+};
+
 /// @brief Compiles a training step: lowers `p` for `m` and `shapes`; plans on the first call.
 /// @code
 /// auto step = train::compile(gpt, mesh, shapes, {.adamw = {.lr = 3e-3f}},
@@ -1144,3 +1227,8 @@ template <std::size_t N>
 }
 
 } // namespace concerto::train
+
+#ifdef CONCERTO_SEPARATE_COMPILATION
+// Compiled once, in the translation unit that includes <concerto/impl/src.hpp>.
+extern template class concerto::train::basic_step<concerto::train::default_backend>;
+#endif

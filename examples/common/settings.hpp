@@ -1,0 +1,15 @@
+#pragma once
+// What the text-trained decoder examples (GPT, Llama) share on their command lines, without the
+// parser (common/command_line.hpp), so that a trainer's model file need not compile CLI11.
+#include <string>
+
+namespace examples {
+
+struct text_model_settings {
+  int tp = 2, steps = 150, layers = 2, hidden = 64, heads = 4, seq = 32, batch = 16;
+  bool sp = false;
+  float lr = 3e-3f;
+  std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
+};
+
+} // namespace examples
