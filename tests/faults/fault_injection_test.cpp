@@ -160,6 +160,8 @@ TEST_CASE("a loss that is not finite stops training, naming the step", "[faults]
     check_failed(o, "train step: the loss of step 1 of graph 'gpt' is nan; the first kernel whose output is not finite is ");
     // The NaN is in the embedding table: the lookup that reads it is where it began, on both ranks.
     CHECK_THAT(o.output, ContainsSubstring("(embedding reading 'ids', 'wte') on rank 0: nan at element 0 of '"));
+    // The lookup is a node the user did not name: the message says what the program wrote.
+    CHECK_THAT(o.output, ContainsSubstring("#2' = embedding(ids, wte) (embedding reading"));
   }
 }
 

@@ -106,6 +106,11 @@ TEST_CASE("lowering refuses shapes that do not fit", "[dsl][lower]") {
     auto odd = mlp_shapes(8, 16, 33);
     CHECK_THROWS_WITH(lower(step, odd, m), ContainsSubstring("'w1' dimension 1") && ContainsSubstring("'tp'"));
   }
+  SECTION("a mesh without an axis of the program names the axis and the leaf that uses it") {
+    const auto dp_only = mesh::from_world(4, {{"dp", 4}});
+    CHECK_THROWS_WITH(lower(step, mlp_shapes(), dp_only),
+                      ContainsSubstring("mesh axis 'tp' (leaf 'w1' is split or summed over it), which the mesh does not have"));
+  }
   SECTION("a missing shape names the leaf") {
     auto shapes = mlp_shapes();
     shapes.erase("w2");

@@ -573,9 +573,20 @@ ir::graph lower_sized(const graph::program<N>& p, const shape_map& shapes, const
   std::vector<int> axis_of(static_cast<std::size_t>(p.axes.count)); // program axis -> mesh axis
   for (int a = 0; a < p.axes.count; ++a) {
     const auto idx = m.index_of(p.axes.names[a].view());
-    if (!idx)
-      fail("the program uses mesh axis '" + std::string(p.axes.names[a].view()) +
-           "', which the mesh does not have; add it to the mesh (size 1 if unused)");
+    if (!idx) {
+      // Name where the user wrote the axis: the first leaf whose spec (stored or used) has it.
+      std::string where;
+      for (int i = 0; i < p.size && where.empty(); ++i) {
+        const auto& x = p.nodes[i];
+        if (is_leaf(x.op) && (x.spec.state(a) != state_replicated || x.use.state(a) != state_replicated))
+          where = std::string(" (leaf '").append(p.name_of(i)).append("' is split or summed over it)");
+      }
+      fail(std::string("the program uses mesh axis '")
+               .append(p.axes.names[a].view())
+               .append("'")
+               .append(where)
+               .append(", which the mesh does not have; add it to the mesh (size 1 if unused)"));
+    }
     axis_of[static_cast<std::size_t>(a)] = *idx;
   }
   auto global = global_shapes(p, shapes, options);

@@ -52,6 +52,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -251,6 +252,7 @@ struct program_facts {
     op_code op = op_code::param;
     pspec spec{};
     leaf_init init = leaf_init::automatic; ///< a parameter's rule
+    std::string written; ///< as the user wrote it: a name, or the op applied to its operands
   };
   std::vector<std::string> axes; ///< the program's axis names, by its axis index
   std::vector<node> nodes;
@@ -270,6 +272,10 @@ program_facts facts_of(const graph::program<N>& p) {
     n.op = x.op;
     n.spec = x.spec;
     if (x.op == op_code::param) n.init = p.inits[x.name];
+    // describe() looks through the collectives the compiler inserted; name the one that is here.
+    n.written = graph::is_redistribution(x.op) && x.name < 0
+                    ? std::string(to_string(x.op)).append("(").append(p.describe(i)).append(")")
+                    : p.describe(i);
     f.nodes.push_back(std::move(n));
   }
   f.loss = p.name_of(p.loss);
@@ -464,7 +470,16 @@ public:
         backend_->write(info.id, std::as_bytes(std::span(staging_)));
       }
     }
-    const auto& rep = ex_->run_step();
+    const auto& rep = [&]() -> const runtime::step_report& {
+      // The executor names tasks by the lowering's names; say what the program wrote there.
+      try {
+        return ex_->run_step();
+      } catch (const collective_error& e) {
+        throw collective_error(as_written(e.what()));
+      } catch (const error& e) {
+        throw error(as_written(e.what()));
+      }
+    }();
     if (!options_.trace_dir.empty()) write_trace("measured", rep.measured);
     float local = 0;
     backend_->read(loss_id_, std::as_writable_bytes(std::span(&local, 1)));
@@ -971,6 +986,32 @@ private:
     return it->second;
   }
 
+  /// A message about tasks and buffers with the program's words: each generated name in it
+  /// ("matmul#12", the lowering's name of a node the user did not name) is followed by what the
+  /// program wrote there, e.g. "matmul#12 = matmul(rmsnorm(…), wq)".
+  [[nodiscard]] std::string as_written(std::string_view message) const {
+    std::string out;
+    std::size_t at = 0;
+    while (at < message.size()) {
+      const auto hash = message.find('#', at);
+      if (hash == std::string_view::npos) break;
+      auto begin = hash, end = hash + 1;
+      while (begin > at && (std::isalnum(static_cast<unsigned char>(message[begin - 1])) || message[begin - 1] == '_')) --begin;
+      while (end < message.size() && std::isdigit(static_cast<unsigned char>(message[end]))) ++end;
+      const auto past = end < message.size() && message[end] == '\'' ? end + 1 : end; // after a quoted name
+      out.append(message.substr(at, past - at));
+      at = past;
+      if (begin == hash || end == hash + 1) continue;
+      std::size_t node = 0;
+      std::from_chars(message.data() + hash + 1, message.data() + end, node);
+      const auto token = message.substr(begin, end - begin);
+      if (node < facts_.nodes.size() && facts_.nodes[node].name == token && facts_.nodes[node].written != token)
+        out.append(" = ").append(facts_.nodes[node].written);
+    }
+    out.append(message.substr(at));
+    return out;
+  }
+
   /// Where the step's first value that is not finite appeared, as the rest of the message about a
   /// loss that is not finite: the earliest kernel over all ranks that wrote one, when the executor
   /// looked (executor_options::find_non_finite), else how to make it look. Collective.
@@ -991,7 +1032,7 @@ private:
       const auto& t = g.tasks[static_cast<std::size_t>(mine->task)];
       std::string reads;
       for (const auto b : t.reads) reads.append(reads.empty() ? " reading '" : ", '").append(g.buffers[static_cast<std::size_t>(b)].name).append("'");
-      text = "; the first kernel whose output is not finite is " + runtime::detail::task_label(g, t.id) + " (" +
+      text = "; the first kernel whose output is not finite is " + as_written(runtime::detail::task_label(g, t.id)) + " (" +
              std::string(ir::to_string(t.fn)) + reads + ") on rank " + std::to_string(rank) + ": " +
              std::to_string(mine->value) + " at element " + std::to_string(mine->element) + " of '" +
              g.buffers[static_cast<std::size_t>(mine->buffer)].name + "'";
