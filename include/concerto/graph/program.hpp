@@ -32,11 +32,8 @@ enum class collective : std::uint8_t { all_reduce, all_gather, reduce_scatter, a
 
 namespace graph {
 
-/// @brief A compiled training step of N nodes (nodes are in execution order: forward, backward,
-/// optimizer).
-template <std::size_t N>
-struct program { // a field added here is copied by detail::finish and detail::widen_into
-  node nodes[N]{};
+/// @brief Everything of a program but its nodes: what does not depend on its size.
+struct program_info {
   int size = 0;
   axis_table axes{};
   leaf_name names[max_leaves]{};
@@ -51,6 +48,13 @@ struct program { // a field added here is copied by detail::finish and detail::w
   int zero_axis = -1;
   repeat_info repeats[max_repeats]{};
   int repeat_count = 0;
+};
+
+/// @brief A compiled training step of N nodes (nodes are in execution order: forward, backward,
+/// optimizer).
+template <std::size_t N>
+struct program : program_info {
+  node nodes[N]{};
 
   /// @brief Index of a repeat by name, -1 if the program has none of that name.
   [[nodiscard]] constexpr int repeat_index(std::string_view name) const noexcept {
@@ -365,27 +369,11 @@ constexpr program<N> finish(const W& w) noexcept {
 }
 
 // The same program in a larger one (graph/lower.hpp lowers every program through one size).
-// A field added to program must be copied here and in finish.
 template <std::size_t M, std::size_t N>
   requires(M >= N)
 void widen_into(program<M>& out, const program<N>& p) noexcept {
-  out.size = p.size;
+  static_cast<program_info&>(out) = p;
   for (int i = 0; i < p.size; ++i) out.nodes[i] = p.nodes[i];
-  out.axes = p.axes;
-  out.name_count = p.name_count;
-  for (int l = 0; l < max_leaves; ++l) {
-    out.names[l] = p.names[l];
-    out.inits[l] = p.inits[l];
-    out.leaf_node[l] = p.leaf_node[l];
-    out.grad_of[l] = p.grad_of[l];
-    out.update_of[l] = p.update_of[l];
-  }
-  out.loss = p.loss;
-  out.optimizer = p.optimizer;
-  out.zero_stage = p.zero_stage;
-  out.zero_axis = p.zero_axis;
-  out.repeat_count = p.repeat_count;
-  for (int k = 0; k < max_repeats; ++k) out.repeats[k] = p.repeats[k];
 }
 
 } // namespace detail

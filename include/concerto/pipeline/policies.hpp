@@ -25,11 +25,21 @@
 
 namespace concerto::pipeline {
 
+namespace detail {
+
+// An empty schedule of a policy that runs one chunk per stage.
+inline schedule one_chunk_per_stage(const problem& p, std::string policy, bool split) {
+  p.check();
+  if (p.virtual_stages != 1)
+    fail(policy + " runs one chunk per stage; problem '" + p.name + "' has " + std::to_string(p.virtual_stages));
+  return schedule{std::move(policy), split, std::vector<std::vector<block>>(static_cast<std::size_t>(p.stages))};
+}
+
+} // namespace detail
+
 /// @brief GPipe: all forwards, then all backwards (micro-batch order, backward fused).
 [[nodiscard]] inline schedule gpipe(const problem& p) {
-  p.check();
-  if (p.virtual_stages != 1) fail("gpipe runs one chunk per stage; problem '" + p.name + "' has " + std::to_string(p.virtual_stages));
-  schedule s{"gpipe", false, std::vector<std::vector<block>>(static_cast<std::size_t>(p.stages))};
+  auto s = detail::one_chunk_per_stage(p, "gpipe", false);
   for (int st = 0; st < p.stages; ++st) {
     auto& o = s.order[static_cast<std::size_t>(st)];
     for (int m = 0; m < p.microbatches; ++m) o.push_back({st, m, pass::forward});
@@ -40,9 +50,7 @@ namespace concerto::pipeline {
 
 /// @brief 1F1B (PipeDream-flush): warm-up forwards, one forward one backward, cool-down.
 [[nodiscard]] inline schedule one_f_one_b(const problem& p) {
-  p.check();
-  if (p.virtual_stages != 1) fail("1f1b runs one chunk per stage; problem '" + p.name + "' has " + std::to_string(p.virtual_stages));
-  schedule s{"1f1b", false, std::vector<std::vector<block>>(static_cast<std::size_t>(p.stages))};
+  auto s = detail::one_chunk_per_stage(p, "1f1b", false);
   for (int st = 0; st < p.stages; ++st) {
     auto& o = s.order[static_cast<std::size_t>(st)];
     const int M = p.microbatches, warm = std::min(p.stages - st - 1, M);
@@ -87,15 +95,12 @@ namespace concerto::pipeline {
 /// @brief 1F1B's order of F and B with the backward split and stage s's W passes deferred by
 /// `deferral[s]` B passes: W(m) right after B(m + deferral[s]), the rest after the last B.
 [[nodiscard]] inline schedule deferred_weight_grads(const problem& p, std::span<const int> deferral, std::string policy) {
-  p.check();
-  if (p.virtual_stages != 1)
-    fail(policy + " runs one chunk per stage; problem '" + p.name + "' has " + std::to_string(p.virtual_stages));
+  auto s = detail::one_chunk_per_stage(p, std::move(policy), true);
   if (deferral.size() != static_cast<std::size_t>(p.stages))
-    fail(policy + ": " + std::to_string(deferral.size()) + " deferrals for " + std::to_string(p.stages) + " stages");
+    fail(s.policy + ": " + std::to_string(deferral.size()) + " deferrals for " + std::to_string(p.stages) + " stages");
   const auto base = one_f_one_b(p);
-  schedule s{std::move(policy), true, {}};
   for (int st = 0; st < p.stages; ++st) {
-    auto& o = s.order.emplace_back();
+    auto& o = s.order[static_cast<std::size_t>(st)];
     int next_w = 0;
     for (const auto& b : base.order[static_cast<std::size_t>(st)]) {
       o.push_back(b);
