@@ -5,17 +5,19 @@
 ///
 /// Candidates: every baseline of every layout it applies to (one chunk per stage, or
 /// interleaved chunks), each replayed and checked against the cap (by default 1F1B's peak,
-/// so that the comparison is at equal activation memory). The fastest that fits is the warm
-/// start, its backward split (W right after B, never slower). Then windows of consecutive
-/// blocks and messages (by start time) become Z3 problems (planner/z3_window.hpp): the blocks'
-/// stages and the messages' links are the unary resources, the data dependencies, the
-/// micro-batch order of each chunk's passes (which keeps neighbouring stages' messages in the
-/// same order) and a necessary form of the memory cap (chunk c's forward of micro-batch m waits
-/// for its B of micro-batch m - k when k micro-batches of it fill the cap) are precedences,
-/// the rest of the schedule is the boundary (stream free times, releases, tails). A window's
-/// solution becomes the stages' new orders only if the whole schedule, replayed and verified
-/// (deadlock, message order, exact memory), gets shorter: so the result is never slower than
-/// the warm start and always within the cap.
+/// so that the comparison is at equal activation memory), and concerto's own seeds: greedy
+/// list schedules under the cap and ZB-H1's shape with the deferrals the cap allows. The
+/// fastest that fits is the start (a baseline's backward split: W right after B, never slower).
+/// Then windows of consecutive blocks and messages (by start time) become Z3 problems
+/// (planner/z3_window.hpp): the blocks' stages and the messages' links are the unary
+/// resources, the data dependencies, the micro-batch order of each chunk's passes (which keeps
+/// neighbouring stages' messages in the same order) and a necessary form of the memory cap
+/// (chunk c's forward of micro-batch m waits for its B of micro-batch m - k when k micro-batches
+/// of it fill the cap) are precedences, the rest of the schedule is the boundary (stream free
+/// times, releases, tails). A window's solution becomes the stages' new orders only if the
+/// whole schedule, replayed and verified (deadlock, message order, exact memory), gets shorter;
+/// a local search that swaps neighbouring blocks on the exact replay alternates with the
+/// windows. So the result is never slower than the start and always within the cap.
 
 #include <concerto/pipeline/policies.hpp>
 #include <concerto/planner/z3_window.hpp>
