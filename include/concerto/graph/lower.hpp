@@ -559,10 +559,6 @@ private:
   std::vector<std::pair<ir::task_id, attrs>> collective_attrs_;
 };
 
-} // namespace graph::detail
-
-namespace graph::detail {
-
 // Every program is lowered as a program of this many nodes (copied into one on the heap), so
 // that the lowering's code is generated once per trainer, not once per model size, and can be
 // compiled separately (CONCERTO_SEPARATE_COMPILATION). A larger program is lowered as it is.
@@ -600,6 +596,18 @@ extern template ir::graph lower_sized<lowering_size>(const graph::program<loweri
                                                      const lower_options&);
 #endif
 
+// f(p) with p as a program of lowering_size nodes (a copy on the heap), or as it is if larger.
+template <std::size_t N, class F>
+auto at_lowering_size(const graph::program<N>& p, F&& f) {
+  if constexpr (N <= lowering_size) {
+    const auto wide = std::make_unique<graph::program<lowering_size>>();
+    widen_into(*wide, p);
+    return f(*wide);
+  } else {
+    return f(p);
+  }
+}
+
 } // namespace graph::detail
 
 /// @brief Lowers a program to the task graph of one rank (all ranks share it). Throws
@@ -612,14 +620,8 @@ extern template ir::graph lower_sized<lowering_size>(const graph::program<loweri
 template <std::size_t N>
 [[nodiscard]] ir::graph lower(const graph::program<N>& p, const shape_map& shapes, const mesh& m,
                               const lower_options& options = {}) {
-  using graph::detail::lowering_size;
-  if constexpr (N <= lowering_size) {
-    const auto wide = std::make_unique<graph::program<lowering_size>>();
-    graph::detail::widen_into(*wide, p);
-    return graph::detail::lower_sized(*wide, shapes, m, options);
-  } else {
-    return graph::detail::lower_sized(p, shapes, m, options);
-  }
+  return graph::detail::at_lowering_size(
+      p, [&](const auto& sized) { return graph::detail::lower_sized(sized, shapes, m, options); });
 }
 
 } // namespace concerto

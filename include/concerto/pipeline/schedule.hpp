@@ -74,6 +74,12 @@ struct problem {
   [[nodiscard]] int chunk_count() const noexcept { return stages * virtual_stages; }
   [[nodiscard]] int stage_of(int chunk) const noexcept { return chunk % stages; }
   [[nodiscard]] const chunk_cost& chunk(int c) const { return chunks.at(static_cast<std::size_t>(c)); }
+  /// The optimizer time of a stage: of all its chunks.
+  [[nodiscard]] double optimizer_us(int stage) const {
+    double sum = 0;
+    for (int c = stage; c < chunk_count(); c += stages) sum += chunk(c).optimizer_us;
+    return sum;
+  }
 
   /// Throws concerto::error naming the first field that does not fit.
   void check() const {
@@ -127,8 +133,6 @@ struct timing {
   double step_us = 0;
   std::vector<double> start_us, end_us;     ///< per block, indexed by block_index
   std::vector<double> peak_memory_bytes;    ///< per stage
-  std::vector<double> busy_us;              ///< per stage: its blocks and optimizer
-  std::vector<double> stage_end_us;         ///< per stage: when its optimizer ends
 };
 
 /// Index of a block in timing's per-block vectors.
@@ -146,6 +150,15 @@ struct timing {
   case pass::weight_grad: return k.weight_grad_us;
   }
   return 0;
+}
+
+/// The block that receives a block's message: F(c, m) sends to F(c + 1, m), B(c, m) to
+/// B(c - 1, m); nullopt for W and at the ends of the chain. The message crosses boundary
+/// min(c, receiver's c).
+[[nodiscard]] inline std::optional<block> receiver(const problem& p, const block& b) {
+  if (b.kind == pass::forward && b.chunk + 1 < p.chunk_count()) return block{b.chunk + 1, b.microbatch, pass::forward};
+  if (b.kind == pass::input_grad && b.chunk > 0) return block{b.chunk - 1, b.microbatch, pass::input_grad};
+  return std::nullopt;
 }
 
 /// @brief A problem with `stages` equal chunks (one per stage) and free messages.
@@ -255,17 +268,14 @@ inline replay_graph build_replay(const problem& p, const schedule& s) {
       const int self = at(b.chunk, b.microbatch, b.kind);
       if (b.kind == pass::input_grad) g.edge(at(b.chunk, b.microbatch, pass::forward), self);
       if (b.kind == pass::weight_grad) g.edge(at(b.chunk, b.microbatch, pass::input_grad), self);
-      int to_chunk = -1;
-      pass to_kind = pass::forward;
-      if (b.kind == pass::forward && b.chunk + 1 < p.chunk_count()) to_chunk = b.chunk + 1;
-      if (b.kind == pass::input_grad && b.chunk > 0) { to_chunk = b.chunk - 1; to_kind = pass::input_grad; }
-      if (to_chunk < 0) continue;
-      const auto it = links.try_emplace({p.stage_of(b.chunk), p.stage_of(to_chunk)}, p.stages + static_cast<int>(links.size()), 0).first;
-      const int msg = g.add(p.send_us[static_cast<std::size_t>(std::min(b.chunk, to_chunk))], it->second.first, -1);
+      const auto to = receiver(p, b);
+      if (!to) continue;
+      const auto it = links.try_emplace({p.stage_of(b.chunk), p.stage_of(to->chunk)}, p.stages + static_cast<int>(links.size()), 0).first;
+      const int msg = g.add(p.send_us[static_cast<std::size_t>(std::min(b.chunk, to->chunk))], it->second.first, -1);
       g.edge(self, msg);
-      g.edge(msg, at(to_chunk, b.microbatch, to_kind));
+      g.edge(msg, at(to->chunk, to->microbatch, to->kind));
       g.sender[static_cast<std::size_t>(msg)] = self;
-      g.message_to[block_index(p, {to_chunk, b.microbatch, to_kind})] = msg;
+      g.message_to[block_index(p, *to)] = msg;
       if (it->second.second > 0) g.edge(it->second.second - 1, msg);
       it->second.second = msg + 1;
     }
@@ -273,26 +283,31 @@ inline replay_graph build_replay(const problem& p, const schedule& s) {
   return g;
 }
 
-// Earliest start of every node (longest paths), or nullopt when the graph has a cycle.
-inline std::optional<std::vector<double>> node_starts(const replay_graph& g) {
-  std::vector<double> start(g.size(), 0);
-  std::vector<int> indegree(g.size());
+// Earliest start of every node (longest paths, in Kahn's order). With a cycle, the nodes on or
+// behind it keep a positive count of unfinished predecessors in `waiting`.
+struct longest_paths {
+  std::vector<double> start;
+  std::vector<int> waiting;
+  bool acyclic = true;
+};
+inline longest_paths node_starts(const replay_graph& g) {
+  longest_paths r{std::vector<double>(g.size(), 0), std::vector<int>(g.size()), true};
   std::vector<int> ready;
   for (std::size_t i = 0; i < g.size(); ++i)
-    if ((indegree[i] = static_cast<int>(g.pred[i].size())) == 0) ready.push_back(static_cast<int>(i));
+    if ((r.waiting[i] = static_cast<int>(g.pred[i].size())) == 0) ready.push_back(static_cast<int>(i));
   std::size_t done = 0;
   while (!ready.empty()) {
     const auto u = static_cast<std::size_t>(ready.back());
     ready.pop_back();
     ++done;
     for (const auto v : g.succ[u]) {
-      auto& sv = start[static_cast<std::size_t>(v)];
-      sv = std::max(sv, start[u] + g.duration[u]);
-      if (--indegree[static_cast<std::size_t>(v)] == 0) ready.push_back(v);
+      auto& sv = r.start[static_cast<std::size_t>(v)];
+      sv = std::max(sv, r.start[u] + g.duration[u]);
+      if (--r.waiting[static_cast<std::size_t>(v)] == 0) ready.push_back(v);
     }
   }
-  if (done != g.size()) return std::nullopt;
-  return start;
+  r.acyclic = done == g.size();
+  return r;
 }
 
 } // namespace detail
@@ -300,59 +315,46 @@ inline std::optional<std::vector<double>> node_starts(const replay_graph& g) {
 /// @brief Replays a schedule exactly (no contention between stages; a stage runs one block at
 /// a time). Throws concerto::error when an order misses or repeats a block, holds another
 /// stage's block, or deadlocks (naming each stage's first block that can never start).
-[[nodiscard]] inline timing simulate(const problem& p, const schedule& s) {
-  p.check();
-  detail::check_orders(p, s);
+[[nodiscard]] inline timing simulate(const problem& p, const schedule& s);
+
+namespace detail {
+
+// simulate without checking the problem and the orders again (verify has).
+inline timing replay(const problem& p, const schedule& s) {
   const auto n_blocks = static_cast<std::size_t>(p.chunk_count() * p.microbatches * 3);
-  const auto g = detail::build_replay(p, s);
+  const auto g = build_replay(p, s);
   const auto& node = g.node;
-  const auto start = detail::node_starts(g);
-  if (!start) {
+  const auto paths = node_starts(g);
+  if (!paths.acyclic) {
     // Kahn's order stops at the blocks on a cycle; name each stage's first one.
-    std::vector<int> indegree(g.size());
-    std::vector<int> ready;
-    for (std::size_t i = 0; i < g.size(); ++i)
-      if ((indegree[i] = static_cast<int>(g.pred[i].size())) == 0) ready.push_back(static_cast<int>(i));
-    while (!ready.empty()) {
-      const auto u = static_cast<std::size_t>(ready.back());
-      ready.pop_back();
-      for (const auto v : g.succ[u])
-        if (--indegree[static_cast<std::size_t>(v)] == 0) ready.push_back(v);
-    }
     std::string msg = "pipeline schedule '" + s.policy + "' deadlocks:";
     for (int st = 0; st < p.stages; ++st)
       for (const auto& b : s.order[static_cast<std::size_t>(st)])
-        if (indegree[static_cast<std::size_t>(node[block_index(p, b)])] > 0) {
+        if (paths.waiting[static_cast<std::size_t>(node[block_index(p, b)])] > 0) {
           msg += " stage " + std::to_string(st) + " waits for ever at " + to_string(b) + ";";
           break;
         }
     msg.pop_back();
     fail(msg);
   }
-  std::vector<double> end(g.size());
-  for (std::size_t i = 0; i < g.size(); ++i) end[i] = (*start)[i] + g.duration[i];
-
   timing t;
   t.start_us.assign(n_blocks, 0);
   t.end_us.assign(n_blocks, 0);
   t.peak_memory_bytes.assign(static_cast<std::size_t>(p.stages), 0);
-  t.busy_us.assign(static_cast<std::size_t>(p.stages), 0);
-  t.stage_end_us.assign(static_cast<std::size_t>(p.stages), 0);
   for (std::size_t i = 0; i < n_blocks; ++i)
-    if (node[i] >= 0) {
-      t.start_us[i] = (*start)[static_cast<std::size_t>(node[i])];
-      t.end_us[i] = end[static_cast<std::size_t>(node[i])];
+    if (const auto u = node[i]; u >= 0) {
+      t.start_us[i] = paths.start[static_cast<std::size_t>(u)];
+      t.end_us[i] = t.start_us[i] + g.duration[static_cast<std::size_t>(u)];
     }
   for (int st = 0; st < p.stages; ++st) {
     const auto& order = s.order[static_cast<std::size_t>(st)];
     // Memory: +a at F's start, -(1 - share)·a at B's end, -share·a at W's end (all at a fused B).
     std::vector<std::pair<double, double>> events;
-    double last_block_end = 0, busy = 0;
+    double last_block_end = 0;
     std::map<int, double> last_backward; // chunk -> end of its last backward block
     for (const auto& b : order) {
       const auto i = block_index(p, b);
       const auto& k = p.chunk(b.chunk);
-      busy += t.end_us[i] - t.start_us[i];
       last_block_end = std::max(last_block_end, t.end_us[i]);
       if (b.kind == pass::forward) events.emplace_back(t.start_us[i], k.activation_bytes);
       if (b.kind == pass::input_grad)
@@ -368,15 +370,19 @@ inline std::optional<std::vector<double>> node_starts(const replay_graph& g) {
     std::vector<std::pair<double, int>> finished;
     for (const auto& [c, e] : last_backward) finished.emplace_back(e, c);
     std::sort(finished.begin(), finished.end());
-    double lane = 0, optimizer = 0;
+    double lane = 0;
     for (const auto& [e, c] : finished) lane = std::max(lane, e) + p.chunk(c).grad_sync_us;
-    for (int c = st; c < p.chunk_count(); c += p.stages) optimizer += p.chunk(c).optimizer_us;
-    const double stage_end = std::max(last_block_end, lane) + optimizer;
-    t.busy_us[static_cast<std::size_t>(st)] = busy + optimizer;
-    t.stage_end_us[static_cast<std::size_t>(st)] = stage_end;
-    t.step_us = std::max(t.step_us, stage_end);
+    t.step_us = std::max(t.step_us, std::max(last_block_end, lane) + p.optimizer_us(st));
   }
   return t;
+}
+
+} // namespace detail
+
+inline timing simulate(const problem& p, const schedule& s) {
+  p.check();
+  detail::check_orders(p, s);
+  return detail::replay(p, s);
 }
 
 /// @brief The largest per-stage peak of a replay.
@@ -420,7 +426,7 @@ inline timing verify(const problem& p, const schedule& s) {
            std::to_string(to) + " in order " + join(received) + " (first difference at message " + std::to_string(i) +
            "); with untagged point-to-point messages (NCCL) the two stages would exchange the wrong tensors or hang");
     }
-  auto t = simulate(p, s);
+  auto t = detail::replay(p, s);
   if (p.memory_cap_bytes > 0)
     for (int st = 0; st < p.stages; ++st)
       if (t.peak_memory_bytes[static_cast<std::size_t>(st)] > p.memory_cap_bytes * (1 + 1e-9))
@@ -451,48 +457,39 @@ inline timing verify(const problem& p, const schedule& s) {
     down[static_cast<std::size_t>(c)] = down[static_cast<std::size_t>(c) - 1] + p.chunk(c - 1).input_grad_us + p.send_us[static_cast<std::size_t>(c) - 1];
   }
   // After chunk 0's last B: its W, its gradient reduction and its stage's optimizer.
-  double stage0_after = p.chunk(0).weight_grad_us + p.chunk(0).grad_sync_us;
-  for (int c = 0; c < C; c += p.stages) stage0_after += p.chunk(c).optimizer_us;
+  const double stage0_after = p.chunk(0).weight_grad_us + p.chunk(0).grad_sync_us + p.optimizer_us(0);
+  // The B chain from the last chunk down to c + 1, and when the first forward leaves the last chunk.
+  std::vector<double> back(static_cast<std::size_t>(C), 0);
+  for (int c = C - 2; c >= 0; --c)
+    back[static_cast<std::size_t>(c)] = back[static_cast<std::size_t>(c) + 1] + p.chunk(c + 1).input_grad_us + p.send_us[static_cast<std::size_t>(c)];
+  const double last_forward = head[static_cast<std::size_t>(C) - 1] + p.chunk(C - 1).forward_us;
+  const double inf = std::numeric_limits<double>::infinity();
   double bound = 0;
   for (int st = 0; st < p.stages; ++st) {
-    double first = std::numeric_limits<double>::infinity(), work = 0, fb = 0, optimizer = 0,
-           tail = std::numeric_limits<double>::infinity(), sync = std::numeric_limits<double>::infinity();
+    double first = inf, work = 0, fb = 0, tail = inf, sync = inf, first_gradient = inf, whole = 0;
+    std::vector<std::pair<double, int>> by_rate; // forward time per byte, chunk
     for (int c = st; c < C; c += p.stages) {
       const auto& k = p.chunk(c);
       first = std::min(first, head[static_cast<std::size_t>(c)]);
       sync = std::min(sync, k.grad_sync_us);
       work += M * (k.forward_us + k.input_grad_us + k.weight_grad_us);
       fb += M * (k.forward_us + k.input_grad_us);
-      optimizer += k.optimizer_us;
       tail = std::min(tail, down[static_cast<std::size_t>(c)] + stage0_after);
-    }
-    bound = std::max({bound, first + work + sync + optimizer, first + fb + tail});
-  }
-  // Under a memory cap: until the first gradient can come back to one of stage s's chunks (the
-  // first micro-batch's forward through every chunk and its B down to that chunk), the stage
-  // can only run forwards, and only as many as fit in the cap together (at most the fractional
-  // knapsack of forward time per byte, and each chunk's whole count that fits alone); the rest
-  // of its work follows.
-  if (p.memory_cap_bytes > 0) {
-    std::vector<double> back(static_cast<std::size_t>(C), 0); // B chain from the last chunk down to c + 1
-    for (int c = C - 2; c >= 0; --c)
-      back[static_cast<std::size_t>(c)] = back[static_cast<std::size_t>(c) + 1] + p.chunk(c + 1).input_grad_us + p.send_us[static_cast<std::size_t>(c)];
-    const double last_forward = head[static_cast<std::size_t>(C) - 1] + p.chunk(C - 1).forward_us;
-    for (int st = 0; st < p.stages; ++st) {
-      double first_gradient = std::numeric_limits<double>::infinity(), first = std::numeric_limits<double>::infinity();
-      double work = 0, sync = std::numeric_limits<double>::infinity(), optimizer = 0, whole = 0;
-      std::vector<std::pair<double, int>> by_rate; // forward time per byte, chunk
-      for (int c = st; c < C; c += p.stages) {
-        const auto& k = p.chunk(c);
-        first_gradient = std::min(first_gradient, last_forward + back[static_cast<std::size_t>(c)]);
-        first = std::min(first, head[static_cast<std::size_t>(c)]);
-        work += M * (k.forward_us + k.input_grad_us + k.weight_grad_us);
-        sync = std::min(sync, k.grad_sync_us);
-        optimizer += k.optimizer_us;
+      first_gradient = std::min(first_gradient, last_forward + back[static_cast<std::size_t>(c)]);
+      if (p.memory_cap_bytes > 0) {
         const double alone = k.activation_bytes > 0 ? std::floor(p.memory_cap_bytes * (1 + 1e-9) / k.activation_bytes) : M;
         whole += std::min(alone, M) * k.forward_us;
-        by_rate.emplace_back(k.activation_bytes > 0 ? k.forward_us / k.activation_bytes : std::numeric_limits<double>::infinity(), c);
+        by_rate.emplace_back(k.activation_bytes > 0 ? k.forward_us / k.activation_bytes : inf, c);
       }
+    }
+    const double optimizer = p.optimizer_us(st);
+    bound = std::max({bound, first + work + sync + optimizer, first + fb + tail});
+    // Under a memory cap: until the first gradient can come back to one of the stage's chunks
+    // (the first micro-batch's forward through every chunk and its B down to that chunk), the
+    // stage can only run forwards, and only as many as fit in the cap together (at most the
+    // fractional knapsack of forward time per byte, and each chunk's whole count that fits
+    // alone); the rest of its work follows.
+    if (p.memory_cap_bytes > 0) {
       std::sort(by_rate.rbegin(), by_rate.rend());
       double room = p.memory_cap_bytes * (1 + 1e-9), knapsack = 0;
       for (const auto& [rate, c] : by_rate) {

@@ -118,7 +118,7 @@ inline schedule solve_one_window(const problem& p, const schedule& cur, const re
   for (std::size_t i = 0; i < n; ++i) end[i] = start[i] + g.duration[i];
   // Work after each node to the end of its stage (longest path), with the stage's optimizer.
   std::vector<double> post(static_cast<std::size_t>(p.stages), 0), tail(n, 0);
-  for (int c = 0; c < p.chunk_count(); ++c) post[static_cast<std::size_t>(p.stage_of(c))] += p.chunk(c).optimizer_us;
+  for (int st = 0; st < p.stages; ++st) post[static_cast<std::size_t>(st)] = p.optimizer_us(st);
   for (auto it = sorted.rbegin(); it != sorted.rend(); ++it) {
     const auto u = static_cast<std::size_t>(*it);
     double t = g.stream[u] < p.stages ? post[static_cast<std::size_t>(g.stream[u])] : 0;
@@ -212,11 +212,11 @@ inline std::optional<schedule> greedy(const problem& p, bool forward_first, bool
   const auto place = [&](const block& b, double at) {
     const double e = at + duration_us(p, b, true);
     end[block_index(p, b)] = e;
-    const int to = b.kind == pass::forward ? b.chunk + 1 : b.kind == pass::input_grad ? b.chunk - 1 : -1;
-    if (to < 0 || to >= C) return;
-    auto& link = link_free[{p.stage_of(b.chunk), p.stage_of(to)}];
-    link = std::max(link, e) + p.send_us[static_cast<std::size_t>(std::min(b.chunk, to))];
-    (b.kind == pass::forward ? arrival_f : arrival_b)[cm(to, b.microbatch)] = link;
+    const auto to = receiver(p, b);
+    if (!to) return;
+    auto& link = link_free[{p.stage_of(b.chunk), p.stage_of(to->chunk)}];
+    link = std::max(link, e) + p.send_us[static_cast<std::size_t>(std::min(b.chunk, to->chunk))];
+    (b.kind == pass::forward ? arrival_f : arrival_b)[cm(to->chunk, b.microbatch)] = link;
   };
   std::size_t left_blocks = static_cast<std::size_t>(C * M * 3);
   double t = 0;
@@ -347,7 +347,7 @@ inline schedule improve(const problem& p, schedule s, const search_options& o, i
   // One window, solved and kept when the replay is shorter; whether Z3 proved it optimal.
   const auto attempt = [&](std::size_t from, std::size_t size, double limit_s) {
     const auto g = detail::build_replay(p, s);
-    const auto start = *detail::node_starts(g);
+    const auto start = detail::node_starts(g).start; // acyclic: s verified
     std::vector<int> sorted(g.size());
     std::iota(sorted.begin(), sorted.end(), 0);
     std::stable_sort(sorted.begin(), sorted.end(), [&](int a, int b) {

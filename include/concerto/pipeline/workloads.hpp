@@ -44,15 +44,6 @@ struct workload_layout {
 /// @brief The pipelined workloads and the model each is made from.
 [[nodiscard]] inline std::vector<std::string> workload_names() { return {"gpt-ptd", "llama-ptd"}; }
 
-namespace detail {
-
-struct part_cost {
-  double forward_us = 0, input_grad_us = 0, weight_grad_us = 0, grad_sync_us = 0, optimizer_us = 0;
-  double activation_bytes = 0, weight_grad_bytes = 0;
-};
-
-} // namespace detail
-
 /// @brief The pipeline problem of a workload under a layout, priced by `model`. Throws
 /// concerto::error naming the workload or the field that does not fit.
 [[nodiscard]] inline problem make_problem(std::string_view workload, const cost::model& model,
@@ -98,7 +89,9 @@ struct part_cost {
     return embedding; // the embedding's and final norm's optimizer steps go with the first stage
   };
   const int tp_axis = g.axis_index("tp").value_or(-1);
-  detail::part_cost parts[3];
+  // Each part's costs; its weight_grad_share is found per chunk from the bytes W reads.
+  chunk_cost parts[3];
+  double weight_grad_bytes[3] = {0, 0, 0};
   std::vector<char> read_by_backward(g.buffers.size(), 0), read_by_weight_grad(g.buffers.size(), 0);
   const auto writes_gradient = [&](const ir::task& t) {
     for (const auto b : t.writes)
@@ -133,7 +126,7 @@ struct part_cost {
           !counted.insert(root).second)
         continue;
       c.activation_bytes += static_cast<double>(buf.bytes);
-      if (read_by_weight_grad[static_cast<std::size_t>(root)]) c.weight_grad_bytes += static_cast<double>(buf.bytes);
+      if (read_by_weight_grad[static_cast<std::size_t>(root)]) weight_grad_bytes[part] += static_cast<double>(buf.bytes);
     }
   }
 
@@ -146,27 +139,22 @@ struct part_cost {
   p.virtual_stages = layout.virtual_stages;
   p.microbatches = layout.microbatches;
   for (int c = 0; c < chunks; ++c) {
-    detail::part_cost sum;
-    const auto add = [&](const detail::part_cost& x, double times) {
-      sum.forward_us += times * x.forward_us;
-      sum.input_grad_us += times * x.input_grad_us;
-      sum.weight_grad_us += times * x.weight_grad_us;
-      sum.grad_sync_us += times * x.grad_sync_us;
-      sum.optimizer_us += times * x.optimizer_us;
-      sum.activation_bytes += times * x.activation_bytes;
-      sum.weight_grad_bytes += times * x.weight_grad_bytes;
-    };
-    add(parts[block], per_chunk[static_cast<std::size_t>(c)]);
-    if (c == 0) add(parts[embedding], 1);
-    if (c == chunks - 1) add(parts[head], 1);
     chunk_cost k;
-    k.forward_us = sum.forward_us;
-    k.input_grad_us = sum.input_grad_us;
-    k.weight_grad_us = sum.weight_grad_us;
-    k.grad_sync_us = sum.grad_sync_us;
-    k.optimizer_us = sum.optimizer_us;
-    k.activation_bytes = sum.activation_bytes;
-    k.weight_grad_share = sum.activation_bytes > 0 ? sum.weight_grad_bytes / sum.activation_bytes : 0;
+    double w_bytes = 0;
+    const auto add = [&](int part, double times) {
+      const auto& x = parts[part];
+      k.forward_us += times * x.forward_us;
+      k.input_grad_us += times * x.input_grad_us;
+      k.weight_grad_us += times * x.weight_grad_us;
+      k.grad_sync_us += times * x.grad_sync_us;
+      k.optimizer_us += times * x.optimizer_us;
+      k.activation_bytes += times * x.activation_bytes;
+      w_bytes += times * weight_grad_bytes[part];
+    };
+    add(block, per_chunk[static_cast<std::size_t>(c)]);
+    if (c == 0) add(embedding, 1);
+    if (c == chunks - 1) add(head, 1);
+    k.weight_grad_share = k.activation_bytes > 0 ? w_bytes / k.activation_bytes : 0;
     k.layers = per_chunk[static_cast<std::size_t>(c)];
     p.chunks.push_back(k);
   }

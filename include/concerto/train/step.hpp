@@ -303,18 +303,6 @@ extern template lowered_program lower_for_step<graph::detail::lowering_size>(
     const graph::program<graph::detail::lowering_size>&, const shape_map&, const mesh&, const lower_options&);
 #endif
 
-template <std::size_t N>
-lowered_program lower_any(const graph::program<N>& p, const shape_map& shapes, const mesh& m, const lower_options& options) {
-  using graph::detail::lowering_size;
-  if constexpr (N <= lowering_size) {
-    const auto wide = std::make_unique<graph::program<lowering_size>>();
-    graph::detail::widen_into(*wide, p);
-    return lower_for_step(*wide, shapes, m, options);
-  } else {
-    return lower_for_step(p, shapes, m, options);
-  }
-}
-
 } // namespace detail
 
 /// @brief A compiled training step (what `train::compile` returns is a `step<N>`, which adds
@@ -1243,7 +1231,9 @@ public:
   // which a constructor's arguments are evaluated is unspecified.
   step(const graph::program<N>& p, const concerto::mesh& m, const shape_map& shapes, optimizer_settings opt,
        step_options o)
-      : basic_step<Backend>(detail::lower_any(p, shapes, m, o.lower), m, shapes, opt, o) {}
+      : basic_step<Backend>(graph::detail::at_lowering_size(
+                                p, [&](const auto& sized) { return detail::lower_for_step(sized, shapes, m, o.lower); }),
+                            m, shapes, opt, o) {}
 };
 
 /// @brief Compiles a training step: lowers `p` for `m` and `shapes`; plans on the first call.
