@@ -83,6 +83,24 @@ struct program : program_info {
   [[nodiscard]] constexpr int count_in(std::string_view block, collective kind, Axis ax, ir::phase phase) const noexcept {
     return count_in(block, kind, ax, static_cast<int>(phase));
   }
+  /// @brief What one stage sends and receives per micro-batch when the layers of repeat `block` are
+  /// split over `stages` pipeline stages (a `pp` mesh axis; pipeline/stages.hpp): the stack's
+  /// value goes forward to the next stage, its gradient back to the previous one, one tensor each.
+  /// {-1, -1} for a repeat the program does not have or a stage outside the pipeline.
+  /// @code
+  /// static_assert(gpt.pipeline_messages("layers", 1, 4).sends == 2); // a middle stage: forward and back
+  /// @endcode
+  struct stage_messages {
+    int sends = 0, recvs = 0;
+  };
+  [[nodiscard]] constexpr stage_messages pipeline_messages(std::string_view block, int stage, int stages) const noexcept {
+    const int k = repeat_index(block);
+    if (k < 0 || stage < 0 || stage >= stages) return {-1, -1};
+    const bool later = stage + 1 < stages, earlier = stage > 0;
+    const bool gradients = repeats[k].grad_in >= 0;
+    return {int{later} + int{earlier && gradients}, int{earlier} + int{later && gradients}};
+  }
+
   /// @brief Collectives of a kind on an axis once the repeats are unrolled to the given depths
   /// (one per repeat, in the order they appear in the program).
   /// @code

@@ -42,6 +42,7 @@
 #include <concerto/train/agreement.hpp>
 #include <concerto/train/backend_select.hpp>
 #include <concerto/train/checkpoint.hpp>
+#include <concerto/train/pipeline.hpp>
 #include <concerto/train/plan_choice.hpp>
 #include <concerto/trace/chrome_trace.hpp>
 #include <concerto/train/detail/shard.hpp>
@@ -188,6 +189,9 @@ struct step_options {
   /// fp32 throughput on an H200, inputs rounded to 10 mantissa bits: ~1e-3 relative error). No
   /// effect on the CPU backend. CONCERTO_TF32=0/1, when set, overrides it.
   bool allow_tf32 = false;
+  /// Pipeline parallelism, when the mesh has the pipeline axis (`pp`): micro-batches, the
+  /// schedule policy, virtual stages (train/pipeline.hpp, docs/pipeline.md).
+  pipeline_options pipeline{};
 };
 
 /// @brief What the first call decided (the same on every rank).
@@ -199,14 +203,17 @@ struct plan_summary {
   bool cache_hit = false;
   bool rewritten = false;       ///< the executed graph differs from the lowered one (split, buckets)
   std::size_t tasks = 0, collectives = 0;
+  std::string baseline = "sync"; ///< what sync_predicted_us is: `sync`, or for a pipelined step `gpipe`
+  std::string pipeline;          ///< a pipelined step's stages, micro-batches and lower bound; empty otherwise
   /// One line: "plan concerto: 212 tasks (58 collectives), solver 1.2 s, predicted 830 us vs sync 1020 us (1.23x), cache miss".
   [[nodiscard]] std::string text() const {
     char buf[320];
     std::snprintf(buf, sizeof buf,
-                  "plan %s: %zu tasks (%zu collectives)%s, solver %.2f s, predicted %.0f us vs sync %.0f us (%.2fx), cache %s",
+                  "plan %s: %zu tasks (%zu collectives)%s, solver %.2f s, predicted %.0f us vs %s %.0f us (%.2fx), cache %s",
                   policy.c_str(), tasks, collectives, rewritten ? ", rewritten" : "", solver_seconds, predicted_us,
-                  sync_predicted_us, predicted_us > 0 ? sync_predicted_us / predicted_us : 0.0, cache_hit ? "hit" : "miss");
-    return buf;
+                  baseline.c_str(), sync_predicted_us, predicted_us > 0 ? sync_predicted_us / predicted_us : 0.0,
+                  cache_hit ? "hit" : "miss");
+    return pipeline.empty() ? std::string(buf) : std::string(buf).append(", ").append(pipeline);
   }
 };
 
@@ -338,6 +345,16 @@ public:
       if (const auto known = planner::policy_names(); std::find(known.begin(), known.end(), policy) == known.end())
         fail("train step: plan choice: also_try names '" + policy + "', which is not a policy");
     graph_ = std::move(lowered.graph);
+    if (const auto& pp = options_.pipeline; mesh_.index_of(pp.axis)) {
+      if (!detail::is_pipeline_schedule(pp.schedule))
+        fail("train step: pipeline schedule '" + pp.schedule + "' is not one of gpipe, 1f1b, interleaved_1f1b, zb_h1, concerto");
+      // Checked here, on every rank, rather than at the first step.
+      split_ = pipeline::split(graph_, {.axis = pp.axis, .microbatches = pp.microbatches, .virtual_stages = pp.virtual_stages});
+      options_.choice.enabled = false; // one plan per stage; the schedule is the choice
+    } else if (pp.microbatches != 1) {
+      fail("train step: " + std::to_string(pp.microbatches) + " micro-batches need the mesh axis '" + pp.axis +
+           "' to pipeline over (of size 1 to accumulate gradients over micro-batches without stages)");
+    }
     control_.emplace(options_.world, runtime::detail::resolve_timeout_s(options_.executor.timeout_s,
                                                                         options_.executor.timeout_from_env, "train step"));
   }
@@ -355,48 +372,52 @@ public:
     check_agreement(settings_record_of(), *control_);
     backend_ = make_backend(options_.world, settings_, control_->timeout_s(), options_.allow_tf32);
     const auto model = planning_model();
-    std::string summary_text, choice_text;
-    auto p = runtime::distribute_plan(*backend_, [&] {
-      plan_summary s;
-      s.policy = options_.policy;
-      const auto started = std::chrono::steady_clock::now();
-      const ir::graph g = options_.rewrite ? options_.rewrite(graph_) : graph_;
-      const auto planning = planning_options();
-      const auto make = [&] { return planner::make_plan(g, model, planning); };
-      plan::plan made;
-      if (auto kept = chooses() && options_.use_cache ? load_chosen(g, model, choice_text) : std::nullopt) {
-        made = std::move(*kept);
-        s.cache_hit = true;
-      } else if (options_.use_cache) {
-        const auto key = cache::make_key(g, model, default_backend_name, options_.policy, planner::hash(planning));
-        // Not silenced: a damaged or unwritable entry is said once (this runs on rank 0 only).
-        made = cache::plan_cache(options_.cache_dir).get_or_plan(key, make, &s.cache_hit);
-      } else {
-        made = make();
+    if (split_) {
+      plan_stage(model);
+    } else {
+      std::string summary_text, choice_text;
+      auto p = runtime::distribute_plan(*backend_, [&] {
+        plan_summary s;
+        s.policy = options_.policy;
+        const auto started = std::chrono::steady_clock::now();
+        const ir::graph g = options_.rewrite ? options_.rewrite(graph_) : graph_;
+        const auto planning = planning_options();
+        const auto make = [&] { return planner::make_plan(g, model, planning); };
+        plan::plan made;
+        if (auto kept = chooses() && options_.use_cache ? load_chosen(g, model, choice_text) : std::nullopt) {
+          made = std::move(*kept);
+          s.cache_hit = true;
+        } else if (options_.use_cache) {
+          const auto key = cache::make_key(g, model, default_backend_name, options_.policy, planner::hash(planning));
+          // Not silenced: a damaged or unwritable entry is said once (this runs on rank 0 only).
+          made = cache::plan_cache(options_.cache_dir).get_or_plan(key, make, &s.cache_hit);
+        } else {
+          made = make();
+        }
+        s.rewritten = !(made.graph.tasks.size() == graph_.tasks.size() && made.graph.buffers == graph_.buffers);
+        s.solver_seconds = s.cache_hit ? 0.0 : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        s.predicted_us = made.step_us();
+        s.sync_predicted_us = options_.policy == "sync" ? s.predicted_us : planner::make_plan(g, model, {.policy = "sync"}).step_us();
+        s.tasks = made.graph.tasks.size();
+        for (const auto& t : made.graph.tasks) s.collectives += ir::is_collective(t.kind);
+        summary_text = nlohmann::json{{"policy", s.policy}, {"solver", s.solver_seconds}, {"predicted", s.predicted_us},
+                                      {"sync", s.sync_predicted_us}, {"hit", s.cache_hit}, {"rewritten", s.rewritten},
+                                      {"tasks", s.tasks}, {"collectives", s.collectives}, {"choice", choice_text}}
+                           .dump();
+        return made;
+      });
+      backend_->broadcast(summary_text, 0, "the plan summary from rank 0");
+      const auto j = nlohmann::json::parse(summary_text);
+      summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("rewritten"),
+                  j.at("tasks"), j.at("collectives")};
+      if (const auto& kept = j.at("choice").get_ref<const std::string&>(); !kept.empty()) {
+        choice_ = report_of_record(nlohmann::json::parse(kept));
+      } else if (chooses()) {
+        choosing_.emplace();
+        choosing_->prior = model;
       }
-      s.rewritten = !(made.graph.tasks.size() == graph_.tasks.size() && made.graph.buffers == graph_.buffers);
-      s.solver_seconds = s.cache_hit ? 0.0 : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      s.predicted_us = made.step_us();
-      s.sync_predicted_us = options_.policy == "sync" ? s.predicted_us : planner::make_plan(g, model, {.policy = "sync"}).step_us();
-      s.tasks = made.graph.tasks.size();
-      for (const auto& t : made.graph.tasks) s.collectives += ir::is_collective(t.kind);
-      summary_text = nlohmann::json{{"policy", s.policy}, {"solver", s.solver_seconds}, {"predicted", s.predicted_us},
-                                    {"sync", s.sync_predicted_us}, {"hit", s.cache_hit}, {"rewritten", s.rewritten},
-                                    {"tasks", s.tasks}, {"collectives", s.collectives}, {"choice", choice_text}}
-                         .dump();
-      return made;
-    });
-    backend_->broadcast(summary_text, 0, "the plan summary from rank 0");
-    const auto j = nlohmann::json::parse(summary_text);
-    summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("rewritten"),
-                j.at("tasks"), j.at("collectives")};
-    if (const auto& kept = j.at("choice").get_ref<const std::string&>(); !kept.empty()) {
-      choice_ = report_of_record(nlohmann::json::parse(kept));
-    } else if (chooses()) {
-      choosing_.emplace();
-      choosing_->prior = model;
+      ex_ = std::make_unique<runtime::executor<Backend>>(std::move(p), *backend_, options_.executor);
     }
-    ex_ = std::make_unique<runtime::executor<Backend>>(std::move(p), *backend_, options_.executor);
     if (!options_.trace_dir.empty()) {
       const auto& planned = ex_->plan();
       write_trace("planned", sim::simulate(planned, planned.duration_us)); // durations already priced with contention
@@ -470,7 +491,7 @@ public:
     }();
     if (!options_.trace_dir.empty()) write_trace("measured", rep.measured);
     float local = 0;
-    backend_->read(loss_id_, std::as_writable_bytes(std::span(&local, 1)));
+    if (loss_id_ >= 0) backend_->read(loss_id_, std::as_writable_bytes(std::span(&local, 1)));
     const double loss = control_->sum_all(double{local}, "the loss of step " + std::to_string(rep.step)) / loss_copies_;
     // Every rank holds the same sum, so every rank stops here, together.
     if (options_.stop_on_non_finite_loss && !std::isfinite(loss))
@@ -504,6 +525,7 @@ public:
     if (global.size() != static_cast<std::size_t>(detail::count(t.blk.global)))
       fail("train step: '" + name + "' has " + std::to_string(detail::count(t.blk.global)) + " values, got " +
            std::to_string(global.size()));
+    if (t.id < 0) return; // another pipeline stage holds it
     std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
     detail::copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(const_cast<float*>(global.data())),
                        reinterpret_cast<std::byte*>(local.data()), true);
@@ -524,10 +546,12 @@ public:
     if (t.partial) fail("train step: tensor '" + name + "' is a pending sum on this mesh; it has no global value yet");
     const auto n = static_cast<std::size_t>(detail::count(t.blk.local));
     std::vector<float> mine(n), all(n * static_cast<std::size_t>(size_)), out(static_cast<std::size_t>(detail::count(t.blk.global)));
-    backend_->read(t.id, std::as_writable_bytes(std::span(mine)));
+    if (t.id >= 0) backend_->read(t.id, std::as_writable_bytes(std::span(mine)));
     control_->all_gather(std::span<const float>(mine), std::span(all), "gathering tensor '" + name + "'");
     for (int r = 0; r < size_; ++r) {
-      const auto blk = block_of(t.spec, t.blk.local, mesh_.coords(r));
+      const auto coords = mesh_.coords(r);
+      if (t.stage >= 0 && coords[static_cast<std::size_t>(split_->axis)] != t.stage) continue;
+      const auto blk = block_of(t.spec, t.blk.local, coords);
       detail::copy_block(blk, sizeof(float), reinterpret_cast<std::byte*>(out.data()),
                          reinterpret_cast<std::byte*>(all.data() + static_cast<std::size_t>(r) * n), false);
     }
@@ -578,6 +602,7 @@ public:
     runtime::stop_together(std::move(problem), *control_, "loading checkpoint '" + path.string() + "'");
     for (const auto& name : state_names()) {
       const auto& t = info(name);
+      if (t.id < 0) continue; // another pipeline stage holds it
       std::vector<float> local(static_cast<std::size_t>(detail::count(t.blk.local)));
       detail::copy_block(t.blk, sizeof(float), const_cast<std::byte*>(file.bytes(name).data()),
                          reinterpret_cast<std::byte*>(local.data()), true);
@@ -930,6 +955,44 @@ private:
     c.switching_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
 
+  // Pipelined: rank 0 chooses the schedule of the whole pipeline and sends it; every rank builds
+  // the plan of its own stage from it (deterministic, no cache), and the stages check that their
+  // plans agree on every message before any is sent.
+  void plan_stage(const cost::model& model) {
+    const auto& o = options_.pipeline;
+    const auto problem = pipeline::problem_of(*split_, graph_, model);
+    const auto started = std::chrono::steady_clock::now();
+    std::string text;
+    if (rank_ == 0) {
+      try {
+        text = detail::to_json(detail::choose_schedule(o, problem));
+      } catch (const error& e) {
+        text = std::string("!") + e.what();
+      }
+    }
+    backend_->broadcast(text, 0, "the pipeline schedule from rank 0");
+    if (text.starts_with("!")) fail_on_every_rank("train step: choosing the pipeline schedule failed on rank 0: " + text.substr(1));
+    const auto schedule = detail::schedule_from_json(text);
+    const auto timing = pipeline::verify(problem, schedule);
+    const int stage = mesh_.coords(rank_)[static_cast<std::size_t>(split_->axis)];
+    auto p = pipeline::stage_plan(pipeline::stage_graph(graph_, *split_, stage, schedule), model, "pipeline:" + o.schedule);
+    detail::check_stage_agreement(p, split_->axis, mesh_, *control_);
+    summary_ = {};
+    summary_.policy = "pipeline:" + o.schedule;
+    summary_.solver_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    summary_.predicted_us = timing.step_us;
+    summary_.baseline = "gpipe";
+    summary_.sync_predicted_us = o.virtual_stages == 1 ? pipeline::simulate(problem, pipeline::gpipe(problem)).step_us : 0;
+    summary_.rewritten = true;
+    summary_.tasks = p.graph.tasks.size();
+    for (const auto& t : p.graph.tasks) summary_.collectives += ir::is_collective(t.kind);
+    char line[160];
+    std::snprintf(line, sizeof line, "%d stages x %d micro-batches (%d chunks per stage), lower bound %.0f us", split_->stages,
+                  split_->microbatches, split_->virtual_stages, pipeline::lower_bound(problem));
+    summary_.pipeline = line;
+    ex_ = std::make_unique<runtime::executor<Backend>>(std::move(p), *backend_, options_.executor);
+  }
+
   // A trace that cannot be written is reported, not thrown: one rank throwing here would leave the
   // others waiting in the step's loss reduction.
   void write_trace(const char* kind, const sim::result& r) {
@@ -948,6 +1011,7 @@ private:
     pspec spec{};
     bool partial = false;
     detail::block blk;
+    int stage = -1; ///< pipelined: the stage whose ranks hold it (id is -1 on the others); -1: every rank
   };
 
   // The block of a tensor with this spec and local shape held by the rank at `coords`.
@@ -1037,9 +1101,15 @@ private:
     mine.reserve(2 * params_.size());
     for (const auto& name : params_) {
       const auto& t = info(name);
+      hasher block, bits;
+      if (t.id < 0) { // held by another pipeline stage: a block no rank of it has
+        block.add(std::string_view("elsewhere")).add(rank_);
+        mine.push_back(std::bit_cast<std::int64_t>(block.value()));
+        mine.push_back(0);
+        continue;
+      }
       staging_.resize(static_cast<std::size_t>(detail::count(t.blk.local)));
       backend_->read(t.id, std::as_writable_bytes(std::span(staging_)));
-      hasher block, bits;
       for (const auto d : t.blk.offset) block.add(d);
       for (const auto d : t.blk.local) block.add(d);
       bits.add_bytes(staging_.data(), staging_.size() * sizeof(float));
@@ -1070,11 +1140,17 @@ private:
 
   // Names the graph's buffers after the program's nodes (the lowering's naming: a repeated
   // block's node j of layer l is "<repeat>.<l>.<name>"), with each node's spec.
+  //
+  // Pipelined, every rank indexes every tensor of the program in the same order (so that the
+  // collectives over them, gather and save, match), with the stage that holds it; a rank of
+  // another stage has no buffer for it (id -1). An input only the stage that reads it holds.
   void index_tensors() {
     const auto& g = ex_->plan().graph;
-    std::map<std::string, ir::buffer_id> by_name;
+    std::map<std::string, ir::buffer_id> by_name, in_step;
     // Views included: the planner's buckets turn gradients into views of one flat buffer.
     for (const auto& b : g.buffers) by_name.emplace(b.name, b.id);
+    if (split_)
+      for (const auto& b : graph_.buffers) in_step.emplace(b.name, b.id);
     const auto coords = mesh_.coords(rank_);
     for (const auto& x : facts_.nodes) {
       std::vector<std::string> names;
@@ -1086,9 +1162,14 @@ private:
       }
       for (const auto& name : names) {
         const auto it = by_name.find(name);
-        if (it == by_name.end()) continue;
-        const auto& buf = g.buffers[static_cast<std::size_t>(it->second)];
-        tensor_info t{buf.id, buf.type, x.spec, x.spec.partial != 0, block_of(x.spec, buf.shape, coords)};
+        const auto whole = in_step.find(name);
+        const bool input = graph::is_leaf(x.op) && x.op != op_code::param;
+        if (it == by_name.end() && (whole == in_step.end() || input)) continue;
+        const auto& buf = it != by_name.end() ? g.buffers[static_cast<std::size_t>(it->second)]
+                                              : graph_.buffers[static_cast<std::size_t>(whole->second)];
+        tensor_info t{it != by_name.end() ? buf.id : -1, buf.type, x.spec, x.spec.partial != 0,
+                      block_of(x.spec, buf.shape, coords)};
+        if (split_ && whole != in_step.end()) t.stage = split_->stage_of_buffer(graph_, whole->second);
         tensors_[name] = t;
         if (graph::is_leaf(x.op) && x.op != op_code::param) inputs_.push_back(name);
         if (x.op == op_code::param) {
@@ -1099,8 +1180,9 @@ private:
       }
     }
     loss_id_ = info(facts_.loss).id;
-    // The loss is a sum over the axes it is pending on and a copy over the others.
-    int pending = 1;
+    // The loss is a sum over the axes it is pending on and a copy over the others (pipelined:
+    // the last stage's ranks hold it, the others add nothing).
+    int pending = split_ ? split_->stages : 1;
     for (std::size_t a = 0; a < facts_.axes.size(); ++a)
       if (facts_.loss_partial & (1u << a))
         pending *= mesh_.axes()[static_cast<std::size_t>(*mesh_.index_of(facts_.axes[a]))].size;
@@ -1116,6 +1198,7 @@ private:
   void initialise() {
     for (const auto& name : params_) {
       const auto& t = info(name);
+      if (t.id < 0) continue; // another pipeline stage holds it
       const auto& shape = t.blk.global;
       std::vector<float> global(static_cast<std::size_t>(detail::count(shape)));
       auto rule = init_of_.at(name);
@@ -1177,6 +1260,10 @@ private:
             {"stop_on_non_finite_loss", flag(options_.stop_on_non_finite_loss)},
             {"check_replicas_every", std::to_string(options_.check_replicas_every)},
             {"allow_tf32", flag(options_.allow_tf32)},
+            {"pipeline", nlohmann::json{options_.pipeline.microbatches, options_.pipeline.schedule,
+                                        options_.pipeline.virtual_stages, options_.pipeline.axis,
+                                        options_.pipeline.search_budget_s}
+                             .dump()},
             {"plan choice", nlohmann::json{options_.choice.enabled, options_.choice.warmup_steps, options_.choice.profile_steps,
                                            options_.choice.trial_steps, options_.choice.rounds, options_.choice.also_try}
                                 .dump()},
@@ -1215,6 +1302,7 @@ private:
   std::vector<std::byte> carried_; ///< what outlives a step, while switch_plan changes executors
   plan_choice_report choice_;
   std::map<std::string, tensor_info> tensors_;
+  std::optional<pipeline::stage_split> split_; ///< set when the mesh has the pipeline axis
   std::vector<std::string> inputs_, params_, states_;
   std::map<std::string, leaf_init> init_of_; ///< each parameter's rule, from its leaf
   ir::buffer_id loss_id_ = -1;
@@ -1232,7 +1320,11 @@ public:
   step(const graph::program<N>& p, const concerto::mesh& m, const shape_map& shapes, optimizer_settings opt,
        step_options o)
       : basic_step<Backend>(graph::detail::at_lowering_size(
-                                p, [&](const auto& sized) { return detail::lower_for_step(sized, shapes, m, o.lower); }),
+                                p,
+                                [&](const auto& sized) {
+                                  return detail::lower_for_step(
+                                      sized, detail::microbatch_shapes(sized, shapes, o.pipeline.microbatches), m, o.lower);
+                                }),
                             m, shapes, opt, o) {}
 };
 

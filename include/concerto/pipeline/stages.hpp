@@ -1,0 +1,589 @@
+#pragma once
+/// @file
+/// @brief From the task graph of one micro-batch to the graphs the pipeline stages run.
+///
+/// A pipelined step lowers the program once, for one micro-batch, on the whole mesh (the `pp`
+/// axis is one the program neither splits nor sums over). `split` then says, for every task of
+/// that graph, where it runs and how often:
+///
+/// - **chunk**: a repeat stack's layers are cut into `stages × virtual_stages` contiguous chunks
+///   (`split_layers`), chunk c on stage `c % stages`; a task outside the stack goes with the
+///   chunk of what it reads (the LM head and loss after the last layer), or, reading nothing
+///   computed, with its first reader's (the embedding before layer 0).
+/// - **role**: once per micro-batch (the forward and backward passes), once per step before
+///   them (*prologue*: what depends on no input, such as a parameter gathered for the step), or
+///   once per step after them (*epilogue*: the optimizer and the collectives that reduce a
+///   gradient on its way to it).
+/// - **pass** of a micro-batch task: F (forward), B (backward work that another chunk or the
+///   input gradient waits for) or W (backward work only weight gradients need), as in the
+///   zero-bubble schedules.
+/// - **buffers**: one copy per micro-batch of what a micro-batch computes; inputs as one buffer
+///   of all micro-batches (micro-batch m: the m-th block of rows of this rank's shard); the
+///   buffers an epilogue task reads (the local gradients) and the loss *accumulate*: the first
+///   write of the step overwrites them, every later one adds (the kernels' `accumulate`, or a
+///   scratch buffer and an `add` for a kernel without one); one copy of parameters and optimizer
+///   state. A value one chunk computes and a chunk on another stage reads is a **message**: a
+///   `send` after its last writer, a `recv` before its first reader, on the `pp` lane, with tag
+///   `message × microbatches + m`.
+///
+/// `stage_graph` emits one stage's graph in the order the pipeline schedule runs its blocks
+/// (the prologue first; each epilogue collective as soon as the last micro-batch's gradient it
+/// reduces exists, so the data-parallel reduction overlaps the cool-down; the optimizer last),
+/// and `stage_plan` turns that order into the stage's plan: the stage runs its blocks in the
+/// schedule's order and every collective in the order it was emitted, the same on every rank
+/// of a tensor- or data-parallel group, and the same micro-batch order on both ends of every
+/// pipeline link (what the pipeline verifier checks of the schedule; `message_sequence` lets the
+/// ranks check it of their plans).
+///
+/// @code
+/// auto g = lower(model, micro_batch_shapes, mesh, options);        // mesh has a "pp" axis
+/// auto split = pipeline::split(g, {.microbatches = 8});
+/// auto problem = pipeline::problem_of(split, g, cost::model::preset("cpu"));
+/// auto sched = pipeline::one_f_one_b(problem);
+/// auto plan = pipeline::stage_plan(pipeline::stage_graph(g, split, stage, sched), model, "1f1b");
+/// @endcode
+
+#include <concerto/core/error.hpp>
+#include <concerto/cost/model.hpp>
+#include <concerto/ir/builder.hpp>
+#include <concerto/ir/graph.hpp>
+#include <concerto/pipeline/schedule.hpp>
+#include <concerto/plan/plan.hpp>
+#include <concerto/sim/simulate.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace concerto::pipeline {
+
+/// @brief How a step is pipelined.
+struct stage_options {
+  std::string axis = "pp"; ///< the mesh axis the stages lie along
+  int microbatches = 1;    ///< per step
+  int virtual_stages = 1;  ///< chunks per stage (interleaved schedules)
+};
+
+/// @brief How often a task of the micro-batch graph runs in the step.
+enum class task_role : std::uint8_t { microbatch, prologue, epilogue };
+
+/// @brief Where every task and buffer of a micro-batch's graph goes in the pipelined step.
+struct stage_split {
+  int stages = 1, virtual_stages = 1, microbatches = 1;
+  int axis = -1;                  ///< the pipeline axis, an index into the graph's axes
+  std::vector<int> chunk_layers;  ///< layers per chunk
+  std::vector<int> chunk;         ///< per task
+  std::vector<task_role> role;    ///< per task
+  std::vector<pass> kind;         ///< per micro-batch task: forward, input_grad or weight_grad
+  std::vector<std::vector<ir::task_id>> producers; ///< per task: the tasks whose values it reads
+  std::vector<char> accumulated;  ///< per root buffer: summed over the micro-batches
+  std::vector<char> per_microbatch; ///< per root buffer: one copy per micro-batch
+  std::vector<int> message;       ///< per root buffer: its index among the messages, or -1
+  std::vector<int> message_to;    ///< per root buffer with a message: the chunk that reads it
+  std::vector<ir::task_id> last_writer; ///< per root buffer: its last micro-batch writer, or -1
+  std::vector<int> owner;         ///< per root buffer: the chunk that holds it (-1: none)
+  int messages = 0;
+
+  [[nodiscard]] int chunk_count() const noexcept { return stages * virtual_stages; }
+  [[nodiscard]] int stage_of_chunk(int c) const noexcept { return c % stages; }
+  /// The stage a named buffer of the micro-batch graph lives on, or -1 (read by no task).
+  [[nodiscard]] int stage_of_buffer(const ir::graph& g, ir::buffer_id b) const {
+    const auto c = owner[static_cast<std::size_t>(g.root_of(b))];
+    return c < 0 ? -1 : stage_of_chunk(c);
+  }
+};
+
+namespace detail {
+
+// Kernels that add to their output when asked (`accumulate`): the weight-gradient kernels.
+[[nodiscard]] inline bool accumulates(ir::op fn) noexcept {
+  return fn == ir::op::matmul || fn == ir::op::layernorm_grad_gamma || fn == ir::op::rmsnorm_grad_gain ||
+         fn == ir::op::embedding_grad || fn == ir::op::bias_grad;
+}
+
+// The last task before each task that wrote bytes it reads: the values it reads come from there.
+inline std::vector<std::vector<ir::task_id>> data_producers(const ir::graph& g) {
+  std::vector<std::vector<std::pair<ir::task_id, ir::buffer_id>>> writes(g.buffers.size()); // per root
+  std::vector<std::vector<ir::task_id>> out(g.tasks.size());
+  for (const auto& t : g.tasks) {
+    auto& mine = out[static_cast<std::size_t>(t.id)];
+    for (const auto b : t.reads) {
+      const auto& log = writes[static_cast<std::size_t>(g.root_of(b))];
+      for (auto it = log.rbegin(); it != log.rend(); ++it)
+        if (g.overlap(it->second, b)) {
+          if (std::find(mine.begin(), mine.end(), it->first) == mine.end()) mine.push_back(it->first);
+          break;
+        }
+    }
+    for (const auto b : t.writes) writes[static_cast<std::size_t>(g.root_of(b))].emplace_back(t.id, b);
+  }
+  return out;
+}
+
+} // namespace detail
+
+/// @brief Places every task of a micro-batch's graph in the pipelined step; see the file
+/// comment. Throws concerto::error naming what cannot be pipelined: no `pp` axis, a collective
+/// over it, no repeat stack, fewer layers than chunks, a parameter read by two chunks, a value
+/// passed between chunks that are not neighbours, a gradient read inside a micro-batch after
+/// being summed over them.
+[[nodiscard]] inline stage_split split(const ir::graph& g, const stage_options& o) {
+  stage_split s;
+  const auto axis = g.axis_index(o.axis);
+  if (!axis) fail("pipeline: the mesh has no axis '" + o.axis + "' to place stages along");
+  s.axis = *axis;
+  s.stages = g.axes[static_cast<std::size_t>(s.axis)].size;
+  if (o.microbatches < 1) fail("pipeline: " + std::to_string(o.microbatches) + " micro-batches; at least 1");
+  if (o.virtual_stages < 1) fail("pipeline: " + std::to_string(o.virtual_stages) + " virtual stages; at least 1");
+  s.microbatches = o.microbatches;
+  s.virtual_stages = o.virtual_stages;
+  const auto n = g.tasks.size();
+  int layers = 0;
+  for (const auto& t : g.tasks) {
+    if (ir::is_collective(t.kind) && t.axis == s.axis)
+      fail("pipeline: task '" + t.name + "' is a " + std::string(ir::to_string(t.kind)) + " over the pipeline axis '" +
+           o.axis + "'; a pipelined program must neither split nor sum over it");
+    layers = std::max(layers, t.layer + 1);
+  }
+  if (layers == 0)
+    fail("pipeline: the mesh's axis '" + o.axis + "' has " + std::to_string(s.stages) +
+         " stages but the program has no repeat stack to split over them");
+  if (layers < s.chunk_count())
+    fail("pipeline: " + std::to_string(layers) + " layers cannot be split into " + std::to_string(s.chunk_count()) +
+         " chunks (" + std::to_string(s.stages) + " stages x " + std::to_string(s.virtual_stages) +
+         " virtual stages); each chunk needs at least one layer");
+  s.chunk_layers = split_layers(layers, s.chunk_count());
+  std::vector<int> chunk_of_layer;
+  for (int c = 0; c < s.chunk_count(); ++c) chunk_of_layer.insert(chunk_of_layer.end(), static_cast<std::size_t>(s.chunk_layers[static_cast<std::size_t>(c)]), c);
+
+  s.producers = detail::data_producers(g);
+  std::vector<std::vector<ir::task_id>> consumers(n);
+  for (std::size_t t = 0; t < n; ++t)
+    for (const auto p : s.producers[t]) consumers[static_cast<std::size_t>(p)].push_back(static_cast<ir::task_id>(t));
+  const auto root = [&](ir::buffer_id b) { return static_cast<std::size_t>(g.root_of(b)); };
+  const auto name_of = [&](std::size_t b) { return "'" + g.buffers[b].name + "'"; };
+
+  // Roles: the optimizer and the collectives on a gradient's way to it are the epilogue; what
+  // depends on no input is the prologue.
+  s.role.assign(n, task_role::microbatch);
+  s.accumulated.assign(g.buffers.size(), 0);
+  std::vector<char> from_input(n, 0);
+  for (const auto& t : g.tasks) {
+    auto& f = from_input[static_cast<std::size_t>(t.id)];
+    for (const auto b : t.reads) f |= g.buffers[root(b)].role == ir::buffer_role::input;
+    for (const auto p : s.producers[static_cast<std::size_t>(t.id)]) f |= from_input[static_cast<std::size_t>(p)];
+  }
+  for (const auto& t : g.tasks) {
+    if (t.step_phase != ir::phase::optimizer) continue;
+    s.role[static_cast<std::size_t>(t.id)] = task_role::epilogue;
+    std::vector<ir::task_id> walk = s.producers[static_cast<std::size_t>(t.id)];
+    while (!walk.empty()) {
+      const auto w = walk.back();
+      walk.pop_back();
+      const auto& wt = g.tasks[static_cast<std::size_t>(w)];
+      if (ir::is_collective(wt.kind) && from_input[static_cast<std::size_t>(w)]) {
+        s.role[static_cast<std::size_t>(w)] = task_role::epilogue;
+        for (const auto p : s.producers[static_cast<std::size_t>(w)]) walk.push_back(p);
+      }
+    }
+  }
+  for (const auto& t : g.tasks) {
+    auto& r = s.role[static_cast<std::size_t>(t.id)];
+    if (r != task_role::epilogue && !from_input[static_cast<std::size_t>(t.id)]) r = task_role::prologue;
+  }
+  // What a micro-batch writes and the epilogue (or nobody) reads is summed over micro-batches.
+  std::vector<char> read_at_all(g.buffers.size(), 0), written_by_microbatch(g.buffers.size(), 0);
+  for (const auto& t : g.tasks) {
+    for (const auto b : t.reads) read_at_all[root(b)] = 1;
+    if (s.role[static_cast<std::size_t>(t.id)] == task_role::microbatch)
+      for (const auto b : t.writes) written_by_microbatch[root(b)] = 1;
+  }
+  for (const auto& t : g.tasks) {
+    if (s.role[static_cast<std::size_t>(t.id)] != task_role::epilogue) continue;
+    for (const auto p : s.producers[static_cast<std::size_t>(t.id)])
+      if (s.role[static_cast<std::size_t>(p)] == task_role::microbatch)
+        for (const auto b : g.tasks[static_cast<std::size_t>(p)].writes) s.accumulated[root(b)] = 1;
+  }
+  for (std::size_t b = 0; b < g.buffers.size(); ++b)
+    if (written_by_microbatch[b] && !read_at_all[b] && g.buffers[b].view_of < 0) s.accumulated[b] = 1;
+  for (const auto& t : g.tasks) {
+    if (s.role[static_cast<std::size_t>(t.id)] != task_role::microbatch) continue;
+    for (const auto b : t.reads)
+      if (s.accumulated[root(b)] &&
+          std::none_of(t.writes.begin(), t.writes.end(), [&](auto w) { return root(w) == root(b); }))
+        fail("pipeline: task '" + t.name + "' reads " + name_of(root(b)) +
+             " inside a micro-batch, but that value is summed over the micro-batches for the step");
+  }
+
+  // Chunks: a layer's by its layer; others after what they read, or before their first reader.
+  s.chunk.assign(n, -1);
+  for (const auto& t : g.tasks) {
+    auto& c = s.chunk[static_cast<std::size_t>(t.id)];
+    if (t.layer >= 0) {
+      c = chunk_of_layer[static_cast<std::size_t>(t.layer)];
+      continue;
+    }
+    for (const auto p : s.producers[static_cast<std::size_t>(t.id)]) c = std::max(c, s.chunk[static_cast<std::size_t>(p)]);
+  }
+  for (std::size_t t = n; t-- > 0;) {
+    if (s.chunk[t] >= 0) continue;
+    int c = -1;
+    for (const auto u : consumers[t]) {
+      const auto cu = s.chunk[static_cast<std::size_t>(u)];
+      if (cu >= 0) c = c < 0 ? cu : std::min(c, cu);
+    }
+    s.chunk[t] = std::max(c, 0);
+  }
+
+  // Buffers: who holds them, which are per micro-batch, which cross chunks.
+  s.owner.assign(g.buffers.size(), -1);
+  s.per_microbatch.assign(g.buffers.size(), 0);
+  s.message.assign(g.buffers.size(), -1);
+  s.message_to.assign(g.buffers.size(), -1);
+  s.last_writer.assign(g.buffers.size(), -1);
+  for (const auto& t : g.tasks) {
+    const auto c = s.chunk[static_cast<std::size_t>(t.id)];
+    const bool mb = s.role[static_cast<std::size_t>(t.id)] == task_role::microbatch;
+    for (const auto b : t.writes) {
+      const auto r = root(b);
+      if (s.owner[r] < 0) s.owner[r] = c;
+      if (mb) {
+        s.last_writer[r] = t.id;
+        if (!s.accumulated[r]) s.per_microbatch[r] = 1;
+      }
+    }
+    for (const auto b : t.reads) {
+      const auto r = root(b);
+      const auto role = g.buffers[r].role;
+      if (role != ir::buffer_role::param && role != ir::buffer_role::optimizer_state) continue;
+      if (s.owner[r] >= 0 && s.owner[r] != c)
+        fail("pipeline: parameter " + name_of(r) + " is read by chunks " + std::to_string(s.owner[r]) + " and " +
+             std::to_string(c) + " (stages " + std::to_string(s.stage_of_chunk(s.owner[r])) + " and " +
+             std::to_string(s.stage_of_chunk(c)) + "); weights shared between pipeline chunks are not supported, "
+             "give each chunk its own parameter");
+      s.owner[r] = c;
+    }
+  }
+  for (std::size_t b = 0; b < g.buffers.size(); ++b)
+    if (g.buffers[b].role == ir::buffer_role::input) s.per_microbatch[b] = 0;
+
+  // Passes: backward work is W when only weight gradients need it.
+  s.kind.assign(n, pass::forward);
+  for (std::size_t t = n; t-- > 0;) {
+    if (s.role[t] != task_role::microbatch || g.tasks[t].step_phase != ir::phase::backward) continue;
+    bool weight_only = true;
+    for (const auto u : consumers[t]) {
+      const auto ui = static_cast<std::size_t>(u);
+      if (s.role[ui] == task_role::epilogue) continue;
+      if (s.role[ui] == task_role::microbatch && s.chunk[ui] == s.chunk[t] && s.kind[ui] == pass::weight_grad) continue;
+      weight_only = false;
+    }
+    s.kind[t] = weight_only ? pass::weight_grad : pass::input_grad;
+  }
+
+  // Messages: forward values to the next chunk, input gradients to the previous one.
+  for (const auto& t : g.tasks) {
+    const auto ti = static_cast<std::size_t>(t.id);
+    for (const auto p : s.producers[ti]) {
+      const auto pi = static_cast<std::size_t>(p);
+      if (s.chunk[pi] == s.chunk[ti] || s.role[ti] == task_role::epilogue) continue;
+      for (const auto b : t.reads) {
+        const auto r = root(b);
+        if (std::none_of(g.tasks[pi].writes.begin(), g.tasks[pi].writes.end(), [&](auto w) { return root(w) == r; }))
+          continue;
+        const int from = s.chunk[pi], to = s.chunk[ti];
+        const bool forward = s.role[pi] == task_role::microbatch && s.kind[pi] == pass::forward && to == from + 1;
+        const bool backward = s.role[pi] == task_role::microbatch && s.kind[pi] != pass::forward && to == from - 1;
+        if (!forward && !backward)
+          fail("pipeline: " + name_of(r) + ", computed by '" + g.tasks[pi].name + "' in chunk " + std::to_string(from) +
+               ", is read by '" + t.name + "' in chunk " + std::to_string(to) +
+               "; chunks pass values forward to the next chunk and gradients back to the previous one only");
+        if (s.message_to[r] >= 0 && s.message_to[r] != to)
+          fail("pipeline: " + name_of(r) + " is read by chunks " + std::to_string(s.message_to[r]) + " and " +
+               std::to_string(to) + "; a value goes to one other chunk only");
+        if (s.message[r] < 0) s.message[r] = s.messages++;
+        s.message_to[r] = to;
+      }
+    }
+  }
+  return s;
+}
+
+/// @brief The pipeline problem of a split step, priced by `model`: per chunk and micro-batch the
+/// F, B and W tasks' times (their tensor-parallel collectives included, as they run in the
+/// pass), the epilogue's collectives and optimizer, the activations a micro-batch holds (the
+/// per-micro-batch buffers the chunk writes or receives) and the share the W tasks read; per
+/// boundary, the largest message's time on the pipeline axis.
+[[nodiscard]] inline problem problem_of(const stage_split& s, const ir::graph& g, const cost::model& model) {
+  problem p;
+  p.name = g.name;
+  p.stages = s.stages;
+  p.virtual_stages = s.virtual_stages;
+  p.microbatches = s.microbatches;
+  p.chunks.assign(static_cast<std::size_t>(s.chunk_count()), {});
+  p.send_us.assign(static_cast<std::size_t>(std::max(s.chunk_count() - 1, 0)), 0.0);
+  for (int c = 0; c < s.chunk_count(); ++c) p.chunks[static_cast<std::size_t>(c)].layers = s.chunk_layers[static_cast<std::size_t>(c)];
+  std::vector<double> held(g.buffers.size(), 0), read_by_w(p.chunks.size(), 0);
+  std::vector<std::vector<char>> w_reads(p.chunks.size(), std::vector<char>(g.buffers.size(), 0));
+  for (const auto& t : g.tasks) {
+    const auto ti = static_cast<std::size_t>(t.id);
+    auto& k = p.chunks[static_cast<std::size_t>(s.chunk[ti])];
+    const double us = model.task_us(g, t);
+    if (s.role[ti] == task_role::epilogue) (ir::is_collective(t.kind) ? k.grad_sync_us : k.optimizer_us) += us;
+    else if (s.role[ti] == task_role::prologue) k.optimizer_us += us; // once per step, like the optimizer
+    else if (s.kind[ti] == pass::forward) k.forward_us += us;
+    else if (s.kind[ti] == pass::input_grad) k.input_grad_us += us;
+    else k.weight_grad_us += us;
+    if (s.role[ti] == task_role::microbatch && s.kind[ti] == pass::weight_grad)
+      for (const auto b : t.reads) w_reads[static_cast<std::size_t>(s.chunk[ti])][static_cast<std::size_t>(g.root_of(b))] = 1;
+  }
+  for (std::size_t b = 0; b < g.buffers.size(); ++b) {
+    if (!s.per_microbatch[b] || g.buffers[b].view_of >= 0) continue;
+    const auto bytes = static_cast<double>(g.buffers[b].bytes);
+    const auto holder = s.owner[b];
+    if (holder < 0) continue;
+    p.chunks[static_cast<std::size_t>(holder)].activation_bytes += bytes;
+    if (w_reads[static_cast<std::size_t>(holder)][b]) read_by_w[static_cast<std::size_t>(holder)] += bytes;
+    if (const auto to = s.message_to[b]; to >= 0) {
+      p.chunks[static_cast<std::size_t>(to)].activation_bytes += bytes;
+      const auto boundary = static_cast<std::size_t>(std::min(holder, to));
+      const auto& ax = g.axes[static_cast<std::size_t>(s.axis)];
+      p.send_us[boundary] = std::max(p.send_us[boundary], model.collective_us(ir::op_kind::send, bytes, ax.size, ax.link));
+    }
+  }
+  for (std::size_t c = 0; c < p.chunks.size(); ++c)
+    if (p.chunks[c].activation_bytes > 0) p.chunks[c].weight_grad_share = read_by_w[c] / p.chunks[c].activation_bytes;
+  return p;
+}
+
+namespace detail {
+
+// Builds one stage's graph in the order its blocks run.
+class stage_emitter {
+public:
+  stage_emitter(const ir::graph& g, const stage_split& s, int stage) : g_(g), s_(s), stage_(stage), b_(g.name) {
+    for (const auto& a : g.axes) b_.axis(a.name, a.size, a.link);
+    map_.assign(g.buffers.size(), std::vector<ir::buffer_id>(static_cast<std::size_t>(s.microbatches) + 1, -1));
+    emitted_.assign(g.tasks.size(), 0);
+    received_.assign(g.buffers.size(), std::vector<char>(static_cast<std::size_t>(s.microbatches), 0));
+    written_once_.assign(g.buffers.size(), 0);
+    scratch_.assign(g.buffers.size(), -1);
+  }
+
+  ir::graph run(const schedule& sched) {
+    const auto n = g_.tasks.size();
+    for (std::size_t t = 0; t < n; ++t)
+      if (mine(t) && s_.role[t] == task_role::prologue) emit(t, 0);
+    for (const auto& blk : sched.order.at(static_cast<std::size_t>(stage_))) {
+      for (std::size_t t = 0; t < n; ++t) {
+        if (!mine(t) || s_.role[t] != task_role::microbatch || s_.chunk[t] != blk.chunk) continue;
+        const auto k = s_.kind[t];
+        const bool in_block = k == blk.kind || (!sched.split_backward && blk.kind == pass::input_grad && k == pass::weight_grad);
+        if (in_block) emit(t, blk.microbatch);
+      }
+      emit_ready_collectives();
+    }
+    for (std::size_t t = 0; t < n; ++t)
+      if (mine(t) && s_.role[t] == task_role::epilogue && !emitted_[t]) {
+        if (!ready(t)) fail("pipeline: the schedule leaves epilogue task '" + g_.tasks[t].name + "' of stage " +
+                            std::to_string(stage_) + " without its inputs (a block is missing)");
+        emit(t, 0);
+      }
+    auto out = std::move(b_).finish();
+    for (const auto& [task, attrs] : attrs_)
+      for (const auto& [k, v] : attrs) out.tasks[static_cast<std::size_t>(task)].attrs[k] = v;
+    out.name = g_.name + ".stage" + std::to_string(stage_);
+    return out;
+  }
+
+private:
+  [[nodiscard]] bool mine(std::size_t t) const { return s_.stage_of_chunk(s_.chunk[t]) == stage_; }
+  [[nodiscard]] std::size_t root(ir::buffer_id b) const { return static_cast<std::size_t>(g_.root_of(b)); }
+
+  [[nodiscard]] bool ready(std::size_t t) const {
+    for (const auto p : s_.producers[t]) {
+      const auto pi = static_cast<std::size_t>(p);
+      const int need = s_.role[pi] == task_role::microbatch ? s_.microbatches : 1;
+      if (emitted_[pi] < need) return false;
+    }
+    return true;
+  }
+
+  // Each epilogue collective as soon as what it reduces is whole: it overlaps the blocks left.
+  void emit_ready_collectives() {
+    for (std::size_t t = 0; t < g_.tasks.size(); ++t)
+      if (mine(t) && s_.role[t] == task_role::epilogue && !emitted_[t] && ir::is_collective(g_.tasks[t].kind) && ready(t))
+        emit(t, 0);
+  }
+
+  // The stage's buffer for buffer b of the micro-batch graph in micro-batch m.
+  ir::buffer_id buffer(ir::buffer_id b, int m) {
+    const auto r = root(b);
+    const auto& rb = g_.buffers[r];
+    const bool input = rb.role == ir::buffer_role::input;
+    const bool copies = s_.per_microbatch[r] != 0;
+    const auto slot = static_cast<std::size_t>(copies || input ? m + 1 : 0);
+    auto& id = map_[static_cast<std::size_t>(b)][slot];
+    if (id >= 0) return id;
+    const auto& buf = g_.buffers[static_cast<std::size_t>(b)];
+    if (static_cast<std::size_t>(b) != r) {
+      id = b_.view(name(buf.name, copies, m), buffer(static_cast<ir::buffer_id>(r), m), g_.root_offset(b), buf.bytes, buf.shape);
+    } else if (input) { // all micro-batches' rows in one buffer, a view per micro-batch
+      auto& whole = map_[r][0];
+      if (whole < 0) {
+        auto shape = buf.shape;
+        if (shape.empty()) fail("pipeline: input '" + buf.name + "' has no shape to split into micro-batches");
+        shape[0] *= s_.microbatches;
+        whole = b_.buffer(buf.name, std::move(shape), buf.role, buf.type);
+      }
+      id = b_.view(name(buf.name, true, m), whole, static_cast<std::int64_t>(m) * buf.bytes, buf.bytes, buf.shape);
+    } else {
+      id = b_.buffer(name(buf.name, copies, m), buf.shape, buf.role, buf.type);
+    }
+    return id;
+  }
+  [[nodiscard]] std::string name(const std::string& base, bool copies, int m) const {
+    return copies && s_.microbatches > 1 ? base + "@mb" + std::to_string(m) : base;
+  }
+
+  [[nodiscard]] int peer_of_chunk(int c) const { return s_.stage_of_chunk(c); }
+
+  void emit(std::size_t t, int m) {
+    const auto& src = g_.tasks[t];
+    const bool mb = s_.role[t] == task_role::microbatch;
+    // Values from a chunk on another stage arrive first.
+    if (mb)
+      for (const auto rb : src.reads) {
+        const auto r = root(rb);
+        if (s_.message[r] < 0 || s_.message_to[r] != s_.chunk[t] || received_[r][static_cast<std::size_t>(m)]) continue;
+        if (s_.stage_of_chunk(s_.owner[r]) == stage_) continue; // same stage: shared, no message
+        received_[r][static_cast<std::size_t>(m)] = 1;
+        const auto into = buffer(static_cast<ir::buffer_id>(r), m);
+        b_.at(src.step_phase, src.layer);
+        const auto id = b_.collective(ir::op_kind::recv,
+                                       "recv " + g_.buffers[r].name + " mb" + std::to_string(m) + " from stage " +
+                                           std::to_string(peer_of_chunk(s_.owner[r])),
+                                       s_.axis, into, into);
+        attrs_.emplace_back(id, message_attrs(r, m, peer_of_chunk(s_.owner[r])));
+      }
+    std::vector<ir::buffer_id> reads, writes;
+    for (const auto b : src.reads) reads.push_back(buffer(b, m));
+    ir::attr_map attrs = src.attrs;
+    if (mb)
+      if (const auto it = attrs.find("global_rows"); it != attrs.end()) it->second *= s_.microbatches;
+    std::vector<std::pair<ir::buffer_id, ir::buffer_id>> add_after; // (sum, scratch)
+    for (const auto b : src.writes) {
+      auto w = buffer(b, m);
+      const auto r = root(b);
+      if (mb && s_.accumulated[r]) {
+        if (written_once_[r]) {
+          if (detail::accumulates(src.fn) && src.writes.size() == 1) {
+            attrs["accumulate"] = 1;
+            if (src.fn == ir::op::matmul && std::find(reads.begin(), reads.end(), w) == reads.end()) reads.push_back(w);
+          } else {
+            auto& scratch = scratch_[static_cast<std::size_t>(b)];
+            const auto& buf = g_.buffers[static_cast<std::size_t>(b)];
+            if (scratch < 0) scratch = b_.buffer(buf.name + ".microbatch", buf.shape, ir::buffer_role::workspace, buf.type);
+            add_after.emplace_back(w, scratch);
+            w = scratch;
+          }
+        }
+        written_once_[r] = 1;
+      }
+      writes.push_back(w);
+    }
+    b_.at(src.step_phase, src.layer);
+    const auto task_name = mb && s_.microbatches > 1 ? src.name + "@mb" + std::to_string(m) : src.name;
+    if (ir::is_collective(src.kind)) {
+      const auto id = b_.collective(src.kind, task_name, src.axis, reads.at(0), writes.at(0), -1, src.fn);
+      if (!attrs.empty()) attrs_.emplace_back(id, std::move(attrs));
+    } else {
+      b_.compute(src.kind, task_name, std::move(reads), std::move(writes), {src.fn, -1, -1, std::move(attrs)});
+    }
+    for (const auto& [sum, scratch] : add_after) {
+      const auto elements = g_.buffers[static_cast<std::size_t>(g_.root_of(sum))].bytes /
+                            static_cast<std::int64_t>(ir::size_of(g_.buffers[static_cast<std::size_t>(g_.root_of(sum))].type));
+      b_.compute(ir::op::add, task_name + ".accumulate", {sum, scratch}, {sum}, {{"n", elements}});
+    }
+    ++emitted_[t];
+    // Values a chunk on another stage reads leave after their last writer.
+    if (mb)
+      for (const auto wb : src.writes) {
+        const auto r = root(wb);
+        if (s_.message[r] < 0 || s_.last_writer[r] != static_cast<ir::task_id>(t)) continue;
+        if (s_.stage_of_chunk(s_.message_to[r]) == stage_) continue;
+        const auto from = buffer(static_cast<ir::buffer_id>(r), m);
+        const auto id = b_.collective(ir::op_kind::send,
+                                       "send " + g_.buffers[r].name + " mb" + std::to_string(m) + " to stage " +
+                                           std::to_string(peer_of_chunk(s_.message_to[r])),
+                                       s_.axis, from, from);
+        attrs_.emplace_back(id, message_attrs(r, m, peer_of_chunk(s_.message_to[r])));
+      }
+  }
+
+  [[nodiscard]] ir::attr_map message_attrs(std::size_t r, int m, int peer) const {
+    return {{"peer", peer}, {"tag", static_cast<std::int64_t>(s_.message[r]) * s_.microbatches + m}, {"microbatch", m}};
+  }
+
+  const ir::graph& g_;
+  const stage_split& s_;
+  int stage_;
+  ir::builder b_;
+  std::vector<std::vector<ir::buffer_id>> map_; // per buffer: shared copy, then one per micro-batch
+  std::vector<int> emitted_;                    // per task: instances emitted
+  std::vector<std::vector<char>> received_;     // per root buffer and micro-batch
+  std::vector<char> written_once_;              // per accumulated root: its first write is out
+  std::vector<ir::buffer_id> scratch_;          // per accumulated buffer: where a kernel without accumulate writes
+  std::vector<std::pair<ir::task_id, ir::attr_map>> attrs_; // collectives' attrs, set after finish()
+};
+
+} // namespace detail
+
+/// @brief The graph stage `stage` runs, its tasks in the order `sched` runs its blocks; see the
+/// file comment. `sched` must be a schedule of problem_of(s, g, …) (verified by the caller).
+[[nodiscard]] inline ir::graph stage_graph(const ir::graph& g, const stage_split& s, int stage, const schedule& sched) {
+  if (stage < 0 || stage >= s.stages)
+    fail("pipeline: stage " + std::to_string(stage) + " of a pipeline of " + std::to_string(s.stages));
+  if (static_cast<int>(sched.order.size()) != s.stages)
+    fail("pipeline: schedule '" + sched.policy + "' has orders for " + std::to_string(sched.order.size()) +
+         " stages, the step has " + std::to_string(s.stages));
+  return detail::stage_emitter(g, s, stage).run(sched);
+}
+
+/// @brief A stage's plan: every stream in the order stage_graph emitted its tasks, start times
+/// replayed with `model` (the stage alone: waits for its neighbours are the pipeline replay's).
+[[nodiscard]] inline plan::plan stage_plan(ir::graph g, const cost::model& model, std::string policy) {
+  std::vector<std::vector<ir::task_id>> order(g.streams.size());
+  for (const auto& t : g.tasks) order[static_cast<std::size_t>(t.stream)].push_back(t.id);
+  const auto durations = model.durations_us(g);
+  return sim::to_plan(std::move(g), std::move(order), durations, {model.overlap_slowdown(), model.comm_overlap_slowdown()},
+                      std::move(policy), model.hw().name);
+}
+
+/// @brief One send or recv of a stage's plan, as its peer must see it.
+struct message_record {
+  bool send = false;
+  int peer = 0;
+  std::int64_t tag = 0, bytes = 0;
+  friend bool operator==(const message_record&, const message_record&) = default;
+};
+
+/// @brief A plan's sends and recvs on the pipeline lane, in issue order.
+[[nodiscard]] inline std::vector<message_record> message_sequence(const plan::plan& p, int axis) {
+  std::vector<message_record> out;
+  const auto lane = p.graph.lane_of_axis(axis);
+  if (!lane) return out;
+  for (const auto id : p.order[static_cast<std::size_t>(*lane)]) {
+    const auto& t = p.graph.tasks[static_cast<std::size_t>(id)];
+    if (t.kind != ir::op_kind::send && t.kind != ir::op_kind::recv) continue;
+    const auto b = t.kind == ir::op_kind::send ? t.reads.at(0) : t.writes.at(0);
+    out.push_back({t.kind == ir::op_kind::send, static_cast<int>(t.attr("peer")), t.attr("tag"),
+                   p.graph.buffers[static_cast<std::size_t>(b)].bytes});
+  }
+  return out;
+}
+
+} // namespace concerto::pipeline

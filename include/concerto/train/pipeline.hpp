@@ -1,0 +1,150 @@
+#pragma once
+/// @file
+/// @brief What a training step adds for pipeline parallelism: its options, the micro-batch
+/// shapes it lowers with, the schedule rank 0 chooses and sends, and the check that the stages'
+/// plans agree on their messages before the first step.
+///
+/// A step is pipelined when its mesh has the pipeline axis (`pp` unless
+/// `pipeline_options::axis` says otherwise): the program is lowered for one micro-batch (every
+/// data leaf's first dimension divided by `microbatches`), `pipeline::split` places its tasks
+/// on the stages, the schedule policy orders every stage's blocks, and each rank runs the plan
+/// of its own stage (pipeline/stages.hpp). docs/pipeline.md, "Training with stages".
+
+#include <concerto/core/error.hpp>
+#include <concerto/core/hash.hpp>
+#include <concerto/graph/program.hpp>
+#include <concerto/mesh/mesh.hpp>
+#include <concerto/pipeline/policies.hpp>
+#include <concerto/pipeline/search.hpp>
+#include <concerto/pipeline/stages.hpp>
+#include <concerto/plan/hash.hpp>
+#include <concerto/runtime/mpi/control.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace concerto::train {
+
+/// @brief How a step is pipelined (used when the mesh has `axis`).
+struct pipeline_options {
+  int microbatches = 1;           ///< per step; must divide every data leaf's first dimension
+  std::string schedule = "1f1b";  ///< gpipe, 1f1b, interleaved_1f1b, zb_h1 or concerto
+  int virtual_stages = 1;         ///< chunks per stage (interleaved_1f1b, concerto)
+  std::string axis = "pp";        ///< the mesh axis the stages lie along
+  double search_budget_s = 10;    ///< concerto: the schedule search's time
+};
+
+namespace detail {
+
+/// The shapes of one micro-batch: every data leaf's first dimension divided by `microbatches`.
+template <std::size_t N>
+shape_map microbatch_shapes(const graph::program<N>& p, shape_map shapes, int microbatches) {
+  if (microbatches < 1) fail("train step: " + std::to_string(microbatches) + " micro-batches; at least 1");
+  if (microbatches == 1) return shapes;
+  for (int i = 0; i < p.size; ++i) {
+    if (p.nodes[i].op != op_code::data) continue;
+    const auto name = p.name_of(i);
+    const auto it = shapes.find(name);
+    if (it == shapes.end() || it->second.empty()) continue; // the lowering names what is missing
+    auto& rows = it->second.front();
+    if (rows % microbatches != 0)
+      fail("train step: input '" + name + "' has " + std::to_string(rows) + " rows (its first dimension), which " +
+           std::to_string(microbatches) + " micro-batches do not divide");
+    rows /= microbatches;
+  }
+  return shapes;
+}
+
+inline bool is_pipeline_schedule(std::string_view name) {
+  if (name == "concerto") return true;
+  for (const auto& b : pipeline::baseline_names())
+    if (b == name) return true;
+  return false;
+}
+
+/// Rank 0's choice: a baseline from its definition, or the search (at 1F1B's memory).
+inline pipeline::schedule choose_schedule(const pipeline_options& o, const pipeline::problem& p) {
+  if (o.schedule != "concerto") return pipeline::baseline(o.schedule, p);
+  pipeline::search_options s;
+  s.time_budget_s = o.search_budget_s;
+  return pipeline::plan_concerto(std::span(&p, 1), s).best;
+}
+
+inline std::string to_json(const pipeline::schedule& s) {
+  nlohmann::json order = nlohmann::json::array();
+  for (const auto& stage : s.order) {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const auto& b : stage) blocks.push_back({b.chunk, b.microbatch, static_cast<int>(b.kind)});
+    order.push_back(std::move(blocks));
+  }
+  return nlohmann::json{{"policy", s.policy}, {"split", s.split_backward}, {"order", std::move(order)}}.dump();
+}
+
+inline pipeline::schedule schedule_from_json(const std::string& text) {
+  const auto j = nlohmann::json::parse(text);
+  pipeline::schedule s;
+  s.policy = j.at("policy").get<std::string>();
+  s.split_backward = j.at("split").get<bool>();
+  for (const auto& stage : j.at("order")) {
+    auto& blocks = s.order.emplace_back();
+    for (const auto& b : stage)
+      blocks.push_back({b.at(0).get<int>(), b.at(1).get<int>(), static_cast<pipeline::pass>(b.at(2).get<int>())});
+  }
+  return s;
+}
+
+/// Before the first step: the ranks of a stage run one plan, and every pair of stages sends
+/// and receives the same messages in the same order (tags and sizes). Collective; every rank
+/// reaches the same verdict and throws the same error.
+inline void check_stage_agreement(const plan::plan& mine, int axis, const mesh& m,
+                                  const runtime::mpi::control& control) {
+  const auto stages = m.axes()[static_cast<std::size_t>(axis)].size;
+  const auto fields = static_cast<std::size_t>(1 + 4 * stages);
+  std::vector<std::int64_t> record(fields, 0);
+  record[0] = std::bit_cast<std::int64_t>(plan::hash(mine));
+  std::vector<hasher> sends(static_cast<std::size_t>(stages)), recvs(static_cast<std::size_t>(stages));
+  for (const auto& msg : pipeline::message_sequence(mine, axis)) {
+    auto& h = (msg.send ? sends : recvs)[static_cast<std::size_t>(msg.peer)];
+    h.add(msg.tag).add(msg.bytes);
+    ++record[1 + 4 * static_cast<std::size_t>(msg.peer) + (msg.send ? 1 : 3)];
+  }
+  for (std::size_t q = 0; q < static_cast<std::size_t>(stages); ++q) {
+    record[1 + 4 * q] = std::bit_cast<std::int64_t>(sends[q].value());
+    record[1 + 4 * q + 2] = std::bit_cast<std::int64_t>(recvs[q].value());
+  }
+  const auto size = m.rank_count();
+  std::vector<std::int64_t> all(fields * static_cast<std::size_t>(size));
+  control.all_gather(std::span<const std::int64_t>(record), std::span(all), "the pipeline stages' message check");
+  const auto at = [&](int r, std::size_t i) { return all[static_cast<std::size_t>(r) * fields + i]; };
+  for (int r = 0; r < size; ++r) {
+    auto coords = m.coords(r);
+    const int s = coords[static_cast<std::size_t>(axis)];
+    for (int other = 0; other < r; ++other) {
+      auto oc = m.coords(other);
+      if (oc[static_cast<std::size_t>(axis)] == s && at(other, 0) != at(r, 0))
+        fail_on_every_rank("train step: ranks " + std::to_string(other) + " and " + std::to_string(r) +
+                           " of pipeline stage " + std::to_string(s) + " made different plans for it");
+    }
+    for (int q = 0; q < stages; ++q) {
+      if (q == s) continue;
+      coords[static_cast<std::size_t>(axis)] = q;
+      const int peer = m.rank_of(coords);
+      const auto sq = 1 + 4 * static_cast<std::size_t>(q), ps = 1 + 4 * static_cast<std::size_t>(s);
+      if (at(r, sq) != at(peer, ps + 2) || at(r, sq + 1) != at(peer, ps + 3))
+        fail_on_every_rank("train step: pipeline stages " + std::to_string(s) + " and " + std::to_string(q) +
+                           " disagree on their messages: rank " + std::to_string(r) + " (stage " + std::to_string(s) +
+                           ") sends " + std::to_string(at(r, sq + 1)) + " to stage " + std::to_string(q) + ", rank " +
+                           std::to_string(peer) + " (stage " + std::to_string(q) + ") receives " +
+                           std::to_string(at(peer, ps + 3)) + " from stage " + std::to_string(s) +
+                           (at(r, sq + 1) == at(peer, ps + 3) ? ", in another order or with other sizes" : "") +
+                           "; a stage would wait for ever or read another tensor");
+    }
+  }
+}
+
+} // namespace detail
+} // namespace concerto::train
