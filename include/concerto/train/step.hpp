@@ -986,9 +986,11 @@ private:
     summary_.rewritten = true;
     summary_.tasks = p.graph.tasks.size();
     for (const auto& t : p.graph.tasks) summary_.collectives += ir::is_collective(t.kind);
+    p.stats.lower_bound_us = pipeline::lower_bound(problem); // of the whole pipelined step
     char line[160];
-    std::snprintf(line, sizeof line, "%d stages x %d micro-batches (%d chunks per stage), lower bound %.0f us", split_->stages,
-                  split_->microbatches, split_->virtual_stages, pipeline::lower_bound(problem));
+    std::snprintf(line, sizeof line, "%d stages x %d micro-batches (%d chunk%s per stage), lower bound %.0f us",
+                  split_->stages, split_->microbatches, split_->virtual_stages, split_->virtual_stages == 1 ? "" : "s",
+                  p.stats.lower_bound_us);
     summary_.pipeline = line;
     ex_ = std::make_unique<runtime::executor<Backend>>(std::move(p), *backend_, options_.executor);
   }
