@@ -66,6 +66,34 @@ def main():
     examples = sorted(glob.glob(os.path.join(d, "example-*.jsonl")), key=lambda p: cfg_key(p, "example-"))
     if examples:
         print_examples(examples, peer_by_cfg)
+    pipelined = sorted(glob.glob(os.path.join(d, "pipeline-*.jsonl")), key=lambda p: cfg_key(p, "pipeline-"))
+    if pipelined:
+        print_pipeline(pipelined)
+
+
+def print_pipeline(files):
+    """One row per configuration and pipeline layout: each schedule's median step, run in turn on
+    the same ranks, its prediction (the pipeline replay, cpu-netns) and concerto against 1f1b."""
+    schedules = ["gpipe", "1f1b", "zb_h1", "concerto"]
+    print("\nGPT with pipeline stages: median step ms of the schedules run in turn on the same ranks (pred/meas)")
+    print(f"{'config':>10} {'pp x dp':>8} {'m':>3} " + " ".join(f"{s:>17}" for s in schedules) + f" {'1f1b/c':>7} {'c/best':>7}")
+    for f in files:
+        cfg = cfg_key(f, "pipeline-")[2]
+        groups = {}
+        for r in (json.loads(l) for l in open(f) if l.strip().startswith("{")):
+            groups.setdefault((r["pp"], r["world"] // r["pp"], r["microbatches"]), {})[r["policy"].split(":")[-1]] = r
+        for (pp, dp, m), by in sorted(groups.items()):
+            cells = []
+            for s in schedules:
+                r = by.get(s)
+                cells.append(f"{r['median_step_us'] / 1e3:8.1f} ({r['predicted_us'] / r['median_step_us']:4.2f})" if r else f"{'-':>17}")
+            ms = {s: by[s]["median_step_us"] for s in by}
+            conc = ms.get("concerto")
+            best = min((v for k, v in ms.items() if k != "concerto"), default=None)
+            print(f"{cfg:>10} {f'{pp}x{dp}':>8} {m:3d} " + " ".join(cells) +
+                  f" {ratio(ms.get('1f1b'), conc):7.2f} {ratio(conc, best):7.2f}")
+    print("  (m = micro-batches per step; (pred/meas) = the schedule's pipeline replay with the cpu-netns calibration /"
+          " measured;\n   1f1b/c = 1f1b / concerto; c/best = concerto / fastest other schedule)")
 
 
 def ratio(a, b):
