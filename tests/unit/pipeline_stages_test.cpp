@@ -46,6 +46,14 @@ link(const plan::plan& from, int from_stage, const plan::plan& to, int to_stage,
   return {sent, received};
 }
 
+// What the arena would hold: every root buffer once.
+std::int64_t runtime_bytes(const ir::graph& g) {
+  std::int64_t sum = 0;
+  for (const auto& b : g.buffers)
+    if (b.view_of < 0) sum += b.bytes;
+  return sum;
+}
+
 } // namespace
 
 TEST_CASE("the split puts the embedding first, the head last, and sums the gradients over micro-batches", "[pipeline][stages]") {
@@ -154,6 +162,29 @@ TEST_CASE("micro-batches scale the loss's row count and accumulate the weight gr
   const auto ids = std::find_if(stage.buffers.begin(), stage.buffers.end(), [](const auto& b) { return b.name == "ids"; });
   REQUIRE(ids != stage.buffers.end());
   CHECK(ids->shape.at(0) == 3 * g.buffers[static_cast<std::size_t>(named(g, "embedding#2").reads.at(0))].shape.at(0));
+}
+
+TEST_CASE("a stage holds as many copies of a micro-batch's buffers as its schedule has in flight", "[pipeline][stages]") {
+  const auto g = gpt_graph(2, 1, 1);
+  const auto s = pipeline::split(g, {.microbatches = 8});
+  const auto model = cost::model::preset("h100x64");
+  const auto problem = pipeline::problem_of(s, g, model);
+  const auto copies = [&](const pipeline::schedule& sched, int stage, const std::string& base) {
+    const auto sg = pipeline::stage_graph(g, s, stage, sched);
+    return std::count_if(sg.buffers.begin(), sg.buffers.end(), [&](const auto& b) { return b.name.starts_with(base + "@buf"); });
+  };
+  const auto bytes = [&](const pipeline::schedule& sched, int stage) {
+    const auto p = pipeline::stage_plan(pipeline::stage_graph(g, s, stage, sched), model, sched.policy);
+    plan::verify(p); // the reuse keeps the plan free of data races
+    return runtime_bytes(p.graph);
+  };
+  const auto gpipe = pipeline::gpipe(problem), one_f_one_b = pipeline::one_f_one_b(problem);
+  // GPipe runs every forward first: all 8 micro-batches are held. 1F1B holds p - s of them.
+  CHECK(copies(gpipe, 0, "layers.0.matmul#9") == 8);
+  CHECK(copies(one_f_one_b, 0, "layers.0.matmul#9") == 2);
+  CHECK(copies(one_f_one_b, 1, "layers.2.matmul#9") == 1);
+  CHECK(copies(one_f_one_b, 1, "layers.1.add#28") == 2); // received from stage 0: two at least
+  CHECK(bytes(one_f_one_b, 0) < bytes(gpipe, 0));
 }
 
 TEST_CASE("what cannot be pipelined is refused naming it", "[pipeline][stages]") {

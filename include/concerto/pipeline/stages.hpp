@@ -17,7 +17,9 @@
 /// - **pass** of a micro-batch task: F (forward), B (backward work that another chunk or the
 ///   input gradient waits for) or W (backward work only weight gradients need), as in the
 ///   zero-bubble schedules.
-/// - **buffers**: one copy per micro-batch of what a micro-batch computes; inputs as one buffer
+/// - **buffers**: as many copies of what a micro-batch computes as the schedule holds micro-batches
+///   of that chunk at once on its stage (1F1B: the stages still to go; GPipe: all), micro-batch m
+///   in copy m mod that count, so a schedule's activation memory is what the arena holds; inputs as one buffer
 ///   of all micro-batches (micro-batch m: the m-th block of rows of this rank's shard); the
 ///   buffers an epilogue task reads (the local gradients) and the loss *accumulate*: the first
 ///   write of the step overwrites them, every later one adds (the kernels' `accumulate`, or a
@@ -52,6 +54,7 @@
 #include <concerto/sim/simulate.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -375,6 +378,7 @@ public:
 
   ir::graph run(const schedule& sched) {
     const auto n = g_.tasks.size();
+    count_in_flight(sched);
     for (std::size_t t = 0; t < n; ++t)
       if (mine(t) && s_.role[t] == task_role::prologue) emit(t, 0);
     for (const auto& blk : sched.order.at(static_cast<std::size_t>(stage_))) {
@@ -419,12 +423,50 @@ private:
         emit(t, 0);
   }
 
+  // How many micro-batches of each chunk of this stage a buffer must hold at most under the
+  // schedule: from their forward until the end of the last pass that uses the buffer (forward
+  // only: one; read by B: until B ends; by W: until W ends, as the pipeline problem's memory
+  // frees them). That many copies are enough; micro-batch m uses copy m mod that count, after
+  // the micro-batch before it in that copy is done with it (the builder's write-after-read
+  // dependencies order the reuse). A value sent or received keeps two copies at least, so that
+  // the next micro-batch's forward does not wait for the message to leave.
+  void count_in_flight(const schedule& sched) {
+    const auto chunks = static_cast<std::size_t>(s_.chunk_count());
+    in_flight_.assign(chunks, {1, 1, 1});
+    std::vector<std::array<int, 3>> live(chunks, {0, 0, 0});
+    const auto fused = [&](pass k) { return !sched.split_backward && k == pass::weight_grad ? pass::input_grad : k; };
+    for (const auto& blk : sched.order.at(static_cast<std::size_t>(stage_))) {
+      auto& l = live.at(static_cast<std::size_t>(blk.chunk));
+      auto& most = in_flight_[static_cast<std::size_t>(blk.chunk)];
+      if (blk.kind == pass::forward)
+        for (const auto k : {pass::input_grad, pass::weight_grad}) {
+          const auto i = static_cast<std::size_t>(fused(k));
+          if (k == fused(k)) most[i] = std::max(most[i], ++l[i]);
+        }
+      else --l[static_cast<std::size_t>(fused(blk.kind))];
+    }
+    last_use_.assign(g_.buffers.size(), pass::forward);
+    for (std::size_t t = 0; t < g_.tasks.size(); ++t) {
+      if (!mine(t) || s_.role[t] != task_role::microbatch) continue;
+      for (const auto* list : {&g_.tasks[t].reads, &g_.tasks[t].writes})
+        for (const auto b : *list) last_use_[root(b)] = std::max(last_use_[root(b)], fused(s_.kind[t]));
+    }
+  }
+  [[nodiscard]] int copies_of(std::size_t r, int holder) const {
+    const int k = in_flight_.at(static_cast<std::size_t>(holder))[static_cast<std::size_t>(last_use_[r])];
+    return s_.message[r] >= 0 ? std::max(k, std::min(2, s_.microbatches)) : k;
+  }
+
   // The stage's buffer for buffer b of the micro-batch graph in micro-batch m.
   ir::buffer_id buffer(ir::buffer_id b, int m) {
     const auto r = root(b);
     const auto& rb = g_.buffers[r];
     const bool input = rb.role == ir::buffer_role::input;
     const bool copies = s_.per_microbatch[r] != 0;
+    if (copies) { // the chunk of this stage that holds it: its writer's, or for a message its reader's
+      const auto holder = s_.stage_of_chunk(s_.owner[r]) == stage_ ? s_.owner[r] : s_.message_to[r];
+      m %= copies_of(r, holder);
+    }
     const auto slot = static_cast<std::size_t>(copies || input ? m + 1 : 0);
     auto& id = map_[static_cast<std::size_t>(b)][slot];
     if (id >= 0) return id;
@@ -439,14 +481,15 @@ private:
         shape[0] *= s_.microbatches;
         whole = b_.buffer(buf.name, std::move(shape), buf.role, buf.type);
       }
-      id = b_.view(name(buf.name, true, m), whole, static_cast<std::int64_t>(m) * buf.bytes, buf.bytes, buf.shape);
+      id = b_.view(buf.name + "@mb" + std::to_string(m), whole, static_cast<std::int64_t>(m) * buf.bytes, buf.bytes, buf.shape);
     } else {
       id = b_.buffer(name(buf.name, copies, m), buf.shape, buf.role, buf.type);
     }
     return id;
   }
+  // A copy's name says which copy (`@buf1`); an input's view which micro-batch (`@mb1`).
   [[nodiscard]] std::string name(const std::string& base, bool copies, int m) const {
-    return copies && s_.microbatches > 1 ? base + "@mb" + std::to_string(m) : base;
+    return copies && s_.microbatches > 1 ? base + "@buf" + std::to_string(m) : base;
   }
 
   [[nodiscard]] int peer_of_chunk(int c) const { return s_.stage_of_chunk(c); }
@@ -532,7 +575,9 @@ private:
   const stage_split& s_;
   int stage_;
   ir::builder b_;
-  std::vector<std::vector<ir::buffer_id>> map_; // per buffer: shared copy, then one per micro-batch
+  std::vector<std::vector<ir::buffer_id>> map_; // per buffer: shared copy, then one per copy (input: per micro-batch)
+  std::vector<std::array<int, 3>> in_flight_;   // per chunk and pass: micro-batches held until it ends
+  std::vector<pass> last_use_;                  // per root buffer: the last pass that uses it on this stage
   std::vector<int> emitted_;                    // per task: instances emitted
   std::vector<std::vector<char>> received_;     // per root buffer and micro-batch
   std::vector<char> written_once_;              // per accumulated root: its first write is out
