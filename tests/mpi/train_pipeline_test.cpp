@@ -111,6 +111,35 @@ TEST_CASE("every stage's plan sends and receives what the program says, once per
   CHECK_THAT(step.summary().text(), Catch::Matchers::ContainsSubstring(std::to_string(world) + " stages x 4 micro-batches"));
 }
 
+TEST_CASE("stages whose plans disagree on their messages are refused on every rank before the first", "[mpi][train][pipeline]") {
+  const int world = runtime::mpi::environment::world_size();
+  const auto m = mesh::from_world(world, {{"pp", 2}, {"dp", -1}, {"tp", 1}});
+  const auto g = lower(gt::gpt_tp, gpt_model::shapes(batch / 4 * (world / 2), seq, vocab, hidden), m,
+                       {.heads = 4, .depth = {{"layers", depth}}});
+  const auto split = pipeline::split(g, {.microbatches = 4});
+  const auto model = cost::model::preset("cpu");
+  const auto problem = pipeline::problem_of(split, g, model);
+  const int stage = m.coords(runtime::mpi::environment::world_rank())[static_cast<std::size_t>(split.axis)];
+  const runtime::mpi::control control(MPI_COMM_WORLD, 30);
+  const auto plan_of = [&](const pipeline::schedule& s) {
+    return pipeline::stage_plan(pipeline::stage_graph(g, split, stage, s), model, s.policy);
+  };
+  const auto good = pipeline::one_f_one_b(problem);
+  CHECK_NOTHROW(train::detail::check_stage_agreement(plan_of(good), split.axis, m, control));
+  // A seeded mutation: stage 1 runs micro-batches 1 and 2 in each other's places.
+  auto mutated = good;
+  for (auto& b : mutated.order[1])
+    if (b.microbatch == 1 || b.microbatch == 2) b.microbatch = 3 - b.microbatch;
+  std::string message;
+  try {
+    train::detail::check_stage_agreement(plan_of(stage == 1 ? mutated : good), split.axis, m, control);
+  } catch (const collective_error& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Matchers::ContainsSubstring("pipeline stages 0 and 1 disagree on their messages"));
+  CHECK_THAT(message, Catch::Matchers::ContainsSubstring("in another order or with other sizes"));
+}
+
 TEST_CASE("a checkpoint saved with pipeline stages loads without them", "[mpi][train][pipeline][checkpoint]") {
   const int world = runtime::mpi::environment::world_size();
   const auto file = std::filesystem::temp_directory_path() / "concerto_pipeline_checkpoint.bin";
