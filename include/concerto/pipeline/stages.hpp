@@ -507,8 +507,8 @@ private:
         const auto into = buffer(static_cast<ir::buffer_id>(r), m);
         b_.at(src.step_phase, src.layer);
         const auto id = b_.collective(ir::op_kind::recv,
-                                       "recv " + g_.buffers[r].name + " mb" + std::to_string(m) + " from stage " +
-                                           std::to_string(peer_of_chunk(s_.owner[r])),
+                                       "recv " + g_.buffers[r].name + " mb" + std::to_string(m) + ", stage " +
+                                           std::to_string(stage_) + " from stage " + std::to_string(peer_of_chunk(s_.owner[r])),
                                        s_.axis, into, into);
         attrs_.emplace_back(id, message_attrs(r, m, peer_of_chunk(s_.owner[r])));
       }
@@ -560,8 +560,8 @@ private:
         if (s_.stage_of_chunk(s_.message_to[r]) == stage_) continue;
         const auto from = buffer(static_cast<ir::buffer_id>(r), m);
         const auto id = b_.collective(ir::op_kind::send,
-                                       "send " + g_.buffers[r].name + " mb" + std::to_string(m) + " to stage " +
-                                           std::to_string(peer_of_chunk(s_.message_to[r])),
+                                       "send " + g_.buffers[r].name + " mb" + std::to_string(m) + ", stage " +
+                                           std::to_string(stage_) + " to stage " + std::to_string(peer_of_chunk(s_.message_to[r])),
                                        s_.axis, from, from);
         attrs_.emplace_back(id, message_attrs(r, m, peer_of_chunk(s_.message_to[r])));
       }
