@@ -4,6 +4,7 @@
 // a pipeline within train_testing::rel_tol; a checkpoint saved with stages loads without them;
 // bad pipeline settings are refused with a message that names them.
 #include "gpt_program.hpp"
+#include "llama_program.hpp"
 #include "train_testing.hpp"
 
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -83,6 +84,36 @@ TEST_CASE("pipeline stages train the GPT to the single-rank numbers with every s
       INFO("interleaved: 2 chunks per stage");
       tt::check_same(pipelined(sub.get(), 2, 1, 1, "interleaved_1f1b", 2, 2), want);
     }
+  }
+}
+
+TEST_CASE("the Llama trains to the single-rank numbers on pipeline stages", "[mpi][train][pipeline][llama]") {
+  // RMSNorm, rotary embeddings whose positions (an input every stage reads) are split into
+  // micro-batches like the tokens, grouped-query attention and SwiGLU, over 2 stages.
+  constexpr std::int64_t heads = 8, kv_heads = 4;
+  const auto llama_shapes = llama_testing::shapes(batch, seq, vocab, 32, heads, kv_heads, 48);
+  const std::vector<std::string> llama_params{"wte", "layers.0.wq", "layers.1.wk", "layers.0.w1", "layers.1.w3",
+                                              "layers.1.ffn_norm.g", "norm.g", "head"};
+  train::batch b = data();
+  train::tensor positions{{batch, seq}};
+  for (std::int64_t i = 0; i < batch * seq; ++i) positions.i64.push_back(i % seq);
+  b["positions"] = positions;
+  const auto run = [&](MPI_Comm comm, std::vector<axis_request> axes, train::pipeline_options pp) {
+    train::step_options o{.policy = "program_order", .lower = {.name = "llama", .heads = heads, .depth = {{"layers", 2}}}};
+    o.pipeline = pp;
+    return tt::run(llama_testing::llama_tp, llama_shapes, comm, std::move(axes), b, 3, {.adamw = {.lr = 1e-3f}}, o,
+                   llama_params);
+  };
+  const auto want = run(MPI_COMM_SELF, {{"dp", 1}, {"tp", 1}}, {});
+  REQUIRE(want.loss.back() < want.loss.front());
+  const int world = runtime::mpi::environment::world_size();
+  tt::sub_world sub(std::min(world, 4));
+  if (!sub.member()) return;
+  const int rest = std::min(world, 4) / 2;
+  for (const char* schedule : {"1f1b", "zb_h1"}) {
+    CAPTURE(schedule, rest);
+    tt::check_same(run(sub.get(), {{"pp", 2}, {"dp", rest}, {"tp", 1}}, {.microbatches = 2, .schedule = schedule}), want);
+    if (rest > 1) tt::check_same(run(sub.get(), {{"pp", 2}, {"dp", 1}, {"tp", rest}}, {.microbatches = 2, .schedule = schedule}), want);
   }
 }
 
