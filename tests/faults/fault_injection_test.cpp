@@ -114,6 +114,17 @@ TEST_CASE("a rank stopped between steps ends the job at the deadline, naming the
   CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
 }
 
+TEST_CASE("a pipeline stage stopped between steps ends the job at the deadline, naming the message", "[faults][deadline][pipeline]") {
+  folder f;
+  const auto o = run("stall-stage", f.path);
+  // Stage 0 waits for its first message of the step with stage 1: the activation it sends (a
+  // send completes when the peer takes it) or the gradient it receives.
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s in step 2 waiting for ");
+  CHECK_THAT(o.output, ContainsSubstring("mb0, stage 0 to stage 1' (task ") || ContainsSubstring("mb0, stage 0 from stage 1' (task "));
+  CHECK_THAT(o.output, ContainsSubstring("on lane 'comm:pp'"));
+  CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
+}
+
 TEST_CASE("a rank that never joins the loss reduction ends the job at the deadline", "[faults][deadline]") {
   folder f;
   const auto o = run("stall-reduction", f.path);

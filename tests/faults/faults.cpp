@@ -7,6 +7,8 @@
 //   stall-communicators rank 1 sleeps before a second executor of the plan makes its lane
 //                       communicators: the others wait where MPI_Comm_split would hold them
 //   stall-mid           rank 1 sleeps between step 1 and step 2: the others wait in a step's collective
+//   stall-stage         pipelined over 2 stages: rank 1 (stage 1) sleeps between step 1 and step 2,
+//                       stage 0 waits for its gradient
 //   stall-reduction     rank 1 never joins a control-path reduction (the one each step's loss uses)
 //   stall-save          rank 1 sleeps before saving: the others wait in the checkpoint's gather
 //   lr, layers, policy  rank 1 compiles the step with another learning rate, depth or policy
@@ -126,6 +128,16 @@ int main(int argc, char** argv) {
     }
     const float lr = fault == "lr" && rank == 1 ? 2e-2f : 1e-2f;
     const std::int64_t width = fault == "kill-save" || fault == "resume" ? 256 : hidden;
+    if (fault == "stall-stage") {
+      o.pipeline = {.microbatches = 2};
+      auto p = train::compile(gm::gpt_tp, mesh::from_world(world, {{"pp", world}, {"dp", 1}, {"tp", 1}}),
+                              gm::shapes(batch, seq, vocab, width), {.adamw = {.lr = lr}}, o);
+      (void)p(data(0));
+      if (rank == 1) stall();
+      (void)p(data(1));
+      std::printf("rank %d: finished\n", rank);
+      return;
+    }
     auto s = train::compile(gm::gpt_sp, mesh::from_world(world, {{"dp", 1}, {"tp", world}}),
                             gm::shapes(batch, seq, vocab, width), {.adamw = {.lr = lr}}, o);
     if (fault == "resume") {
