@@ -121,7 +121,7 @@ TEST_CASE("a pipeline stage stopped between steps ends the job at the deadline, 
   // send completes when the peer takes it) or the gradient it receives.
   check_failed(o, "concerto: rank 0 failed: timed out after 2 s in step 2 waiting for ");
   CHECK_THAT(o.output, ContainsSubstring("mb0, stage 0 to stage 1' (task ") || ContainsSubstring("mb0, stage 0 from stage 1' (task "));
-  CHECK_THAT(o.output, ContainsSubstring("on lane 'comm:pp'"));
+  CHECK_THAT(o.output, ContainsSubstring("on lane 'comm:pp")); // values' lane, or gradients' ('comm:pp.grad')
   CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
 }
 

@@ -2,7 +2,8 @@
 // with data or tensor parallelism, with 1, 2 and 4 micro-batches and every pipeline schedule,
 // the losses, gradients and parameters after 3 AdamW steps match the single-rank run without
 // a pipeline within train_testing::rel_tol; a checkpoint saved with stages loads without them;
-// bad pipeline settings are refused with a message that names them.
+// bad pipeline settings are refused with a message that names them. Built also against the
+// NCCL backend (tests/gpu: its emulation), where the stages' sends and receives are NCCL's.
 #include "gpt_program.hpp"
 #include "llama_program.hpp"
 #include "train_testing.hpp"
@@ -82,7 +83,13 @@ TEST_CASE("pipeline stages train the GPT to the single-rank numbers with every s
     }
     if (ranks == 2) {
       INFO("interleaved: 2 chunks per stage");
+#if CONCERTO_BACKEND_NCCL
+      // The last stage sends the values of its first chunk back to stage 0: not one way.
+      CHECK_THROWS_WITH(pipelined(sub.get(), 2, 1, 1, "interleaved_1f1b", 2, 2),
+                        Catch::Matchers::ContainsSubstring("keep a lane's messages one way along its axis"));
+#else
       tt::check_same(pipelined(sub.get(), 2, 1, 1, "interleaved_1f1b", 2, 2), want);
+#endif
     }
   }
 }

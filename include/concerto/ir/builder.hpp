@@ -95,6 +95,23 @@ public:
     return index;
   }
 
+  /// Adds another communication lane of an existing axis (its own stream and communicator), for
+  /// collectives that must not wait behind the axis's first lane (a pipeline's gradients flowing
+  /// back while values flow forward); returns its stream id. See `on_lane`.
+  stream_id lane(int axis, std::string name) {
+    CONCERTO_CHECK(axis >= 0 && static_cast<std::size_t>(axis) < graph_.axes.size(),
+                   "lane '" + name + "' names mesh axis " + std::to_string(axis) + ", which does not exist");
+    graph_.streams.push_back({std::move(name), axis});
+    return static_cast<stream_id>(graph_.streams.size() - 1);
+  }
+  /// Moves a collective onto another lane of its axis (dependencies do not change).
+  void on_lane(task_id t, stream_id s) {
+    auto& task = graph_.tasks.at(static_cast<std::size_t>(t));
+    CONCERTO_CHECK(ir::is_collective(task.kind) && graph_.streams.at(static_cast<std::size_t>(s)).axis == task.axis,
+                   "task '" + task.name + "' cannot move to stream " + std::to_string(s) + ": not a lane of its axis");
+    task.stream = s;
+  }
+
   /// Adds a buffer with a local shape; bytes = product(shape) × size_of(type).
   buffer_id buffer(std::string name, std::vector<std::int64_t> shape, buffer_role role = buffer_role::activation,
                    dtype type = dtype::f32) {

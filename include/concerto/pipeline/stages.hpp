@@ -369,6 +369,10 @@ class stage_emitter {
 public:
   stage_emitter(const ir::graph& g, const stage_split& s, int stage) : g_(g), s_(s), stage_(stage), b_(g.name) {
     for (const auto& a : g.axes) b_.axis(a.name, a.size, a.link);
+    // Gradients flow back on a lane of their own: on one lane a send waiting for its peer would
+    // hold up the receives behind it (NCCL's point-to-point calls block their stream until the
+    // peer takes part), and each lane's messages flow one way along the pipeline.
+    if (s.stages > 1) gradient_lane_ = b_.lane(s.axis, "comm:" + g.axes[static_cast<std::size_t>(s.axis)].name + ".grad");
     map_.assign(g.buffers.size(), std::vector<ir::buffer_id>(static_cast<std::size_t>(s.microbatches) + 1, -1));
     emitted_.assign(g.tasks.size(), 0);
     received_.assign(g.buffers.size(), std::vector<char>(static_cast<std::size_t>(s.microbatches), 0));
@@ -511,6 +515,7 @@ private:
                                            std::to_string(stage_) + " from stage " + std::to_string(peer_of_chunk(s_.owner[r])),
                                        s_.axis, into, into);
         attrs_.emplace_back(id, message_attrs(r, m, peer_of_chunk(s_.owner[r])));
+        if (gradient(r)) b_.on_lane(id, gradient_lane_);
       }
     std::vector<ir::buffer_id> reads, writes;
     for (const auto b : src.reads) reads.push_back(buffer(b, m));
@@ -564,7 +569,13 @@ private:
                                            std::to_string(stage_) + " to stage " + std::to_string(peer_of_chunk(s_.message_to[r])),
                                        s_.axis, from, from);
         attrs_.emplace_back(id, message_attrs(r, m, peer_of_chunk(s_.message_to[r])));
+        if (gradient(r)) b_.on_lane(id, gradient_lane_);
       }
+  }
+
+  // A message whose value a backward pass computed (it goes to the previous chunk).
+  [[nodiscard]] bool gradient(std::size_t r) const {
+    return s_.kind[static_cast<std::size_t>(s_.last_writer[r])] != pass::forward;
   }
 
   [[nodiscard]] ir::attr_map message_attrs(std::size_t r, int m, int peer) const {
@@ -583,6 +594,7 @@ private:
   std::vector<char> written_once_;              // per accumulated root: its first write is out
   std::vector<ir::buffer_id> scratch_;          // per accumulated buffer: where a kernel without accumulate writes
   std::vector<std::pair<ir::task_id, ir::attr_map>> attrs_; // collectives' attrs, set after finish()
+  ir::stream_id gradient_lane_ = -1;
 };
 
 } // namespace detail
@@ -613,20 +625,24 @@ struct message_record {
   bool send = false;
   int peer = 0;
   std::int64_t tag = 0, bytes = 0;
+  int lane = 0; ///< which lane of the pipeline axis: 0 values, 1 gradients
   friend bool operator==(const message_record&, const message_record&) = default;
 };
 
-/// @brief A plan's sends and recvs on the pipeline lane, in issue order.
+/// @brief A plan's sends and recvs on the lanes of the pipeline axis, each lane in issue order.
 [[nodiscard]] inline std::vector<message_record> message_sequence(const plan::plan& p, int axis) {
   std::vector<message_record> out;
-  const auto lane = p.graph.lane_of_axis(axis);
-  if (!lane) return out;
-  for (const auto id : p.order[static_cast<std::size_t>(*lane)]) {
-    const auto& t = p.graph.tasks[static_cast<std::size_t>(id)];
-    if (t.kind != ir::op_kind::send && t.kind != ir::op_kind::recv) continue;
-    const auto b = t.kind == ir::op_kind::send ? t.reads.at(0) : t.writes.at(0);
-    out.push_back({t.kind == ir::op_kind::send, static_cast<int>(t.attr("peer")), t.attr("tag"),
-                   p.graph.buffers[static_cast<std::size_t>(b)].bytes});
+  int lane = 0;
+  for (std::size_t s = 1; s < p.graph.streams.size(); ++s) {
+    if (p.graph.streams[s].axis != axis) continue;
+    for (const auto id : p.order[s]) {
+      const auto& t = p.graph.tasks[static_cast<std::size_t>(id)];
+      if (t.kind != ir::op_kind::send && t.kind != ir::op_kind::recv) continue;
+      const auto b = t.kind == ir::op_kind::send ? t.reads.at(0) : t.writes.at(0);
+      out.push_back({t.kind == ir::op_kind::send, static_cast<int>(t.attr("peer")), t.attr("tag"),
+                     p.graph.buffers[static_cast<std::size_t>(b)].bytes, lane});
+    }
+    ++lane;
   }
   return out;
 }

@@ -358,9 +358,12 @@ private:
     return "?";
   }
 
-  /// Collectives of one communicator are safe only if the happens-before relation orders
-  /// them totally. Walking them in a topological order, each must have the previous one
-  /// as an ancestor; the latest ancestor among them is carried through the graph.
+  /// Collectives of one mesh axis are safe only if the happens-before relation orders them
+  /// totally (every rank of a group joins each, and NCCL's kernels on two communicators of the
+  /// same ranks can wait on each other when issued in different orders). Walking them in a
+  /// topological order, each must have the previous one as an ancestor; the latest ancestor
+  /// among them is carried through the graph. Sends and receives are not in it: each joins two
+  /// ranks, and a pipeline's lanes order them per link (train/pipeline.hpp checks both ends).
   void check_collective_order(const std::vector<std::vector<ir::task_id>>& preds,
                               const std::vector<ir::task_id>& sorted) {
     const auto n = g_.tasks.size();
@@ -369,7 +372,8 @@ private:
       std::vector<ir::task_id> members;
       for (const auto t : sorted) {
         const auto& task = g_.tasks[static_cast<std::size_t>(t)];
-        if (ir::is_collective(task.kind) && task.axis == static_cast<int>(a)) {
+        const bool point_to_point = task.kind == ir::op_kind::send || task.kind == ir::op_kind::recv;
+        if (ir::is_collective(task.kind) && !point_to_point && task.axis == static_cast<int>(a)) {
           index[static_cast<std::size_t>(t)] = static_cast<int>(members.size());
           members.push_back(t);
         }

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -102,20 +103,23 @@ inline pipeline::schedule schedule_from_json(const std::string& text) {
 /// reaches the same verdict and throws the same error.
 inline void check_stage_agreement(const plan::plan& mine, int axis, const mesh& m,
                                   const runtime::mpi::control& control) {
+  // Per peer stage and lane (values, gradients): [send hash, sends, recv hash, recvs].
   const auto stages = m.axes()[static_cast<std::size_t>(axis)].size;
-  const auto fields = static_cast<std::size_t>(1 + 4 * stages);
+  constexpr std::size_t lanes = 2, per_lane = 4;
+  const auto fields = 1 + static_cast<std::size_t>(stages) * lanes * per_lane;
+  const auto at_peer = [&](int q, int lane) { return 1 + (static_cast<std::size_t>(q) * lanes + static_cast<std::size_t>(lane)) * per_lane; };
   std::vector<std::int64_t> record(fields, 0);
   record[0] = std::bit_cast<std::int64_t>(plan::hash(mine));
-  std::vector<hasher> sends(static_cast<std::size_t>(stages)), recvs(static_cast<std::size_t>(stages));
+  std::vector<hasher> hashes(fields);
   for (const auto& msg : pipeline::message_sequence(mine, axis)) {
-    auto& h = (msg.send ? sends : recvs)[static_cast<std::size_t>(msg.peer)];
-    h.add(msg.tag).add(msg.bytes);
-    ++record[1 + 4 * static_cast<std::size_t>(msg.peer) + (msg.send ? 1 : 3)];
+    const auto base = at_peer(msg.peer, std::min(msg.lane, 1)) + (msg.send ? 0 : 2);
+    hashes[base].add(msg.tag).add(msg.bytes);
+    ++record[base + 1];
   }
-  for (std::size_t q = 0; q < static_cast<std::size_t>(stages); ++q) {
-    record[1 + 4 * q] = std::bit_cast<std::int64_t>(sends[q].value());
-    record[1 + 4 * q + 2] = std::bit_cast<std::int64_t>(recvs[q].value());
-  }
+  for (int q = 0; q < stages; ++q)
+    for (int lane = 0; lane < 2; ++lane)
+      for (const std::size_t k : {std::size_t{0}, std::size_t{2}})
+        record[at_peer(q, lane) + k] = std::bit_cast<std::int64_t>(hashes[at_peer(q, lane) + k].value());
   const auto size = m.rank_count();
   std::vector<std::int64_t> all(fields * static_cast<std::size_t>(size));
   control.all_gather(std::span<const std::int64_t>(record), std::span(all), "the pipeline stages' message check");
@@ -133,15 +137,18 @@ inline void check_stage_agreement(const plan::plan& mine, int axis, const mesh& 
       if (q == s) continue;
       coords[static_cast<std::size_t>(axis)] = q;
       const int peer = m.rank_of(coords);
-      const auto sq = 1 + 4 * static_cast<std::size_t>(q), ps = 1 + 4 * static_cast<std::size_t>(s);
-      if (at(r, sq) != at(peer, ps + 2) || at(r, sq + 1) != at(peer, ps + 3))
+      for (int lane = 0; lane < 2; ++lane) {
+        const auto sq = at_peer(q, lane), ps = at_peer(s, lane);
+        if (at(r, sq) == at(peer, ps + 2) && at(r, sq + 1) == at(peer, ps + 3)) continue;
+        const auto what = std::string(lane == 0 ? "values" : "gradients");
         fail_on_every_rank("train step: pipeline stages " + std::to_string(s) + " and " + std::to_string(q) +
                            " disagree on their messages: rank " + std::to_string(r) + " (stage " + std::to_string(s) +
-                           ") sends " + std::to_string(at(r, sq + 1)) + " to stage " + std::to_string(q) + ", rank " +
-                           std::to_string(peer) + " (stage " + std::to_string(q) + ") receives " +
+                           ") sends " + std::to_string(at(r, sq + 1)) + " " + what + " to stage " + std::to_string(q) +
+                           ", rank " + std::to_string(peer) + " (stage " + std::to_string(q) + ") receives " +
                            std::to_string(at(peer, ps + 3)) + " from stage " + std::to_string(s) +
                            (at(r, sq + 1) == at(peer, ps + 3) ? ", in another order or with other sizes" : "") +
                            "; a stage would wait for ever or read another tensor");
+      }
     }
   }
 }

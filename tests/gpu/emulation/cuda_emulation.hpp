@@ -16,6 +16,10 @@
 //
 // Work enqueued on a stream (kernels, async copies and sets, event records, NCCL calls) runs
 // when it is enqueued, in the host's order, which respects every stream order and event wait.
+// One exception: a lone NCCL send or receive (include/nccl.h) is posted when enqueued and
+// completes later, as it holds its stream and not the host on a device; it stays pending on its
+// stream, an event recorded there after it carries it, and waiting for that event (on a stream,
+// cudaEventSynchronize) or for the stream or device waits for it, cudaEventQuery tests it.
 // Between cudaStreamBeginCapture and cudaStreamEndCapture it is recorded instead, and a
 // launched graph replays it in the same order. Synchronising on a stream, an event or the
 // device while a capture is open is an error, as it is on a device.
@@ -90,11 +94,16 @@ inline constexpr unsigned cudaEventDefault = 0;
 inline constexpr unsigned cudaEventDisableTiming = 2;
 inline constexpr unsigned long long cudaGraphInstantiateFlagUseNodePriority = 8;
 
+// A completion that has not been waited for: called with true, waits; with false, tests.
+// Returns whether it has completed.
+using cuda_emulation_pending = std::function<bool(bool)>;
 struct CUstream_st {
   int priority = 0;
+  std::vector<cuda_emulation_pending> pending; // point-to-point calls posted on it, not yet seen complete
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point at{}; // when the work before it ran
+  std::vector<cuda_emulation_pending> pending; // its stream's, when it was recorded
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> work;
@@ -127,6 +136,23 @@ inline thread_local std::unique_ptr<capture_state> capture;
 inline void enqueue(std::function<void()> work) {
   if (capture) capture->work.push_back(std::move(work));
   else work();
+}
+
+// Every pending completion of the process, for cudaDeviceSynchronize.
+inline thread_local std::vector<cuda_emulation_pending> all_pending;
+// Waits for (or tests) a list of completions, dropping those done; true when none is left.
+inline bool settle(std::vector<cuda_emulation_pending>& list, bool wait) {
+  std::erase_if(list, [&](auto& done) { return done(wait); });
+  return list.empty();
+}
+// A completion to be waited for on stream `s` (and by the device).
+inline void add_pending(cudaStream_t s, cuda_emulation_pending done) {
+  settle(all_pending, false);
+  all_pending.push_back(done);
+  if (s != nullptr) {
+    settle(s->pending, false);
+    s->pending.push_back(std::move(done));
+  }
 }
 // A call that waits for the device; illegal while a capture is open.
 inline cudaError_t synchronising() { return capture ? fails(cudaErrorStreamCaptureUnsupported) : cudaSuccess; }
@@ -348,7 +374,11 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize() { return cuda_emulation::synchronising(); }
+inline cudaError_t cudaDeviceSynchronize() {
+  if (const auto r = cuda_emulation::synchronising(); r != cudaSuccess) return r;
+  cuda_emulation::settle(cuda_emulation::all_pending, true);
+  return cudaSuccess;
+}
 inline cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cuda_emulation::fails(cudaErrorInvalidValue); }
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
@@ -411,7 +441,11 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cuda_emulation::synchronising(); }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (const auto r = cuda_emulation::synchronising(); r != cudaSuccess) return r;
+  if (s != nullptr) cuda_emulation::settle(s->pending, true);
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   *e = new CUevent_st;
   return cudaSuccess;
@@ -420,14 +454,28 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  cuda_emulation::enqueue([e] { e->at = std::chrono::steady_clock::now(); });
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  cuda_emulation::enqueue([e, s] {
+    e->at = std::chrono::steady_clock::now();
+    e->pending = s != nullptr ? s->pending : std::vector<cuda_emulation_pending>{};
+  });
   return cudaSuccess;
 }
-// Work runs when it is enqueued, so the event's stream has always reached it.
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
-inline cudaError_t cudaEventQuery(cudaEvent_t) { return cuda_emulation::synchronising(); }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cuda_emulation::synchronising(); }
+// Work runs when it is enqueued, so the event's stream has reached it, except for the
+// point-to-point calls it carries: the waiting stream waits for those.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
+  cuda_emulation::enqueue([e] { cuda_emulation::settle(e->pending, true); });
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (const auto r = cuda_emulation::synchronising(); r != cudaSuccess) return r;
+  return cuda_emulation::settle(e->pending, false) ? cudaSuccess : cudaErrorNotReady;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (const auto r = cuda_emulation::synchronising(); r != cudaSuccess) return r;
+  cuda_emulation::settle(e->pending, true);
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t from, cudaEvent_t to) {
   *ms = std::chrono::duration<float, std::milli>(to->at - from->at).count();
   return cudaSuccess;

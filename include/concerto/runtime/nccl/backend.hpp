@@ -261,9 +261,23 @@ public:
         products_[i] = cuda::describe_gemm(kernels_[i], arena_, *blas_, options_.blas_workspace_bytes, options_.allow_tf32);
     }
     make_staging(g);
-    // A send next to a recv on the same lane becomes one NCCL group (see the file comment).
+    // A send next to a recv on the same lane becomes one NCCL group (see the file comment),
+    // except on a one-way lane, where each is issued alone.
+    one_way_.assign(g.streams.size(), 0);
+    for (std::size_t s = 1; s < p.order.size(); ++s) {
+      bool up = false, down = false, any = false;
+      for (const auto id : p.order[s]) {
+        const auto& t = g.tasks[static_cast<std::size_t>(id)];
+        if (t.kind != ir::op_kind::send && t.kind != ir::op_kind::recv) continue;
+        any = true;
+        const bool higher = calls_[static_cast<std::size_t>(id)].peer > coord_on(t);
+        (t.kind == ir::op_kind::send ? (higher ? up : down) : (higher ? down : up)) = true;
+      }
+      one_way_[s] = any && !(up && down);
+    }
     partner_.assign(g.tasks.size(), -1);
     for (std::size_t s = 1; s < p.order.size(); ++s) {
+      if (one_way_[s]) continue;
       const auto& order = p.order[s];
       for (std::size_t i = 0; i + 1 < order.size(); ++i) {
         const auto& a = g.tasks[static_cast<std::size_t>(order[i])];
@@ -465,13 +479,17 @@ private:
   // NCCL has no tags, and a send waits until its peer posts the matching receive: ranks that
   // all send first (a ring shift) wait on each other for ever unless each send and its receive
   // are one group. Only a send next to a recv in its lane's order becomes one (prepare), so any
-  // other send or recv is refused here rather than left to deadlock. Neither the planner nor the
-  // lowering emits send/recv; a hand-built graph or graph JSON can.
+  // other send or recv is refused here rather than left to deadlock; except on a one-way lane
+  // (every send to a higher coordinate and every receive from a lower one, or the reverse: a
+  // pipeline's values going forward, its gradients back), where a rank waits only on ranks
+  // further back along the lane, which wait on none of its later messages, so its sends and
+  // receives go alone, in the lane's order (the same on both ends: train/pipeline.hpp checks it).
   void refuse_unpaired_point_to_point(const plan::plan& p) const {
     const auto& g = p.graph;
     std::string lone;
     for (std::size_t s = 1; s < p.order.size(); ++s)
       for (const auto id : p.order[s]) {
+        if (one_way_[s]) break;
         const auto& t = g.tasks[static_cast<std::size_t>(id)];
         const bool point_to_point = t.kind == ir::op_kind::send || t.kind == ir::op_kind::recv;
         if (point_to_point && partner_[static_cast<std::size_t>(id)] < 0)
@@ -482,7 +500,8 @@ private:
       fail("the plan of graph '" + g.name + "' has point-to-point tasks without a partner next to them in their " +
            "lane's order: " + lone + ". NCCL would deadlock on them (a send waits for its peer's receive); " +
            "order each send right before or after a recv on the same lane, and the NCCL backend issues the " +
-           "pair as one group");
+           "pair as one group, or keep a lane's messages one way along its axis (a pipeline with interleaved " +
+           "chunks sends back to the first stage: not supported on NCCL)");
   }
 
   // A step that threw while being captured (a task's check, an NCCL call) leaves the compute
@@ -738,6 +757,7 @@ private:
   std::vector<cuda::event> events_;     // per task: recorded after it on its stream
   std::vector<cuda::event> joins_;      // per lane: its end of the step
   std::vector<ir::task_id> partner_;
+  std::vector<std::uint8_t> one_way_; ///< per lane: its sends and receives all go one way along its axis
   std::vector<std::uint8_t> enqueued_;  // 0 not yet, 1 enqueued, 2 deferred (waits for its partner)
   std::vector<std::uint8_t> record_pending_;
   std::vector<ir::task_id> last_issued_; // per lane: its last collective issued this step (-1: none)

@@ -168,6 +168,27 @@ inline void issue(std::function<void()> work) {
   else cuda_emulation::enqueue(std::move(work));
 }
 
+// A lone send or receive: posted when its stream reaches it, pending there until it completes.
+inline ncclResult_t post(p2p call, cudaStream_t s) {
+  cuda_emulation::enqueue([call, s] {
+    auto request = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+    if (call.send)
+      MPI_Isend(call.buffer, static_cast<int>(call.bytes), MPI_BYTE, call.peer, 0, call.comm->mpi, request.get());
+    else
+      MPI_Irecv(call.buffer, static_cast<int>(call.bytes), MPI_BYTE, call.peer, 0, call.comm->mpi, request.get());
+    cuda_emulation::add_pending(s, [request](bool wait) {
+      if (wait) {
+        MPI_Wait(request.get(), MPI_STATUS_IGNORE);
+        return true;
+      }
+      int done = 0;
+      MPI_Test(request.get(), &done, MPI_STATUS_IGNORE);
+      return done != 0;
+    });
+  });
+  return ncclSuccess;
+}
+
 inline int next_id = 0;
 
 } // namespace cuda_emulation::nccl
@@ -323,17 +344,19 @@ inline ncclResult_t ncclAlltoAll(const void* send, void* recv, std::size_t count
   });
   return ncclSuccess;
 }
-inline ncclResult_t ncclSend(const void* send, std::size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+// Inside a group, a send or receive waits for the group's end. Alone, it is posted when its
+// stream reaches it and completes later (cuda_emulation.hpp: pending on its stream), as NCCL's
+// hold their stream, not the host: a receive posted early must not stop this rank's host from
+// issuing the work its peer waits for.
+inline ncclResult_t ncclSend(const void* send, std::size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
   namespace em = cuda_emulation::nccl;
-  if (em::group.depth == 0) // alone, a send would block this emulation's only thread until the peer receives
-    return em::refuse(ncclInvalidUsage, "NCCL emulation: ncclSend outside ncclGroupStart/ncclGroupEnd");
+  if (em::group.depth == 0) return em::post({true, const_cast<void*>(send), count * em::bytes_of(t), peer, c}, s);
   em::group.p2p_calls.push_back({true, const_cast<void*>(send), count * em::bytes_of(t), peer, c});
   return ncclSuccess;
 }
-inline ncclResult_t ncclRecv(void* recv, std::size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+inline ncclResult_t ncclRecv(void* recv, std::size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
   namespace em = cuda_emulation::nccl;
-  if (em::group.depth == 0)
-    return em::refuse(ncclInvalidUsage, "NCCL emulation: ncclRecv outside ncclGroupStart/ncclGroupEnd");
+  if (em::group.depth == 0) return em::post({false, recv, count * em::bytes_of(t), peer, c}, s);
   em::group.p2p_calls.push_back({false, recv, count * em::bytes_of(t), peer, c});
   return ncclSuccess;
 }
