@@ -508,21 +508,19 @@ private:
         if (s_.message[r] < 0 || s_.message_to[r] != s_.chunk[t] || received_[r][static_cast<std::size_t>(m)]) continue;
         if (s_.stage_of_chunk(s_.owner[r]) == stage_) continue; // same stage: shared, no message
         received_[r][static_cast<std::size_t>(m)] = 1;
-        const auto into = buffer(static_cast<ir::buffer_id>(r), m);
         b_.at(src.step_phase, src.layer);
-        const auto id = b_.collective(ir::op_kind::recv,
-                                       "recv " + g_.buffers[r].name + " mb" + std::to_string(m) + ", stage " +
-                                           std::to_string(stage_) + " from stage " + std::to_string(peer_of_chunk(s_.owner[r])),
-                                       s_.axis, into, into);
-        attrs_.emplace_back(id, message_attrs(r, m, peer_of_chunk(s_.owner[r])));
-        if (gradient(r)) b_.on_lane(id, gradient_lane_);
+        message(ir::op_kind::recv, r, m, peer_of_chunk(s_.owner[r]));
       }
     std::vector<ir::buffer_id> reads, writes;
     for (const auto b : src.reads) reads.push_back(buffer(b, m));
     ir::attr_map attrs = src.attrs;
     if (mb)
       if (const auto it = attrs.find("global_rows"); it != attrs.end()) it->second *= s_.microbatches;
-    std::vector<std::pair<ir::buffer_id, ir::buffer_id>> add_after; // (sum, scratch)
+    struct addition {
+      ir::buffer_id sum, scratch;
+      std::int64_t elements;
+    };
+    std::vector<addition> add_after;
     for (const auto b : src.writes) {
       auto w = buffer(b, m);
       const auto r = root(b);
@@ -535,7 +533,7 @@ private:
             auto& scratch = scratch_[static_cast<std::size_t>(b)];
             const auto& buf = g_.buffers[static_cast<std::size_t>(b)];
             if (scratch < 0) scratch = b_.buffer(buf.name + ".microbatch", buf.shape, ir::buffer_role::workspace, buf.type);
-            add_after.emplace_back(w, scratch);
+            add_after.push_back({w, scratch, buf.bytes / static_cast<std::int64_t>(ir::size_of(buf.type))});
             w = scratch;
           }
         }
@@ -551,11 +549,8 @@ private:
     } else {
       b_.compute(src.kind, task_name, std::move(reads), std::move(writes), {src.fn, -1, -1, std::move(attrs)});
     }
-    for (const auto& [sum, scratch] : add_after) {
-      const auto elements = g_.buffers[static_cast<std::size_t>(g_.root_of(sum))].bytes /
-                            static_cast<std::int64_t>(ir::size_of(g_.buffers[static_cast<std::size_t>(g_.root_of(sum))].type));
-      b_.compute(ir::op::add, task_name + ".accumulate", {sum, scratch}, {sum}, {{"n", elements}});
-    }
+    for (const auto& a : add_after)
+      b_.compute(ir::op::add, task_name + ".accumulate", {a.sum, a.scratch}, {a.sum}, {{"n", a.elements}});
     ++emitted_[t];
     // Values a chunk on another stage reads leave after their last writer.
     if (mb)
@@ -563,14 +558,23 @@ private:
         const auto r = root(wb);
         if (s_.message[r] < 0 || s_.last_writer[r] != static_cast<ir::task_id>(t)) continue;
         if (s_.stage_of_chunk(s_.message_to[r]) == stage_) continue;
-        const auto from = buffer(static_cast<ir::buffer_id>(r), m);
-        const auto id = b_.collective(ir::op_kind::send,
-                                       "send " + g_.buffers[r].name + " mb" + std::to_string(m) + ", stage " +
-                                           std::to_string(stage_) + " to stage " + std::to_string(peer_of_chunk(s_.message_to[r])),
-                                       s_.axis, from, from);
-        attrs_.emplace_back(id, message_attrs(r, m, peer_of_chunk(s_.message_to[r])));
-        if (gradient(r)) b_.on_lane(id, gradient_lane_);
+        message(ir::op_kind::send, r, m, peer_of_chunk(s_.message_to[r]));
       }
+  }
+
+  // The send or recv of micro-batch m's copy of root buffer r, on the values' or the gradients' lane.
+  void message(ir::op_kind kind, std::size_t r, int m, int peer) {
+    const auto b = buffer(static_cast<ir::buffer_id>(r), m);
+    const bool send = kind == ir::op_kind::send;
+    const auto id = b_.collective(kind,
+                                  std::string(send ? "send " : "recv ") + g_.buffers[r].name + " mb" + std::to_string(m) +
+                                      ", stage " + std::to_string(stage_) + (send ? " to stage " : " from stage ") +
+                                      std::to_string(peer),
+                                  s_.axis, b, b);
+    attrs_.emplace_back(id, ir::attr_map{{"peer", peer},
+                                         {"tag", static_cast<std::int64_t>(s_.message[r]) * s_.microbatches + m},
+                                         {"microbatch", m}});
+    if (gradient(r)) b_.on_lane(id, gradient_lane_);
   }
 
   // A message whose value a backward pass computed (it goes to the previous chunk).
@@ -578,9 +582,6 @@ private:
     return s_.kind[static_cast<std::size_t>(s_.last_writer[r])] != pass::forward;
   }
 
-  [[nodiscard]] ir::attr_map message_attrs(std::size_t r, int m, int peer) const {
-    return {{"peer", peer}, {"tag", static_cast<std::int64_t>(s_.message[r]) * s_.microbatches + m}, {"microbatch", m}};
-  }
 
   const ir::graph& g_;
   const stage_split& s_;
