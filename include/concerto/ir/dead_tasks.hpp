@@ -15,6 +15,7 @@
 /// @endcode
 
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/hazards.hpp>
 
 #include <algorithm>
 #include <vector>
@@ -45,21 +46,8 @@ namespace concerto::ir {
     is_observed[static_cast<std::size_t>(b)] = 1;
   }
 
-  // Who produced what each task reads: replaying the tasks in an order their dependencies allow,
-  // the last writer of every buffer that overlaps a read (as ir::builder derives read-after-write
-  // edges: a writer of a view counts for a read of its root and the other way round). The
-  // dependencies order every pair of conflicting accesses, so any such order finds the same writers.
-  const auto order = g.topological_order();
-  std::vector<std::vector<task_id>> producers(n_tasks);
-  std::vector<task_id> last_writer(n_buffers, -1);
-  for (const auto id : order) {
-    const auto& t = g.tasks[static_cast<std::size_t>(id)];
-    auto& from = producers[static_cast<std::size_t>(id)];
-    for (auto r : t.reads)
-      for (auto b : relatives(r))
-        if (const auto w = last_writer[static_cast<std::size_t>(b)]; w >= 0 && g.overlap(r, b)) from.push_back(w);
-    for (auto w : t.writes) last_writer[static_cast<std::size_t>(w)] = id;
-  }
+  // Who produced what each task reads (as ir::builder derives read-after-write edges).
+  const auto producers = data_producers(g);
 
   // Live: what writes an observed buffer (or writes nothing, which this pass cannot judge), and
   // what a live task reads from.
@@ -113,7 +101,7 @@ namespace concerto::ir {
   for (std::size_t t = 0, next = 0; t < n_tasks; ++t)
     if (live[t]) new_task[t] = static_cast<task_id>(next++);
   std::vector<std::vector<task_id>> kept_deps(n_tasks); // in new ids
-  for (const auto id : order) {
+  for (const auto id : g.topological_order()) {
     const auto& t = g.tasks[static_cast<std::size_t>(id)];
     auto& deps = kept_deps[static_cast<std::size_t>(id)];
     for (auto d : t.deps) {

@@ -92,6 +92,26 @@ namespace concerto::ir {
   return deps;
 }
 
+/// @brief Who produced what each task reads, indexed by task id: replaying the tasks in program
+/// order, the last writer of every buffer that overlaps a read (a writer of a view counts for a
+/// read of its root and the other way round), each writer once. Where the dependencies order
+/// every pair of conflicting accesses, any order they allow finds the same writers.
+[[nodiscard]] inline std::vector<std::vector<task_id>> data_producers(const graph& g) {
+  const auto over = overlapping(g);
+  std::vector<task_id> last_writer(g.buffers.size(), -1);
+  std::vector<std::vector<task_id>> out(g.tasks.size());
+  for (const auto id : program_order(g)) {
+    const auto& t = g.tasks[static_cast<std::size_t>(id)];
+    auto& from = out[static_cast<std::size_t>(id)];
+    for (auto r : t.reads)
+      for (auto b : over[static_cast<std::size_t>(r)])
+        if (const auto w = last_writer[static_cast<std::size_t>(b)]; w >= 0 && std::find(from.begin(), from.end(), w) == from.end())
+          from.push_back(w);
+    for (auto w : t.writes) last_writer[static_cast<std::size_t>(w)] = id;
+  }
+  return out;
+}
+
 /// @brief `g` with every dependency its accesses imply added to the declared ones (only those not
 /// declared directly; `added`, when given, counts them). Plans of the result cannot race.
 [[nodiscard]] inline graph with_buffer_hazards(graph g, std::size_t* added = nullptr) {

@@ -49,6 +49,7 @@
 #include <concerto/cost/model.hpp>
 #include <concerto/ir/builder.hpp>
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/hazards.hpp>
 #include <concerto/pipeline/schedule.hpp>
 #include <concerto/plan/plan.hpp>
 #include <concerto/sim/simulate.hpp>
@@ -107,25 +108,6 @@ namespace detail {
          fn == ir::op::embedding_grad || fn == ir::op::bias_grad;
 }
 
-// The last task before each task that wrote bytes it reads: the values it reads come from there.
-inline std::vector<std::vector<ir::task_id>> data_producers(const ir::graph& g) {
-  std::vector<std::vector<std::pair<ir::task_id, ir::buffer_id>>> writes(g.buffers.size()); // per root
-  std::vector<std::vector<ir::task_id>> out(g.tasks.size());
-  for (const auto& t : g.tasks) {
-    auto& mine = out[static_cast<std::size_t>(t.id)];
-    for (const auto b : t.reads) {
-      const auto& log = writes[static_cast<std::size_t>(g.root_of(b))];
-      for (auto it = log.rbegin(); it != log.rend(); ++it)
-        if (g.overlap(it->second, b)) {
-          if (std::find(mine.begin(), mine.end(), it->first) == mine.end()) mine.push_back(it->first);
-          break;
-        }
-    }
-    for (const auto b : t.writes) writes[static_cast<std::size_t>(g.root_of(b))].emplace_back(t.id, b);
-  }
-  return out;
-}
-
 } // namespace detail
 
 /// @brief Places every task of a micro-batch's graph in the pipelined step; see the file
@@ -162,7 +144,7 @@ inline std::vector<std::vector<ir::task_id>> data_producers(const ir::graph& g) 
   std::vector<int> chunk_of_layer;
   for (int c = 0; c < s.chunk_count(); ++c) chunk_of_layer.insert(chunk_of_layer.end(), static_cast<std::size_t>(s.chunk_layers[static_cast<std::size_t>(c)]), c);
 
-  s.producers = detail::data_producers(g);
+  s.producers = ir::data_producers(g);
   std::vector<std::vector<ir::task_id>> consumers(n);
   for (std::size_t t = 0; t < n; ++t)
     for (const auto p : s.producers[t]) consumers[static_cast<std::size_t>(p)].push_back(static_cast<ir::task_id>(t));
@@ -212,6 +194,10 @@ inline std::vector<std::vector<ir::task_id>> data_producers(const ir::graph& g) 
   }
   for (std::size_t b = 0; b < g.buffers.size(); ++b)
     if (written_by_microbatch[b] && !read_at_all[b] && g.buffers[b].view_of < 0) s.accumulated[b] = 1;
+  // The rest a micro-batch writes has a copy per micro-batch (inputs: one buffer of all of them).
+  s.per_microbatch.assign(g.buffers.size(), 0);
+  for (std::size_t b = 0; b < g.buffers.size(); ++b)
+    s.per_microbatch[b] = written_by_microbatch[b] && !s.accumulated[b] && g.buffers[b].role != ir::buffer_role::input;
   for (const auto& t : g.tasks) {
     if (s.role[static_cast<std::size_t>(t.id)] != task_role::microbatch) continue;
     for (const auto b : t.reads)
@@ -243,7 +229,6 @@ inline std::vector<std::vector<ir::task_id>> data_producers(const ir::graph& g) 
 
   // Buffers: who holds them, which are per micro-batch, which cross chunks.
   s.owner.assign(g.buffers.size(), -1);
-  s.per_microbatch.assign(g.buffers.size(), 0);
   s.message.assign(g.buffers.size(), -1);
   s.message_to.assign(g.buffers.size(), -1);
   s.last_writer.assign(g.buffers.size(), -1);
@@ -253,10 +238,7 @@ inline std::vector<std::vector<ir::task_id>> data_producers(const ir::graph& g) 
     for (const auto b : t.writes) {
       const auto r = root(b);
       if (s.owner[r] < 0) s.owner[r] = c;
-      if (mb) {
-        s.last_writer[r] = t.id;
-        if (!s.accumulated[r]) s.per_microbatch[r] = 1;
-      }
+      if (mb) s.last_writer[r] = t.id;
     }
     for (const auto b : t.reads) {
       const auto r = root(b);
@@ -270,8 +252,6 @@ inline std::vector<std::vector<ir::task_id>> data_producers(const ir::graph& g) 
       s.owner[r] = c;
     }
   }
-  for (std::size_t b = 0; b < g.buffers.size(); ++b)
-    if (g.buffers[b].role == ir::buffer_role::input) s.per_microbatch[b] = 0;
 
   // Passes: backward work is W when only weight gradients need it.
   s.kind.assign(n, pass::forward);
@@ -329,7 +309,7 @@ inline std::vector<std::vector<ir::task_id>> data_producers(const ir::graph& g) 
   p.chunks.assign(static_cast<std::size_t>(s.chunk_count()), {});
   p.send_us.assign(static_cast<std::size_t>(std::max(s.chunk_count() - 1, 0)), 0.0);
   for (int c = 0; c < s.chunk_count(); ++c) p.chunks[static_cast<std::size_t>(c)].layers = s.chunk_layers[static_cast<std::size_t>(c)];
-  std::vector<double> held(g.buffers.size(), 0), read_by_w(p.chunks.size(), 0);
+  std::vector<double> read_by_w(p.chunks.size(), 0);
   std::vector<std::vector<char>> w_reads(p.chunks.size(), std::vector<char>(g.buffers.size(), 0));
   for (const auto& t : g.tasks) {
     const auto ti = static_cast<std::size_t>(t.id);
@@ -381,21 +361,27 @@ public:
   }
 
   ir::graph run(const schedule& sched) {
-    const auto n = g_.tasks.size();
     count_in_flight(sched);
-    for (std::size_t t = 0; t < n; ++t)
-      if (mine(t) && s_.role[t] == task_role::prologue) emit(t, 0);
+    // This stage's tasks, in program order: per chunk those of a micro-batch, and once per step
+    // the prologue and the epilogue.
+    std::vector<std::vector<std::size_t>> chunk_tasks(static_cast<std::size_t>(s_.chunk_count()));
+    std::vector<std::size_t> prologue;
+    for (std::size_t t = 0; t < g_.tasks.size(); ++t) {
+      if (!mine(t)) continue;
+      if (s_.role[t] == task_role::microbatch) chunk_tasks[static_cast<std::size_t>(s_.chunk[t])].push_back(t);
+      else (s_.role[t] == task_role::prologue ? prologue : epilogue_).push_back(t);
+    }
+    for (const auto t : prologue) emit(t, 0);
     for (const auto& blk : sched.order.at(static_cast<std::size_t>(stage_))) {
-      for (std::size_t t = 0; t < n; ++t) {
-        if (!mine(t) || s_.role[t] != task_role::microbatch || s_.chunk[t] != blk.chunk) continue;
+      for (const auto t : chunk_tasks[static_cast<std::size_t>(blk.chunk)]) {
         const auto k = s_.kind[t];
         const bool in_block = k == blk.kind || (!sched.split_backward && blk.kind == pass::input_grad && k == pass::weight_grad);
         if (in_block) emit(t, blk.microbatch);
       }
       emit_ready_collectives();
     }
-    for (std::size_t t = 0; t < n; ++t)
-      if (mine(t) && s_.role[t] == task_role::epilogue && !emitted_[t]) {
+    for (const auto t : epilogue_)
+      if (!emitted_[t]) {
         if (!ready(t)) fail("pipeline: the schedule leaves epilogue task '" + g_.tasks[t].name + "' of stage " +
                             std::to_string(stage_) + " without its inputs (a block is missing)");
         emit(t, 0);
@@ -422,9 +408,8 @@ private:
 
   // Each epilogue collective as soon as what it reduces is whole: it overlaps the blocks left.
   void emit_ready_collectives() {
-    for (std::size_t t = 0; t < g_.tasks.size(); ++t)
-      if (mine(t) && s_.role[t] == task_role::epilogue && !emitted_[t] && ir::is_collective(g_.tasks[t].kind) && ready(t))
-        emit(t, 0);
+    for (const auto t : epilogue_)
+      if (!emitted_[t] && ir::is_collective(g_.tasks[t].kind) && ready(t)) emit(t, 0);
   }
 
   // How many micro-batches of each chunk of this stage a buffer must hold at most under the
@@ -596,6 +581,7 @@ private:
   std::vector<ir::buffer_id> scratch_;          // per accumulated buffer: where a kernel without accumulate writes
   std::vector<std::pair<ir::task_id, ir::attr_map>> attrs_; // collectives' attrs, set after finish()
   ir::stream_id gradient_lane_ = -1;
+  std::vector<std::size_t> epilogue_;           // this stage's once-per-step tasks after the blocks
 };
 
 } // namespace detail

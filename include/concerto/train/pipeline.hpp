@@ -60,11 +60,11 @@ shape_map microbatch_shapes(const graph::program<N>& p, shape_map shapes, int mi
   return shapes;
 }
 
-inline bool is_pipeline_schedule(std::string_view name) {
-  if (name == "concerto") return true;
-  for (const auto& b : pipeline::baseline_names())
-    if (b == name) return true;
-  return false;
+/// The schedule policies a step takes: the baselines, then the search.
+inline std::vector<std::string> pipeline_schedule_names() {
+  auto names = pipeline::baseline_names();
+  names.emplace_back("concerto");
+  return names;
 }
 
 /// Rank 0's choice: a baseline from its definition, or the search (at 1F1B's memory).

@@ -346,8 +346,11 @@ public:
         fail("train step: plan choice: also_try names '" + policy + "', which is not a policy");
     graph_ = std::move(lowered.graph);
     if (const auto& pp = options_.pipeline; mesh_.index_of(pp.axis)) {
-      if (!detail::is_pipeline_schedule(pp.schedule))
-        fail("train step: pipeline schedule '" + pp.schedule + "' is not one of gpipe, 1f1b, interleaved_1f1b, zb_h1, concerto");
+      if (const auto known = detail::pipeline_schedule_names(); std::find(known.begin(), known.end(), pp.schedule) == known.end()) {
+        std::string list;
+        for (const auto& name : known) list.append(list.empty() ? "" : ", ").append(name);
+        fail("train step: pipeline schedule '" + pp.schedule + "' is not one of " + list);
+      }
       // Checked here, on every rank, rather than at the first step.
       split_ = pipeline::split(graph_, {.axis = pp.axis, .microbatches = pp.microbatches, .virtual_stages = pp.virtual_stages});
       options_.choice.enabled = false; // one plan per stage; the schedule is the choice
@@ -1173,7 +1176,7 @@ private:
                       block_of(x.spec, buf.shape, coords)};
         if (split_ && whole != in_step.end()) t.stage = split_->stage_of_buffer(graph_, whole->second);
         tensors_[name] = t;
-        if (graph::is_leaf(x.op) && x.op != op_code::param) inputs_.push_back(name);
+        if (input) inputs_.push_back(name);
         if (x.op == op_code::param) {
           params_.push_back(name);
           init_of_[name] = x.init;
