@@ -114,13 +114,16 @@ def print_examples(files, peer_by_cfg):
         runs = [json.loads(l) for l in open(f) if l.strip().startswith("{")]
         groups = {}
         for r in runs:
-            groups.setdefault((r["example"], r["tp"]), {})[r["policy"]] = r
+            # The MoE form of the Llama example is a model of its own, its mesh dp x ep.
+            moe = r.get("experts", 0) > 0
+            groups.setdefault(("moe" if moe else r["example"], r["tp"], r.get("ep", 1) if moe else 1), {})[r["policy"]] = r
         peer = peer_by_cfg.get(cfg, {})
-        for (model, tp), by in sorted(groups.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0][0], kv[0][1])):
+        for (model, tp, ep), by in sorted(groups.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0][0], kv[0][1], kv[0][2])):
             any_run = next(iter(by.values()))
             world = any_run["world"]
+            mesh = f"{world // tp // ep}x{ep}e" if model == "moe" else f"{world // tp}x{tp}"
             if "concerto-choosing" in by:
-                choosing_rows.append((cfg, model, f"{world // tp}x{tp}", by["concerto-choosing"]))
+                choosing_rows.append((cfg, model, mesh, by["concerto-choosing"]))
             ms = {p: by[p]["median_step_us"] / 1e3 for p in by}
             sync, po, xla, conc = ms.get("sync"), ms.get("program_order"), ms.get("xla_lhs"), ms.get("concerto")
             baselines = [v for v in (sync, po, xla) if v]
@@ -144,11 +147,11 @@ def print_examples(files, peer_by_cfg):
                 tp_peer = peer.get("tp")
                 mine = ratio(conc, tp_peer)
             fmt = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
-            print(f"{cfg:>10} {model:>5} {f'{world // tp}x{tp}':>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(xla, 8)}"
+            print(f"{cfg:>10} {model:>5} {mesh:>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(xla, 8)}"
                   f" {fmt(conc, 9)} {chosen[:16]:>16} {ratio(conc, best):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f}"
                   f" {ratio(pred, conc):10.2f} {ratio(refit, conc):11.2f}"
                   f" {fmt(ddp, 8)} {fmt(ddp_tuned, 9)} {fmt(tp_peer, 8)} {fmt(mine, 8, 2)}")
-    print("  (mesh = dp x tp; comm% = sync plan's exposed communication / its step; c = concerto, starting from the plan its"
+    print("  (mesh = dp x tp, or for moe (the Llama example with 4 experts, top-2) dp x ep; comm% = sync plan's exposed communication / its step; c = concerto, starting from the plan its"
           " choosing run kept (chosen);\n   c/best = concerto / fastest of sync, p_order, xla_lhs; LB = the plan's lower bound;"
           " pred = the plan's simulated step when it was made;\n   refit = the kept plan simulated under the refitted model;"
           " DDPtuned = best of the tuned buckets (MLP: 4 and 100 MB, GPT: 1 and 100 MB);\n   c/torch = concerto / best"

@@ -12,6 +12,12 @@ std::optional<int> parse_command_line(int argc, char** argv, settings& s) {
   app.add_option("--kv-heads", s.kv_heads, "key/value heads (grouped-query attention; = heads for MHA)")->check(examples::positive)->capture_default_str();
   app.add_option("--ffn", s.ffn, "feed-forward width (default: 8/3 of hidden, rounded up to 8)")->check(examples::positive);
   app.add_option("--rope-theta", s.rope_theta, "base of the rotary embedding's angles")->check(examples::positive)->capture_default_str();
+  app.add_option("--experts", s.experts, "mixture of experts: SwiGLU experts per layer in place of the feed-forward block (0: dense)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--ep", s.ep, "expert-parallel ranks: the experts split over them, the tokens over dp x ep")
+      ->check(examples::positive)->capture_default_str();
+  app.add_option("--top-k", s.top_k, "experts per token: 1 (Switch) or 2 (GShard, Mixtral)")
+      ->check(CLI::IsMember({1, 2}))->capture_default_str();
   return examples::parse_or_exit(app, argc, argv);
 }
 

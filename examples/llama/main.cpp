@@ -1,10 +1,13 @@
 // A small character-level Llama-family decoder trained on /usr/share/common-licenses/GPL-3 over
 // MPI ranks: RMSNorm, rotary position embeddings, grouped-query attention, a SwiGLU feed-forward
 // block, an untied LM head, AdamW (optionally ZeRO-1 or ZeRO-3 over dp), on a DP x TP mesh with
-// optional sequence parallelism:
+// optional sequence parallelism; or its mixture-of-experts form (--experts E: E SwiGLU experts
+// behind a top-k router, split over --ep ranks, tokens over dp x ep), which also prints each
+// layer's load balance:
 //
 //   examples/llama/run.sh                                 # 4 ranks: dp=2 x tp=2, concerto plan
 //   examples/llama/run.sh --tp 2 --sp --zero 1 --policy sync,concerto --json results.json
+//   examples/llama/run.sh --experts 4 --ep 4 --tp 1       # 4 ranks: ep=4, one expert each
 //
 // It prints the plan summary, the loss per step, and the median measured step time; it exits
 // with status 1 if the loss did not fall. A comma-separated --policy compiles one step per policy
@@ -40,18 +43,24 @@ int default_ffn(int hidden) { return (8 * hidden / 3 + 7) / 8 * 8; }
 // variant of the model: a train::basic_step holds no trace of the program's size.
 int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const examples::corpus& corpus, int ffn,
                int world, const std::vector<std::string>& policies);
+void print_load_balance(train::basic_step<>& step, const settings& s);
 
 template <std::size_t N>
 int train_on(const graph::program<N>& model, const settings& s) {
   const auto corpus = examples::read_corpus(s.text, s.seq);
   const int ffn = s.ffn > 0 ? s.ffn : default_ffn(s.hidden);
-  const shape_map shapes = llama_model::shapes(s.batch, s.seq, corpus.vocab, s.hidden, s.heads, s.kv_heads, ffn);
+  const bool moe = s.experts > 0;
+  const shape_map shapes = moe ? llama_model::moe_shapes(s.batch, s.seq, corpus.vocab, s.hidden, s.heads, s.kv_heads,
+                                                         s.experts, ffn)
+                               : llama_model::shapes(s.batch, s.seq, corpus.vocab, s.hidden, s.heads, s.kv_heads, ffn);
   const int world = runtime::mpi::environment::world_size();
   const auto policies = examples::split_policies(s.policy);
+  const auto axes = moe ? std::vector<axis_request>{{"dp", -1}, {"ep", s.ep}, {"tp", s.tp}}
+                        : std::vector<axis_request>{{"dp", -1}, {"tp", s.tp}};
   std::vector<train::basic_step<>> runs;
   runs.reserve(policies.size());
   for (const auto& policy : policies)
-    runs.push_back(train::compile(model, mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}}), shapes,
+    runs.push_back(train::compile(model, mesh::from_world(world, axes), shapes,
                                   {.adamw = {.lr = s.lr}},
                                   {.policy = policy,
                                    .lower = {.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
@@ -70,7 +79,11 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
     std::printf("llama: %d layers, hidden %d, %d heads (%d k/v heads), ffn %d, seq %d, batch %d, vocab %lld, %zu chars of %s\n",
                 s.layers, s.hidden, s.heads, s.kv_heads, ffn, s.seq, s.batch, static_cast<long long>(vocab), text.size(),
                 s.text.c_str());
-    std::printf("mesh: dp=%d x tp=%d%s%s on %d ranks, cost preset %s\n", world / s.tp, s.tp, s.sp ? " (sequence parallel)" : "",
+    if (s.experts > 0)
+      std::printf("experts: %d SwiGLU experts per layer, top-%d routing, capacity factor 1.25, balance loss weight 0.01\n",
+                  s.experts, s.top_k);
+    std::printf("mesh: dp=%d x %stp=%d%s%s on %d ranks, cost preset %s\n", world / s.tp / s.ep,
+                s.experts > 0 ? ("ep=" + std::to_string(s.ep) + " x ").c_str() : "", s.tp, s.sp ? " (sequence parallel)" : "",
                 s.zero_stage > 0 ? (" ZeRO-" + std::to_string(s.zero_stage)).c_str() : "", world, s.cost_preset.c_str());
   }
   examples::announce_plans(runs, root);
@@ -119,14 +132,37 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
         runs[p],
         {{"example", "llama"}, {"world", world}, {"tp", s.tp}, {"sp", s.sp}, {"zero", s.zero_stage}, {"layers", s.layers},
          {"hidden", s.hidden}, {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"ffn", ffn}, {"seq", s.seq},
-         {"batch", s.batch}, {"cost_preset", s.cost_preset}, {"loss_first", first[p]}, {"loss_last", last[p]}},
+         {"batch", s.batch}, {"experts", s.experts}, {"ep", s.ep}, {"top_k", s.top_k}, {"cost_preset", s.cost_preset},
+         {"loss_first", first[p]}, {"loss_last", last[p]}},
         times[p], exposed[p]));
   }
   if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
+  if (s.experts > 0) print_load_balance(runs.front(), s);
   if (root) std::fflush(stdout);
   for (std::size_t p = 0; p < k; ++p)
     if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");
   return 0;
+}
+
+// The last step's routing, layer by layer: each expert's share of the kept (token, expert) pairs
+// and the share of choices dropped over capacity (every rank gathers; rank 0 prints).
+void print_load_balance(train::basic_step<>& step, const settings& s) {
+  std::vector<std::string> gates;
+  for (const auto& b : step.graph().buffers)
+    if (b.name.find(".moe_route#") != std::string::npos) gates.push_back(b.name);
+  for (const auto& name : gates) {
+    const auto g = step.gather(name);
+    std::vector<double> kept(static_cast<std::size_t>(s.experts), 0.0);
+    for (std::size_t i = 0; i < g.size(); ++i) kept[i % kept.size()] += g[i] != 0.0f;
+    double total = 0;
+    for (const auto k : kept) total += k;
+    if (step.rank() != 0) continue;
+    const double choices = static_cast<double>(g.size()) / static_cast<double>(s.experts) * s.top_k;
+    std::printf("load balance %s: dropped %.1f%% of %d-way choices; expert shares", name.substr(0, name.find(".moe_route#")).c_str(),
+                100.0 * (1.0 - total / choices), s.top_k);
+    for (const auto k : kept) std::printf(" %.2f", k / total);
+    std::printf("\n");
+  }
 }
 
 template <auto Residual>
@@ -161,6 +197,15 @@ int main(int argc, char** argv) {
   settings s;
   if (const auto status = llama_example::parse_command_line(argc, argv, s)) return *status;
   return runtime::mpi::run_or_abort([&] {
+    if (s.experts > 0) {
+      if (s.sp || s.zero_stage != 0) fail("--experts: the mixture of experts runs without --sp and --zero");
+      // As above: the programs are constants made by the compiler.
+      static constexpr auto switch_moe = llama_model::make_moe<llama_model::top1>();
+      static constexpr auto mixtral_moe = llama_model::make_moe<llama_model::top2>();
+      if (s.top_k == 1) train_on(switch_moe, s);
+      else train_on(mixtral_moe, s);
+      return;
+    }
     if (s.sp) train_with_optimizer<llama_model::sequence_parallel_residual>(s);
     else train_with_optimizer<llama_model::replicated_residual>(s);
   });

@@ -5,6 +5,15 @@
 // cross-entropy as in the GPT example. The residual stream is replicated over tp (Megatron TP) or
 // split over it on the sequence (SP). The training tests (tests/mpi/train_llama_test.cpp) check
 // this very model.
+//
+// Its mixture-of-experts form (make_moe, Mixtral's shape) replaces the feed-forward block by E
+// SwiGLU experts behind a top-k router: tokens are split over dp × ep; moe_route gives the gates
+// (capacity, dropped tokens, the balance loss's gradient); the dispatched tokens [experts,
+// groups·capacity, h] are redistributed to an expert split over ep (an all-to-all), each rank
+// runs its experts as one batched product (column- then row-parallel over tp, as the dense
+// block), and the outputs return by the opposite all-to-all to the gate-weighted combine. Expert
+// weights [E, h, f] are split over ep and summed over dp; the others are summed over dp and ep.
+// tests/mpi/train_moe_test.cpp checks it.
 #include <concerto/concerto.hpp>
 
 namespace llama_model {
@@ -18,15 +27,20 @@ inline constexpr auto col = spec(replicate, shard(tp));
 inline constexpr auto row = spec(shard(tp), replicate);
 inline constexpr auto tokens = spec(shard(dp), replicate);
 
+// Pre-norm grouped-query self-attention with rotary embeddings, added to the residual h.
+template <auto Residual, class H, class P>
+constexpr auto attend(H h, P positions) {
+  auto a = rmsnorm(h, param<"attn_norm.g">(vec, init::ones));
+  auto q = rope(matmul(a, param<"wq">(col)), positions);
+  auto k = rope(matmul(a, param<"wk">(col)), positions);
+  auto v = matmul(a, param<"wv">(col));
+  return h + matmul(causal_attention(q, k, v), param<"wo">(row)).to(Residual);
+}
+
 template <auto Residual, auto Optimizer = adamw{}>
 constexpr auto make() {
   constexpr auto block = [](auto h) {
-    constexpr auto positions = data<"positions">(tokens);
-    auto a = rmsnorm(h, param<"attn_norm.g">(vec, init::ones));
-    auto q = rope(matmul(a, param<"wq">(col)), positions);
-    auto k = rope(matmul(a, param<"wk">(col)), positions);
-    auto v = matmul(a, param<"wv">(col));
-    auto h2 = h + matmul(causal_attention(q, k, v), param<"wo">(row)).to(Residual);
+    auto h2 = attend<Residual>(h, data<"positions">(tokens));
     auto m = rmsnorm(h2, param<"ffn_norm.g">(vec, init::ones));
     return h2 + matmul(swiglu(matmul(m, param<"w1">(col)), matmul(m, param<"w3">(col))), param<"w2">(row)).to(Residual);
   };
@@ -35,6 +49,34 @@ constexpr auto make() {
   constexpr auto logits = matmul(rmsnorm(hn, param<"norm.g">(vec, init::ones)), param<"head">(col));
   return program(cross_entropy(logits, data<"labels">(tokens)), Optimizer);
 }
+
+inline constexpr axis<"ep"> ep;
+inline constexpr auto moe_tokens = spec(shard(dp, ep), replicate);
+inline constexpr auto moe_residual = spec(shard(dp, ep), replicate, replicate);
+inline constexpr auto expert_col = spec(shard(ep), replicate, shard(tp)); ///< [experts, h, f]
+inline constexpr auto expert_row = spec(shard(ep), shard(tp), replicate); ///< [experts, f, h]
+inline constexpr auto by_expert = spec(shard(ep), shard(dp), replicate);  ///< [experts, groups·capacity, h]
+
+template <moe_config Routing, auto Optimizer = adamw{}>
+constexpr auto make_moe() {
+  constexpr auto block = [](auto h) {
+    auto h2 = attend<moe_residual>(h, data<"positions">(moe_tokens));
+    auto m = rmsnorm(h2, param<"ffn_norm.g">(vec, init::ones));
+    auto gates = moe_route<Routing>(matmul(m, param<"router">(spec(replicate, replicate))));
+    auto x = moe_dispatch(m, gates).to(by_expert);
+    auto y = matmul(swiglu(matmul(x, param<"w1">(expert_col)), matmul(x, param<"w3">(expert_col))), param<"w2">(expert_row));
+    return h2 + moe_combine(y, gates);
+  };
+  constexpr auto h0 = embedding(data<"ids">(moe_tokens), param<"wte">(row)).to(moe_residual);
+  constexpr auto hn = repeat<"layers">(block, h0);
+  constexpr auto logits = matmul(rmsnorm(hn, param<"norm.g">(vec, init::ones)), param<"head">(col));
+  return program(cross_entropy(logits, data<"labels">(moe_tokens)), Optimizer);
+}
+
+/// Switch Transformer's routing (one expert per token) and GShard's / Mixtral's (two), capacity
+/// factor 1.25, balance loss weight 0.01.
+inline constexpr moe_config top1{.top_k = 1, .capacity_factor = 1.25, .aux_weight = 0.01};
+inline constexpr moe_config top2{.top_k = 2, .capacity_factor = 1.25, .aux_weight = 0.01};
 
 inline constexpr auto replicated_residual = spec(shard(dp), replicate, replicate);
 inline constexpr auto sequence_parallel_residual = spec(shard(dp), shard(tp), replicate);
@@ -50,6 +92,16 @@ inline shape_map shapes(std::int64_t batch, std::int64_t seq, std::int64_t vocab
           {"attn_norm.g", {h}},  {"wq", {h, h}},           {"wk", {h, kv}},             {"wv", {h, kv}},
           {"wo", {h, h}},        {"ffn_norm.g", {h}},      {"w1", {h, ffn}},            {"w3", {h, ffn}},
           {"w2", {ffn, h}},      {"norm.g", {h}},          {"head", {h, vocab}}};
+}
+
+/// The same with `experts` SwiGLU experts of width `ffn` and a router in place of the feed-forward block.
+inline shape_map moe_shapes(std::int64_t batch, std::int64_t seq, std::int64_t vocab, std::int64_t hidden, std::int64_t heads,
+                            std::int64_t kv_heads, std::int64_t experts, std::int64_t ffn) {
+  auto s = shapes(batch, seq, vocab, hidden, heads, kv_heads, ffn);
+  s["router"] = {hidden, experts};
+  s["w1"] = s["w3"] = {experts, hidden, ffn};
+  s["w2"] = {experts, ffn, hidden};
+  return s;
 }
 
 } // namespace llama_model

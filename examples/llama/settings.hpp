@@ -11,6 +11,7 @@ namespace llama_example {
 struct settings : examples::text_model_settings {
   int zero_stage = 0, kv_heads = 2, ffn = 0;
   std::int64_t rope_theta = 10000;
+  int experts = 0, ep = 1, top_k = 2; ///< mixture of experts: experts per layer (0: the dense block), their split, top-k
 };
 
 /// Parses argv into `s`; nullopt to go on, or the status every rank exits with (--help: 0, a

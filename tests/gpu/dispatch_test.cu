@@ -172,6 +172,38 @@ TEST_CASE("attention and its packed gradient match the CPU dispatch, grouped-que
   }
 }
 
+TEST_CASE("the MoE routing, dispatch, combine and their gradients match the CPU dispatch", "[gpu][dispatch][moe]") {
+  CONCERTO_REQUIRE_GPU();
+  // 3 groups of 9 tokens, 5 experts, top-2, capacity 3 (some tokens dropped), 12 values per token.
+  const std::int64_t G = 3, S = 9, E = 5, C = 3, H = 12, T = G * S;
+  const std::map<std::string, std::int64_t> dims{{"experts", E}, {"group", S}, {"capacity", C}, {"top_k", 2}};
+  auto grad_dims = dims;
+  grad_dims.insert({{"weight_num", 1}, {"weight_den", 10}, {"global_groups", 2 * G}});
+  ir::builder b("moe");
+  const auto logits = b.buffer("logits", {T, E}), gates = b.buffer("gates", {T, E}), x = b.buffer("x", {T, H});
+  const auto sent = b.buffer("sent", {E, G * C, H}), y = b.buffer("y", {E, G * C, H}), out = b.buffer("out", {T, H});
+  const auto dout = b.buffer("dout", {T, H}), dy_dgates = b.buffer("dy_dgates", {E * G * C * H + T * E});
+  const auto dgates = b.buffer("dgates", {T, E}), dlogits = b.buffer("dlogits", {T, E}), dsent = b.buffer("dsent", {E, G * C, H}),
+             dx = b.buffer("dx", {T, H});
+  b.compute(op::moe_route, "route", {logits}, {gates}, dims);
+  b.compute(op::moe_dispatch, "dispatch", {x, gates}, {sent}, dims);
+  b.compute(op::moe_combine, "combine", {y, gates}, {out}, dims);
+  b.at(ir::phase::backward);
+  b.compute(op::moe_combine_grad, "combine.grad", {y, gates, dout}, {dy_dgates}, dims);
+  b.compute(op::moe_route_grad, "route.grad", {logits, gates, dgates}, {dlogits}, grad_dims);
+  b.compute(op::moe_dispatch_grad, "dispatch.grad", {dsent, gates}, {dx}, dims);
+  const auto g = std::move(b).finish();
+  twin tw(g, {}, 1, 24);
+  CHECK(tw.run() == 0); // every expert within its capacity
+  CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-6f) == 6);
+  // The routing dropped tokens (at most C of a group's 2·S choices per expert) and kept C per busy expert.
+  const auto kept = tw.cpu(gates);
+  std::size_t routed = 0;
+  for (auto v : kept) routed += v != 0.0f;
+  CHECK(routed <= static_cast<std::size_t>(G * E * C));
+  CHECK(routed < static_cast<std::size_t>(2 * T));
+}
+
 TEST_CASE("losses over global counts with i64 targets match the CPU dispatch", "[gpu][dispatch][loss]") {
   CONCERTO_REQUIRE_GPU();
   const std::int64_t rows = 33, classes = 70, n = 1000;

@@ -43,9 +43,29 @@ inline constexpr rule_t<leaf_init::zeros> zeros{};
 inline constexpr rule_t<leaf_init::ones> ones{};
 } // namespace init
 
+/// @brief The settings of a mixture-of-experts routing (`moe_route`, `moe_aux_loss`): experts
+/// per token, slots per expert as a multiple of an even share (capacity = ⌈top_k · tokens of a
+/// group · capacity_factor / experts⌉, at most the group's tokens), and the weight of the
+/// load-balancing loss.
+struct moe_config {
+  int top_k = 2;
+  double capacity_factor = 1.25;
+  double aux_weight = 0.01;
+  friend constexpr bool operator==(const moe_config&, const moe_config&) = default;
+};
+
 namespace detail {
 struct expr_tag {};
 struct no_extra {};
+/// The `Extra` of a routing node: its settings.
+template <moe_config C>
+struct moe_extra {
+  static constexpr moe_config value = C;
+};
+template <class T>
+inline constexpr bool is_moe_extra = false;
+template <moe_config C>
+inline constexpr bool is_moe_extra<moe_extra<C>> = true;
 template <class T>
 inline constexpr bool is_expr = std::is_base_of_v<expr_tag, std::remove_cvref_t<T>>;
 } // namespace detail

@@ -116,4 +116,43 @@ template <expression L, expression Y>
   return {};
 }
 
+// ---- mixture of experts (docs/moe.md) ---------------------------------------------------------------
+
+/// @brief Top-k routing of logits[groups, tokens, experts] (a group is a sequence: its tokens share
+/// each expert's capacity): the dense gates [groups, tokens, experts], each token's top_k softmax
+/// probabilities where the token keeps a slot, 0 elsewhere. First choices take slots before
+/// second ones, in token order; ties go to the lower expert; tokens over capacity are dropped.
+/// The load-balancing loss (Switch / GShard: aux_weight · experts · Σ_e f_e·P_e per group, f_e the
+/// share of the group's top-k choices naming e, P_e its mean probability, averaged over the
+/// groups) is the routing's own: its gradient joins the logits' in backward, as Megatron-LM's
+/// MoEAuxLossAutoScaler does, so that a routing inside a `repeat` block needs no second output;
+/// its value is not part of the step's loss.
+/// @code
+/// constexpr moe_config cfg{.top_k = 2, .capacity_factor = 1.25, .aux_weight = 0.01};
+/// auto logits = matmul(h, param<"router">(spec(replicate, replicate)));
+/// auto gates = moe_route<cfg>(logits);
+/// @endcode
+template <moe_config C = moe_config{}, expression L>
+[[nodiscard]] constexpr node_expr<op_code::moe_route, detail::moe_extra<C>, std::remove_cvref_t<L>> moe_route(L) noexcept {
+  static_assert(C.top_k >= 1, "moe_route: top_k must be at least 1 (moe_config::top_k)");
+  static_assert(C.capacity_factor > 0, "moe_route: the capacity factor must be positive (moe_config::capacity_factor)");
+  static_assert(C.aux_weight >= 0, "moe_route: the balance loss weight must not be negative (moe_config::aux_weight)");
+  return {};
+}
+/// @brief The tokens x[groups, tokens, h] in their experts' slots: [experts, groups·capacity, h],
+/// the groups dimension split as x's. Redistribute it to split the experts
+/// (`.to(spec(shard(ep), shard(dp), replicate))`: an all-to-all on ep) and run the experts as a
+/// batched matmul with weights [experts, h, f].
+template <expression X, expression G>
+[[nodiscard]] constexpr detail::op_t<op_code::moe_dispatch, X, G> moe_dispatch(X, G) noexcept {
+  return {};
+}
+/// @brief The experts' outputs y[experts, groups·capacity, h] back to the tokens, each the
+/// gate-weighted sum of its slots: [groups, tokens, h]. y is redistributed to the gates' split of
+/// the groups first (the all-to-all back).
+template <expression Y, expression G>
+[[nodiscard]] constexpr detail::op_t<op_code::moe_combine, Y, G> moe_combine(Y, G) noexcept {
+  return {};
+}
+
 } // namespace concerto

@@ -29,6 +29,8 @@ enum class errc : std::uint8_t {
   repeat_spec_changed,    ///< a repeated block returns another spec than it takes
   repeat_leaf_scope,      ///< a leaf is used both inside and outside a repeated block, or an input inside one
   repeat_nested,          ///< a repeat inside a repeated block
+  moe_gates,              ///< moe_dispatch / moe_combine given gates that are not a moe_route's
+  axis_order,             ///< a redistribution that would need one dimension's axes in another order
 };
 
 namespace rules {
@@ -171,6 +173,61 @@ struct labels {
     if (s >= first && s <= last) mask = static_cast<std::uint8_t>(mask | (1u << a));
   }
   return mask;
+}
+
+/// @brief `s` with dimensions `first` and later whole (the axes splitting them replicated).
+[[nodiscard]] constexpr pspec keep_dims(pspec s, int first, int axes) noexcept {
+  for (int a = 0; a < axes; ++a)
+    if (s.state(a) >= first) s.set_state(a, state_replicated);
+  return s;
+}
+
+/// @brief moe_dispatch(x[groups, tokens, h], gates): a group's tokens whole, the gates split like
+/// x's groups; the output [experts, groups·capacity, h] has x's groups split on dimension 1
+/// (in x's order of axes) and x's hidden split on dimension 2.
+[[nodiscard]] constexpr result dispatch(const pspec& x, bool pinned) noexcept {
+  result r = nonlinear(x, pinned);
+  if (r.err != errc::none) return r;
+  pspec xs = r.need[0];
+  for (auto& a : xs.dims[1]) a = -1;
+  r.need[0] = xs;
+  r.need[1] = pspec{};
+  r.need[1].rank = 3;
+  r.out = pspec{};
+  r.out.rank = 3;
+  for (int i = 0; i < max_dim_axes; ++i) {
+    r.need[1].dims[0][i] = xs.dims[0][i];
+    r.out.dims[1][i] = xs.dims[0][i];
+    r.out.dims[2][i] = xs.dims[2][i];
+  }
+  return r;
+}
+
+/// @brief moe_combine(y[experts, groups·capacity, h], gates[groups, tokens, experts]): the gates
+/// with a group's tokens and the experts whole; y with its groups split as the gates' (the
+/// all-to-all back from an expert split), its experts whole, its hidden split kept; the output
+/// [groups, tokens, h] split as the gates on the groups and as y on the hidden.
+[[nodiscard]] constexpr result combine(const pspec& y, const pspec& gates, bool pinned, int axes) noexcept {
+  result r = nonlinear(y, pinned);
+  if (r.err != errc::none) return r;
+  const pspec g = keep_dims(gates.without_partial(), 1, axes);
+  r.need[1] = g;
+  pspec need{};
+  need.rank = 3;
+  r.out = pspec{};
+  r.out.rank = 3;
+  int k = 0;
+  for (int i = 0; i < max_dim_axes; ++i) {
+    need.dims[1][i] = g.dims[0][i];
+    r.out.dims[0][i] = g.dims[0][i];
+    const auto a = r.need[0].dims[2][i];
+    if (a >= 0 && g.state(a) == state_replicated) {
+      need.dims[2][k] = a;
+      r.out.dims[2][k++] = a;
+    }
+  }
+  r.need[0] = need;
+  return r;
 }
 
 } // namespace rules

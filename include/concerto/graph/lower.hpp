@@ -15,6 +15,8 @@
 #include <concerto/ir/dead_tasks.hpp>
 #include <concerto/mesh/mesh.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -68,6 +70,22 @@ extents leaf_shape(const program<N>& p, int i, const shape_map& shapes) {
   for (auto d : it->second)
     if (d < 1) fail("leaf '" + name + "' has shape " + dims_text(it->second) + " with a non-positive extent");
   return it->second;
+}
+
+// The moe_route whose gates node j is (through redistributions).
+template <std::size_t N>
+int route_of(const program<N>& p, int j) {
+  while (is_redistribution(p.nodes[j].op)) j = p.nodes[j].in[0];
+  if (p.nodes[j].op != op_code::moe_route)
+    fail(p.describe(j) + ": the gates of an MoE op must come from moe_route"); // the compiler refuses it first
+  return j;
+}
+// Slots per expert and group of a routing with these settings over logits [groups, tokens, experts]:
+// ⌈top_k · tokens · capacity_factor / experts⌉, at least 1 and at most the group's tokens.
+inline std::int64_t moe_capacity(const moe_config& c, const extents& logits) {
+  const auto tokens = logits[1], experts = logits[2];
+  const auto even = static_cast<double>(c.top_k) * static_cast<double>(tokens) * c.capacity_factor / static_cast<double>(experts);
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(even - 1e-9)), 1, tokens);
 }
 
 // The shape of op node i from its operands' (`global`), checked; messages show the op as written.
@@ -144,6 +162,25 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
       fail(what() + ": labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
     return in(1);
   case op_code::vocab_ce_loss: return {};
+  case op_code::moe_route:
+    if (x.moe.top_k > in(0)[2])
+      fail(what() + ": top_k " + std::to_string(x.moe.top_k) + " is more than the " + std::to_string(in(0)[2]) +
+           " experts of " + operand(0) + " (logits [groups, tokens, experts])");
+    return in(0);
+  case op_code::moe_dispatch:
+  case op_code::moe_combine: {
+    const auto& gates = in(1);
+    const auto capacity = moe_capacity(p.nodes[route_of(p, x.in[1])].moe, gates);
+    if (x.op == op_code::moe_dispatch) {
+      if (in(0)[0] != gates[0] || in(0)[1] != gates[1])
+        fail(what() + ": the tokens " + operand(0) + " and the gates " + operand(1) + " differ in groups or tokens");
+      return {gates[2], gates[0] * capacity, in(0)[2]};
+    }
+    if (in(0)[0] != gates[2] || in(0)[1] != gates[0] * capacity)
+      fail(what() + ": the experts' output " + operand(0) + " is not [experts, groups·capacity, h] = [" +
+           std::to_string(gates[2]) + ", " + std::to_string(gates[0] * capacity) + ", h] for the gates " + operand(1));
+    return {gates[0], gates[1], in(0)[2]};
+  }
   default: return in(0);
   }
 }
@@ -426,6 +463,14 @@ private:
     case op_code::all_to_all: return collective(i, x);
     case op_code::sgd:
     case op_code::adamw: return update(i, x);
+    case op_code::moe_combine_grad:
+      packed_buffer(i, elements(local_of(x.in[0])) + elements(local_of(x.in[1]))); // dy, dgates
+      return moe(i, x);
+    case op_code::moe_route:
+    case op_code::moe_route_grad:
+    case op_code::moe_dispatch:
+    case op_code::moe_dispatch_grad:
+    case op_code::moe_combine: return moe(i, x);
     default: fail("lowering: node " + std::to_string(i) + " '" + name_ + "' has an op the lowering does not know");
     }
   }
@@ -531,6 +576,27 @@ private:
       extra["to_dim"] = x.dim;
     }
     collective_attrs_.emplace_back(t, std::move(extra));
+  }
+
+  // The MoE ops (runtime/cpu/moe.hpp): a group is a sequence, whole on every rank; the routing's
+  // settings are the node's own (route, balance loss) or its gates' routing's (operand 1).
+  void moe(int i, const node& x) {
+    attrs extra;
+    const bool on_logits = x.op == op_code::moe_route || x.op == op_code::moe_route_grad;
+    const int route = on_logits ? -1 : route_of(p_, x.in[1]);
+    const auto& logits = global_of(on_logits ? x.in[0] : x.in[1]);
+    const moe_config& settings = route >= 0 ? p_.nodes[route].moe : x.moe;
+    extra["experts"] = logits[2];
+    extra["group"] = logits[1];
+    if (x.op != op_code::moe_route_grad) extra["capacity"] = moe_capacity(settings, logits);
+    if (on_logits) extra["top_k"] = settings.top_k;
+    if (x.op == op_code::moe_route_grad) {
+      constexpr std::int64_t parts = 1'000'000; // the weight as a ratio of integers (attrs are integers)
+      extra["weight_num"] = std::llround(settings.aux_weight * static_cast<double>(parts));
+      extra["weight_den"] = parts;
+      extra["global_groups"] = logits[0];
+    }
+    compute(i, x.op, ins(x), std::move(extra));
   }
 
   // In place on the parameter (or on its shard, for ZeRO-1/2, before the gather).

@@ -348,7 +348,8 @@ struct diagnose {
                 "concerto: leaf redefined: two leaves share a name but differ in kind, spec or initialiser; rename "
                 "one or write both alike");
   static_assert(E != errc::loss_not_scalar,
-                "concerto: program(...) needs a scalar loss: end the expression with mse(...) or cross_entropy(...)");
+                "concerto: program(...) needs a scalar loss: end the expression with mse(...) or cross_entropy(...) "
+                "(or a sum of such terms)");
   static_assert(E != errc::repeat_spec_changed,
                 "concerto: a repeated block returns another spec than it takes: the output of layer i is the input "
                 "of layer i+1; end the block with .to(...) of its input's spec");
@@ -358,6 +359,13 @@ struct diagnose {
   static_assert(E != errc::repeat_nested,
                 "concerto: repeat inside a repeated block (or more than 4 repeats): make the inner stack part of the "
                 "outer block, or unroll it");
+  static_assert(E != errc::moe_gates,
+                "concerto: moe_dispatch and moe_combine take the gates of a moe_route as their second operand; pass "
+                "moe_route<cfg>(logits)");
+  static_assert(E != errc::axis_order,
+                "concerto: a redistribution would need the axes splitting one dimension in another order: a dimension "
+                "split over two axes (shard(dp, ep)) can only gain or lose its second (minor) axis; write the axes in "
+                "the order the redistribution keeps");
   static_assert(E != errc::capacity, "concerto: the program exceeds its node capacity (48 leaves); use repeat(...) for "
                                      "stacks of identical blocks");
   static constexpr bool ok = true; // the asserts above speak; a second, silent one would only add noise

@@ -85,11 +85,11 @@ enum class op : std::uint8_t {
   input, data, param, state, to, repeat_in, repeat_out, select,
   // forward
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
-  cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss,
+  cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
-  cross_entropy_grad, vocab_ce_grad,
+  cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates
@@ -100,9 +100,8 @@ enum class op : std::uint8_t {
   send, recv, broadcast,
   // the function of a collective task: how it combines values
   sum, max, min,
-  // priced by the cost model, run by no executor (the benchmark workloads' MoE and learned positions)
-  add_position, position_embedding_grad, moe_route, moe_route_grad, moe_dispatch, moe_dispatch_grad, moe_combine,
-  moe_combine_grad, transpose_blocks,
+  // priced by the cost model, run by no executor (the benchmark workloads' learned positions and block transposes)
+  add_position, position_embedding_grad, transpose_blocks,
 };
 inline constexpr int op_count = static_cast<int>(op::transpose_blocks) + 1;
 
@@ -128,6 +127,9 @@ enum class sharding : std::uint8_t {
   embedding,     ///< ids and a [vocab, hidden] table (vocab split: a pending sum)
   mse,           ///< prediction and target of one shape: a scalar
   cross_entropy, ///< logits and labels: a scalar (vocabulary split over one axis: vocab-parallel)
+  routing,       ///< moe_route: logits [groups, tokens, experts], a group's tokens and the experts whole
+  dispatch,      ///< moe_dispatch: x [groups, tokens, h] and its gates -> [experts, groups·capacity, h], groups split as x's
+  combine,       ///< moe_combine: y [experts, groups·capacity, h] with groups split as the gates' -> [groups, tokens, h]
 };
 
 /// @brief How the DSL's autodiff builds the gradients of an op's operands.
@@ -312,6 +314,19 @@ inline constexpr op_info table[op_count] = {
                {"cols"}),
     dsl(compute(op::vocab_ce_loss, "vocab_ce_loss", k::loss, list({"sumexp", "target"}), list({"loss"}), f::per_input, 2), 2,
         r::none, b::vocab_ce),
+    // Mixture of experts (runtime/cpu/moe.hpp): the gates are dense [tokens, experts], zero where a
+    // token is not routed or was dropped over capacity; a slot is a token's rank among its
+    // group's tokens routed to the expert, so every kernel finds it from the gates alone.
+    dsl(with_attrs(compute(op::moe_route, "moe_route", k::softmax, list({"logits"}), list({"gates"}), f::per_input, 8),
+                   {"experts", "group", "top_k", "capacity"}),
+        1, r::routing, b::terms, {term(op::moe_route_grad, {a::in0, a::out, a::dout})}),
+    dsl(with_attrs(compute(op::moe_dispatch, "moe_dispatch", k::copy, list({"x", "gates"}), list({"out"}), f::none, 0),
+                   {"experts", "group", "capacity"}),
+        2, r::dispatch, b::terms, {term(op::moe_dispatch_grad, {a::dout, a::in1}), term(op::none, {})}),
+    dsl(with_attrs(compute(op::moe_combine, "moe_combine", k::elementwise, list({"y", "gates"}), list({"out"}),
+                           f::per_output, 4),
+                   {"experts", "group", "capacity"}),
+        2, r::combine, b::packed, {term(op::moe_combine_grad, {a::in0, a::in1, a::dout})}),
     // ---- backward ----
     compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
@@ -343,6 +358,15 @@ inline constexpr op_info table[op_count] = {
     with_attrs(compute(op::vocab_ce_grad, "vocab_ce_grad", k::loss, list({"logits", "labels", "max", "sumexp"}),
                        list({"dlogits"}), f::per_output, 4),
                {"cols"}),
+    with_attrs(compute(op::moe_route_grad, "moe_route_grad", k::softmax, list({"logits", "gates", "dgates"}),
+                       list({"dlogits"}), f::per_input, 12),
+               {"experts", "group", "top_k", "weight_num", "weight_den"}),
+    with_attrs(compute(op::moe_dispatch_grad, "moe_dispatch_grad", k::copy, list({"dout", "gates"}), list({"dx"}),
+                       f::per_output, 2),
+               {"experts", "group", "capacity"}),
+    with_attrs(compute(op::moe_combine_grad, "moe_combine_grad", k::elementwise, list({"y", "gates", "dout"}),
+                       list({"dy_dgates"}), f::per_input, 4),
+               {"experts", "group", "capacity"}),
     // ---- redistribution ----
     collective(op::all_reduce, "all_reduce", k::all_reduce, true),
     collective(op::all_gather, "all_gather", k::all_gather, true),
@@ -380,15 +404,6 @@ inline constexpr op_info table[op_count] = {
     compute(op::add_position, "add_position", k::elementwise, list({"x", "table"}), list({"out"}), f::per_output, 1, false),
     compute(op::position_embedding_grad, "position_embedding_grad", k::elementwise, list({"dout"}), list({"dtable"}),
             f::per_input, 1, false),
-    compute(op::moe_route, "moe_route", k::softmax, list({"logits"}), list({"gates", "slots"}), f::given, 0, false),
-    compute(op::moe_route_grad, "moe_route_grad", k::softmax, list({"dgates", "gates", "logits", "slots"}),
-            list({"dlogits"}), f::given, 0, false),
-    compute(op::moe_dispatch, "moe_dispatch", k::copy, list({"x", "slots"}), list({"out"}), f::given, 0, false),
-    compute(op::moe_dispatch_grad, "moe_dispatch_grad", k::copy, list({"dout", "slots"}), list({"dx"}), f::given, 0, false),
-    compute(op::moe_combine, "moe_combine", k::elementwise, list({"x", "gates", "slots"}), list({"out"}), f::given, 0,
-            false),
-    compute(op::moe_combine_grad, "moe_combine_grad", k::elementwise, list({"dout", "x", "gates", "slots"}),
-            list({"dx", "dgates"}), f::given, 0, false),
     compute(op::transpose_blocks, "transpose_blocks", k::copy, list({"in"}), list({"out"}), f::none, 0, false),
 };
 } // namespace detail::ops

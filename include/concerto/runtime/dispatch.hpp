@@ -49,13 +49,13 @@ namespace concerto::runtime {
   case op::scale: case op::zero: case op::copy: case op::slice: case op::concat:
   case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad:
   case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
+  case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
+  case op::moe_combine_grad:
     return true;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::moe_route: case op::moe_route_grad:
-  case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine: case op::moe_combine_grad:
-  case op::transpose_blocks:
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks:
     return false;
   }
   return false;
@@ -97,6 +97,12 @@ static_assert(cpu_matches_table(), "runtime::cpu_runs and the op table's `execut
   case op::embedding_grad:
   case op::vocab_ce_target:
   case op::vocab_ce_grad: return ids;
+  case op::moe_route: return cpu::moe_route_workspace_floats(c.moe);
+  case op::moe_route_grad: return cpu::moe_route_grad_workspace_floats(c.moe);
+  case op::moe_dispatch:
+  case op::moe_dispatch_grad:
+  case op::moe_combine:
+  case op::moe_combine_grad: return cpu::moe_slots_workspace_floats(c.moe);
   default: return 0;
   }
 }
@@ -349,6 +355,32 @@ inline void run_vocab_ce(cpu_frame& f) {
   }
 }
 
+// The MoE kernels; the ones that place tokens in slots derive the slots into scratch.
+inline void run_moe(cpu_frame& f) {
+  const auto& c = f.c;
+  const auto& s = c.moe;
+  const auto slots = [&] {
+    return std::span<std::int32_t>(reinterpret_cast<std::int32_t*>(f.scratch(cpu::moe_slots_workspace_floats(s)).data()),
+                                   cpu::moe_slots_workspace_floats(s));
+  };
+  switch (c.fn) {
+  case ir::op::moe_route: cpu::moe_route(f.in(0), f.out(0), s, f.scratch(cpu::moe_route_workspace_floats(s))); return;
+  case ir::op::moe_route_grad:
+    cpu::moe_route_grad(f.in(0), f.in(1), f.in(2), f.out(0), s, c.scale, f.scratch(cpu::moe_route_grad_workspace_floats(s)));
+    return;
+  case ir::op::moe_dispatch: cpu::moe_dispatch(f.in(0), f.in(1), f.out(0), s, slots()); return;
+  case ir::op::moe_dispatch_grad: cpu::moe_dispatch_grad(f.in(0), f.in(1), f.out(0), s, slots()); return;
+  case ir::op::moe_combine: cpu::moe_combine(f.in(0), f.in(1), f.out(0), s, slots()); return;
+  case ir::op::moe_combine_grad: {
+    const auto packed = f.out(0);
+    const auto dy_values = f.in(0).size();
+    cpu::moe_combine_grad(f.in(2), f.in(0), f.in(1), packed.first(dy_values), packed.subspan(dy_values), s, slots());
+    return;
+  }
+  default: return;
+  }
+}
+
 } // namespace detail
 
 /// @brief Runs one decoded compute task on the arena's buffers (fp32 kernels; ids in i32).
@@ -414,12 +446,12 @@ inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_setti
   case op::rmsnorm_grad_gain: detail::run_rmsnorm_grad_gain(f); return;
   case op::rope: cpu::rope(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta); return;
   case op::rope_grad: cpu::rope_grad(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta); return;
+  case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
+  case op::moe_combine_grad: detail::run_moe(f); return;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::moe_route: case op::moe_route_grad:
-  case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine: case op::moe_combine_grad:
-  case op::transpose_blocks: break;
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: break;
   }
   fail(detail::task_ref(*c.task) + ": the CPU has no kernel for fn '" + std::string(ir::to_string(c.fn)) + "'");
 }

@@ -19,6 +19,7 @@
 #include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/runtime/cpu/attention.hpp>
+#include <concerto/runtime/cpu/moe.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
 
 #include <algorithm>
@@ -88,6 +89,7 @@ struct kernel_call {
   float scale = 1.0f;            ///< scale's factor; a loss's share of the global mean (times dloss for a gradient)
   bool keep = true;              ///< keep_one: this rank keeps the value (others hold zero)
   std::vector<rows_in_whole> parts; ///< slice / concat / shard_slice: the parts' geometry (bytes)
+  cpu::moe_shape moe{};          ///< the MoE ops: groups, tokens per group, experts, hidden, capacity, top_k
 
   [[nodiscard]] ir::buffer_id read(std::size_t i) const noexcept { return in[i]; }
   [[nodiscard]] ir::buffer_id write(std::size_t i) const noexcept { return out[i]; }
@@ -394,6 +396,59 @@ inline void decode_vocab_ce(const call_reader& r, kernel_call& c) {
   }
 }
 
+// The MoE ops (runtime/cpu/moe.hpp): tokens in groups of attr `group`, dense gates [tokens,
+// experts], expert buffers [experts, groups·capacity, hidden]; hidden follows from the buffers.
+inline void decode_moe(const call_reader& r, kernel_call& c) {
+  using ir::op;
+  auto& s = c.moe;
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
+  s.experts = r.positive_attr("experts");
+  const bool routing = c.fn == op::moe_route || c.fn == op::moe_route_grad;
+  // The gates (or logits) operand: [tokens, experts].
+  const std::size_t gates_at = routing ? 0 : 1;
+  const auto tokens = r.divide(r.count(c.in[gates_at]), s.experts, "rows of experts");
+  s.group = r.positive_attr("group");
+  s.groups = r.divide(tokens, s.group, "groups of tokens");
+  if (routing) {
+    s.top_k = r.positive_attr("top_k");
+    if (s.top_k > s.experts)
+      r.bad("top_k " + std::to_string(s.top_k) + " is more than the " + std::to_string(s.experts) + " experts");
+  }
+  if (c.fn == op::moe_route) {
+    s.capacity = r.positive_attr("capacity");
+    r.need_count(c, 0, true, tokens * s.experts, "tokens·experts");
+    return;
+  }
+  if (c.fn == op::moe_route_grad) {
+    for (std::size_t i = 1; i < c.n_in; ++i) r.need_count(c, i, false, tokens * s.experts, "tokens·experts");
+    r.need_count(c, 0, true, tokens * s.experts, "tokens·experts");
+    // The balance loss's weight over the step's groups (its mean), times dloss.
+    const auto weight_den = r.task().attr("weight_den", 1);
+    if (weight_den <= 0 || r.task().attr("weight_num", 0) < 0) r.bad("the balance loss weight must be a non-negative ratio");
+    c.scale = r.ratio("weight_num", "weight_den") * r.ratio("dloss_num", "dloss_den") /
+              static_cast<float>(r.positive_attr("global_groups", static_cast<std::int64_t>(s.groups)));
+    return;
+  }
+  s.capacity = r.positive_attr("capacity");
+  // The token-major operand gives hidden: x (dispatch), dx (dispatch_grad), out (combine), dout (combine_grad).
+  const auto token_values = c.fn == op::moe_dispatch        ? r.count(c.in[0])
+                            : c.fn == op::moe_combine_grad ? r.count(c.in[2])
+                                                           : r.count(c.out[0]);
+  s.hidden = r.divide(token_values, tokens, "tokens' values");
+  const auto expert_values = s.experts * s.slots() * s.hidden;
+  switch (c.fn) {
+  case op::moe_dispatch: r.need_count(c, 0, true, expert_values, "experts·groups·capacity·hidden"); break;
+  case op::moe_dispatch_grad:
+  case op::moe_combine: r.need_count(c, 0, false, expert_values, "experts·groups·capacity·hidden"); break;
+  case op::moe_combine_grad:
+    r.need_count(c, 0, false, expert_values, "experts·groups·capacity·hidden");
+    r.need_count(c, 0, true, expert_values + tokens * s.experts, "dy and dgates one after the other");
+    break;
+  default: break;
+  }
+}
+
 inline void decode_update(const call_reader& r, kernel_call& c) {
   for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
@@ -537,6 +592,12 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::rmsnorm_grad_gain: detail::decode_rows(r, c, 0, 0, true); break;
   case op::rope:
   case op::rope_grad: detail::decode_rope(r, c); break;
+  case op::moe_route:
+  case op::moe_route_grad:
+  case op::moe_dispatch:
+  case op::moe_dispatch_grad:
+  case op::moe_combine:
+  case op::moe_combine_grad: detail::decode_moe(r, c); break;
   // not compute ops, or priced only
   case op::none:
   case op::input:
@@ -559,12 +620,6 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::min:
   case op::add_position:
   case op::position_embedding_grad:
-  case op::moe_route:
-  case op::moe_route_grad:
-  case op::moe_dispatch:
-  case op::moe_dispatch_grad:
-  case op::moe_combine:
-  case op::moe_combine_grad:
   case op::transpose_blocks: r.bad("has no kernel to decode");
   }
   return c;

@@ -10,7 +10,9 @@
 /// | replicate  | (nothing)     | local slice(d)    | keep_one (local: other ranks hold zero) |
 ///
 /// Steps are ordered so that data shrinks before it grows: slices, then reduce-scatters,
-/// all-to-alls, all-reduces and all-gathers last.
+/// all-to-alls, all-reduces and all-gathers last. A dimension split over two axes (`shard(dp, ep)`,
+/// dp major) only gains or loses its minor axis in one step; the compiler refuses a redistribution
+/// that would take out a major axis under a minor one.
 ///
 /// @code
 /// constexpr auto plan = redistribute(spec(replicate, replicate, partial(tp)), spec(shard(tp), replicate));
@@ -82,10 +84,17 @@ struct redist_plan {
       found[n++] = {redist_kind::all_to_all, ax, static_cast<std::int8_t>(f), static_cast<std::int8_t>(t)};
     }
   }
-  // Stable order by kind: cheap local steps and shrinking collectives first.
-  for (int k = 0; k <= static_cast<int>(redist_kind::keep_one); ++k)
+  // Stable order by kind: cheap local steps and shrinking collectives first. Within a kind, a
+  // dimension split over two axes loses its minor (second) axis before its major one and gains
+  // its major axis before its minor one: a step can only take out or put in a dimension's last axis.
+  const auto rank_of = [&](const redist_step& st) {
+    const bool minor_before = st.from_dim >= 0 && from.dims[st.from_dim][1] == st.axis;
+    const bool minor_after = st.to_dim >= 0 && to.dims[st.to_dim][1] == st.axis;
+    return static_cast<int>(st.kind) * 4 + (minor_before ? 0 : 2) + (minor_after ? 1 : 0);
+  };
+  for (int k = 0; k < 4 * (static_cast<int>(redist_kind::keep_one) + 1); ++k)
     for (int i = 0; i < n; ++i)
-      if (static_cast<int>(found[i].kind) == k) plan.steps[plan.size++] = found[i];
+      if (rank_of(found[i]) == k) plan.steps[plan.size++] = found[i];
   return plan;
 }
 

@@ -66,6 +66,7 @@ struct node {
   std::int8_t dim = -1;   ///< redistributions: split dimension after (slice, reduce_scatter, all_to_all); select: index
   std::int8_t dim2 = -1;  ///< redistributions: split dimension before (all_gather, all_to_all)
   std::int8_t block = -1; ///< the repeat this node belongs to (its layers are copies), -1 outside
+  moe_config moe{};       ///< moe_route and its gradient: the routing's settings
   [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
 };
 
@@ -91,6 +92,7 @@ struct work {
   int n = 0;
   std::int16_t map[RawCap]{};  // raw -> nodes
   std::int16_t acc[Cap]{};     // gradient accumulated so far, per node
+  bool unit[Cap]{};            // the loss and the terms of a sum of losses: their gradient is one
   axis_table axes{};
   bool axes_fixed = false;
   leaf_name names[max_leaves]{};
@@ -154,6 +156,13 @@ struct work {
     int cur = src;
     for (int s = 0; s < plan.size; ++s) {
       const auto& step = plan.steps[s];
+      // Gathering (or exchanging) a dimension's major axis while a minor one still splits it
+      // would interleave the minor axis's blocks: not the layout the spec describes.
+      if (step.from_dim >= 0 && nodes[cur].spec.dims[step.from_dim][1] >= 0 &&
+          nodes[cur].spec.dims[step.from_dim][0] == step.axis) {
+        failed(errc::axis_order, -1);
+        return cur;
+      }
       node c;
       c.op = to_op(step.kind);
       c.phase = ph;
@@ -173,6 +182,9 @@ struct work {
           found = i;
       cur = found >= 0 ? found : add(c);
     }
+    // A step moves an axis in or out of a dimension as its last (minor) one; a target that
+    // lists a dimension's axes in another order cannot be reached so.
+    if (!(nodes[cur].spec == target)) failed(errc::axis_order, -1);
     return cur;
   }
 
@@ -261,17 +273,19 @@ struct work {
     return raw_add(x);
   }
 
-  constexpr int raw_op(op_code op, const int* ins, int count, const spec_value* target) noexcept {
+  constexpr int raw_op(op_code op, const int* ins, int count, const spec_value* target,
+                       const moe_config* moe = nullptr) noexcept {
     if (err != errc::none) return 0;
     node x;
     x.op = op;
+    if (moe) x.moe = *moe;
     x.n_in = static_cast<std::int8_t>(count);
     for (int i = 0; i < count; ++i) x.in[i] = static_cast<std::int16_t>(ins[i]);
     if (target && !intern(*target, x.use, raw_n)) return 0;
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use && o.block == cur_block)
+          o.use == x.use && o.block == cur_block && o.moe == x.moe)
         return i;
     }
     return raw_add(x);
@@ -474,6 +488,26 @@ struct work {
         rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
         break;
       }
+      case op_code::moe_route: {
+        // A group's tokens share the experts' capacity, and a token's probabilities are one row:
+        // only the groups may be split.
+        if (sp(in[0]).rank != 3) { rank_error(); break; }
+        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
+        if (rr.err != errc::none) { failed(rr.err, r); break; }
+        rr.need[0] = rules::keep_dims(rr.need[0], 1, A);
+        rr.out = rr.need[0];
+        break;
+      }
+      case op_code::moe_dispatch:
+      case op_code::moe_combine: {
+        if (sp(in[0]).rank != 3 || sp(in[1]).rank != 3) { rank_error(); break; }
+        if (raw[x.in[1]].op != op_code::moe_route) { failed(errc::moe_gates, r); break; }
+        if (pinned(in[1]) && sp(in[1]).has_partial()) { failed(errc::partial_into_nonlinear, r); break; }
+        rr = x.op == op_code::moe_dispatch ? rules::dispatch(sp(in[0]), pinned(in[0]))
+                                           : rules::combine(sp(in[0]), sp(in[1]), pinned(in[0]), A);
+        if (rr.err != errc::none) failed(rr.err, r);
+        break;
+      }
       case op_code::repeat_in: {
         // A pending sum the program made (a vocab-parallel embedding's) is made once before the
         // stack, not in every layer; the conversion belongs to the outside.
@@ -525,6 +559,7 @@ struct work {
       o.op = x.op;
       o.kind = x.op == op_code::mse || x.op == op_code::cross_entropy ? role::loss : role::activation;
       o.flags = ng;
+      o.moe = x.moe;
       for (int i = 0; i < x.n_in; ++i) o.in[o.n_in++] = static_cast<std::int16_t>(conv[i]);
       o.spec = rr.out;
       map[r] = static_cast<std::int16_t>(add(o));
@@ -610,6 +645,12 @@ struct work {
   constexpr void autodiff() noexcept {
     forward_end = n;
     const int A = axes.count;
+    // The loss may be a sum of scalar losses (cross-entropy + a balance loss): each term's
+    // gradient is one, as the loss's; the kernels of a loss's gradient take it as such.
+    unit[loss] = true;
+    for (int i = loss; i >= 0; --i)
+      if (unit[i] && nodes[i].spec.rank == 0 && (nodes[i].op == op_code::add || is_redistribution(nodes[i].op)))
+        for (int k = 0; k < nodes[i].n_in; ++k) unit[nodes[i].in[k]] = true;
     bool entered[max_repeats]{};
     for (int i = forward_end - 1; i >= 0 && err == errc::none; --i) {
       cur_block = -1;
@@ -632,8 +673,9 @@ struct work {
           continue;
         }
       }
-      if (i != loss && acc[i] < 0) continue;
+      if (!unit[i] && acc[i] < 0) continue;
       const node y = nodes[i];
+      if (unit[i] && (y.op == op_code::add || is_redistribution(y.op))) continue; // its terms are units
       if (y.op == op_code::input || y.op == op_code::param) {
         pspec target = y.spec.without_partial();
         if (y.op == op_code::param && stage == 2) target = shard_more(target, zero_axis);
@@ -645,7 +687,7 @@ struct work {
         accumulate(y.in[0], acc[i]);
         continue;
       }
-      const int g = i == loss ? -1 : convert(acc[i], y.spec.without_partial(), ir::phase::backward);
+      const int g = unit[i] ? -1 : convert(acc[i], y.spec.without_partial(), ir::phase::backward);
       const int a = y.in[0], b = y.in[1], c = y.in[2];
       switch (y.op) {
       case op_code::matmul: {
@@ -744,6 +786,28 @@ struct work {
       case op_code::cross_entropy:
         if (needs_grad(a)) accumulate(a, bwd(op_code::cross_entropy_grad, {a, b}, sp(a), a));
         break;
+      case op_code::moe_route:
+        if (needs_grad(a)) {
+          const int d = bwd(op_code::moe_route_grad, {a, i, g}, sp(a), a);
+          nodes[d].moe = y.moe; // the balance loss's settings
+          accumulate(a, d);
+        }
+        break;
+      case op_code::moe_dispatch: // the slots do not depend smoothly on the gates: x alone gets a gradient
+        if (needs_grad(a)) accumulate(a, bwd(op_code::moe_dispatch_grad, {g, b}, sp(a), a));
+        break;
+      case op_code::moe_combine: {
+        // One task writes dy and dgates one after the other; each operand's gradient is a view.
+        const int packed = bwd(op_code::moe_combine_grad, {a, b, g}, sp(a), a); // shaped as y, not as the output
+        const int which[2] = {a, b};
+        for (int k = 0; k < 2; ++k)
+          if (needs_grad(which[k])) {
+            const int s = bwd(op_code::select, {packed}, sp(which[k]), which[k]);
+            nodes[s].dim = static_cast<std::int8_t>(k);
+            accumulate(which[k], s);
+          }
+        break;
+      }
       case op_code::vocab_ce_loss: {
         const auto before = [&](int j) {
           while (is_redistribution(nodes[j].op)) j = nodes[j].in[0];
@@ -812,6 +876,9 @@ struct tracer<node_expr<Op, Extra, Args...>> {
     const int ins[] = {tracer<Args>::run(w)...};
     if constexpr (std::is_same_v<Extra, concerto::detail::no_extra>) {
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr);
+    } else if constexpr (concerto::detail::is_moe_extra<Extra>) {
+      constexpr moe_config settings = Extra::value;
+      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, &settings);
     } else {
       constexpr spec_value target = Extra::value;
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), &target);

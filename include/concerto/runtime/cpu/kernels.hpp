@@ -20,6 +20,7 @@
 #include <concerto/runtime/cpu/embedding.hpp>
 #include <concerto/runtime/cpu/loss.hpp>
 #include <concerto/runtime/cpu/matmul.hpp>
+#include <concerto/runtime/cpu/moe.hpp>
 #include <concerto/runtime/cpu/normalization.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
 #include <concerto/runtime/cpu/rotary.hpp>

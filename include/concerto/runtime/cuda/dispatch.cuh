@@ -23,6 +23,7 @@
 #include <concerto/runtime/cuda/blas.hpp>
 #include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
+#include <concerto/runtime/cuda/moe.cuh>
 #include <concerto/runtime/dispatch.hpp>
 #include <concerto/runtime/kernel_call.hpp>
 
@@ -59,13 +60,13 @@ struct device_context {
   case op::scale: case op::zero: case op::copy: case op::slice: case op::concat:
   case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad:
   case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
+  case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
+  case op::moe_combine_grad:
     return true;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::moe_route: case op::moe_route_grad:
-  case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine: case op::moe_combine_grad:
-  case op::transpose_blocks:
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks:
     return false;
   }
   return false;
@@ -111,6 +112,12 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
   case op::embedding_grad:
   case op::vocab_ce_target:
   case op::vocab_ce_grad: return ids;
+  case op::moe_route:
+  case op::moe_route_grad:
+  case op::moe_dispatch:
+  case op::moe_dispatch_grad:
+  case op::moe_combine:
+  case op::moe_combine_grad: return detail::padded(moe_workspace_floats(c.fn, c.moe));
   default: return 0;
   }
 }
@@ -327,6 +334,27 @@ inline void run_vocab_ce(device_frame& f) {
   }
 }
 
+// The MoE kernels (cuda/moe.cuh); the ones that place tokens in slots find the slots in the workspace.
+inline void run_moe(device_frame& f) {
+  const auto& c = f.c;
+  const auto& s = c.moe;
+  float* ws = f.take(moe_workspace_floats(c.fn, s), "moe workspace");
+  auto* slots = reinterpret_cast<std::int32_t*>(ws);
+  switch (c.fn) {
+  case ir::op::moe_route: moe_route(f.in(0), f.out(0), s, ws, f.st); return;
+  case ir::op::moe_route_grad: moe_route_grad(f.in(0), f.in(1), f.in(2), f.out(0), s, c.scale, ws, f.st); return;
+  case ir::op::moe_dispatch: moe_dispatch(f.in(0), f.in(1), f.out(0), s, slots, f.ctx.status, f.code, f.st); return;
+  case ir::op::moe_dispatch_grad: moe_gather(f.in(0), f.in(1), f.out(0), s, slots, false, f.ctx.status, f.code, f.st); return;
+  case ir::op::moe_combine: moe_gather(f.in(0), f.in(1), f.out(0), s, slots, true, f.ctx.status, f.code, f.st); return;
+  case ir::op::moe_combine_grad: {
+    float* dy = f.out(0);
+    moe_combine_grad(f.in(2), f.in(0), f.in(1), dy, dy + s.experts * s.slots() * s.hidden, s, slots, f.ctx.status, f.code, f.st);
+    return;
+  }
+  default: return;
+  }
+}
+
 } // namespace detail
 
 /// @brief Describes the product of a decoded matmul for cuBLASLt in its gemm_form (as the CPU
@@ -436,12 +464,12 @@ inline void run_kernel(const kernel_call& c, const device_arena& mem, const kern
   case op::rope_grad:
     rope(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta, c.fn == op::rope ? 1.0 : -1.0, st);
     return;
+  case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
+  case op::moe_combine_grad: detail::run_moe(f); return;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::moe_route: case op::moe_route_grad:
-  case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine: case op::moe_combine_grad:
-  case op::transpose_blocks: break;
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: break;
   }
   fail(detail::call_ref(c) + ": the GPU has no kernel for this op");
 }

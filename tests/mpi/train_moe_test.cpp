@@ -1,0 +1,120 @@
+// The mixture-of-experts form of the Llama example's decoder (tests/mpi/llama_program.hpp,
+// make_moe: 4 SwiGLU experts behind a top-2 router, capacity factor 1.25, the balance loss)
+// through train::compile: its single-rank gradient is the finite difference of its loss (balance loss
+// off: its value is not in the loss); on 2 and 4 ranks, with every dp × ep mesh that divides,
+// the losses, gradients and parameters after a few steps match the single-rank run within
+// train_testing::rel_tol (1e-5 relative), with the balance loss on, experts split over ep and,
+// on 4 ranks, over tp inside each expert; so do the three plan policies.
+#include "llama_program.hpp"
+#include "train_testing.hpp"
+
+#include <cmath>
+#include <tuple>
+
+using namespace concerto;
+namespace tt = train_testing;
+namespace lt = llama_testing;
+
+namespace {
+
+constexpr std::int64_t batch = 8, seq = 16, vocab = 32, hidden = 32, heads = 4, kv_heads = 2, experts = 4, ffn = 24;
+const auto shapes = lt::moe_shapes(batch, seq, vocab, hidden, heads, kv_heads, experts, ffn);
+const std::vector<std::string> params{"wte", "layers.0.wq", "layers.1.wo", "layers.0.router", "layers.1.router",
+                                      "layers.0.w1", "layers.1.w3", "layers.0.w2", "layers.1.ffn_norm.g", "head"};
+constexpr auto no_balance_loss = lt::make_moe<moe_config{.top_k = 2, .capacity_factor = 1.25, .aux_weight = 0}>();
+constexpr auto moe_top2 = lt::make_moe<lt::top2>();
+
+train::batch data() {
+  train::tensor ids{{batch, seq}}, labels{{batch, seq}}, positions{{batch, seq}};
+  for (std::int64_t i = 0; i < batch * seq; ++i) {
+    ids.i64.push_back((i * 7 + 3 + i / seq) % vocab);
+    labels.i64.push_back((i * 7 + 10 + i / seq) % vocab);
+    positions.i64.push_back(i % seq);
+  }
+  return {{"ids", ids}, {"labels", labels}, {"positions", positions}};
+}
+
+train::step_options options(const std::string& policy) {
+  return {.policy = policy, .lower = {.name = "moe", .heads = heads, .depth = {{"layers", 2}}},
+          .solver = {.time_budget_s = 2, .progress = false}};
+}
+
+template <std::size_t N>
+tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int e, const std::string& policy, int t = 1) {
+  return tt::run(p, shapes, comm, {{"dp", d}, {"ep", e}, {"tp", t}}, data(), 3, {.adamw = {.lr = 1e-3f}}, options(policy),
+                 params);
+}
+
+} // namespace
+
+TEST_CASE("the MoE decoder's gradient on one rank is the finite difference of its loss", "[mpi][train][moe][grad]") {
+  auto step = train::compile(no_balance_loss, mesh::from_world(1, {{"dp", 1}, {"ep", 1}, {"tp", 1}}), shapes, {.adamw = {.lr = 0.0f}},
+                             [] {
+                               auto o = options("program_order");
+                               o.world = MPI_COMM_SELF;
+                               o.use_cache = false;
+                               return o;
+                             }());
+  const auto b = data();
+  const double loss = step(b).loss;
+  CHECK(std::abs(loss - std::log(static_cast<double>(vocab))) < 1.0);
+  for (const auto& name : params) {
+    const auto grad = step.gradient(name);
+    auto value = step.parameter(name);
+    double largest = 0;
+    for (auto g : grad) largest = std::max(largest, std::abs(static_cast<double>(g)));
+    CAPTURE(name, largest);
+    REQUIRE(largest > 1e-5); // every sampled parameter takes part in the loss (the router through the gates)
+    // The routing is piecewise smooth: a step that moves a token across a top-k or capacity
+    // boundary jumps the loss. Such points show as a second difference far above rounding and are
+    // passed over; three smooth points per parameter are checked.
+    int smooth = 0;
+    for (std::size_t k = 0; k < 12 && smooth < 3; ++k) {
+      const auto i = (k * 7919 + 13) % value.size();
+      const float eps = 1e-3f, keep = value[i];
+      value[i] = keep + eps;
+      step.set_parameter(name, value);
+      const double up = step(b).loss;
+      value[i] = keep - eps;
+      step.set_parameter(name, value);
+      const double down = step(b).loss;
+      value[i] = keep;
+      step.set_parameter(name, value);
+      if (std::abs(up + down - 2 * loss) > 1e-4) continue;
+      ++smooth;
+      const double fd = (up - down) / (2.0 * eps);
+      CAPTURE(i, fd, grad[i]);
+      CHECK(std::abs(fd - grad[i]) <= 2e-3 + 5e-2 * std::abs(fd));
+    }
+    CHECK(smooth == 3);
+  }
+}
+
+TEST_CASE("the MoE decoder trains to the single-rank numbers on every dp x ep mesh", "[mpi][train][moe]") {
+  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, "program_order");
+  REQUIRE(reference.loss.back() < reference.loss.front());
+  const int world = runtime::mpi::environment::world_size();
+  for (int ranks : {2, 4}) {
+    if (ranks > world) continue;
+    tt::sub_world sub(ranks);
+    if (!sub.member()) continue;
+    for (auto [d, e, t] : std::vector<std::tuple<int, int, int>>{{ranks, 1, 1}, {1, ranks, 1}, {2, 2, 1}, {1, 2, 2}}) {
+      if (d * e * t != ranks) continue;
+      CAPTURE(ranks, d, e, t);
+      // Plain loops, not SECTIONs: ranks outside the sub-world would discover fewer sections.
+      tt::check_same(run(moe_top2, sub.get(), d, e, "sync", t), reference);
+    }
+  }
+}
+
+TEST_CASE("the sync, program_order and concerto plans of the dp x ep MoE give the same numbers", "[mpi][train][moe]") {
+  const int world = runtime::mpi::environment::world_size();
+  const int e = 2, d = world / e;
+  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, "program_order");
+  for (const char* policy : {"sync", "program_order", "concerto"}) {
+    CAPTURE(policy);
+    tt::check_same(run(moe_top2, MPI_COMM_WORLD, d, e, policy), reference);
+  }
+}
+
+CONCERTO_MPI_TEST_MAIN
