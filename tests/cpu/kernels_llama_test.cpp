@@ -189,3 +189,29 @@ TEST_CASE("rope rotates each head's lane pairs by position and its gradient rota
     CHECK_THROWS_WITH(cpu::rope(x, pos, y, rows, width, 16, theta), ContainsSubstring("not a multiple of head_dim 16"));
   }
 }
+
+TEST_CASE("sigmoid and its gradient from the output; the leading transpose and its inverse", "[cpu][kernels][dap]") {
+  std::mt19937 rng(53);
+  auto x = random_floats(rng, 37, -4.0f, 4.0f);
+  std::vector<float> y(x.size());
+  cpu::sigmoid(x, y);
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(std::abs(y[i] - 1.0 / (1.0 + std::exp(-double(x[i])))) <= 1e-6);
+  const auto w = random_floats(rng, x.size());
+  std::vector<float> dx(x.size());
+  cpu::sigmoid_grad(y, w, dx);
+  REQUIRE_CLOSE(dx, central_difference(x, [&] {
+                  cpu::sigmoid(x, y);
+                  return project(w, y);
+                }),
+                fd_tol, fd_tol);
+  // [3, 4, 2] -> [4, 3, 2] and back: out[c, r, :] = x[r, c, :].
+  const std::size_t rows = 3, cols = 4, inner = 2;
+  const auto z = random_floats(rng, rows * cols * inner);
+  std::vector<float> t(z.size()), back(z.size());
+  cpu::transpose_leading(z, t, rows, cols, inner);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c)
+      for (std::size_t e = 0; e < inner; ++e) CHECK(t[(c * rows + r) * inner + e] == z[(r * cols + c) * inner + e]);
+  cpu::transpose_leading(t, back, cols, rows, inner);
+  CHECK(back == z);
+}

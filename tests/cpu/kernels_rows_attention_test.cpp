@@ -72,18 +72,19 @@ ref_attention attention_ref(const std::vector<float>& q, const std::vector<float
     for (std::size_t h = 0; h < s.heads; ++h)
       for (std::size_t i = 0; i < T; ++i) {
         double m = -1e300;
-        for (std::size_t j = 0; j <= i; ++j) {
+        const std::size_t last = s.causal ? i : T - 1;
+        for (std::size_t j = 0; j <= last; ++j) {
           double dot = 0.0;
           for (std::size_t d = 0; d < D; ++d) dot += double(q[(b * T + i) * ld + h * D + d]) * k[(b * T + j) * ld + h * D + d];
           p[j] = dot / std::sqrt(double(D));
           m = std::max(m, p[j]);
         }
         double sum = 0.0;
-        for (std::size_t j = 0; j <= i; ++j) sum += p[j] = std::exp(p[j] - m);
+        for (std::size_t j = 0; j <= last; ++j) sum += p[j] = std::exp(p[j] - m);
         r.lse[(b * s.heads + h) * T + i] = m + std::log(sum);
         for (std::size_t d = 0; d < D; ++d) {
           double o = 0.0;
-          for (std::size_t j = 0; j <= i; ++j) o += p[j] / sum * v[(b * T + j) * ld + h * D + d];
+          for (std::size_t j = 0; j <= last; ++j) o += p[j] / sum * v[(b * T + j) * ld + h * D + d];
           r.out[(b * T + i) * ld + h * D + d] = o;
         }
       }
@@ -332,6 +333,35 @@ TEST_CASE("causal_attention_grad on a larger odd shape, sampled finite differenc
     REQUIRE(max_abs(got) > 0.01);
     REQUIRE_CLOSE(got, want, fd_tol, fd_tol);
   }
+}
+
+TEST_CASE("attention without the mask sees every position, and its gradient is the finite difference",
+          "[cpu][kernels][attention][grad]") {
+  const cpu::attention_shape s{.batch = 2, .seq = 5, .heads = 2, .head_dim = 3, .causal = false};
+  std::mt19937 rng(47);
+  auto q = random_floats(rng, s.q_floats(), -2.0f, 2.0f);
+  auto k = random_floats(rng, s.q_floats(), -2.0f, 2.0f);
+  auto v = random_floats(rng, s.q_floats());
+  std::vector<float> out(s.q_floats()), lse(s.lse_floats()), ws(cpu::causal_attention_workspace_floats(s));
+  cpu::causal_attention(q, k, v, out, lse, ws, s);
+  const auto want = attention_ref(q, k, v, s);
+  REQUIRE_CLOSE(out, want.out, 1e-5, 1e-5);
+  REQUIRE_CLOSE(lse, want.lse, 1e-5, 1e-5);
+  // The first position now sees the last one too: its output is not its own value row.
+  double moved = 0;
+  for (std::size_t c = 0; c < s.heads * s.head_dim; ++c) moved = std::max(moved, std::abs(double(out[c]) - v[c]));
+  CHECK(moved > 1e-3);
+  const auto w = random_floats(rng, s.q_floats());
+  auto loss = [&] {
+    cpu::causal_attention(q, k, v, out, lse, ws, s);
+    return project(w, out);
+  };
+  loss();
+  std::vector<float> dq(s.q_floats()), dk(s.q_floats()), dv(s.q_floats()), gws(cpu::causal_attention_grad_workspace_floats(s));
+  cpu::causal_attention_grad(q, k, v, w, lse, dq, dk, dv, gws, s);
+  REQUIRE_CLOSE(dq, central_difference(q, loss), fd_tol, fd_tol);
+  REQUIRE_CLOSE(dk, central_difference(k, loss), fd_tol, fd_tol);
+  REQUIRE_CLOSE(dv, central_difference(v, loss), fd_tol, fd_tol);
 }
 
 TEST_CASE("attention refuses a workspace that is too small, naming the sizing function", "[cpu][kernels][attention][errors]") {

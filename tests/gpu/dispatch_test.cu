@@ -204,6 +204,28 @@ TEST_CASE("the MoE routing, dispatch, combine and their gradients match the CPU 
   CHECK(routed < static_cast<std::size_t>(2 * T));
 }
 
+TEST_CASE("axial attention's pieces match the CPU dispatch: attention without the mask, sigmoid, transpose",
+          "[gpu][dispatch][dap]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t B = 3, T = 7, H = 2, D = 4;
+  const std::map<std::string, std::int64_t> dims{{"batch", B}, {"seq", T}, {"heads", H}, {"head_dim", D}, {"causal", 0}};
+  ir::builder b("axial");
+  const auto q = b.buffer("q", {B, T, H * D}), k = b.buffer("k", {B, T, H * D}), v = b.buffer("v", {B, T, H * D});
+  const auto o = b.buffer("o", {B, T, H * D}), dy = b.buffer("dy", {B, T, H * D}), dqkv = b.buffer("dqkv", {3 * B * T * H * D});
+  const auto g = b.buffer("g", {B, T, H * D}), s = b.buffer("s", {B, T, H * D}), ds = b.buffer("ds", {B, T, H * D});
+  const auto t = b.buffer("t", {T, B, H * D});
+  b.compute(op::attention, "attn", {q, k, v}, {o}, dims);
+  b.compute(op::sigmoid, "gate", {g}, {s});
+  b.compute(op::transpose, "transpose", {o}, {t}, {{"rows", B}, {"cols", T}, {"inner", H * D}});
+  b.at(ir::phase::backward);
+  b.compute(op::attention_grad, "attn.grad", {q, k, v, dy}, {dqkv}, dims);
+  b.compute(op::sigmoid_grad, "gate.grad", {s, dy}, {ds});
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 25);
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-3f, 1e-4f) == 5);
+}
+
 TEST_CASE("losses over global counts with i64 targets match the CPU dispatch", "[gpu][dispatch][loss]") {
   CONCERTO_REQUIRE_GPU();
   const std::int64_t rows = 33, classes = 70, n = 1000;

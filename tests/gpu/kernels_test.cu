@@ -160,7 +160,7 @@ TEST_CASE("causal attention matches the CPU kernel forward and backward", "[gpu]
   cu::stream s;
   // Multi-head; grouped-query (3 q heads per kv head); and a rank holding q heads 2..3 of 6 with
   // both kv heads (kv replicated while q is split): its dk, dv are the partial sums of its heads.
-  for (const cpu::attention_shape sh : {cpu::attention_shape{.batch = 2, .seq = 33, .heads = 3, .head_dim = 16},
+  for (const cpu::attention_shape& sh : {cpu::attention_shape{.batch = 2, .seq = 33, .heads = 3, .head_dim = 16},
                                         cpu::attention_shape{.batch = 2, .seq = 17, .heads = 6, .head_dim = 8, .kv_heads = 2, .group = 3},
                                         cpu::attention_shape{.batch = 1, .seq = 9, .heads = 2, .head_dim = 4, .kv_heads = 2, .group = 3,
                                                              .first_head = 2}}) {

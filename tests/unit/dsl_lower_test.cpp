@@ -346,3 +346,26 @@ TEST_CASE("a loss that is a sum of losses differentiates each term", "[dsl][lowe
   for (const auto& task : g.tasks)
     if (task.fn == ir::op::mse_grad) CHECK(task.attr("dloss_num", 1) == task.attr("dloss_den", 1));
 }
+
+TEST_CASE("the Evoformer pair stack over dap exchanges rows and columns by all-to-alls", "[dsl][lower][dap]") {
+  // examples/evoformer's model: row attention on the row split, column attention after a
+  // transpose and an all-to-all, and back.
+  constexpr auto dap = axis<"dap">{};
+  constexpr auto rows = spec(shard(dap), replicate, replicate);
+  constexpr auto z = input<"z">(rows); // with a gradient: both exchanges run backward too
+  constexpr auto w = param<"w">(spec(replicate, replicate));
+  constexpr auto zt = transpose(z).to(rows);
+  constexpr auto y = transpose(matmul(sigmoid(zt) * attention(matmul(zt, w), zt, zt), w)).to(rows);
+  constexpr auto stack = program(mse(z + y, input<"t">(rows, no_grad)), sgd{});
+  static_assert(stack.count(collective::all_to_all, dap) == 4); // there and back, forward and backward
+  const auto m = mesh::from_world(4, {{"dap", 4}});
+  const auto g = lower(stack, {{"z", {8, 8, 4}}, {"t", {8, 8, 4}}, {"w", {4, 4}}}, m, {.heads = 2});
+  for (const auto& t : g.tasks) {
+    if (t.fn == ir::op::attention || t.fn == ir::op::attention_grad) CHECK(t.attr("causal") == 0);
+    if (t.kind == ir::op_kind::all_to_all) CHECK(t.axis == *m.index_of("dap"));
+    if (!ir::is_collective(t.kind)) CHECK_NOTHROW(runtime::decode(g, t));
+  }
+  // A pair dimension that does not divide over dap names the tensor, the dimension and the axis.
+  CHECK_THROWS_WITH(lower(stack, {{"z", {6, 6, 4}}, {"t", {6, 6, 4}}, {"w", {4, 4}}}, m, {.heads = 2}),
+                    ContainsSubstring("'z' dimension 0 (size 6) does not divide over mesh axis 'dap' (size 4)"));
+}

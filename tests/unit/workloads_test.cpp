@@ -417,3 +417,29 @@ TEST_CASE("llama-tp-sp and the DSL's Llama have the same tasks and collectives p
     CHECK(mine == theirs);
   }
 }
+
+TEST_CASE("evoformer-dap switches the pair split with all-to-alls and all-reduces replicated weights",
+          "[ir][workloads][dap]") {
+  const auto g = ir::make_workload("evoformer-dap", {.layers = 2});
+  REQUIRE(g.axes.size() == 2);
+  CHECK(g.axes[0] == ir::mesh_axis{"dap", 8, ir::link_class::intra_node});
+  CHECK(g.axes[1] == ir::mesh_axis{"dp", 4, ir::link_class::inter_node});
+  for (int l = 0; l < 2; ++l)
+    CHECK(collectives_of_layer(g, l) == census{{{a2a, "dap", fwd}, 2}, {{a2a, "dap", bwd}, 2}, {{ar, "dap", bwd}, 18},
+                                               {{ar, "dp", bwd}, 18}});
+  // 384 residues over 8 ranks: each holds 48 rows of 384 positions of 128 channels.
+  const auto& q = task_named(g, "L0.row.q");
+  CHECK(q.attr("m") == 48 * 384);
+  CHECK(q.attr("k") == 128);
+  const auto& att = task_named(g, "L0.col.attention");
+  CHECK(att.attr("causal") == 0);
+  CHECK(att.attr("batch") == 48);
+  CHECK(att.attr("seq") == 384);
+  // Bidirectional attention is priced as the full square: 4·batch·seq²·heads·head_dim.
+  CHECK(att.flops == 4.0 * 48 * 384 * 384 * 4 * 32);
+  const auto& x = task_named(g, "L0.col.in.a2a");
+  CHECK(x.attr("from_dim") == 1);
+  CHECK(x.attr("to_dim") == 0);
+  CHECK_THROWS_WITH(ir::make_workload("evoformer-dap", {.layers = 1, .ranks = 40, .ranks_per_node = 5}),
+                    ContainsSubstring("the dap group must divide the ranks and the 384 residues"));
+}

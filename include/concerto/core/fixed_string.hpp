@@ -26,6 +26,18 @@ struct fixed_string {
 template <std::size_t N>
 fixed_string(const char (&)[N]) -> fixed_string<N - 1>;
 
+/// @brief Two compile-time strings one after the other: names made from a prefix.
+/// @code
+/// template <fixed_string Prefix> constexpr auto w = param<join<Prefix, "wq">()>(spec(replicate, replicate));
+/// @endcode
+template <fixed_string A, fixed_string B>
+[[nodiscard]] constexpr fixed_string<A.size() + B.size()> join() noexcept {
+  char text[A.size() + B.size() + 1]{};
+  for (std::size_t i = 0; i < A.size(); ++i) text[i] = A.data[i];
+  for (std::size_t i = 0; i < B.size(); ++i) text[A.size() + i] = B.data[i];
+  return fixed_string<A.size() + B.size()>(text);
+}
+
 /// @brief Up to Cap-1 characters held by value; structural, so it can be a template argument too.
 template <std::size_t Cap>
 struct short_name {

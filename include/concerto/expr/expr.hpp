@@ -62,6 +62,8 @@ template <moe_config C>
 struct moe_extra {
   static constexpr moe_config value = C;
 };
+/// The `Extra` of an attention without the causal mask.
+struct bidirectional_extra {};
 template <class T>
 inline constexpr bool is_moe_extra = false;
 template <moe_config C>

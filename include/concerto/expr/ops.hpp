@@ -99,6 +99,27 @@ template <expression Q, expression K, expression V>
 [[nodiscard]] constexpr detail::op_t<op_code::attention, Q, K, V> causal_attention(Q, K, V) noexcept {
   return {};
 }
+/// @brief Self-attention without a mask (every position sees every other: an encoder's, or
+/// AlphaFold's row and column attention over residues), otherwise as `causal_attention`: q
+/// `[batch, seq, heads·head_dim]`, k and v `[batch, seq, kv_heads·head_dim]`, the sequence whole.
+template <expression Q, expression K, expression V>
+[[nodiscard]] constexpr node_expr<op_code::attention, detail::bidirectional_extra, std::remove_cvref_t<Q>,
+                                  std::remove_cvref_t<K>, std::remove_cvref_t<V>>
+attention(Q, K, V) noexcept {
+  return {};
+}
+/// @brief The logistic function `1 / (1 + e^-x)`, elementwise (a gate).
+template <expression X>
+[[nodiscard]] constexpr detail::op_t<op_code::sigmoid, X> sigmoid(X) noexcept {
+  return {};
+}
+/// @brief x `[a, b, ...]` as `[b, a, ...]`: the two leading dimensions swapped (column attention
+/// as row attention of the transposed pair representation). Each mesh axis follows its
+/// dimension: a split of a becomes a split of dimension 1.
+template <expression X>
+[[nodiscard]] constexpr detail::op_t<op_code::transpose, X> transpose(X) noexcept {
+  return {};
+}
 /// @brief Rows of `table[vocab, hidden]` picked by integer `ids[...]`; a vocabulary split over an
 /// axis gives a partial result (Megatron-LM's vocab-parallel embedding).
 template <expression I, expression T>

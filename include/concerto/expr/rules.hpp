@@ -175,6 +175,16 @@ struct labels {
   return mask;
 }
 
+/// @brief The spec of `s`'s tensor with its two leading dimensions swapped (transpose).
+[[nodiscard]] constexpr pspec swap_leading(pspec s) noexcept {
+  for (int i = 0; i < max_dim_axes; ++i) {
+    const auto a = s.dims[0][i];
+    s.dims[0][i] = s.dims[1][i];
+    s.dims[1][i] = a;
+  }
+  return s;
+}
+
 /// @brief `s` with dimensions `first` and later whole (the axes splitting them replicated).
 [[nodiscard]] constexpr pspec keep_dims(pspec s, int first, int axes) noexcept {
   for (int a = 0; a < axes; ++a)

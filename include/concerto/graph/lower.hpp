@@ -162,6 +162,11 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
       fail(what() + ": labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
     return in(1);
   case op_code::vocab_ce_loss: return {};
+  case op_code::transpose: {
+    auto out = in(0);
+    std::swap(out[0], out[1]);
+    return out;
+  }
   case op_code::moe_route:
     if (x.moe.top_k > in(0)[2])
       fail(what() + ": top_k " + std::to_string(x.moe.top_k) + " is more than the " + std::to_string(in(0)[2]) +
@@ -422,6 +427,8 @@ private:
     case op_code::gelu:
     case op_code::relu:
     case op_code::silu:
+    case op_code::sigmoid:
+    case op_code::sigmoid_grad:
     case op_code::mul:
     case op_code::swiglu:
     case op_code::gelu_grad:
@@ -444,6 +451,10 @@ private:
     case op_code::attention:
     case op_code::attention_grad: return attention(i, x);
     case op_code::select: return select(i, x);
+    case op_code::transpose: {
+      const auto& s = local_of(x.in[0]);
+      return compute(i, x.op, ins(x), {{"rows", s[0]}, {"cols", s[1]}, {"inner", elements(s) / (s[0] * s[1])}});
+    }
     case op_code::embedding:
     case op_code::embedding_grad: return embedding(i, x);
     case op_code::mse:
@@ -505,7 +516,7 @@ private:
     if (x.op == op_code::attention_grad) packed_buffer(i, elements(q) + 2 * elements(k)); // dq, dk, dv
     compute(i, x.op, ins(x),
             {{"batch", q[0]}, {"seq", q[1]}, {"heads", heads}, {"kv_heads", kv_heads}, {"group", heads / kv_heads},
-             {"head_dim", head_dim_}, {"causal", 1}});
+             {"head_dim", head_dim_}, {"causal", x.has(flag_bidirectional) ? 0 : 1}});
   }
 
   // Part `dim` of a packed gradient: the parts are the gradients of the producer's operands in

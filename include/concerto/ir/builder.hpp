@@ -61,7 +61,9 @@ struct compute_info {
   case flops_rule::attention:
   case flops_rule::attention_grad: {
     const double seq = attr("seq", 0);
-    const double forward = 2.0 * attr("batch", 1) * seq * seq * attr("heads", 0) * attr("head_dim", 0);
+    // Causal: half of the 4·seq² of the two products; without the mask, all of it.
+    const double square = attr("causal", 1) != 0 ? 2.0 : 4.0;
+    const double forward = square * attr("batch", 1) * seq * seq * attr("heads", 0) * attr("head_dim", 0);
     return i.flops == flops_rule::attention ? forward : 2.5 * forward;
   }
   case flops_rule::given: break;
@@ -197,13 +199,14 @@ public:
   /// A collective over the group of `axis`; `bytes` defaults per the graph.hpp convention, `fn`
   /// to sum for a collective that reduces (none for one that only moves values).
   task_id collective(op_kind kind, std::string name, int axis, buffer_id in, buffer_id out, double bytes = -1,
-                     std::optional<op> reduction = std::nullopt) {
+                     std::optional<op> reduction = std::nullopt, attr_map attrs = {}) {
     CONCERTO_CHECK(is_collective(kind), "task '" + name + "' is not a collective");
     CONCERTO_CHECK(axis >= 0 && static_cast<std::size_t>(axis) < graph_.axes.size(),
                    "collective '" + name + "' names mesh axis " + std::to_string(axis) + ", which does not exist");
     task t;
     t.name = std::move(name);
     t.kind = kind;
+    t.attrs = std::move(attrs);
     t.axis = axis;
     t.stream = *graph_.lane_of_axis(axis);
     const auto in_bytes = static_cast<double>(graph_.buffers.at(static_cast<std::size_t>(in)).bytes);

@@ -86,10 +86,11 @@ enum class op : std::uint8_t {
   // forward
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
+  sigmoid, transpose,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
-  cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad,
+  cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad, sigmoid_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates
@@ -130,6 +131,7 @@ enum class sharding : std::uint8_t {
   routing,       ///< moe_route: logits [groups, tokens, experts], a group's tokens and the experts whole
   dispatch,      ///< moe_dispatch: x [groups, tokens, h] and its gates -> [experts, groups·capacity, h], groups split as x's
   combine,       ///< moe_combine: y [experts, groups·capacity, h] with groups split as the gates' -> [groups, tokens, h]
+  swap_leading,  ///< transpose: [a, b, ...] -> [b, a, ...], each axis following its dimension; linear
 };
 
 /// @brief How the DSL's autodiff builds the gradients of an op's operands.
@@ -165,7 +167,7 @@ enum class flops_rule : std::uint8_t {
   per_output,     ///< per element of the first write
   per_input,      ///< per element of the first read
   gemm,           ///< 2·m·n·k·batch
-  attention,      ///< causal: 2·batch·seq²·heads·head_dim (half of the 4 of a full square)
+  attention,      ///< causal: 2·batch·seq²·heads·head_dim (half of the 4 of a full square); attr causal = 0: 4·…
   attention_grad, ///< 2.5 times the forward
   given,          ///< the producer gives the count (cost-only placeholders whose cost depends on routing)
 };
@@ -327,6 +329,11 @@ inline constexpr op_info table[op_count] = {
                            f::per_output, 4),
                    {"experts", "group", "capacity"}),
         2, r::combine, b::packed, {term(op::moe_combine_grad, {a::in0, a::in1, a::dout})}),
+    dsl(compute(op::sigmoid, "sigmoid", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise,
+        b::terms, {term(op::sigmoid_grad, {a::out, a::dout})}),
+    dsl(with_attrs(compute(op::transpose, "transpose", k::copy, list({"x"}), list({"out"}), f::none, 0),
+                   {"rows", "cols", "inner"}),
+        1, r::swap_leading, b::terms, {term(op::transpose, {a::dout})}),
     // ---- backward ----
     compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
@@ -367,6 +374,7 @@ inline constexpr op_info table[op_count] = {
     with_attrs(compute(op::moe_combine_grad, "moe_combine_grad", k::elementwise, list({"y", "gates", "dout"}),
                        list({"dy_dgates"}), f::per_input, 4),
                {"experts", "group", "capacity"}),
+    compute(op::sigmoid_grad, "sigmoid_grad", k::elementwise, list({"y", "dout"}), list({"dx"}), f::per_output, 3),
     // ---- redistribution ----
     collective(op::all_reduce, "all_reduce", k::all_reduce, true),
     collective(op::all_gather, "all_gather", k::all_gather, true),

@@ -44,6 +44,7 @@ struct model_spec {
   i64 hidden = 0, layers = 0, seq = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
   bool llama = false;
   i64 experts = 0, top_k = 0;
+  bool axial = false; ///< an Evoformer pair stack (pair_stack): hidden = c_z, seq = residues, ffn = the transition's width
 };
 
 // ZeRO-2 keeps whole parameters and shards gradients and optimizer state: each gradient is
@@ -676,6 +677,244 @@ private:
   std::vector<saved_block> saved_;
 };
 
+// AlphaFold 2's Evoformer pair stack (its triangle-free core, as examples/evoformer writes it)
+// under dynamic axial parallelism (FastFold): the pair representation [N, N, c] of each rank's
+// protein split over the `dap` group (ranks_per_node) on one residue dimension, dp over nodes.
+// Per block: row-wise gated self-attention on the row split; the transposed pair representation
+// exchanged by an all-to-all to the column split, column-wise gated self-attention, transposed
+// and exchanged back; the transition MLP. Every weight is replicated: its gradient is all-reduced
+// over dap, then over dp. Each rank holds T = N/dap · N positions of c channels.
+class pair_stack {
+public:
+  pair_stack(builder& b, const model_spec& m, const workload_options& o) : b_(b), m_(m), type_(o.type) {
+    dap_ = o.ranks_per_node;
+    const int dp = o.ranks / dap_;
+    if (dap_ > 1) dap_axis_ = b.axis("dap", dap_, link_class::intra_node);
+    if (dp > 1) dp_axis_ = b.axis("dp", dp, o.ranks > o.ranks_per_node ? link_class::inter_node : link_class::intra_node);
+    rows_ = o.micro_batch * m.seq / dap_;
+    tok_ = rows_ * m.seq;
+  }
+
+  void build(int blocks) {
+    auto z = b_.buffer("z", {rows_, m_.seq, m_.hidden}, buffer_role::input, type_);
+    for (int l = 0; l < blocks; ++l) z = block_forward(l, z);
+    // The regression loss of the example: the mean squared error to a target of z's shape.
+    const auto target = b_.buffer("target", {rows_, m_.seq, m_.hidden}, buffer_role::input, type_);
+    const auto loss = b_.buffer("loss", {1}, buffer_role::activation, dtype::f32);
+    b_.at(phase::forward);
+    task("loss", {z, target}, {loss}, info(op::mse));
+    b_.at(phase::backward);
+    auto dz = pos("loss.grad");
+    task("loss.grad", {z, target}, {dz}, info(op::mse_grad));
+    for (int l = blocks - 1; l >= 0; --l) dz = block_backward(l, dz);
+    for (auto& p : params_) {
+      b_.at(phase::optimizer, p.layer);
+      task(p.name + ".adamw", {p.grad, p.store, p.state}, {p.store, p.state}, info(op::adamw, {{"numel", p.numel}}));
+    }
+  }
+
+private:
+  struct weight {
+    std::string name;
+    int layer = -1;
+    i64 numel = 0;
+    buffer_id store = -1, grad = -1, state = -1;
+  };
+  struct attention_saved {
+    buffer_id x, ln, q, k, v, gate, att, gated;
+    weight *norm_g, *norm_b, *wq, *wk, *wv, *wg, *wo;
+  };
+  struct block_saved {
+    attention_saved row, col;
+    buffer_id t, h, a;
+    weight *tr_g, *tr_b, *w1, *w2;
+  };
+
+  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) {
+    compute_info c;
+    c.fn = fn;
+    c.attrs = std::move(attrs);
+    return c;
+  }
+  void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
+    b_.compute(ir::info(c.fn).kind, std::move(name), std::move(reads), std::move(writes), std::move(c));
+  }
+  buffer_id act(std::string name, std::vector<i64> shape) {
+    return b_.buffer(std::move(name), std::move(shape), buffer_role::activation, type_);
+  }
+  // A value per position of this rank's rows: [N/dap, N, c].
+  buffer_id pos(const std::string& name) { return act(name, {rows_, m_.seq, m_.hidden}); }
+  weight& make_weight(const std::string& name, std::vector<i64> shape, int layer) {
+    weight w;
+    w.name = name;
+    w.layer = layer;
+    w.numel = 1;
+    for (auto e : shape) w.numel *= e;
+    w.store = b_.buffer(name, shape, buffer_role::param, type_);
+    w.grad = b_.buffer(name + ".grad", shape, buffer_role::gradient, type_);
+    w.state = b_.buffer(name + ".adamw", {3, w.numel}, buffer_role::optimizer_state, dtype::f32);
+    params_.push_back(std::move(w));
+    return params_.back();
+  }
+  // Replicated weights: summed over the dap group (inside the node), then across nodes.
+  void gradient_ready(weight& w) {
+    if (dap_axis_ >= 0) b_.collective(op_kind::all_reduce, w.name + ".grad.ar.dap", dap_axis_, w.grad, w.grad);
+    if (dp_axis_ >= 0) b_.collective(op_kind::all_reduce, w.name + ".grad.ar", dp_axis_, w.grad, w.grad);
+  }
+  buffer_id add(const std::string& name, buffer_id a, buffer_id b) {
+    const auto out = pos(name);
+    task(name, {a, b}, {out}, info(op::add));
+    return out;
+  }
+  buffer_id linear(const std::string& name, buffer_id x, weight& w, i64 n, i64 k) {
+    const auto y = act(name + ".out", {tok_, n});
+    b_.matmul(name, x, w.store, y, tok_, n, k);
+    return y;
+  }
+  // dx of y = x·W, and dW (then its all-reduces).
+  buffer_id linear_backward(const std::string& name, buffer_id x, buffer_id dy, weight& w, i64 n, i64 k) {
+    const auto dx = act(name + ".in.grad", {tok_, k});
+    b_.matmul(name + ".dgrad", dy, w.store, dx, tok_, k, n, 1, false, true);
+    b_.matmul(name + ".wgrad", x, dy, w.grad, k, n, tok_, 1, true, false);
+    gradient_ready(w);
+    return dx;
+  }
+  // The residue dimension split moves between rows and columns: a transpose of the local block,
+  // then an all-to-all over dap (none on one rank).
+  buffer_id switch_split(const std::string& name, buffer_id x) {
+    const auto t = act(name + ".t", {m_.seq, rows_, m_.hidden});
+    task(name + ".transpose", {x}, {t}, info(op::transpose, {{"rows", rows_}, {"cols", m_.seq}, {"inner", m_.hidden}}));
+    if (dap_axis_ < 0) return t;
+    // [N, N/dap, c] -> [N/dap, N, c]: block k of dimension 0 to rank k, rank k's block along dimension 1.
+    const auto out = pos(name + ".a2a.out");
+    b_.collective(op_kind::all_to_all, name + ".a2a", dap_axis_, t, out, -1, std::nullopt, {{"from_dim", 1}, {"to_dim", 0}});
+    return out;
+  }
+  [[nodiscard]] std::map<std::string, std::int64_t> attention_attrs() const {
+    return {{"batch", rows_},     {"seq", m_.seq}, {"heads", m_.heads}, {"kv_heads", m_.heads},
+            {"head_dim", m_.hidden / m_.heads}, {"causal", 0}};
+  }
+
+  attention_saved gated_attention(const std::string& L, buffer_id x, int l, buffer_id& out) {
+    const i64 c = m_.hidden;
+    attention_saved s{};
+    s.x = x;
+    s.norm_g = &make_weight(L + "ln.g", {c}, l);
+    s.norm_b = &make_weight(L + "ln.b", {c}, l);
+    s.wq = &make_weight(L + "wq", {c, c}, l);
+    s.wk = &make_weight(L + "wk", {c, c}, l);
+    s.wv = &make_weight(L + "wv", {c, c}, l);
+    s.wg = &make_weight(L + "wg", {c, c}, l);
+    s.wo = &make_weight(L + "wo", {c, c}, l);
+    s.ln = pos(L + "ln.out");
+    task(L + "ln", {x, s.norm_g->store, s.norm_b->store}, {s.ln}, info(op::layernorm));
+    s.q = linear(L + "q", s.ln, *s.wq, c, c);
+    s.k = linear(L + "k", s.ln, *s.wk, c, c);
+    s.v = linear(L + "v", s.ln, *s.wv, c, c);
+    const auto g = linear(L + "g", s.ln, *s.wg, c, c);
+    s.gate = pos(L + "gate");
+    task(L + "sigmoid", {g}, {s.gate}, info(op::sigmoid));
+    s.att = pos(L + "attention.out");
+    task(L + "attention", {s.q, s.k, s.v}, {s.att}, info(op::attention, attention_attrs()));
+    s.gated = pos(L + "gated");
+    task(L + "mul", {s.gate, s.att}, {s.gated}, info(op::mul));
+    out = linear(L + "o", s.gated, *s.wo, c, c);
+    return s;
+  }
+
+  buffer_id gated_attention_backward(const std::string& L, const attention_saved& s, buffer_id dout) {
+    const i64 c = m_.hidden, bytes = tok_ * c * static_cast<i64>(size_of(type_));
+    const auto dgated = linear_backward(L + "o", s.gated, dout, *s.wo, c, c);
+    const auto dgate = pos(L + "gate.grad"), datt = pos(L + "attention.out.grad");
+    task(L + "mul.grad.gate", {dgated, s.att}, {dgate}, info(op::mul));
+    task(L + "mul.grad.att", {dgated, s.gate}, {datt}, info(op::mul));
+    const auto dg = pos(L + "g.out.grad");
+    task(L + "sigmoid.grad", {s.gate, dgate}, {dg}, info(op::sigmoid_grad));
+    const auto packed = act(L + "attention.grad.out", {3 * tok_ * c});
+    task(L + "attention.grad", {s.q, s.k, s.v, datt}, {packed}, info(op::attention_grad, attention_attrs()));
+    const auto dq = b_.view(L + "q.out.grad", packed, 0, bytes, {tok_, c});
+    const auto dk = b_.view(L + "k.out.grad", packed, bytes, bytes, {tok_, c});
+    const auto dv = b_.view(L + "v.out.grad", packed, 2 * bytes, bytes, {tok_, c});
+    auto dln = linear_backward(L + "g", s.ln, dg, *s.wg, c, c);
+    dln = add(L + "ln.grad.v", dln, linear_backward(L + "v", s.ln, dv, *s.wv, c, c));
+    dln = add(L + "ln.grad.k", dln, linear_backward(L + "k", s.ln, dk, *s.wk, c, c));
+    dln = add(L + "ln.grad.q", dln, linear_backward(L + "q", s.ln, dq, *s.wq, c, c));
+    const auto dx = pos(L + "in.grad");
+    task(L + "ln.grad", {s.x, s.norm_g->store, dln}, {dx}, info(op::layernorm_grad));
+    task(L + "ln.grad.gamma", {s.x, dln}, {s.norm_g->grad}, info(op::layernorm_grad_gamma));
+    gradient_ready(*s.norm_g);
+    task(L + "ln.grad.beta", {dln}, {s.norm_b->grad}, info(op::bias_grad));
+    gradient_ready(*s.norm_b);
+    return dx;
+  }
+
+  // Built by appending: g++ 12 warns falsely (-Wrestrict) on "L" + std::to_string(l).
+  [[nodiscard]] static std::string block_prefix(int l) {
+    std::string s(1, 'L');
+    s += std::to_string(l);
+    s += '.';
+    return s;
+  }
+
+  buffer_id block_forward(int l, buffer_id z) {
+    const auto L = block_prefix(l);
+    const i64 c = m_.hidden, f = m_.ffn;
+    b_.at(phase::forward, l);
+    block_saved s{};
+    buffer_id row = -1, col = -1;
+    s.row = gated_attention(L + "row.", z, l, row);
+    const auto z1 = add(L + "row.resid", z, row);
+    s.col = gated_attention(L + "col.", switch_split(L + "col.in", z1), l, col);
+    const auto z2 = add(L + "col.resid", z1, switch_split(L + "col.back", col));
+    s.tr_g = &make_weight(L + "tr.ln.g", {c}, l);
+    s.tr_b = &make_weight(L + "tr.ln.b", {c}, l);
+    s.w1 = &make_weight(L + "tr.w1", {c, f}, l);
+    s.w2 = &make_weight(L + "tr.w2", {f, c}, l);
+    s.t = pos(L + "tr.ln.out");
+    task(L + "tr.ln", {z2, s.tr_g->store, s.tr_b->store}, {s.t}, info(op::layernorm));
+    s.h = linear(L + "tr.w1", s.t, *s.w1, f, c);
+    s.a = act(L + "tr.relu.out", {tok_, f});
+    task(L + "tr.relu", {s.h}, {s.a}, info(op::relu));
+    const auto z3 = add(L + "tr.resid", z2, linear(L + "tr.w2", s.a, *s.w2, c, f));
+    saved_.push_back(s);
+    saved_z2_.push_back(z2);
+    return z3;
+  }
+
+  buffer_id block_backward(int l, buffer_id dz3) {
+    const auto L = block_prefix(l);
+    const i64 c = m_.hidden, f = m_.ffn;
+    b_.at(phase::backward, l);
+    auto& s = saved_[static_cast<std::size_t>(l)];
+    const auto z2 = saved_z2_[static_cast<std::size_t>(l)];
+    const auto da = linear_backward(L + "tr.w2", s.a, dz3, *s.w2, c, f);
+    const auto dh = act(L + "tr.relu.grad", {tok_, f});
+    task(L + "tr.relu.grad", {s.h, da}, {dh}, info(op::relu_grad));
+    const auto dt = linear_backward(L + "tr.w1", s.t, dh, *s.w1, f, c);
+    const auto dz2_tr = pos(L + "tr.ln.in.grad");
+    task(L + "tr.ln.grad", {z2, s.tr_g->store, dt}, {dz2_tr}, info(op::layernorm_grad));
+    task(L + "tr.ln.grad.gamma", {z2, dt}, {s.tr_g->grad}, info(op::layernorm_grad_gamma));
+    gradient_ready(*s.tr_g);
+    task(L + "tr.ln.grad.beta", {dt}, {s.tr_b->grad}, info(op::bias_grad));
+    gradient_ready(*s.tr_b);
+    const auto dz2 = add(L + "tr.resid.grad", dz3, dz2_tr);
+    // Column attention backward: the exchanges in reverse.
+    const auto dcol = switch_split(L + "col.back.grad", dz2);
+    const auto dzt = gated_attention_backward(L + "col.", s.col, dcol);
+    const auto dz1 = add(L + "col.resid.grad", dz2, switch_split(L + "col.in.grad", dzt));
+    return add(L + "row.resid.grad", dz1, gated_attention_backward(L + "row.", s.row, dz1));
+  }
+
+  builder& b_;
+  model_spec m_;
+  dtype type_;
+  int dap_ = 1, dap_axis_ = -1, dp_axis_ = -1;
+  i64 rows_ = 0, tok_ = 0;
+  std::deque<weight> params_; // a deque keeps the references handed out valid
+  std::vector<block_saved> saved_;
+  std::vector<buffer_id> saved_z2_; // the transition's input
+};
+
 struct workload_entry {
   std::string_view name;
   model_spec model;
@@ -702,6 +941,7 @@ inline constexpr workload_entry workload_table[] = {
     {"moe-ep", {4096, 32, 4096, 32, 8, 14336, 32000, true, 8, 2}, false, grad_sync::all_reduce},
     {"llama3-405b-tp-sp", {16384, 126, 8192, 128, 8, 53248, 128000, true, 0, 0}, true, grad_sync::all_reduce},
     {"vit-zero2", {1280, 32, 257, 16, 16, 5120, 1000, false, 0, 0}, false, grad_sync::zero2},
+    {"evoformer-dap", {128, 48, 384, 4, 4, 4 * 128, 0, false, 0, 0, true}, false, grad_sync::all_reduce},
 };
 
 inline void check_divides(i64 part, i64 whole, std::string_view what, std::string_view workload) {
@@ -777,6 +1017,16 @@ inline void check_divides(i64 part, i64 whole, std::string_view what, std::strin
   }
   builder b{std::string(name)};
   b.cost_only(); // planner workloads: their MoE and position placeholders have no kernels
+  if (m.axial) {
+    if (options.micro_batch != 1)
+      fail(where("micro_batch", options.micro_batch) + ": the pair stack trains one protein per rank");
+    if (options.ranks % options.ranks_per_node != 0 || m.seq % options.ranks_per_node != 0)
+      fail(where("ranks_per_node", options.ranks_per_node) + ": the dap group must divide the ranks and the " +
+           std::to_string(m.seq) + " residues");
+    pair_stack p(b, m, options);
+    p.build(options.layers > 0 ? options.layers : static_cast<int>(m.layers));
+    return std::move(b).finish();
+  }
   transformer t(b, m, options, tp, entry->sync);
   t.build(options.layers > 0 ? options.layers : static_cast<int>(m.layers));
   return std::move(b).finish();

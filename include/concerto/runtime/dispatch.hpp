@@ -50,7 +50,7 @@ namespace concerto::runtime {
   case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad:
   case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
   case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
-  case op::moe_combine_grad:
+  case op::moe_combine_grad: case op::sigmoid: case op::sigmoid_grad: case op::transpose:
     return true;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
@@ -437,6 +437,9 @@ inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_setti
   case op::vocab_ce_loss:
   case op::vocab_ce_grad: detail::run_vocab_ce(f); return;
   case op::silu: cpu::silu(f.in(0), f.out(0)); return;
+  case op::sigmoid: cpu::sigmoid(f.in(0), f.out(0)); return;
+  case op::sigmoid_grad: cpu::sigmoid_grad(f.in(0), f.in(1), f.out(0)); return;
+  case op::transpose: cpu::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k); return;
   case op::silu_grad: cpu::silu_grad(f.in(0), f.in(1), f.out(0)); return;
   case op::mul: cpu::mul(f.in(0), f.in(1), f.out(0)); return;
   case op::swiglu: cpu::swiglu(f.in(0), f.in(1), f.out(0)); return;

@@ -276,8 +276,8 @@ inline void decode_rope(const call_reader& r, kernel_call& c) {
 
 inline void decode_attention(const call_reader& r, kernel_call& c) {
   const auto& t = r.task();
-  if (t.attr("causal", 1) == 0) r.bad("the attention kernels are causal only (attr causal = 0)");
   auto& a = c.att;
+  a.causal = t.attr("causal", 1) != 0;
   a.batch = r.positive_attr("batch", 1);
   a.seq = r.positive_attr("seq");
   a.heads = r.positive_attr("heads");
@@ -449,6 +449,19 @@ inline void decode_moe(const call_reader& r, kernel_call& c) {
   }
 }
 
+// transpose: x [rows, cols, inner] (attrs) to out [cols, rows, inner].
+inline void decode_transpose(const call_reader& r, kernel_call& c) {
+  r.need_float(c, 0, false);
+  r.need_float(c, 0, true);
+  c.rows = r.positive_attr("rows");
+  c.cols = r.positive_attr("cols");
+  c.k = r.positive_attr("inner");
+  c.n = c.rows * c.cols * c.k;
+  r.need_count(c, 0, false, c.n, "rows·cols·inner");
+  r.need_count(c, 0, true, c.n, "rows·cols·inner");
+  if (c.in[0] == c.out[0]) r.bad("transposes into its own input");
+}
+
 inline void decode_update(const call_reader& r, kernel_call& c) {
   for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
@@ -584,6 +597,8 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::shard_slice: detail::decode_shard_slice(r, c); break;
   case op::silu:
   case op::silu_grad:
+  case op::sigmoid:
+  case op::sigmoid_grad:
   case op::mul:
   case op::swiglu: detail::decode_same_size(r, c); break;
   case op::swiglu_grad: detail::decode_packed_pair(r, c); break;
@@ -598,6 +613,7 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::moe_dispatch_grad:
   case op::moe_combine:
   case op::moe_combine_grad: detail::decode_moe(r, c); break;
+  case op::transpose: detail::decode_transpose(r, c); break;
   // not compute ops, or priced only
   case op::none:
   case op::input:

@@ -25,7 +25,7 @@ enum class role : std::uint8_t { input, data, param, activation, gradient, state
 inline constexpr std::uint8_t flag_trans_a = 1;
 inline constexpr std::uint8_t flag_trans_b = 2;
 inline constexpr std::uint8_t flag_pinned = 4;       ///< a pending sum the user asked for
-inline constexpr std::uint8_t flag_repeat = 8;       ///< reserved (inside a repeated block: see node::block)
+inline constexpr std::uint8_t flag_bidirectional = 8; ///< attention without the causal mask
 inline constexpr std::uint8_t flag_writes_param = 16; ///< its result is the parameter's new value
 inline constexpr std::uint8_t flag_needs_grad = 32;
 inline constexpr std::uint8_t flag_max = 64;         ///< an all_reduce that takes the maximum, not the sum
@@ -273,19 +273,18 @@ struct work {
     return raw_add(x);
   }
 
-  constexpr int raw_op(op_code op, const int* ins, int count, const spec_value* target,
-                       const moe_config* moe = nullptr) noexcept {
+  /// `proto` carries what the expression's type adds to its op: a routing's settings, a flag.
+  constexpr int raw_op(op_code op, const int* ins, int count, const spec_value* target, const node& proto = {}) noexcept {
     if (err != errc::none) return 0;
-    node x;
+    node x = proto;
     x.op = op;
-    if (moe) x.moe = *moe;
     x.n_in = static_cast<std::int8_t>(count);
     for (int i = 0; i < count; ++i) x.in[i] = static_cast<std::int16_t>(ins[i]);
     if (target && !intern(*target, x.use, raw_n)) return 0;
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use && o.block == cur_block && o.moe == x.moe)
+          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.flags == x.flags)
         return i;
     }
     return raw_add(x);
@@ -398,8 +397,14 @@ struct work {
       case op_code::gelu:
       case op_code::relu:
       case op_code::silu:
+      case op_code::sigmoid:
         rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
         if (rr.err != errc::none) failed(rr.err, r);
+        break;
+      case op_code::transpose: // linear: pending sums go through
+        if (sp(in[0]).rank < 2) { rank_error(); break; }
+        rr.need[0] = sp(in[0]);
+        rr.out = rules::swap_leading(sp(in[0]));
         break;
       case op_code::mul:
       case op_code::swiglu: {
@@ -558,7 +563,7 @@ struct work {
       node o;
       o.op = x.op;
       o.kind = x.op == op_code::mse || x.op == op_code::cross_entropy ? role::loss : role::activation;
-      o.flags = ng;
+      o.flags = static_cast<std::uint8_t>(ng | (x.flags & flag_bidirectional));
       o.moe = x.moe;
       for (int i = 0; i < x.n_in; ++i) o.in[o.n_in++] = static_cast<std::int16_t>(conv[i]);
       o.spec = rr.out;
@@ -716,6 +721,12 @@ struct work {
       case op_code::silu:
         if (needs_grad(a)) accumulate(a, bwd(ir::info(y.op).terms[0].fn, {a, g}, sp(a), a));
         break;
+      case op_code::sigmoid: // from the output
+        if (needs_grad(a)) accumulate(a, bwd(op_code::sigmoid_grad, {i, g}, sp(a), a));
+        break;
+      case op_code::transpose:
+        if (needs_grad(a)) accumulate(a, bwd(op_code::transpose, {g}, rules::swap_leading(sp(g)), a));
+        break;
       case op_code::mul:
         if (needs_grad(a)) accumulate(a, bwd(op_code::mul, {g, b}, sp(a), a));
         if (needs_grad(b)) accumulate(b, bwd(op_code::mul, {g, a}, sp(b), b));
@@ -763,7 +774,7 @@ struct work {
         break;
       }
       case op_code::attention: {
-        const int packed = bwd(op_code::attention_grad, {a, b, c, g}, sp(a), i);
+        const int packed = bwd(op_code::attention_grad, {a, b, c, g}, sp(a), i, y.flags & flag_bidirectional);
         const int which[3] = {a, b, c};
         for (int k = 0; k < 3; ++k)
           if (needs_grad(which[k])) {
@@ -877,8 +888,13 @@ struct tracer<node_expr<Op, Extra, Args...>> {
     if constexpr (std::is_same_v<Extra, concerto::detail::no_extra>) {
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr);
     } else if constexpr (concerto::detail::is_moe_extra<Extra>) {
-      constexpr moe_config settings = Extra::value;
-      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, &settings);
+      node proto;
+      proto.moe = Extra::value;
+      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
+    } else if constexpr (std::is_same_v<Extra, concerto::detail::bidirectional_extra>) {
+      node proto;
+      proto.flags = flag_bidirectional;
+      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
     } else {
       constexpr spec_value target = Extra::value;
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), &target);

@@ -36,6 +36,7 @@ struct attention_shape {
   std::size_t group = 1;         ///< q heads per kv head
   std::size_t first_head = 0;    ///< global index of this call's first q head
   std::size_t kv_first_head = 0; ///< global index of this call's first kv head
+  bool causal = true;            ///< position i sees 0..i (a decoder); false: every position (an encoder, axial attention)
 
   [[nodiscard]] constexpr std::size_t kv() const noexcept { return kv_heads == 0 ? heads : kv_heads; }
   /// Floats in q and out (and their gradients).
@@ -46,6 +47,8 @@ struct attention_shape {
   [[nodiscard]] constexpr std::size_t lse_floats() const noexcept { return batch * heads * seq; }
   /// The kv head local q head h reads.
   [[nodiscard]] constexpr std::size_t kv_of(std::size_t h) const noexcept { return (first_head + h) / group - kv_first_head; }
+  /// The last key position query i sees.
+  [[nodiscard]] constexpr std::size_t last_key(std::size_t i) const noexcept { return causal ? i : seq - 1; }
 };
 
 /// @brief Workspace `causal_attention` needs: one `seq×seq` score block.
@@ -79,7 +82,8 @@ inline void check_attention_args(const char* kernel, const attention_shape& s, s
 
 } // namespace detail
 
-/// @brief `out = softmax(q·kᵀ/√head_dim + causal mask)·v` per batch and head; saves `lse`.
+/// @brief `out = softmax(q·kᵀ/√head_dim + causal mask)·v` per batch and head (without the mask
+/// when `shape.causal` is false); saves `lse`.
 ///
 /// Position i attends to positions 0..i. `workspace` holds at least
 /// `causal_attention_workspace_floats(shape)` floats; nothing is allocated.
@@ -111,14 +115,15 @@ inline void causal_attention(std::span<const float> q, std::span<const float> k,
       for (std::size_t i = 0; i < T; ++i) {
         float* pi = p + i * T;
         float m = -INFINITY;
-        for (std::size_t j = 0; j <= i; ++j) m = pi[j] > m ? pi[j] : m;
+        const std::size_t last = shape.last_key(i);
+        for (std::size_t j = 0; j <= last; ++j) m = pi[j] > m ? pi[j] : m;
         // exp in its own loop, which vectorises; the float sum cannot (reassociation).
-        for (std::size_t j = 0; j <= i; ++j) pi[j] = detail::exp_approx(pi[j] - m);
+        for (std::size_t j = 0; j <= last; ++j) pi[j] = detail::exp_approx(pi[j] - m);
         float sum = 0.0f;
-        for (std::size_t j = 0; j <= i; ++j) sum += pi[j];
+        for (std::size_t j = 0; j <= last; ++j) sum += pi[j];
         const float inv = 1.0f / sum;
-        for (std::size_t j = 0; j <= i; ++j) pi[j] *= inv;
-        for (std::size_t j = i + 1; j < T; ++j) pi[j] = 0.0f;
+        for (std::size_t j = 0; j <= last; ++j) pi[j] *= inv;
+        for (std::size_t j = last + 1; j < T; ++j) pi[j] = 0.0f;
         row_lse[i] = m + std::log(sum);
       }
       detail::gemm(false, false, T, D, T, 1.0f, p, T, v.data() + kv_off, ldkv, 0.0f, out.data() + off, ld);
@@ -167,8 +172,9 @@ inline void causal_attention_grad(std::span<const float> q, std::span<const floa
       for (std::size_t i = 0; i < T; ++i) {
         float* pi = p + i * T;
         const float l = row_lse[i];
-        for (std::size_t j = 0; j <= i; ++j) pi[j] = detail::exp_approx(pi[j] - l);
-        for (std::size_t j = i + 1; j < T; ++j) pi[j] = 0.0f;
+        const std::size_t last = shape.last_key(i);
+        for (std::size_t j = 0; j <= last; ++j) pi[j] = detail::exp_approx(pi[j] - l);
+        for (std::size_t j = last + 1; j < T; ++j) pi[j] = 0.0f;
       }
       detail::gemm(true, false, T, D, T, 1.0f, p, T, dout.data() + off, ld, 1.0f, dv.data() + kv_off, ldkv);
       detail::gemm(false, true, T, T, D, 1.0f, dout.data() + off, ld, v.data() + kv_off, ldkv, 0.0f, dp, T);
@@ -177,7 +183,7 @@ inline void causal_attention_grad(std::span<const float> q, std::span<const floa
         const float* pi = p + i * T;
         float* dpi = dp + i * T;
         float dot = 0.0f;
-        for (std::size_t j = 0; j <= i; ++j) dot += pi[j] * dpi[j];
+        for (std::size_t j = 0; j <= shape.last_key(i); ++j) dot += pi[j] * dpi[j];
         for (std::size_t j = 0; j < T; ++j) dpi[j] = pi[j] * (dpi[j] - dot);
       }
       detail::gemm(false, false, T, D, T, scale, dp, T, k.data() + kv_off, ldkv, 0.0f, dq.data() + off, ld);

@@ -10,6 +10,7 @@
 #include <concerto/runtime/cpu/detail/check.hpp>
 #include <concerto/runtime/cpu/detail/fast_math.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -168,6 +169,38 @@ inline void silu_grad(std::span<const float> x, std::span<const float> dout, std
     const float s = detail::sigmoid(px[i]);
     pd[i] = pg[i] * s * (1.0f + px[i] * (1.0f - s));
   }
+}
+
+/// @brief The logistic function `1 / (1 + e^-x)`, elementwise (AlphaFold's attention gates). out may alias x.
+inline void sigmoid(std::span<const float> x, std::span<float> out) {
+  detail::require_size(out, x.size(), "sigmoid", "out");
+  const float* px = x.data();
+  float* po = out.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) po[i] = detail::sigmoid(px[i]);
+}
+
+/// @brief `dx = dout·y·(1 - y)` from the forward's output y. dx may alias dout.
+inline void sigmoid_grad(std::span<const float> y, std::span<const float> dout, std::span<float> dx) {
+  detail::require_size(dout, y.size(), "sigmoid_grad", "dout");
+  detail::require_size(dx, y.size(), "sigmoid_grad", "dx");
+  const float* py = y.data();
+  const float* pg = dout.data();
+  float* pd = dx.data();
+  const std::size_t n = y.size();
+  for (std::size_t i = 0; i < n; ++i) pd[i] = pg[i] * py[i] * (1.0f - py[i]);
+}
+
+/// @brief `out[c, r, :] = x[r, c, :]` for x `[rows, cols, inner]`: the two leading dimensions
+/// swapped (column attention as row attention of the transposed pair representation). Its
+/// gradient is the same function with rows and cols exchanged. out must not alias x.
+inline void transpose_leading(std::span<const float> x, std::span<float> out, std::size_t rows, std::size_t cols,
+                              std::size_t inner) {
+  detail::require_size(x, rows * cols * inner, "transpose", "x");
+  detail::require_size(out, rows * cols * inner, "transpose", "out");
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c)
+      std::copy_n(x.data() + (r * cols + c) * inner, inner, out.data() + (c * rows + r) * inner);
 }
 
 /// @brief `out = a·b`, element by element. out may alias a or b. Its gradients are products too:

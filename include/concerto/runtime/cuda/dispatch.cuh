@@ -61,7 +61,7 @@ struct device_context {
   case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad:
   case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
   case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
-  case op::moe_combine_grad:
+  case op::moe_combine_grad: case op::sigmoid: case op::sigmoid_grad: case op::transpose:
     return true;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
@@ -453,6 +453,9 @@ inline void run_kernel(const kernel_call& c, const device_arena& mem, const kern
   case op::vocab_ce_loss:
   case op::vocab_ce_grad: detail::run_vocab_ce(f); return;
   case op::silu: silu(f.in(0), f.out(0), c.n, st); return;
+  case op::sigmoid: sigmoid(f.in(0), f.out(0), c.n, st); return;
+  case op::sigmoid_grad: sigmoid_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::transpose: transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k, st); return;
   case op::silu_grad: silu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::mul: mul(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::swiglu: swiglu(f.in(0), f.in(1), f.out(0), c.n, st); return;

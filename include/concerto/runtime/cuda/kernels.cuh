@@ -284,6 +284,9 @@ __global__ void softmax_grad_k(const float* y, const float* dy, float* dx, std::
 struct attention_dims {
   std::size_t seq, heads, kv_heads, head_dim, group, first_head, kv_first_head;
   float scale;
+  bool causal;
+  __device__ std::size_t last_key(std::size_t i) const { return causal ? i : seq - 1; }   // as cpu::attention_shape
+  __device__ std::size_t first_query(std::size_t j) const { return causal ? j : 0; }     // the first query key j serves
   __device__ std::size_t ld() const { return heads * head_dim; }
   __device__ std::size_t ld_kv() const { return kv_heads * head_dim; }
   __device__ std::size_t kv_of(std::size_t h) const { return (first_head + h) / group - kv_first_head; }
@@ -305,13 +308,13 @@ __global__ void attention_k(const float* q, const float* k, const float* v, floa
   const std::size_t ld = a.ld(), ldkv = a.ld_kv(), base = a.q_base(b, h), kvb = a.kv_base(b, a.kv_of(h));
   const float* qi = q + base + i * ld;
   float m = -INFINITY;
-  for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
+  for (std::size_t j = threadIdx.x; j <= a.last_key(i); j += blockDim.x) {
     p[j] = a.scale * dot_rows(qi, k + kvb + j * ldkv, D);
     m = fmaxf(m, p[j]);
   }
   m = block_reduce(m, max_op{}, red);
   float s = 0.0f;
-  for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
+  for (std::size_t j = threadIdx.x; j <= a.last_key(i); j += blockDim.x) {
     p[j] = expf(p[j] - m);
     s += p[j];
   }
@@ -319,7 +322,7 @@ __global__ void attention_k(const float* q, const float* k, const float* v, floa
   const float inv = 1.0f / s;
   for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
-    for (std::size_t j = 0; j <= i; ++j) acc += p[j] * v[kvb + j * ldkv + d];
+    for (std::size_t j = 0; j <= a.last_key(i); ++j) acc += p[j] * v[kvb + j * ldkv + d];
     out[base + i * ld + d] = acc * inv;
   }
   if (threadIdx.x == 0) lse[bh * a.seq + i] = m + logf(s);
@@ -338,17 +341,17 @@ __global__ void attention_dq_k(const float* q, const float* k, const float* v, c
   const float* gi = dout + base + i * ld;
   const float l = lse[bh * a.seq + i];
   float dot = 0.0f;
-  for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) {
+  for (std::size_t j = threadIdx.x; j <= a.last_key(i); j += blockDim.x) {
     p[j] = expf(a.scale * dot_rows(qi, k + kvb + j * ldkv, D) - l);
     ds[j] = dot_rows(gi, v + kvb + j * ldkv, D);
     dot += p[j] * ds[j];
   }
   dot = block_reduce(dot, sum_op{}, red);
-  for (std::size_t j = threadIdx.x; j <= i; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot);
+  for (std::size_t j = threadIdx.x; j <= a.last_key(i); j += blockDim.x) ds[j] = p[j] * (ds[j] - dot);
   __syncthreads();
   for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
-    for (std::size_t j = 0; j <= i; ++j) acc += ds[j] * k[kvb + j * ldkv + d];
+    for (std::size_t j = 0; j <= a.last_key(i); ++j) acc += ds[j] * k[kvb + j * ldkv + d];
     dq[base + i * ld + d] = a.scale * acc;
   }
   if (threadIdx.x == 0) delta[bh * a.seq + i] = dot;
@@ -374,7 +377,7 @@ __global__ void attention_dkv_k(const float* q, const float* k, const float* v, 
   for (std::size_t h = h_lo; h < h_hi; ++h) {
     const std::size_t base = a.q_base(b, h), row = (b * a.heads + h) * T;
     __syncthreads(); // the previous head's p and ds are read
-    for (std::size_t i = j + threadIdx.x; i < T; i += blockDim.x) {
+    for (std::size_t i = a.first_query(j) + threadIdx.x; i < T; i += blockDim.x) {
       const float pij = expf(a.scale * dot_rows(q + base + i * ld, kj, D) - lse[row + i]);
       p[i] = pij;
       ds[i] = pij * (dot_rows(dout + base + i * ld, vj, D) - delta[row + i]);
@@ -382,7 +385,7 @@ __global__ void attention_dkv_k(const float* q, const float* k, const float* v, 
     __syncthreads();
     for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
       float acc_v = 0.0f, acc_k = 0.0f;
-      for (std::size_t i = j; i < T; ++i) {
+      for (std::size_t i = a.first_query(j); i < T; ++i) {
         acc_v += p[i] * dout[base + i * ld + d];
         acc_k += ds[i] * q[base + i * ld + d];
       }
@@ -610,6 +613,22 @@ __global__ void silu_grad_k(const float* x, const float* dout, float* dx, std::s
   }
 }
 template <int = 0>
+__global__ void sigmoid_k(const float* x, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = sigmoid(x[i]);
+}
+template <int = 0>
+__global__ void sigmoid_grad_k(const float* y, const float* dout, float* dx, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) dx[i] = dout[i] * y[i] * (1.0f - y[i]);
+}
+// out[c, r, :] = x[r, c, :] over x [rows, cols, inner], one thread per value.
+template <int = 0>
+__global__ void transpose_leading_k(const float* x, float* out, std::size_t rows, std::size_t cols, std::size_t inner) {
+  CONCERTO_GRID_STRIDE(i, rows * cols * inner) {
+    const std::size_t e = i % inner, rc = i / inner, r = rc / cols, c = rc % cols;
+    out[(c * rows + r) * inner + e] = x[i];
+  }
+}
+template <int = 0>
 __global__ void mul_k(const float* a, const float* b, float* out, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = a[i] * b[i];
 }
@@ -688,7 +707,7 @@ __global__ void rms_stats_k(const float* x, float* rstd, std::size_t cols, float
 
 inline attention_dims make_dims(const cpu::attention_shape& a) {
   return {a.seq, a.heads, a.kv(), a.head_dim, a.group, a.first_head, a.kv_first_head,
-          1.0f / std::sqrt(static_cast<float>(a.head_dim))};
+          1.0f / std::sqrt(static_cast<float>(a.head_dim)), a.causal};
 }
 inline std::size_t attention_smem(std::size_t seq, std::size_t rows_of_seq, const char* kernel) {
   const std::size_t bytes = (32 + rows_of_seq * seq) * sizeof(float);
@@ -788,6 +807,26 @@ inline void silu(const float* x, float* out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::silu_k<>)(x, out, n);
   detail::launched("silu");
+}
+/// @brief The logistic function, as cpu::sigmoid.
+inline void sigmoid(const float* x, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sigmoid_k<>)(x, out, n);
+  detail::launched("sigmoid");
+}
+/// @brief `dx = dout·y·(1 - y)`, as cpu::sigmoid_grad.
+inline void sigmoid_grad(const float* y, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sigmoid_grad_k<>)(y, dout, dx, n);
+  detail::launched("sigmoid_grad");
+}
+/// @brief The two leading dimensions of x [rows, cols, inner] swapped, as cpu::transpose_leading.
+inline void transpose_leading(const float* x, float* out, std::size_t rows, std::size_t cols, std::size_t inner,
+                              cudaStream_t s) {
+  if (rows * cols * inner == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols * inner), detail::block, 0, s, detail::transpose_leading_k<>)(
+      x, out, rows, cols, inner);
+  detail::launched("transpose");
 }
 /// @brief `dx = dout·silu'(x)`.
 inline void silu_grad(const float* x, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
