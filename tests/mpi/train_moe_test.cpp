@@ -9,6 +9,8 @@
 #include "train_testing.hpp"
 
 #include <cmath>
+#include <span>
+#include <stdexcept>
 #include <tuple>
 
 using namespace concerto;
@@ -114,6 +116,37 @@ TEST_CASE("the sync, program_order and concerto plans of the dp x ep MoE give th
   for (const char* policy : {"sync", "program_order", "concerto"}) {
     CAPTURE(policy);
     tt::check_same(run(moe_top2, MPI_COMM_WORLD, d, e, policy), reference);
+  }
+}
+
+// The planner's copy-free split of a layer's four exchanges (planner::split_kind::expert_exchanges):
+// the MoE kernels lay their slots out chunk-major and every exchange moves k contiguous chunks.
+// Forced here (the cost model would not split at these sizes); one expert per rank (ep = 4).
+TEST_CASE("the MoE exchanges split chunk-major give the single-rank numbers", "[mpi][train][moe][decompose]") {
+  const int world = runtime::mpi::environment::world_size();
+  if (world < experts) {
+    SUCCEED("one expert per rank needs 4 ranks");
+    return;
+  }
+  tt::sub_world sub(experts);
+  if (!sub.member()) {
+    SUCCEED("outside the 4 ranks");
+    return;
+  }
+  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, "program_order");
+  for (int k : {2, 4}) {
+    CAPTURE(k);
+    auto o = options("program_order");
+    o.rewrite = [k](const ir::graph& g) {
+      std::vector<planner::decomposition> layers;
+      for (const auto& t : g.tasks)
+        if (t.fn == ir::op::moe_dispatch) layers.push_back({-1, t.id, k, planner::split_kind::expert_exchanges});
+      if (layers.size() != 2) throw std::runtime_error("expected the two layers' moe_dispatch");
+      return planner::apply(g, std::span<const planner::decomposition>(layers));
+    };
+    tt::check_same(tt::run(moe_top2, shapes, sub.get(), {{"dp", 1}, {"ep", experts}, {"tp", 1}}, data(), 3,
+                           {.adamw = {.lr = 1e-3f}}, o, params),
+                   reference);
   }
 }
 

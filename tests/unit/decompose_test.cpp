@@ -410,6 +410,63 @@ TEST_CASE("decompose keeps only splits that shorten the simulated step", "[decom
   }
 }
 
+TEST_CASE("an MoE layer's exchanges split chunk-major: contiguous views, no copies", "[decompose][apply][moe]") {
+  const auto g = ir::make_workload("moe-ep", {.layers = 1});
+  const auto dispatch = find(g, "L0.moe.dispatch");
+  const std::int64_t k = 4;
+  const std::vector<planner::decomposition> d{{-1, dispatch, static_cast<int>(k), planner::split_kind::expert_exchanges}};
+  const auto split = planner::apply(g, std::span<const planner::decomposition>(d));
+  // The four MoE kernels read and write their slots chunk-major.
+  for (const char* name : {"L0.moe.dispatch", "L0.moe.combine", "L0.moe.combine.grad", "L0.moe.dispatch.grad"})
+    CHECK(split[find(split, name)].attr("slot_chunks") == k);
+  CHECK(named_prefix(split, "L0.moe.dispatch.a2a.slice").empty());
+  for (const auto& t : split.tasks) CHECK((t.fn != ir::op::slice && t.fn != ir::op::concat));
+  // Each exchange: k chunks over views of its two buffers, rows [j·R/k, (j+1)·R/k).
+  for (const char* x : {"L0.moe.dispatch.a2a", "L0.moe.combine.a2a", "L0.moe.combine.a2a.bwd", "L0.moe.dispatch.a2a.bwd"}) {
+    CAPTURE(x);
+    const auto& whole = g[find(g, x)];
+    const auto chunks = named_prefix(split, std::string(x) + ".chunk");
+    REQUIRE(chunks.size() == static_cast<std::size_t>(k));
+    for (std::int64_t j = 0; j < k; ++j) {
+      const auto& c = *chunks[static_cast<std::size_t>(j)];
+      CHECK(c.bytes == whole.bytes / static_cast<double>(k));
+      for (auto [mine, theirs] : {std::pair{c.reads[0], whole.reads[0]}, std::pair{c.writes[0], whole.writes[0]}}) {
+        const auto& v = split.buffers[static_cast<std::size_t>(mine)];
+        CHECK(v.view_of == theirs);
+        CHECK(v.offset == j * v.bytes);
+        CHECK(v.bytes * k == g.buffers[static_cast<std::size_t>(theirs)].bytes);
+      }
+    }
+  }
+  // The expert matmuls next to the exchanges run per chunk, each after its own exchange only.
+  const auto ups = named_prefix(split, "L0.moe.w1.chunk");
+  const auto received = named_prefix(split, "L0.moe.dispatch.a2a.chunk");
+  REQUIRE(ups.size() == static_cast<std::size_t>(k));
+  for (std::size_t j = 0; j < ups.size(); ++j) {
+    CHECK(ups[j]->reads[0] == received[j]->writes[0]);
+    CHECK(ups[j]->deps == std::vector<ir::task_id>{received[j]->id});
+    CHECK(ups[j]->attr("m") == g[find(g, "L0.moe.w1")].attr("m") / k);
+  }
+  CHECK(named_prefix(split, "L0.moe.w3.chunk").size() == static_cast<std::size_t>(k));
+  CHECK(named_prefix(split, "L0.moe.w2.chunk").size() == static_cast<std::size_t>(k));      // before combine
+  CHECK(named_prefix(split, "L0.moe.w2.dgrad.chunk").size() == static_cast<std::size_t>(k)); // after its gradient's
+  double before = 0, after = 0;
+  for (const auto& t : g.tasks) before += t.flops;
+  for (const auto& t : split.tasks) after += t.flops;
+  CHECK(after == Catch::Approx(before));
+  REQUIRE_NOTHROW(plan::verify(planner::list_plan(split, cost::model::preset("h100x64"))));
+
+  SECTION("refused, naming why, with two experts per rank or slots that do not divide") {
+    const auto g4 = ir::make_workload("moe-ep", {.layers = 1, .ranks = 16, .ranks_per_node = 4});
+    const std::vector<planner::decomposition> two{{-1, find(g4, "L0.moe.dispatch"), 2, planner::split_kind::expert_exchanges}};
+    CHECK_THROWS_WITH(planner::apply(g4, std::span<const planner::decomposition>(two)),
+                      ContainsSubstring("L0.moe.dispatch") && ContainsSubstring("not one per rank"));
+    const std::vector<planner::decomposition> odd{{-1, dispatch, 3, planner::split_kind::expert_exchanges}};
+    CHECK_THROWS_WITH(planner::apply(g, std::span<const planner::decomposition>(odd)),
+                      ContainsSubstring("1024 slots per expert do not divide into 3 chunks"));
+  }
+}
+
 TEST_CASE("decompose finds the all_to_all and all_reduce splits of an MoE step", "[decompose][search][moe]") {
   const auto model = cost::model::preset("h100x64");
   const auto g = ir::make_workload("moe-ep", {.layers = 1});
@@ -419,9 +476,9 @@ TEST_CASE("decompose finds the all_to_all and all_reduce splits of an MoE step",
       return g[d.collective].kind == kind && d.kind == how;
     });
   };
-  // Forward: dispatch -> up and down -> combine; backward: up.dgrad -> dispatch (the combine
-  // gradient's exchange feeds down.dgrad, but down.wgrad reads it too, before: it is restored).
-  CHECK(count(ir::op_kind::all_to_all, planner::split_kind::chunks) >= 3 * 3);
+  // The layer's four exchanges are offered together, chunk-major, once per k (and not one by one).
+  CHECK(count(ir::op_kind::all_to_all, planner::split_kind::expert_exchanges) == 3);
+  CHECK(count(ir::op_kind::all_to_all, planner::split_kind::chunks) == 0);
   CHECK(count(ir::op_kind::all_reduce, planner::split_kind::reduce_scatter_all_gather) > 0);
   double matmul_flops = 0;
   for (const auto& t : g.tasks) matmul_flops += t.kind == ir::op_kind::matmul ? t.flops : 0;
@@ -435,7 +492,7 @@ TEST_CASE("decompose finds the all_to_all and all_reduce splits of an MoE step",
     }
     CAPTURE(g[c.collective].name, c.chunks);
     CHECK(flops == Catch::Approx(matmul_flops));
-    if (c.kind == planner::split_kind::chunks) CHECK(bytes == Catch::Approx(g[c.collective].bytes));
+    if (c.kind != planner::split_kind::reduce_scatter_all_gather) CHECK(bytes == Catch::Approx(g[c.collective].bytes));
   }
   const auto r = planner::decompose(g, model, {}, {.progress = false});
   CHECK(r.step_us_after <= r.step_us_before);

@@ -52,10 +52,6 @@ struct model_spec {
 // ZeRO-3 also shards the parameters and gathers each before every use.
 enum class grad_sync { all_reduce, zero2, zero3 };
 
-// Per-element FLOP counts of the router, which no executor runs yet (the others come from the
-// op table, as for the DSL's tasks).
-inline constexpr double route_flops = 8, route_grad_flops = 8;
-
 struct param {
   std::string name;
   int layer = -1;
@@ -114,10 +110,8 @@ public:
 
 private:
   struct moe_saved {
-    buffer_id n2 = -1, logits = -1, gates = -1, slots = -1, grouped = -1, back = -1;
-    param* router = nullptr;
-    std::vector<param*> up, down;
-    std::vector<buffer_id> x, u, a; // per local expert
+    buffer_id n2 = -1, logits = -1, gates = -1, x = -1, u1 = -1, u3 = -1, a = -1, back = -1;
+    param *router = nullptr, *w1 = nullptr, *w3 = nullptr, *w2 = nullptr; // w*: [E/ep, ...], batched
   };
   struct saved_block {
     buffer_id x_in, n1, n1f, qkv, attn, lse, x_mid, n2, n2f, u, a;
@@ -145,12 +139,6 @@ private:
     compute_info c;
     c.fn = fn;
     c.attrs = std::move(attrs);
-    return c;
-  }
-  // The MoE placeholders, whose FLOPs depend on routing: the count is given here.
-  static compute_info given(op fn, double flops, std::map<std::string, std::int64_t> attrs) {
-    auto c = info(fn, std::move(attrs));
-    c.flops = flops;
     return c;
   }
   // A compute task of the op's kind.
@@ -520,86 +508,72 @@ private:
     return add(L + "resid0.grad", dx_mid, norm_backward(L + "ln1", dn1, s.x_in, *s.norm1));
   }
 
-  // Mixture of experts, expert parallel (GShard / Mixtral layout). Every rank routes its own T
-  // tokens to top_k of E experts; rank r of the ep group owns experts [r·E/ep, (r+1)·E/ep).
-  // Static shapes, capacity factor 1: each expert takes C = T·top_k/E tokens from each rank
-  // (over-capacity tokens are dropped, empty slots are zero), so the dispatch buffer is
-  // [E·C, h] expert-major, i.e. ep blocks of (E/ep)·C rows, one per destination rank, and the
-  // all-to-all returns ep blocks, one per source rank. With more than one expert per rank a
-  // block transpose groups each local expert's rows ([ep, E/ep, C, h] -> [E/ep, ep, C, h]).
+  // Mixture of experts, expert parallel (GShard / Mixtral layout), as the DSL's MoE block lowers
+  // (examples/llama's make_moe: moe_route, moe_dispatch, the redistribution to the expert split,
+  // batched SwiGLU experts, moe_combine). Every rank routes its own tokens, in groups of one
+  // sequence, to top_k of E experts; rank r of the ep group owns experts [r·E/ep, (r+1)·E/ep).
+  // Static shapes at capacity factor 1: each expert takes C = seq·top_k/E slots per sequence
+  // (over-capacity tokens are dropped, empty slots are zero), so the dispatched slots are
+  // [E, S, h] with S = sequences·C, and the all-to-all gives each rank its experts' slots from
+  // every rank, [E/ep, ep·S, h].
   [[nodiscard]] i64 local_experts() const { return m_.experts / ep_; }
-  [[nodiscard]] i64 capacity() const { return tok_ * m_.top_k / m_.experts; }
+  [[nodiscard]] i64 capacity() const { return m_.seq * m_.top_k / m_.experts; }
+  [[nodiscard]] i64 slots() const { return batch_ * capacity(); }
   [[nodiscard]] std::map<std::string, std::int64_t> moe_attrs() const {
-    return {{"tokens", tok_},     {"experts", m_.experts}, {"top_k", m_.top_k},
-            {"capacity", capacity()}, {"hidden", m_.hidden}, {"ep", ep_}};
+    return {{"experts", m_.experts}, {"group", m_.seq}, {"capacity", capacity()}};
   }
-
-  // The all-to-all over the ep group, or nothing on one rank.
-  buffer_id exchange(const std::string& task_name, buffer_id in, std::string out_name) {
+  // The exchange between the token split ([E, S, h]) and the expert split ([E/ep, ep·S, h]), or
+  // nothing on one rank.
+  buffer_id exchange(const std::string& task_name, buffer_id in, std::string out_name, bool to_experts) {
     if (ep_axis_ < 0)
       return in;
-    const auto out = act(std::move(out_name), {m_.experts * capacity(), m_.hidden});
-    b_.collective(op_kind::all_to_all, task_name, ep_axis_, in, out);
+    const auto out = to_experts ? act(std::move(out_name), {local_experts(), ep_ * slots(), m_.hidden})
+                                : act(std::move(out_name), {m_.experts, slots(), m_.hidden});
+    b_.collective(op_kind::all_to_all, task_name, ep_axis_, in, out, -1, std::nullopt,
+                  {{"from_dim", to_experts ? 1 : 0}, {"to_dim", to_experts ? 0 : 1}});
     return out;
   }
-  // [a, b, C, h] -> [b, a, C, h]; the identity (no task) when a or b is 1.
-  buffer_id transpose_blocks(const std::string& name, buffer_id in, i64 a, i64 b) {
-    if (a == 1 || b == 1)
-      return in;
-    const auto out = act(name + ".out", {m_.experts * capacity(), m_.hidden});
-    task(name, {in}, {out},
-               info(op::transpose_blocks, {{"a", a}, {"b", b}, {"rows", capacity()}, {"hidden", m_.hidden}}));
-    return out;
-  }
-  // Local expert e's M = ep·C rows of a grouped [E/ep · M, cols] buffer.
-  buffer_id expert_rows(const std::string& name, buffer_id all, i64 e, i64 cols) {
-    if (local_experts() == 1)
-      return all;
-    const i64 rows = ep_ * capacity();
-    const i64 row_bytes = cols * static_cast<i64>(size_of(type_));
-    return b_.view(name, all, e * rows * row_bytes, rows * row_bytes, {rows, cols});
+  // The first (part 0) or second half of a packed gradient buffer, as the DSL's packed backward
+  // terms write them.
+  buffer_id part_of(const std::string& name, buffer_id packed, i64 offset_elems, std::vector<i64> shape, dtype t) {
+    i64 n = 1;
+    for (auto e : shape)
+      n *= e;
+    const auto es = static_cast<i64>(size_of(t));
+    return b_.view(name, packed, offset_elems * es, n * es, std::move(shape));
   }
 
   buffer_id moe_forward(int l, buffer_id n2) {
     const auto L = layer_prefix(l);
-    const i64 h = m_.hidden, f = m_.ffn, E = m_.experts, K = m_.top_k, el = local_experts(), M = ep_ * capacity();
+    const i64 h = m_.hidden, f = m_.ffn, E = m_.experts, el = local_experts(), M = ep_ * slots();
     moe_saved s{};
     s.n2 = n2;
     s.router = &make_param(L + "moe.router.w", {h, E}, l);
-    for (i64 e = 0; e < el; ++e) {
-      const auto X = L + "moe.expert" + std::to_string(e);
-      s.up.push_back(&make_param(X + ".up.w", {h, 2 * f}, l));
-      s.up.back()->expert = true;
-      s.down.push_back(&make_param(X + ".down.w", {f, h}, l));
-      s.down.back()->expert = true;
-    }
+    s.w1 = &make_param(L + "moe.w1", {el, h, f}, l);
+    s.w3 = &make_param(L + "moe.w3", {el, h, f}, l);
+    s.w2 = &make_param(L + "moe.w2", {el, f, h}, l);
+    for (auto* w : {s.w1, s.w3, s.w2})
+      w->expert = true;
     s.logits = act(L + "moe.router.out", {tok_, E});
     b_.matmul(L + "moe.router", n2, s.router->store, s.logits, tok_, E, h);
-    s.gates = act(L + "moe.gates", {tok_, K}, dtype::f32);
-    s.slots = act(L + "moe.slots", {tok_, K}, dtype::i32);
-    task(L + "moe.route", {s.logits}, {s.gates, s.slots},
-               given(op::moe_route, route_flops * d(tok_ * E), moe_attrs()));
-    const auto send = act(L + "moe.dispatch.out", {E * capacity(), h});
-    task(L + "moe.dispatch", {n2, s.slots}, {send}, given(op::moe_dispatch, 0, moe_attrs()));
-    const auto recv = exchange(L + "moe.dispatch.a2a", send, L + "moe.dispatch.recv");
-    s.grouped = transpose_blocks(L + "moe.group", recv, ep_, el);
-    const auto y = act(L + "moe.experts.out", {E * capacity(), h});
-    for (i64 e = 0; e < el; ++e) {
-      const auto X = L + "moe.expert" + std::to_string(e);
-      const auto x = expert_rows(X + ".in", s.grouped, e, h);
-      s.x.push_back(x);
-      s.u.push_back(act(X + ".up.out", {M, 2 * f}));
-      b_.matmul(X + ".up", x, s.up[static_cast<std::size_t>(e)]->store, s.u.back(), M, 2 * f, h);
-      s.a.push_back(act(X + ".act.out", {M, f}));
-      task(X + ".act", {s.u.back()}, {s.a.back()}, info(op::swiglu));
-      b_.matmul(X + ".down", s.a.back(), s.down[static_cast<std::size_t>(e)]->store, expert_rows(X + ".out", y, e, h),
-                M, h, f);
-    }
-    const auto ungrouped = transpose_blocks(L + "moe.ungroup", y, el, ep_);
-    s.back = exchange(L + "moe.combine.a2a", ungrouped, L + "moe.combine.recv");
+    s.gates = act(L + "moe.gates", {tok_, E}, dtype::f32);
+    auto route = moe_attrs();
+    route["top_k"] = m_.top_k;
+    task(L + "moe.route", {s.logits}, {s.gates}, info(op::moe_route, route));
+    const auto send = act(L + "moe.dispatch.out", {E, slots(), h});
+    task(L + "moe.dispatch", {n2, s.gates}, {send}, info(op::moe_dispatch, moe_attrs()));
+    s.x = exchange(L + "moe.dispatch.a2a", send, L + "moe.dispatch.recv", true);
+    s.u1 = act(L + "moe.w1.out", {el, M, f});
+    b_.matmul(L + "moe.w1", s.x, s.w1->store, s.u1, M, f, h, el);
+    s.u3 = act(L + "moe.w3.out", {el, M, f});
+    b_.matmul(L + "moe.w3", s.x, s.w3->store, s.u3, M, f, h, el);
+    s.a = act(L + "moe.swiglu.out", {el, M, f});
+    task(L + "moe.swiglu", {s.u1, s.u3}, {s.a}, info(op::swiglu));
+    const auto y = act(L + "moe.w2.out", {el, M, h});
+    b_.matmul(L + "moe.w2", s.a, s.w2->store, y, M, h, f, el);
+    s.back = exchange(L + "moe.combine.a2a", y, L + "moe.combine.recv", false);
     const auto out = act(L + "moe.out", {tok_, h});
-    task(L + "moe.combine", {s.back, s.gates, s.slots}, {out},
-               given(op::moe_combine, 2.0 * d(tok_ * K * h), moe_attrs()));
+    task(L + "moe.combine", {s.back, s.gates}, {out}, info(op::moe_combine, moe_attrs()));
     moe_saved_.push_back(std::move(s));
     return out;
   }
@@ -607,39 +581,39 @@ private:
   // Returns the gradient of the MoE input (ln2's output): dispatch path plus router path.
   buffer_id moe_backward(int l, buffer_id dout) {
     const auto L = layer_prefix(l);
-    const i64 h = m_.hidden, f = m_.ffn, E = m_.experts, K = m_.top_k, el = local_experts(), M = ep_ * capacity();
+    const i64 h = m_.hidden, f = m_.ffn, E = m_.experts, el = local_experts(), M = ep_ * slots();
     auto& s = moe_saved_[static_cast<std::size_t>(l)];
-    const auto dback = act(L + "moe.combine.in.grad", {E * capacity(), h});
-    const auto dgates = act(L + "moe.gates.grad", {tok_, K}, dtype::f32);
-    task(L + "moe.combine.grad", {dout, s.back, s.gates, s.slots}, {dback, dgates},
-               given(op::moe_combine_grad, 4.0 * d(tok_ * K * h), moe_attrs()));
-    const auto dy_recv = exchange(L + "moe.combine.a2a.bwd", dback, L + "moe.experts.out.grad.recv");
-    const auto dy = transpose_blocks(L + "moe.ungroup.grad", dy_recv, ep_, el);
-    const auto dx = act(L + "moe.experts.in.grad", {E * capacity(), h});
-    for (i64 e = 0; e < el; ++e) {
-      const auto X = L + "moe.expert" + std::to_string(e);
-      const auto ue = static_cast<std::size_t>(e);
-      const auto dy_e = expert_rows(X + ".out.grad", dy, e, h);
-      const auto da = act(X + ".act.out.grad", {M, f});
-      b_.matmul(X + ".down.dgrad", dy_e, s.down[ue]->store, da, M, f, h, 1, false, true);
-      b_.matmul(X + ".down.wgrad", s.a[ue], dy_e, s.down[ue]->grad, f, h, M, 1, true, false);
-      gradient_ready(*s.down[ue]);
-      const auto du = act(X + ".up.out.grad", {M, 2 * f});
-      task(X + ".act.grad", {da, s.u[ue]}, {du},
-                 info(op::swiglu_grad));
-      b_.matmul(X + ".up.dgrad", du, s.up[ue]->store, expert_rows(X + ".in.grad", dx, e, h), M, h, 2 * f, 1, false,
-                true);
-      b_.matmul(X + ".up.wgrad", s.x[ue], du, s.up[ue]->grad, h, 2 * f, M, 1, true, false);
-      gradient_ready(*s.up[ue]);
-    }
-    const auto dsend = exchange(L + "moe.dispatch.a2a.bwd", transpose_blocks(L + "moe.group.grad", dx, el, ep_),
-                                L + "moe.dispatch.out.grad");
+    // The combine's gradient: the slots' dy, then the gates' (one packed buffer).
+    const auto packed = act(L + "moe.combine.grad.out", {E * slots() * h + tok_ * E});
+    task(L + "moe.combine.grad", {s.back, s.gates, dout}, {packed}, info(op::moe_combine_grad, moe_attrs()));
+    const auto dback = part_of(L + "moe.combine.in.grad", packed, 0, {E, slots(), h}, type_);
+    const auto dgates = part_of(L + "moe.gates.grad", packed, E * slots() * h, {tok_, E}, type_);
+    const auto dy = exchange(L + "moe.combine.a2a.bwd", dback, L + "moe.w2.out.grad", true);
+    const auto da = act(L + "moe.swiglu.out.grad", {el, M, f});
+    b_.matmul(L + "moe.w2.dgrad", dy, s.w2->store, da, M, f, h, el, false, true);
+    b_.matmul(L + "moe.w2.wgrad", s.a, dy, s.w2->grad, f, h, M, el, true, false);
+    gradient_ready(*s.w2);
+    const auto du = act(L + "moe.swiglu.grad.out", {2 * el * M * f});
+    task(L + "moe.swiglu.grad", {s.u1, s.u3, da}, {du}, info(op::swiglu_grad));
+    const auto du1 = part_of(L + "moe.w1.out.grad", du, 0, {el, M, f}, type_);
+    const auto du3 = part_of(L + "moe.w3.out.grad", du, el * M * f, {el, M, f}, type_);
+    const auto dx1 = act(L + "moe.w1.in.grad", {el, M, h});
+    b_.matmul(L + "moe.w1.dgrad", du1, s.w1->store, dx1, M, h, f, el, false, true);
+    b_.matmul(L + "moe.w1.wgrad", s.x, du1, s.w1->grad, h, f, M, el, true, false);
+    gradient_ready(*s.w1);
+    const auto dx3 = act(L + "moe.w3.in.grad", {el, M, h});
+    b_.matmul(L + "moe.w3.dgrad", du3, s.w3->store, dx3, M, h, f, el, false, true);
+    b_.matmul(L + "moe.w3.wgrad", s.x, du3, s.w3->grad, h, f, M, el, true, false);
+    gradient_ready(*s.w3);
+    const auto dx = act(L + "moe.experts.in.grad", {el, M, h});
+    task(L + "moe.experts.in.grad", {dx1, dx3}, {dx}, info(op::add));
+    const auto dsend = exchange(L + "moe.dispatch.a2a.bwd", dx, L + "moe.dispatch.out.grad", false);
     const auto dn2_tokens = act(L + "moe.dispatch.in.grad", {tok_, h});
-    task(L + "moe.dispatch.grad", {dsend, s.slots}, {dn2_tokens},
-               given(op::moe_dispatch_grad, d(tok_ * K * h), moe_attrs()));
+    task(L + "moe.dispatch.grad", {dsend, s.gates}, {dn2_tokens}, info(op::moe_dispatch_grad, moe_attrs()));
     const auto dlogits = act(L + "moe.router.out.grad", {tok_, E});
-    task(L + "moe.route.grad", {dgates, s.gates, s.logits, s.slots}, {dlogits},
-               given(op::moe_route_grad, route_grad_flops * d(tok_ * E), moe_attrs()));
+    auto route = moe_attrs();
+    route["top_k"] = m_.top_k;
+    task(L + "moe.route.grad", {s.logits, s.gates, dgates}, {dlogits}, info(op::moe_route_grad, route));
     const auto dn2_router = act(L + "moe.router.in.grad", {tok_, h});
     b_.matmul(L + "moe.router.dgrad", dlogits, s.router->store, dn2_router, tok_, h, E, 1, false, true);
     b_.matmul(L + "moe.router.wgrad", s.n2, dlogits, s.router->grad, h, E, tok_, 1, true, false);
@@ -1011,9 +985,10 @@ inline void check_divides(i64 part, i64 whole, std::string_view what, std::strin
     if (m.experts % ep != 0)
       fail(where("ranks_per_node", ep) + ": the expert-parallel size must divide the " + std::to_string(m.experts) +
            " experts");
-    if (m.seq * options.micro_batch * m.top_k % m.experts != 0)
-      fail(where("micro_batch", options.micro_batch) + ": tokens × top_k must divide evenly over the " +
-           std::to_string(m.experts) + " experts (capacity per expert)");
+    if (m.seq * m.top_k % m.experts != 0)
+      fail("workload '" + std::string(name) + "': a sequence's " + std::to_string(m.seq) + " tokens × top_k " +
+           std::to_string(m.top_k) + " must divide evenly over the " + std::to_string(m.experts) +
+           " experts (the capacity per sequence)");
   }
   builder b{std::string(name)};
   b.cost_only(); // planner workloads: their MoE and position placeholders have no kernels

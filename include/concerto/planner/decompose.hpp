@@ -33,7 +33,9 @@
 #include <concerto/planner/detail/rewrite.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -45,12 +47,16 @@ namespace concerto::planner {
 /// @brief How a decomposition rewrites its collective.
 enum class split_kind : std::uint8_t {
   chunks,                   ///< the collective and its matmul, split into `chunks` chunks
-  reduce_scatter_all_gather ///< an in-place all_reduce, split into a reduce_scatter where it was and
-                            ///< an all_gather just before the next task that touches the buffer
+  reduce_scatter_all_gather, ///< an in-place all_reduce, split into a reduce_scatter where it was and
+                             ///< an all_gather just before the next task that touches the buffer
+  expert_exchanges           ///< an MoE layer's four all_to_alls (dispatch, combine and their gradients),
+                             ///< each in `chunks` chunks over contiguous views, the slots laid out
+                             ///< chunk-major (`compute`: the layer's moe_dispatch task)
 };
 
 /// @brief One split: a collective, its neighbouring matmul, and the number of chunks; or, with
-/// kind reduce_scatter_all_gather, an all_reduce alone (compute = -1, chunks unused).
+/// kind reduce_scatter_all_gather, an all_reduce alone (compute = -1, chunks unused); or, with
+/// kind expert_exchanges, an MoE layer's dispatch all_to_all and its moe_dispatch task.
 struct decomposition {
   ir::task_id collective = -1;
   ir::task_id compute = -1;
@@ -253,6 +259,145 @@ inline std::optional<ir::task_id> match_split(const ir::graph& g, const rewrite:
   return next;
 }
 
+/// An MoE layer's expert region: moe_dispatch → all_to_all → experts → all_to_all → moe_combine,
+/// and backward moe_combine_grad → all_to_all → experts → all_to_all → moe_dispatch_grad. Every
+/// task between the exchanges treats the slot rows alike (matmuls over rows, elementwise
+/// functions, weight gradients summing over rows), so the rows may be in any order as long as
+/// all four exchanges and the four MoE kernels agree on it: chunk-major, where chunk j of every
+/// expert's slots is one contiguous block, makes each exchange's chunk a view on both sides.
+struct expert_region {
+  ir::task_id dispatch = -1, combine = -1, combine_grad = -1, dispatch_grad = -1;
+  /// The exchanges: dispatch, combine, the combine gradient's, the dispatch gradient's; each with
+  /// its token side (the MoE kernel's buffer) and expert side (the experts' rows).
+  std::array<ir::task_id, 4> exchange{-1, -1, -1, -1};
+  std::array<bool, 4> expert_side_is_output{true, false, true, false};
+  /// Matmuls next to an exchange on the expert side, split with it: the ones reading the
+  /// received rows as A (after dispatch and the combine gradient), the one writing the rows sent
+  /// (before combine and the dispatch gradient); -1 where that task is not a plain matmul.
+  std::array<std::vector<ir::task_id>, 4> matmuls;
+  std::int64_t slots = 0; ///< rows per expert and rank (groups·capacity)
+};
+
+inline std::optional<expert_region> match_region(const ir::graph& g, const rewrite::program& prog, ir::task_id dispatch,
+                                                 int chunks, std::string& why) {
+  const auto& pos = prog.pos;
+  if (dispatch < 0 || static_cast<std::size_t>(dispatch) >= g.tasks.size()) return why = "a task id does not exist", std::nullopt;
+  const auto& d = g[dispatch];
+  if (d.fn != ir::op::moe_dispatch || d.reads.size() != 2 || d.writes.size() != 1)
+    return why = "the task is not a moe_dispatch", std::nullopt;
+  if (d.attr("slot_chunks", 1) != 1) return why = "the slots are already chunk-major", std::nullopt;
+  expert_region r;
+  r.dispatch = dispatch;
+  const auto gates = d.reads[1];
+  for (const auto& t : g.tasks) {
+    if (t.reads.size() < 2 || t.reads[1] != gates) continue;
+    if (t.fn == ir::op::moe_combine) r.combine = t.id;
+    if (t.fn == ir::op::moe_combine_grad) r.combine_grad = t.id;
+    if (t.fn == ir::op::moe_dispatch_grad) r.dispatch_grad = t.id;
+  }
+  if (r.combine < 0 || r.combine_grad < 0 || r.dispatch_grad < 0)
+    return why = "the layer's combine, combine gradient or dispatch gradient is missing (a forward-only graph)", std::nullopt;
+  const auto experts = d.attr("experts", 0);
+  const auto token_bytes = g.buffers[static_cast<std::size_t>(d.writes[0])].bytes;
+  // The exchange that reads (side = input) or writes a buffer: its only such all_to_all.
+  const auto exchange_of = [&](ir::buffer_id b, bool reads) -> ir::task_id {
+    ir::task_id found = -1;
+    for (auto u : rewrite::touchers(g, prog, b)) {
+      const auto& t = g[u];
+      if (t.kind != ir::op_kind::all_to_all) continue;
+      if ((reads ? t.reads[0] : t.writes[0]) != b) continue;
+      if (found >= 0) return -2;
+      found = u;
+    }
+    return found;
+  };
+  // The combine gradient's dy is the first part of its packed output, or its first output.
+  const auto& cg = g[r.combine_grad];
+  ir::buffer_id dy = cg.writes[0];
+  if (cg.writes.size() == 1)
+    for (const auto& b : g.buffers)
+      if (b.view_of == cg.writes[0] && b.offset == 0 && b.bytes == token_bytes) dy = b.id;
+  // An all_reduce between an exchange and the kernel reading its result (the tensor-parallel
+  // sum of the experts' partial outputs) adds element by element: the layout passes through it.
+  const auto through_sums = [&](ir::buffer_id b) {
+    for (int hop = 0; hop < 4; ++hop) {
+      ir::task_id writer = -1;
+      for (auto u : rewrite::touchers(g, prog, b))
+        if (std::find(g[u].writes.begin(), g[u].writes.end(), b) != g[u].writes.end()) writer = u;
+      if (writer < 0 || g[writer].kind != ir::op_kind::all_reduce || g[writer].reads.size() != 1 ||
+          g[writer].reads[0] == b)
+        break;
+      b = g[writer].reads[0];
+    }
+    return b;
+  };
+  const std::array<std::pair<ir::buffer_id, bool>, 4> token_sides{{{d.writes[0], true},
+                                                                   {through_sums(g[r.combine].reads[0]), false},
+                                                                   {dy, true},
+                                                                   {through_sums(g[r.dispatch_grad].reads[0]), false}}};
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto [b, reads] = token_sides[i];
+    if (g.buffers[static_cast<std::size_t>(b)].bytes != token_bytes)
+      return why = "the exchanged buffers of the layer differ in size", std::nullopt;
+    const auto x = exchange_of(b, reads);
+    if (x < 0) return why = "a slot buffer is not exchanged by exactly one all_to_all", std::nullopt;
+    const auto& t = g[x];
+    if (t.reads.size() != 1 || t.writes.size() != 1 || g.overlap(t.reads[0], t.writes[0]) ||
+        g.buffers[static_cast<std::size_t>(t.reads[0])].bytes != g.buffers[static_cast<std::size_t>(t.writes[0])].bytes)
+      return why = "an all_to_all of the layer does not exchange between two distinct buffers of one size", std::nullopt;
+    // One expert per rank: a destination's block is its expert's rows, whole.
+    if (g.group_size(t) != experts)
+      return why = "the experts (" + std::to_string(experts) + ") are not one per rank of the all_to_all's group (" +
+                   std::to_string(g.group_size(t)) + ")",
+             std::nullopt;
+    r.exchange[i] = x;
+  }
+  const auto hidden_bytes = [&] {
+    const auto& shape = g.buffers[static_cast<std::size_t>(d.writes[0])].shape;
+    return shape.empty() ? std::int64_t{0} : shape.back() * static_cast<std::int64_t>(ir::size_of(g.buffers[static_cast<std::size_t>(d.writes[0])].type));
+  }();
+  if (hidden_bytes <= 0 || token_bytes % (hidden_bytes * experts) != 0) return why = "the slot buffer has no row shape", std::nullopt;
+  r.slots = token_bytes / (hidden_bytes * experts);
+  if (r.slots % chunks != 0)
+    return why = "the " + std::to_string(r.slots) + " slots per expert do not divide into " + std::to_string(chunks) + " chunks",
+           std::nullopt;
+  // The matmuls split with each exchange: plain (not batched, A not transposed) and over exactly
+  // the exchanged rows.
+  const auto plain_over = [&](ir::task_id u, ir::buffer_id rows_buffer, bool as_a) {
+    const auto& t = g[u];
+    if (t.kind != ir::op_kind::matmul || t.attr("batch", 1) != 1 || t.attr("trans_a", 0) != 0 || t.attr("accumulate", 0) != 0)
+      return false;
+    const auto rows = t.attr("m", 0);
+    if (rows <= 0 || rows % (experts * chunks) != 0) return false;
+    return as_a ? t.reads[0] == rows_buffer : (t.writes.size() == 1 && t.writes[0] == rows_buffer);
+  };
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto& x = g[r.exchange[i]];
+    if (r.expert_side_is_output[i]) {
+      // Readers of the received rows as A; none may write them.
+      for (auto u : rewrite::touchers(g, prog, x.writes[0])) {
+        if (u == x.id || pos[static_cast<std::size_t>(u)] < pos[static_cast<std::size_t>(x.id)]) continue;
+        if (std::find(g[u].writes.begin(), g[u].writes.end(), x.writes[0]) != g[u].writes.end()) break;
+        if (plain_over(u, x.writes[0], true)) r.matmuls[i].push_back(u);
+      }
+    } else {
+      // The last task before the exchange touching the rows sent, when a matmul writing them whole.
+      ir::task_id last = -1;
+      for (auto u : rewrite::touchers(g, prog, x.reads[0])) {
+        if (pos[static_cast<std::size_t>(u)] >= pos[static_cast<std::size_t>(x.id)]) break;
+        last = u;
+      }
+      if (last >= 0 && plain_over(last, x.reads[0], false)) {
+        // Its output must have no other reader than the exchange.
+        bool alone = true;
+        for (auto u : rewrite::touchers(g, prog, x.reads[0])) alone = alone && (u == last || u == x.id);
+        if (alone) r.matmuls[i].push_back(last);
+      }
+    }
+  }
+  return r;
+}
+
 /// Compute-idle time while each task runs (meaningful for collectives), from a plan's times.
 inline std::vector<double> exposed_us(const plan::plan& p) {
   const auto& g = p.graph;
@@ -291,6 +436,7 @@ public:
 
   void add(const decomposition& dec) {
     if (dec.kind == split_kind::reduce_scatter_all_gather) return split_all_reduce(dec);
+    if (dec.kind == split_kind::expert_exchanges) return split_region(dec);
     std::string why;
     const auto info = match(g_, prog_, dec.collective, dec.compute, dec.chunks, why);
     if (!info) fail(describe(g_, dec.collective, dec.compute) + " into " + std::to_string(dec.chunks) + " chunks: " + why);
@@ -530,6 +676,71 @@ private:
       chunk_collective(s, j, out, reduced);
     }
   }
+  // An MoE layer's exchanges in k chunks over contiguous views of chunk-major slot buffers: the
+  // four MoE kernels read and write their slots chunk-major (attr slot_chunks), chunk j of every
+  // exchange moves rows [j·R/k, (j+1)·R/k) of both its buffers, and the matmuls next to the
+  // exchanges compute the same rows of theirs. No copies.
+  void split_region(const decomposition& dec) {
+    std::string why;
+    const auto r = match_region(g_, prog_, dec.compute, dec.chunks, why);
+    const auto what = "expert exchanges of '" + (dec.compute >= 0 && static_cast<std::size_t>(dec.compute) < g_.tasks.size()
+                                                     ? g_[dec.compute].name
+                                                     : std::to_string(dec.compute)) +
+                      "' in graph '" + g_.name + "'";
+    if (!r) fail(what + " into " + std::to_string(dec.chunks) + " chunks: " + why);
+    const std::int64_t k = dec.chunks;
+    for (auto id : {r->dispatch, r->combine, r->combine_grad, r->dispatch_grad}) {
+      claim(id, what);
+      ir::task t = g_[id];
+      t.attrs["slot_chunks"] = k;
+      replacement_[id].push_back(std::move(t));
+    }
+    // Row chunk j of a buffer whose whole is `rows` rows: a 2-D view.
+    const auto rows_view = [&](ir::buffer_id whole, std::int64_t rows, std::int64_t j) {
+      const ir::buffer w = buffer(whole);
+      const auto part = w.bytes / k;
+      return new_buffer(rewrite::indexed(w.name + ".c", j), {rows / k, w.bytes / (rows * static_cast<std::int64_t>(ir::size_of(w.type)))},
+                        part, w, whole, j * part);
+    };
+    for (std::size_t i = 0; i < 4; ++i) {
+      const auto& x = g_[r->exchange[i]];
+      claim(x.id, what);
+      for (auto m : r->matmuls[i]) claim(m, what);
+      const auto rows = r->slots * g_[r->dispatch].attr("experts", 1);
+      std::vector<ir::buffer_id> ins, outs;
+      for (std::int64_t j = 0; j < k; ++j) {
+        ins.push_back(rows_view(x.reads[0], rows, j));
+        outs.push_back(rows_view(x.writes[0], rows, j));
+        ir::task t = x;
+        t.name = rewrite::indexed(x.name + ".chunk", j);
+        t.reads = {ins.back()};
+        t.writes = {outs.back()};
+        t.bytes = x.bytes / static_cast<double>(k);
+        t.attrs["chunk"] = j;
+        t.attrs["chunks"] = k;
+        // Every chunk is [experts·slots/k, hidden] rows: one expert (and one rank) per block.
+        for (const char* key : {"dim", "from_dim", "to_dim"})
+          if (t.attrs.contains(key)) t.attrs[key] = 0;
+        replacement_[x.id].push_back(std::move(t));
+      }
+      for (auto m : r->matmuls[i]) {
+        const auto& mm = g_[m];
+        const auto mrows = mm.attr("m", 0);
+        for (std::int64_t j = 0; j < k; ++j) {
+          ir::task t = mm;
+          t.name = rewrite::indexed(mm.name + ".chunk", j);
+          t.reads[0] = r->expert_side_is_output[i] ? outs[static_cast<std::size_t>(j)] : rows_view(mm.reads[0], mrows, j);
+          t.writes = {r->expert_side_is_output[i] ? rows_view(mm.writes[0], mrows, j) : ins[static_cast<std::size_t>(j)]};
+          t.flops = mm.flops / static_cast<double>(k);
+          t.bytes = mm.bytes / static_cast<double>(k);
+          t.attrs["m"] = mrows / k;
+          t.attrs["chunk"] = j;
+          t.attrs["chunks"] = k;
+          replacement_[m].push_back(std::move(t));
+        }
+      }
+    }
+  }
   // all_reduce → reduce_scatter now, all_gather right before the next reader of its result.
   void split_all_reduce(const decomposition& dec) {
     std::string why;
@@ -602,8 +813,30 @@ private:
   const auto p = list_plan(g, model);
   const auto exposed = exposed_us(p);
   std::vector<std::pair<double, decomposition>> found;
+  // MoE layers whose exchanges can go chunk-major: one candidate per k, exposed as much as its
+  // four exchanges together; their exchanges are not also offered one by one (with copies).
+  std::vector<bool> in_region(g.tasks.size(), false);
+  for (const auto& t : g.tasks) {
+    if (t.fn != ir::op::moe_dispatch) continue;
+    double idle = 0;
+    bool matched = false;
+    for (int k : options.chunk_choices) {
+      std::string why;
+      const auto r = match_region(g, prog, t.id, k, why);
+      if (!r) continue;
+      if (!matched) {
+        for (auto x : r->exchange) {
+          idle += exposed[static_cast<std::size_t>(x)];
+          in_region[static_cast<std::size_t>(x)] = true;
+        }
+        matched = true;
+      }
+      if (idle > 0) found.push_back({idle, {r->exchange[0], t.id, k, split_kind::expert_exchanges}});
+    }
+  }
   for (const auto& c : g.tasks) {
     if (!ir::is_collective(c.kind) || c.reads.size() != 1 || c.writes.size() != 1) continue;
+    if (in_region[static_cast<std::size_t>(c.id)]) continue;
     if (!splits_outer_dimension(g, c)) continue;
     const double duration = p.duration_us[static_cast<std::size_t>(c.id)];
     const double idle = exposed[static_cast<std::size_t>(c.id)];
@@ -694,7 +927,14 @@ private:
     detail::for_each_index(open.size(), [&](std::size_t j) {
       auto trial = result.chosen;
       trial.push_back(candidates[open[j]]);
-      graphs[j] = planner::apply(g, std::span<const decomposition>(trial));
+      // Two splits may claim one task (an expert region and a matmul another split took): the
+      // later one is not possible on top of the kept ones, and is skipped.
+      try {
+        graphs[j] = planner::apply(g, std::span<const decomposition>(trial));
+      } catch (const error&) {
+        steps[j] = std::numeric_limits<double>::infinity();
+        return;
+      }
       steps[j] = judge(graphs[j]);
     });
     std::optional<decomposition> best;

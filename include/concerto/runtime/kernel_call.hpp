@@ -436,6 +436,11 @@ inline void decode_moe(const call_reader& r, kernel_call& c) {
                             : c.fn == op::moe_combine_grad ? r.count(c.in[2])
                                                            : r.count(c.out[0]);
   s.hidden = r.divide(token_values, tokens, "tokens' values");
+  // The slot rows' layout: chunk-major in `slot_chunks` chunks where the planner split the exchanges.
+  s.chunks = r.positive_attr("slot_chunks", 1);
+  if (s.slots() % s.chunks != 0)
+    r.bad("the " + std::to_string(s.slots()) + " slots per expert do not divide into " + std::to_string(s.chunks) +
+          " chunks (slot_chunks)");
   const auto expert_values = s.experts * s.slots() * s.hidden;
   switch (c.fn) {
   case op::moe_dispatch: r.need_count(c, 0, true, expert_values, "experts·groups·capacity·hidden"); break;

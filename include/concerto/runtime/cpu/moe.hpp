@@ -47,8 +47,17 @@ struct moe_shape {
   std::size_t hidden = 0;   ///< values per token (dispatch, combine)
   std::size_t capacity = 0; ///< slots per expert and group
   std::size_t top_k = 1;
+  /// The slot rows' layout: 1 is expert-major ([experts, slots, hidden]); k > 1 is chunk-major
+  /// ([k, experts, slots/k, hidden]), in which chunk j's rows of every expert are one contiguous
+  /// block, so that the planner can exchange and multiply them as views (docs/decomposition.md).
+  std::size_t chunks = 1;
   [[nodiscard]] std::size_t tokens() const noexcept { return groups * group; }
   [[nodiscard]] std::size_t slots() const noexcept { return groups * capacity; } ///< rows per expert
+  /// @brief The row of expert e's slot `slot` of group g.
+  [[nodiscard]] std::size_t row(std::size_t e, std::size_t g, std::size_t slot) const noexcept {
+    const std::size_t s = g * capacity + slot, per_chunk = slots() / chunks;
+    return (s / per_chunk * experts + e) * per_chunk + s % per_chunk;
+  }
 };
 
 /// @brief Workspace floats of moe_route (a group's choices and their probabilities, the counts).
@@ -159,7 +168,7 @@ inline void moe_dispatch(std::span<const float> x, std::span<const float> gates,
   for (std::size_t t = 0; t < s.tokens(); ++t)
     for (std::size_t e = 0; e < s.experts; ++e)
       if (const auto c = slot[t * s.experts + e]; c >= 0) {
-        const auto row = e * s.slots() + (t / s.group) * s.capacity + static_cast<std::size_t>(c);
+        const auto row = s.row(e, t / s.group, static_cast<std::size_t>(c));
         std::memcpy(out.data() + row * s.hidden, x.data() + t * s.hidden, s.hidden * sizeof(float));
       }
 }
@@ -174,7 +183,7 @@ inline void moe_dispatch_grad(std::span<const float> dout, std::span<const float
   for (std::size_t t = 0; t < s.tokens(); ++t)
     for (std::size_t e = 0; e < s.experts; ++e)
       if (const auto c = slot[t * s.experts + e]; c >= 0) {
-        const float* src = dout.data() + (e * s.slots() + (t / s.group) * s.capacity + static_cast<std::size_t>(c)) * s.hidden;
+        const float* src = dout.data() + s.row(e, t / s.group, static_cast<std::size_t>(c)) * s.hidden;
         float* dst = dx.data() + t * s.hidden;
         for (std::size_t h = 0; h < s.hidden; ++h) dst[h] += src[h];
       }
@@ -191,7 +200,7 @@ inline void moe_combine(std::span<const float> y, std::span<const float> gates, 
     for (std::size_t e = 0; e < s.experts; ++e)
       if (const auto c = slot[t * s.experts + e]; c >= 0) {
         const float gate = gates[t * s.experts + e];
-        const float* src = y.data() + (e * s.slots() + (t / s.group) * s.capacity + static_cast<std::size_t>(c)) * s.hidden;
+        const float* src = y.data() + s.row(e, t / s.group, static_cast<std::size_t>(c)) * s.hidden;
         float* dst = out.data() + t * s.hidden;
         for (std::size_t h = 0; h < s.hidden; ++h) dst[h] += gate * src[h];
       }
@@ -215,7 +224,7 @@ inline void moe_combine_grad(std::span<const float> dout, std::span<const float>
         dgates[at] = 0.0f;
         continue;
       }
-      const auto row = (e * s.slots() + (t / s.group) * s.capacity + static_cast<std::size_t>(c)) * s.hidden;
+      const auto row = s.row(e, t / s.group, static_cast<std::size_t>(c)) * s.hidden;
       const float* g = dout.data() + t * s.hidden;
       float dot = 0;
       for (std::size_t h = 0; h < s.hidden; ++h) {

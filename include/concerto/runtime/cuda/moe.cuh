@@ -39,15 +39,17 @@ namespace concerto::runtime::cuda {
 namespace detail {
 
 struct moe_dims {
-  std::size_t groups, group, experts, hidden, capacity, top_k;
+  std::size_t groups, group, experts, hidden, capacity, top_k, chunks;
   __host__ __device__ std::size_t tokens() const { return groups * group; }
   __host__ __device__ std::size_t slots() const { return groups * capacity; }
   __device__ std::size_t row(std::size_t t, std::int32_t slot, std::size_t e) const {
-    return e * slots() + (t / group) * capacity + static_cast<std::size_t>(slot);
+    // cpu::moe_shape::row's layout: expert-major, or chunk-major when chunks > 1.
+    const std::size_t s = (t / group) * capacity + static_cast<std::size_t>(slot), per_chunk = slots() / chunks;
+    return (s / per_chunk * experts + e) * per_chunk + s % per_chunk;
   }
 };
 inline moe_dims dims_of(const cpu::moe_shape& s) {
-  return {s.groups, s.group, s.experts, s.hidden, s.capacity, s.top_k};
+  return {s.groups, s.group, s.experts, s.hidden, s.capacity, s.top_k, s.chunks};
 }
 
 // A grid-stride loop's first index and step (kernels.cuh keeps its macro to itself).
