@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
     nlohmann::json records = nlohmann::json::array();
     if (!export_dir.empty()) std::filesystem::create_directories(export_dir);
     if (pipeline_only) workloads.clear();
+    if (pipelined == std::vector<std::string>{"none"}) pipelined.clear();
     if (!workloads.empty())
       std::printf("%-12s %-8s %-14s %10s %10s %10s %8s %8s\n", "workload", "preset", "policy", "step_ms", "exposed_ms",
                 "bound_ms", "ratio", "plan_s");

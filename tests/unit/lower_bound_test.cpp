@@ -49,6 +49,19 @@ TEST_CASE("lower bounds of hand-computed graphs", "[plan][lower_bound]") {
     CHECK(lb.one_machine_us == 6);
     CHECK(lb.value == 6);
   }
+  SECTION("a reduction after two parallel branches waits for both on the one compute stream") {
+    // The longest path to the reduction is 10, but its two producers share the compute stream:
+    // it cannot start before 20, and the step cannot end before 25.
+    const auto a = s.add("a", 0, 10);
+    const auto b = s.add("b", 0, 10);
+    const auto r = s.add("r", 1, 5, {a, b});
+    s.add("opt", 0, 1, {r});
+    const auto lb = s.bound();
+    CHECK(lb.critical_path_us == 16);
+    CHECK(lb.stream_work_us == 21);
+    CHECK(lb.one_machine_us == 26);
+    CHECK(lb.value == 26);
+  }
   SECTION("independent work on two streams: the busiest stream") {
     s.add("a", 0, 4);
     s.add("b", 0, 4);
