@@ -73,15 +73,8 @@ TEST_CASE("the MoE decoder's gradient on one rank is the finite difference of it
     int smooth = 0;
     for (std::size_t k = 0; k < 12 && smooth < 3; ++k) {
       const auto i = (k * 7919 + 13) % value.size();
-      const float eps = 1e-3f, keep = value[i];
-      value[i] = keep + eps;
-      step.set_parameter(name, value);
-      const double up = step(b).loss;
-      value[i] = keep - eps;
-      step.set_parameter(name, value);
-      const double down = step(b).loss;
-      value[i] = keep;
-      step.set_parameter(name, value);
+      const float eps = 1e-3f;
+      const auto [up, down] = tt::losses_around(step, b, name, value, i, eps);
       if (std::abs(up + down - 2 * loss) > 1e-4) continue;
       ++smooth;
       const double fd = (up - down) / (2.0 * eps);

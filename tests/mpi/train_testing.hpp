@@ -14,9 +14,28 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 #include <vector>
 
 namespace train_testing {
+
+/// The loss with parameter `name`'s element i moved by +eps and by -eps (restored after): the
+/// two sides of a central difference. `value` is the parameter's current value.
+template <class Step>
+std::pair<double, double> losses_around(Step& step, const concerto::train::batch& b, const std::string& name,
+                                        std::vector<float>& value, std::size_t i, float eps) {
+  const float keep = value[i];
+  value[i] = keep + eps;
+  step.set_parameter(name, value);
+  const double up = step(b).loss;
+  value[i] = keep - eps;
+  step.set_parameter(name, value);
+  const double down = step(b).loss;
+  value[i] = keep;
+  step.set_parameter(name, value);
+  return {up, down};
+}
 
 // Splits every collective the planner could split into 2 chunks with its matmul, exposed or not,
 // so that the decomposed graph really runs, whatever the cost model would have chosen.

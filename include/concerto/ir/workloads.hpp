@@ -37,6 +37,20 @@ namespace detail::workloads {
 
 using i64 = std::int64_t;
 
+// FLOPs from the op table, as the DSL's lowering prices the same op (member by member, so that
+// users' -Wmissing-field-initializers stays quiet).
+inline compute_info op_info(op fn, std::map<std::string, std::int64_t> attrs = {}) {
+  compute_info c;
+  c.fn = fn;
+  c.attrs = std::move(attrs);
+  return c;
+}
+// A compute task of the op's kind.
+inline void add_task(builder& b, std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes,
+                     compute_info c) {
+  b.compute(ir::info(c.fn).kind, std::move(name), std::move(reads), std::move(writes), std::move(c));
+}
+
 /// A transformer's sizes: GPT (LayerNorm, GELU MLP, learned positions) or Llama (RMSNorm,
 /// SwiGLU MLP, RoPE, grouped-query attention); with experts > 0 the MLP is a mixture of
 /// `experts` SwiGLU experts of width ffn, each token routed to `top_k` of them (Mixtral).
@@ -133,17 +147,9 @@ private:
   [[nodiscard]] i64 local_numel(const param& p) const { return zero2() || zero3() ? (p.numel + dp_ - 1) / dp_ : p.numel; }
   [[nodiscard]] static double d(i64 v) { return static_cast<double>(v); }
 
-  // FLOPs from the op table, as the DSL's lowering prices the same op (member by member, so that
-  // users' -Wmissing-field-initializers stays quiet).
-  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) {
-    compute_info c;
-    c.fn = fn;
-    c.attrs = std::move(attrs);
-    return c;
-  }
-  // A compute task of the op's kind.
+  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) { return op_info(fn, std::move(attrs)); }
   void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
-    b_.compute(ir::info(c.fn).kind, std::move(name), std::move(reads), std::move(writes), std::move(c));
+    add_task(b_, std::move(name), std::move(reads), std::move(writes), std::move(c));
   }
 
   buffer_id act(std::string name, std::vector<i64> shape, dtype t) {
@@ -704,14 +710,9 @@ private:
     weight *tr_g, *tr_b, *w1, *w2;
   };
 
-  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) {
-    compute_info c;
-    c.fn = fn;
-    c.attrs = std::move(attrs);
-    return c;
-  }
+  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) { return op_info(fn, std::move(attrs)); }
   void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
-    b_.compute(ir::info(c.fn).kind, std::move(name), std::move(reads), std::move(writes), std::move(c));
+    add_task(b_, std::move(name), std::move(reads), std::move(writes), std::move(c));
   }
   buffer_id act(std::string name, std::vector<i64> shape) {
     return b_.buffer(std::move(name), std::move(shape), buffer_role::activation, type_);

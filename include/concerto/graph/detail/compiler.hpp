@@ -635,6 +635,18 @@ struct work {
     return emit(op, ins, spec, ir::phase::backward, role::gradient, flags, of);
   }
 
+  /// A packed backward term: one task writes the gradients of operands a and b one after the
+  /// other; each operand that needs its gradient gets its part as a view.
+  constexpr void accumulate_parts(int packed, int a, int b) noexcept {
+    const int which[2] = {a, b};
+    for (int k = 0; k < 2; ++k)
+      if (needs_grad(which[k])) {
+        const int s = bwd(op_code::select, {packed}, sp(which[k]), which[k]);
+        nodes[s].dim = static_cast<std::int8_t>(k);
+        accumulate(which[k], s);
+      }
+  }
+
   /// An einsum-ruled backward matmul: converts its operands and emits it.
   constexpr int bwd_matmul(int a, const rules::labels& la, int b, const rules::labels& lb, const rules::labels& lo,
                            std::uint8_t flags, int of) noexcept {
@@ -732,15 +744,7 @@ struct work {
         if (needs_grad(b)) accumulate(b, bwd(op_code::mul, {g, a}, sp(b), b));
         break;
       case op_code::swiglu: {
-        // One task writes dgate and dup one after the other; each operand's gradient is a view.
-        const int packed = bwd(op_code::swiglu_grad, {a, b, g}, sp(a), i);
-        const int which[2] = {a, b};
-        for (int k = 0; k < 2; ++k)
-          if (needs_grad(which[k])) {
-            const int s = bwd(op_code::select, {packed}, sp(which[k]), which[k]);
-            nodes[s].dim = static_cast<std::int8_t>(k);
-            accumulate(which[k], s);
-          }
+        accumulate_parts(bwd(op_code::swiglu_grad, {a, b, g}, sp(a), i), a, b); // dgate, then dup
         break;
       }
       case op_code::rope:
@@ -808,15 +812,8 @@ struct work {
         if (needs_grad(a)) accumulate(a, bwd(op_code::moe_dispatch_grad, {g, b}, sp(a), a));
         break;
       case op_code::moe_combine: {
-        // One task writes dy and dgates one after the other; each operand's gradient is a view.
-        const int packed = bwd(op_code::moe_combine_grad, {a, b, g}, sp(a), a); // shaped as y, not as the output
-        const int which[2] = {a, b};
-        for (int k = 0; k < 2; ++k)
-          if (needs_grad(which[k])) {
-            const int s = bwd(op_code::select, {packed}, sp(which[k]), which[k]);
-            nodes[s].dim = static_cast<std::int8_t>(k);
-            accumulate(which[k], s);
-          }
+        // dy, then dgates; the packed term is shaped as y, not as the output.
+        accumulate_parts(bwd(op_code::moe_combine_grad, {a, b, g}, sp(a), a), a, b);
         break;
       }
       case op_code::vocab_ce_loss: {
