@@ -105,7 +105,7 @@ def print_examples(files, peer_by_cfg):
     starting from the plan its choosing run kept; then what each choosing run measured and cost."""
     print("\nconcerto examples: median step ms of the plans run in turn on the same ranks; LB, predicted with cpu-netns")
     head = (f"{'config':>10} {'model':>5} {'mesh':>7} {'comm%':>6} {'sync':>8} {'p_order':>8} {'xla_lhs':>8} {'concerto':>9}"
-            f" {'chosen':>16} {'c/best':>7} {'LB':>8} {'c/LB':>6} {'pred':>8} {'pred/meas':>10} {'refit/meas':>11}"
+            f" {'chosen':>16} {'again s':>8} {'c/best':>7} {'LB':>8} {'c/LB':>6} {'pred':>8} {'pred/meas':>10} {'refit/meas':>11}"
             f" {'DDP':>8} {'DDPtuned':>9} {'TPpeer':>8} {'c/torch':>8}")
     print(head)
     choosing_rows = []
@@ -135,6 +135,8 @@ def print_examples(files, peer_by_cfg):
             pred = c.get("predicted_us", float("nan")) / 1e3
             refit = c.get("refit_predicted_us", float("nan")) / 1e3
             chosen = c.get("chosen", "-")
+            # The choosing run's pick measured again in this run against its close rivals, at this cost.
+            again = c.get("choice_overhead_s") if c.get("chosen_from_cache") is False else None
             ddp = ddp_tuned = tp_peer = None
             mine = None  # no peer runs this model on this mesh
             if model in ("mlp", "gpt") and tp == 1:
@@ -148,11 +150,12 @@ def print_examples(files, peer_by_cfg):
                 mine = ratio(conc, tp_peer)
             fmt = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
             print(f"{cfg:>10} {model:>5} {mesh:>7} {comm:6.0f} {fmt(sync, 8)} {fmt(po, 8)} {fmt(xla, 8)}"
-                  f" {fmt(conc, 9)} {chosen[:16]:>16} {ratio(conc, best):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f}"
+                  f" {fmt(conc, 9)} {chosen[:16]:>16} {fmt(again, 8, 2)} {ratio(conc, best):7.2f} {lb:8.1f} {ratio(conc, lb):6.2f} {pred:8.1f}"
                   f" {ratio(pred, conc):10.2f} {ratio(refit, conc):11.2f}"
                   f" {fmt(ddp, 8)} {fmt(ddp_tuned, 9)} {fmt(tp_peer, 8)} {fmt(mine, 8, 2)}")
-    print("  (mesh = dp x tp, or for moe (the Llama example with 4 experts, top-2) dp x ep; comm% = sync plan's exposed communication / its step; c = concerto, starting from the plan its"
-          " choosing run kept (chosen);\n   c/best = concerto / fastest of sync, p_order, xla_lhs; LB = the plan's lower bound;"
+    print("  (mesh = dp x tp, or for moe (the Llama example with 4 experts, top-2) dp x ep; comm% = sync plan's exposed communication / its step; c = concerto after its choice in this run (chosen):"
+          " the choosing run's pick,\n   measured again against the rivals that came within 1.25x of it (again s = what that"
+          " cost), or kept as it is when none did;\n   c/best = concerto / fastest of sync, p_order, xla_lhs; LB = the plan's lower bound;"
           " pred = the plan's simulated step when it was made;\n   refit = the kept plan simulated under the refitted model;"
           " DDPtuned = best of the tuned buckets (MLP: 4 and 100 MB, GPT: 1 and 100 MB);\n   c/torch = concerto / best"
           " PyTorch (DDP, default or tuned, for dp; Megatron TP for the MLP's tp))")

@@ -1,7 +1,8 @@
 // The plan choice of the first steps (train/plan_choice.hpp): a run that measures candidates and
 // switches plans trains as one that keeps its first plan; every rank switches to rank 0's pick
 // even when the ranks measured differently; the winner is kept in the plan cache and the next run
-// starts from it; a damaged record is said and the choice made again.
+// starts from it, measuring it again against the rivals that came close; a damaged record is
+// said and the choice made again.
 #include "gpt_program.hpp"
 #include "train_testing.hpp"
 
@@ -24,16 +25,14 @@ namespace {
 constexpr bool gpu = train::default_backend::stream_ordered;
 
 const std::vector<std::string> params{"wte", "layers.0.wq", "layers.1.fc1", "layers.0.ln1.g", "lnf.g", "head"};
-constexpr int steps = 12; // 1 profiled + up to 5 candidates x 2 rounds, then the winner
+constexpr int steps = 14; // 1 profiled + up to 6 candidates x 2 rounds, then the winner
 
 train::step_options options(bool choose) {
   train::step_options o{.policy = "concerto",
                         .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", 2}}},
                         .solver = {.time_budget_s = 0.5, .progress = false}};
-  o.choice = {.enabled = choose, .warmup_steps = 0, .profile_steps = 1, .trial_steps = 1, .rounds = 2, .also_try = {"sync"}};
-  // A GPU backend refits nothing and tries every list baseline anyway: 'sync' must come from
-  // that rule there, not from also_try.
-  if (gpu) o.choice.also_try.clear();
+  // Every list baseline is a candidate ('sync' among them, which no cost model would pick).
+  o.choice = {.enabled = choose, .warmup_steps = 0, .profile_steps = 1, .trial_steps = 1, .rounds = 2};
   return o;
 }
 
@@ -159,6 +158,62 @@ TEST_CASE("the winner is kept in the plan cache; the next run starts from it; a 
     auto third = compile(o);
     third.prepare();
     CHECK_FALSE(third.choice().decided()); // choosing again
+    CHECK(third.plan().policy == "concerto");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an earlier run's pick is measured again against the rival that came close; this run's faster one is kept",
+          "[mpi][choice]") {
+  const auto dir = shared_temp_dir();
+  auto o = options(true);
+  o.cache_dir = dir;
+  // Steps of a plan cost what the run says it measured, whatever else they took.
+  const auto measuring = [](double sync_us, double concerto_us) {
+    return [=](int, std::string_view candidate, double us) {
+      return candidate == "sync" ? sync_us : candidate == "concerto" ? concerto_us : us + 1e6;
+    };
+  };
+  const auto run_until_decided = [](auto& step) {
+    for (int s = 0; s < steps && !step.choice().decided(); ++s)
+      (void)step(gt::token_batch(s, gt::test_batch, gt::test_seq, gt::test_vocab));
+    REQUIRE(step.choice().decided());
+    CHECK(same_on_every_rank(step.choice().text()));
+    CHECK(same_on_every_rank(hasher::to_hex(plan::hash(step.plan()))));
+  };
+  const auto winner = [](const train::plan_choice_report& r) { return r.candidates[static_cast<std::size_t>(r.winner)].name; };
+  o.choice.adjust_measured = measuring(1000, 1100); // the first plan within 1.25x of 'sync'
+  {
+    auto first = compile(o);
+    run_until_decided(first);
+    CHECK(winner(first.choice()) == "sync");
+  }
+  o.choice.adjust_measured = measuring(1000, 900); // ... and faster in the next run
+  {
+    auto second = compile(o);
+    second.prepare();
+    CHECK_FALSE(second.choice().decided()); // measuring again
+    CHECK(second.plan().policy == "sync");  // starting from the earlier pick
+    run_until_decided(second);
+    const auto& r = second.choice();
+    CHECK(r.confirmed);
+    CHECK_FALSE(r.from_cache);
+    REQUIRE(r.candidates.size() == 2); // the others measured 1e6 us slower: not measured again
+    CHECK(r.candidates[0].name == "sync");
+    CHECK(r.candidates[1].name == "concerto");
+    CHECK(winner(r) == "concerto");
+    CHECK(second.plan().policy == "concerto");
+    CHECK(r.decided_at_step == 1 + 2 * 2); // a first step of the pick, then 2 rounds of 2 candidates
+    CHECK(r.text().find("an earlier run's pick, measured again") != std::string::npos);
+  }
+  o.choice.confirm_within = 1; // trust the earlier run
+  {
+    auto third = compile(o);
+    third.prepare();
+    REQUIRE(third.choice().decided());
+    CHECK(third.choice().from_cache);
+    CHECK(winner(third.choice()) == "concerto");
     CHECK(third.plan().policy == "concerto");
   }
   MPI_Barrier(MPI_COMM_WORLD);

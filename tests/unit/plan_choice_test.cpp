@@ -1,5 +1,6 @@
 // The arithmetic of the plan choice (train/plan_choice.hpp): the interleaved trial order, rank
-// 0's verdict from every rank's times, and how the ranks' measurements become one observation.
+// 0's verdict from every rank's times, how the ranks' measurements become one observation, and
+// which plans an earlier run's winner is measured against again.
 #include <concerto/ir/builder.hpp>
 #include <concerto/train/plan_choice.hpp>
 
@@ -82,8 +83,22 @@ TEST_CASE("plan choice: the report says what was kept, against what, and what ch
                                      "'xla_lhs' 900 us (1.12x) (medians of 6 steps)"));
   CHECK_THAT(text, ContainsSubstring("0.50 s planning"));
   CHECK_THAT(text, ContainsSubstring("refit: predicted 700 us"));
+  r.confirmed = true;
+  CHECK_THAT(r.text(), ContainsSubstring("plan choice at step 22 (an earlier run's pick, measured again): kept 'concerto (re-planned)'"));
+  r.confirmed = false;
   r.from_cache = true;
   r.candidates = {r.candidates[1]};
   r.winner = 0;
   CHECK(r.text() == "plan choice: 'concerto (re-planned)' from the plan cache (measured 800 us when it was chosen)");
+}
+
+TEST_CASE("plan choice: an earlier winner is measured again against the rivals that came within the factor") {
+  using train::detail::close_rivals;
+  const double never_run = std::nan("");
+  const std::vector<double> medians{100, 130, 110, never_run, 0, 124.9};
+  // Fastest first; the winner itself, the ones never run and the slower ones left out.
+  CHECK(close_rivals(medians, 0, 1.25) == std::vector<std::size_t>{2, 5});
+  CHECK(close_rivals(medians, 0, 1.5) == std::vector<std::size_t>{2, 5, 1});
+  CHECK(close_rivals(medians, 0, 1.0).empty()); // 1 trusts the earlier run
+  CHECK(close_rivals(medians, 2, 1.25) == std::vector<std::size_t>{0, 5, 1});
 }

@@ -10,18 +10,25 @@
 ///    alpha and bandwidth per link class, overlap slowdowns; each task's duration the mean over
 ///    ranks) and re-plans with it;
 /// 3. runs the candidates (the first plan, the re-planned one, the best baseline under the
-///    refitted model, and any `also_try` policies; duplicates dropped) for `trial_steps` steps
-///    each, `rounds` times, interleaved so that a drift of the machine falls on all of them;
+///    refitted model, every list baseline, and any `also_try` policies; duplicates dropped) for
+///    `trial_steps` steps each, `rounds` times, interleaved so that a drift of the machine
+///    falls on all of them;
 /// 4. rank 0 takes each trial step's time as its slowest rank's, the median per candidate, and
 ///    broadcasts the fastest; every rank switches to it at the same step, before any collective
 ///    of the new plan. The plans compute the same sums (chunked ones in another order), and the
 ///    parameters and optimizer state move over by name, so training goes on as it would have,
 ///    up to rounding;
-/// 5. with the plan cache on, the winner is stored with what was measured and the refitted
-///    model, and the next run of the same job starts from it and chooses nothing.
+/// 5. with the plan cache on, the winner is stored with what was measured, the refitted model
+///    and the plans it beat, and the next run of the same job starts from it. Where some plan
+///    it beat measured within `confirm_within` of it, that run measures the two again, the
+///    same way, after its warm-up steps (a ranking of plans within 10-30% of each other did
+///    not carry from one launch to the next on the emulated cluster); otherwise it chooses
+///    nothing.
 ///
+/// The list baselines (sync, program_order, xla_lhs) are always candidates: the promise is to
+/// be no slower than any of them, and a model that mispriced the first plan may misrank them.
 /// On a stream-ordered backend (GPU) the executor sees when tasks were issued, not when they
-/// ran, so nothing is refitted there: the candidates are the first plan and the best baseline,
+/// ran, so nothing is refitted there: the candidates are the first plan and the baselines,
 /// judged by their measured steps (the step's end is synchronised).
 
 #include <concerto/core/error.hpp>
@@ -52,6 +59,9 @@ struct plan_choice_options {
   int trial_steps = 2;   ///< measured steps per candidate per round
   int rounds = 3;        ///< interleaved rounds over the candidates
   std::vector<std::string> also_try; ///< more policies to measure (any planner::policy_names())
+  /// A run starting from an earlier run's winner measures it again against the plans it beat
+  /// by less than this factor (their medians then); 1 trusts the earlier run.
+  double confirm_within = 1.25;
   /// Experiments and tests: the step time this rank reports for a trial step of a candidate.
   std::function<double(int rank, std::string_view candidate, double step_us)> adjust_measured;
 };
@@ -69,6 +79,7 @@ struct plan_choice_report {
   int winner = -1;                  ///< index into candidates; -1 while nothing is decided
   std::int64_t decided_at_step = 0; ///< the last step of the choice; later steps run the winner
   bool from_cache = false;          ///< the winner of an earlier run of this job, read from the plan cache
+  bool confirmed = false;           ///< an earlier run's winner measured again against its closest rivals
   std::string refit;                ///< planner::refit_result::text(), empty when nothing was refitted
   double planning_seconds = 0;      ///< refit, re-planning, and sending the plans (slowest rank)
   double switching_seconds = 0;     ///< rebuilding executors between candidates (slowest rank)
@@ -88,8 +99,8 @@ struct plan_choice_report {
                     w.name.c_str(), w.measured_us);
       return buf;
     }
-    std::snprintf(buf, sizeof buf, "plan choice at step %lld: kept '%s' %.0f us", static_cast<long long>(decided_at_step),
-                  w.name.c_str(), w.measured_us);
+    std::snprintf(buf, sizeof buf, "plan choice at step %lld%s: kept '%s' %.0f us", static_cast<long long>(decided_at_step),
+                  confirmed ? " (an earlier run's pick, measured again)" : "", w.name.c_str(), w.measured_us);
     out = buf;
     for (std::size_t i = 0; i < candidates.size(); ++i) {
       if (static_cast<int>(i) == winner) continue;
@@ -151,6 +162,17 @@ struct trial_verdict {
   for (std::size_t s = 0; s < order.size(); ++s)
     if (order[s] != v.winner) v.excess_us += slowest[s] - v.median_us[static_cast<std::size_t>(v.winner)];
   return v;
+}
+
+/// Which candidates of an earlier choice its winner is measured against again: those whose
+/// median was below `within` times the winner's (never run: NaN or 0, not close), fastest first.
+[[nodiscard]] inline std::vector<std::size_t> close_rivals(std::span<const double> median_us, std::size_t winner,
+                                                           double within) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < median_us.size(); ++i)
+    if (i != winner && median_us[i] > 0 && median_us[i] < within * median_us[winner]) out.push_back(i);
+  std::stable_sort(out.begin(), out.end(), [&](std::size_t a, std::size_t b) { return median_us[a] < median_us[b]; });
+  return out;
 }
 
 /// One rank's observation packed for an all-gather: durations, overlapped shares, step.

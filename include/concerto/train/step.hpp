@@ -341,6 +341,9 @@ public:
       fail("train step: plan choice needs warmup_steps >= 0, profile_steps >= 1, trial_steps >= 1 and rounds >= 1 (got " +
            std::to_string(c.warmup_steps) + ", " + std::to_string(c.profile_steps) + ", " + std::to_string(c.trial_steps) +
            ", " + std::to_string(c.rounds) + ")");
+    if (!(options_.choice.confirm_within >= 1))
+      fail("train step: plan choice needs confirm_within >= 1 (got " + std::to_string(options_.choice.confirm_within) +
+           "; 1 trusts an earlier run's pick)");
     for (const auto& policy : options_.choice.also_try)
       if (const auto known = planner::policy_names(); std::find(known.begin(), known.end(), policy) == known.end())
         fail("train step: plan choice: also_try names '" + policy + "', which is not a policy");
@@ -414,7 +417,14 @@ public:
       summary_ = {j.at("policy"), j.at("solver"), j.at("predicted"), j.at("sync"), j.at("hit"), j.at("rewritten"),
                   j.at("tasks"), j.at("collectives")};
       if (const auto& kept = j.at("choice").get_ref<const std::string&>(); !kept.empty()) {
-        choice_ = report_of_record(nlohmann::json::parse(kept));
+        auto record = nlohmann::json::parse(kept);
+        if (record.at("confirm").empty()) {
+          choice_ = report_of_record(record);
+        } else { // measured again against its close rivals, from the first steps on
+          choosing_.emplace();
+          choosing_->prior = model;
+          choosing_->earlier = std::move(record);
+        }
       } else if (chooses()) {
         choosing_.emplace();
         choosing_->prior = model;
@@ -688,19 +698,51 @@ private:
   [[nodiscard]] std::filesystem::path chosen_record_path(const cache::cache_key& key) const {
     return options_.cache_dir / ("choice-" + key.hex() + ".json");
   }
-  std::optional<plan::plan> load_chosen(const ir::graph& g, const cost::model& model, std::string& record_text) const {
+  /// A plan the choice measured and did not keep, under its own key, for the next run to
+  /// measure the winner against again.
+  [[nodiscard]] cache::cache_key rival_key(const ir::graph& g, const cost::model& model, const std::string& name) const {
+    return cache::make_key(g, model, default_backend_name, options_.policy + "+measured:" + name, planner::hash(planning_options()));
+  }
+  /// Rank 0: the winner, and in `record_text` the record with "confirm" added: the rivals it is
+  /// measured against again ([name, predicted us] each; their plans wait in rivals_).
+  std::optional<plan::plan> load_chosen(const ir::graph& g, const cost::model& model, std::string& record_text) {
     const auto key = chosen_key(g, model);
     const auto path = chosen_record_path(key);
     if (!std::filesystem::exists(path)) return std::nullopt;
     try {
       std::ifstream in(path);
-      const auto record = nlohmann::json::parse(in);
+      auto record = nlohmann::json::parse(in);
       std::string why;
-      auto kept = cache::plan_cache(options_.cache_dir).load(key, &why);
+      cache::plan_cache cache(options_.cache_dir);
+      auto kept = cache.load(key, &why);
       if (!kept) fail("its plan is missing from the plan cache" + (why.empty() ? std::string() : " (" + why + ")"));
       if (hasher::to_hex(plan::hash(*kept)) != record.at("plan_hash").get<std::string>())
         fail("it names another plan than the one the plan cache holds");
       (void)report_of_record(record); // every field readable
+      const auto& candidates = record.at("candidates");
+      std::vector<double> medians;
+      std::size_t winner = candidates.size();
+      for (std::size_t i = 0; i < candidates.size(); ++i) {
+        medians.push_back(candidates[i].at("measured_us").get<double>());
+        if (candidates[i].at("plan_hash") == record.at("plan_hash")) winner = i;
+      }
+      if (winner == candidates.size()) fail("its winner is not among its candidates");
+      rivals_.clear();
+      auto confirm = nlohmann::json::array();
+      for (const auto i : detail::close_rivals(medians, winner, options_.choice.confirm_within)) {
+        const auto& rival = candidates[i];
+        const auto name = rival.at("name").get<std::string>();
+        why.clear();
+        auto p = cache.load(rival_key(g, model, name), &why);
+        if (!p || hasher::to_hex(plan::hash(*p)) != rival.at("plan_hash").get<std::string>()) {
+          std::fprintf(stderr, "concerto: the plan '%s' that an earlier run measured is not in the plan cache%s; its winner is "
+                       "measured again without it\n", name.c_str(), why.empty() ? "" : (" (" + why + ")").c_str());
+          continue;
+        }
+        confirm.push_back({name, rival.at("predicted_us").get<double>()});
+        rivals_.push_back(std::move(*p));
+      }
+      record["confirm"] = std::move(confirm);
       record_text = record.dump();
       return kept;
     } catch (const std::exception& e) {
@@ -720,18 +762,27 @@ private:
                             record.at("steps").get<int>()});
     return r;
   }
-  /// Rank 0, with the plan cache on: the winner and what was measured, for the next run.
-  void store_chosen(const plan_choice_report& r, const plan::plan& winner, const cost::model& refitted) const {
+  /// Rank 0, with the plan cache on: the winner, the plans it beat and what was measured, for
+  /// the next run.
+  void store_chosen(const plan_choice_report& r, std::span<const plan::plan> plans, const nlohmann::json& refitted_model) const {
     if (rank_ != 0 || !options_.use_cache) return;
     try {
-      const auto key = chosen_key(planner_input(), choosing_->prior);
-      cache::plan_cache(options_.cache_dir).store(key, winner);
+      const auto g = planner_input();
+      const auto& prior = choosing_->prior;
+      cache::plan_cache cache(options_.cache_dir);
+      const auto key = chosen_key(g, prior);
+      nlohmann::json candidates = nlohmann::json::array();
+      for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+        const auto& c = r.candidates[i];
+        if (static_cast<int>(i) != r.winner) cache.store(rival_key(g, prior, c.name), plans[i]);
+        candidates.push_back(
+            {{"name", c.name}, {"plan_hash", c.plan_hash}, {"predicted_us", c.predicted_us}, {"measured_us", c.measured_us}});
+      }
+      cache.store(key, plans[static_cast<std::size_t>(r.winner)]);
       const auto& w = r.candidates[static_cast<std::size_t>(r.winner)];
-      nlohmann::json measured = nlohmann::json::object();
-      for (const auto& c : r.candidates) measured[c.name] = c.measured_us;
       const nlohmann::json record{{"winner", w.name},          {"plan_hash", w.plan_hash},      {"predicted_us", w.predicted_us},
                                   {"measured_us", w.measured_us}, {"steps", w.steps},           {"decided_at_step", r.decided_at_step},
-                                  {"candidates_measured_us", measured}, {"refit", r.refit}, {"refitted_model", refitted.hw()}};
+                                  {"candidates", candidates}, {"refit", r.refit}, {"refitted_model", refitted_model}};
       write_file_atomically(chosen_record_path(key), record.dump(2) + "\n");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "concerto: could not keep the chosen plan for the next run (%s)\n", e.what());
@@ -745,6 +796,10 @@ private:
     ++c.seen;
     if (c.order.empty()) { // measuring the first plan
       if (c.seen <= o.warmup_steps) return;
+      if (c.earlier) {
+        start_confirmation();
+        return;
+      }
       c.profile.push_back(rep.measured);
       if (static_cast<int>(c.profile.size()) == o.profile_steps) start_trials(rep.step);
       return;
@@ -808,12 +863,12 @@ private:
         }
         names.push_back(best_name);
         made.push_back(std::move(*best));
-        // Without a refit (a GPU backend: the executor sees when tasks were issued, not how long
-        // they ran) the model's ranking of the baselines was never checked against this machine:
-        // on one H200 it put xla_lhs first for a small GPT that ran 1.2x slower under it than under
-        // sync (launch-bound steps, where each cross-stream event costs). Each list baseline runs,
-        // as does every policy the options add.
-        auto more = refit ? std::vector<std::string>{} : planner::list_policy_names();
+        // Each list baseline runs too, as does every policy the options add: the model's ranking
+        // of them is not to be trusted where it mispriced the first plan. On one H200 (no refit:
+        // the executor sees when tasks were issued, not how long they ran) the model put xla_lhs
+        // first for a small GPT that ran 1.2x slower under it than under sync; on the emulated
+        // cluster, a refitted model still ranked plans within 10-30% of each other wrongly.
+        auto more = planner::list_policy_names();
         more.insert(more.end(), options_.choice.also_try.begin(), options_.choice.also_try.end());
         for (const auto& policy : more) {
           planning.policy = policy;
@@ -863,6 +918,28 @@ private:
     switch_plan(c.order.front());
   }
 
+  /// An earlier run's winner (the plan running) against the rivals rank 0 loaded with it, by
+  /// the same trials; no refit, no planning.
+  void start_confirmation() {
+    auto& c = *choosing_;
+    const auto started = std::chrono::steady_clock::now();
+    const nlohmann::json& earlier = *c.earlier;
+    c.names = {earlier.at("winner").get<std::string>()};
+    c.predicted_us = {earlier.at("predicted_us").get<double>()};
+    c.plans = {ex_->plan()};
+    const auto& rivals = earlier.at("confirm");
+    for (std::size_t i = 0; i < rivals.size(); ++i) {
+      c.names.push_back(rivals[i].at(0));
+      c.predicted_us.push_back(rivals[i].at(1));
+      c.plans.push_back(runtime::distribute_plan(*backend_, [&] { return rivals_.at(i); }));
+    }
+    rivals_.clear();
+    c.refit = earlier.at("refit");
+    c.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    c.order = detail::trial_order(static_cast<int>(c.plans.size()), options_.choice.rounds, options_.choice.trial_steps);
+    switch_plan(c.order.front());
+  }
+
   /// Rank 0 judges the trials; every rank switches to the winner; the report; the cache.
   void finish_choice(std::int64_t step) {
     auto& c = *choosing_;
@@ -903,9 +980,10 @@ private:
       r.candidates.push_back({c.names[at], hasher::to_hex(plan::hash(c.plans[at])), c.predicted_us[at],
                               median.is_number() ? median.get<double>() : 0.0, d.at("steps")[at].get<int>()});
     }
+    r.confirmed = c.earlier.has_value();
     switch_plan(r.winner);
     choice_ = r;
-    store_chosen(r, c.plans[static_cast<std::size_t>(r.winner)], c.refitted.value_or(c.prior));
+    store_chosen(r, c.plans, c.earlier ? c.earlier->at("refitted_model") : nlohmann::json(c.refitted.value_or(c.prior).hw()));
     choosing_.reset();
   }
 
@@ -1302,8 +1380,10 @@ private:
     std::vector<double> times;          ///< this rank's trial step times
     std::string refit;
     double planning_s = 0, switching_s = 0;
+    std::optional<nlohmann::json> earlier; ///< confirming an earlier run's pick: its record, with "confirm"
   };
   std::optional<choosing> choosing_;
+  std::vector<plan::plan> rivals_; ///< rank 0: the plans an earlier pick is measured against again
   std::vector<std::byte> carried_; ///< what outlives a step, while switch_plan changes executors
   plan_choice_report choice_;
   std::map<std::string, tensor_info> tensors_;
