@@ -52,22 +52,7 @@ TEST_CASE("the GPT's gradient on one rank is the finite difference of its loss",
   const auto b = data();
   const double loss = step(b).loss;
   CHECK(std::abs(loss - std::log(static_cast<double>(vocab))) < 1.0); // small initial weights: near uniform
-  for (const auto& name : params) {
-    const auto grad = step.gradient(name);
-    auto value = step.parameter(name);
-    double largest = 0;
-    for (auto g : grad) largest = std::max(largest, std::abs(static_cast<double>(g)));
-    CAPTURE(name, largest);
-    REQUIRE(largest > 1e-4); // every sampled parameter takes part in the loss
-    for (std::size_t k = 0; k < 3; ++k) {
-      const auto i = (k * 7919 + 13) % value.size();
-      const float eps = 1e-2f;
-      const auto [up, down] = tt::losses_around(step, b, name, value, i, eps);
-      const double fd = (up - down) / (2.0 * eps);
-      CAPTURE(i, fd, grad[i]);
-      CHECK(std::abs(fd - grad[i]) <= 2e-3 + 5e-2 * std::abs(fd));
-    }
-  }
+  tt::check_gradients_by_differences(step, b, params, {});
 }
 
 TEST_CASE("the DSL GPT trains to the single-rank numbers on every mesh that divides", "[mpi][train][gpt]") {
