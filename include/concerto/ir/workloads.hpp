@@ -528,6 +528,12 @@ private:
   [[nodiscard]] std::map<std::string, std::int64_t> moe_attrs() const {
     return {{"experts", m_.experts}, {"group", m_.seq}, {"capacity", capacity()}};
   }
+  // The router's: the MoE attributes and top_k.
+  [[nodiscard]] std::map<std::string, std::int64_t> route_attrs() const {
+    auto a = moe_attrs();
+    a["top_k"] = m_.top_k;
+    return a;
+  }
   // The exchange between the token split ([E, S, h]) and the expert split ([E/ep, ep·S, h]), or
   // nothing on one rank.
   buffer_id exchange(const std::string& task_name, buffer_id in, std::string out_name, bool to_experts) {
@@ -563,9 +569,7 @@ private:
     s.logits = act(L + "moe.router.out", {tok_, E});
     b_.matmul(L + "moe.router", n2, s.router->store, s.logits, tok_, E, h);
     s.gates = act(L + "moe.gates", {tok_, E}, dtype::f32);
-    auto route = moe_attrs();
-    route["top_k"] = m_.top_k;
-    task(L + "moe.route", {s.logits}, {s.gates}, info(op::moe_route, route));
+    task(L + "moe.route", {s.logits}, {s.gates}, info(op::moe_route, route_attrs()));
     const auto send = act(L + "moe.dispatch.out", {E, slots(), h});
     task(L + "moe.dispatch", {n2, s.gates}, {send}, info(op::moe_dispatch, moe_attrs()));
     s.x = exchange(L + "moe.dispatch.a2a", send, L + "moe.dispatch.recv", true);
@@ -617,9 +621,7 @@ private:
     const auto dn2_tokens = act(L + "moe.dispatch.in.grad", {tok_, h});
     task(L + "moe.dispatch.grad", {dsend, s.gates}, {dn2_tokens}, info(op::moe_dispatch_grad, moe_attrs()));
     const auto dlogits = act(L + "moe.router.out.grad", {tok_, E});
-    auto route = moe_attrs();
-    route["top_k"] = m_.top_k;
-    task(L + "moe.route.grad", {s.logits, s.gates, dgates}, {dlogits}, info(op::moe_route_grad, route));
+    task(L + "moe.route.grad", {s.logits, s.gates, dgates}, {dlogits}, info(op::moe_route_grad, route_attrs()));
     const auto dn2_router = act(L + "moe.router.in.grad", {tok_, h});
     b_.matmul(L + "moe.router.dgrad", dlogits, s.router->store, dn2_router, tok_, h, E, 1, false, true);
     b_.matmul(L + "moe.router.wgrad", s.n2, dlogits, s.router->grad, h, E, tok_, 1, true, false);

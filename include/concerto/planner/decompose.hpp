@@ -273,7 +273,7 @@ struct expert_region {
   std::array<bool, 4> expert_side_is_output{true, false, true, false};
   /// Matmuls next to an exchange on the expert side, split with it: the ones reading the
   /// received rows as A (after dispatch and the combine gradient), the one writing the rows sent
-  /// (before combine and the dispatch gradient); -1 where that task is not a plain matmul.
+  /// (before combine and the dispatch gradient); none where those tasks are not plain matmuls.
   std::array<std::vector<ir::task_id>, 4> matmuls;
   std::int64_t slots = 0; ///< rows per expert and rank (groups·capacity)
 };
@@ -702,11 +702,11 @@ private:
       return new_buffer(rewrite::indexed(w.name + ".c", j), {rows / k, w.bytes / (rows * static_cast<std::int64_t>(ir::size_of(w.type)))},
                         part, w, whole, j * part);
     };
+    const auto rows = r->slots * g_[r->dispatch].attr("experts", 1); // of each exchanged buffer
     for (std::size_t i = 0; i < 4; ++i) {
       const auto& x = g_[r->exchange[i]];
       claim(x.id, what);
       for (auto m : r->matmuls[i]) claim(m, what);
-      const auto rows = r->slots * g_[r->dispatch].attr("experts", 1);
       std::vector<ir::buffer_id> ins, outs;
       for (std::int64_t j = 0; j < k; ++j) {
         ins.push_back(rows_view(x.reads[0], rows, j));

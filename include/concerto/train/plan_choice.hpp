@@ -19,9 +19,9 @@
 ///    parameters and optimizer state move over by name, so training goes on as it would have,
 ///    up to rounding;
 /// 5. with the plan cache on, the winner is stored with what was measured, the refitted model
-///    and the plans it beat, and the next run of the same job starts from it. Where some plan
-///    it beat measured within `confirm_within` of it, that run measures the two again, the
-///    same way, after its warm-up steps (a ranking of plans within 10-30% of each other did
+///    and the plans it beat, and the next run of the same job starts from it. Where some plans
+///    it beat measured within `confirm_within` of it, that run measures them again, the same
+///    way, after its warm-up steps (a ranking of plans within 10-30% of each other did
 ///    not carry from one launch to the next on the emulated cluster); otherwise it chooses
 ///    nothing.
 ///
