@@ -92,26 +92,69 @@ void check_failed(const outcome& o, const std::string& message) {
 
 } // namespace
 
+// What a rank that timed out says of a rank that stopped: it asked, and got no answer.
+const std::string silent_rank_1 = "rank 1 does not answer (stopped, or busy outside concerto's waits)";
+
 TEST_CASE("a rank stopped before step 1 ends the job at the deadline, reported by the rank that waited", "[faults][deadline]") {
   folder f;
   const auto o = run("stall-start", f.path);
-  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for the settings agreement check before step 1");
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for the settings agreement check "
+                  "before step 1: " + silent_rank_1 + " (set CONCERTO_TIMEOUT_S to wait longer)");
   CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
 }
 
-TEST_CASE("a rank that never makes its communicators ends the job at the deadline, naming the lane", "[faults][deadline]") {
+TEST_CASE("a rank that never makes its communicators ends the job at the deadline, naming the axis", "[faults][deadline]") {
   folder f;
   const auto o = run("stall-communicators", f.path);
-  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for the communicator of lane '");
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for the communicators of mesh axis '");
+  CHECK_THAT(o.output, ContainsSubstring(silent_rank_1));
   CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
 }
 
-TEST_CASE("a rank stopped between steps ends the job at the deadline, naming the step and the collective", "[faults][deadline]") {
+TEST_CASE("a rank that stops inside a communicator split ends the job at the deadline", "[faults][deadline]") {
+  folder f;
+  const auto o = run("stall-split", f.path);
+  // MPI_Comm_split cannot be interrupted: the watchdog of the rank inside it says why and ends it.
+  check_failed(o, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 inside MPI_Comm_split for the communicator of "
+                  "the injected split: a rank of the group entered it late or not at all");
+}
+
+TEST_CASE("a rank stopped between steps ends the job at the deadline, naming the step, the collective and the rank",
+          "[faults][deadline]") {
   folder f;
   const auto o = run("stall-mid", f.path);
   check_failed(o, "concerto: rank 0 failed: timed out after 2 s in step 2 waiting for ");
-  CHECK_THAT(o.output, ContainsSubstring("(set CONCERTO_TIMEOUT_S to wait longer)"));
+  CHECK_THAT(o.output, ContainsSubstring("collective(s) in flight: " + silent_rank_1 + " (set CONCERTO_TIMEOUT_S to wait longer)"));
   CHECK_THAT(o.output, !ContainsSubstring("rank 1 failed"));
+}
+
+TEST_CASE("a rank stopped after its last step ends the job at the deadline instead of spinning in MPI_Finalize",
+          "[faults][deadline]") {
+  folder f;
+  const auto o = run("stall-finalize", f.path);
+  CAPTURE(o.output, o.seconds);
+  CHECK(o.status != 0);
+  CHECK(o.seconds < ends_before_stall_s);
+  CHECK(count_of(o.output, "concerto: rank 0 failed: timed out after 2 s on rank 0 of 2 waiting for the other ranks at the "
+                           "end of the job (MPI_Finalize): " + silent_rank_1) == 1);
+  CHECK(count_of(o.output, "concerto: rank ") == 1);
+}
+
+TEST_CASE("a rank 0 that plans past the deadline is reported as planning, not as stopped", "[faults][deadline]") {
+  folder f;
+  const auto o = run("slow-plan", f.path);
+  // Rank 0 is busy planning (it answers nobody): rank 1, which waited, says so itself.
+  check_failed(o, "concerto: rank 1 failed: timed out after 2 s on rank 1 of 2 waiting for the plan from rank 0 (rank 0 plans, or loads it from the cache): rank 0 is "
+                  "planning the step (");
+  CHECK_THAT(o.output, !ContainsSubstring("does not answer"));
+}
+
+TEST_CASE("a mistake every rank makes alike is said once", "[faults]") {
+  folder f;
+  const auto o = run("bad-shape", f.path);
+  check_failed(o, "concerto: rank 0 failed: ");
+  CHECK_THAT(o.output, ContainsSubstring("(2 ranks alike)"));
+  CHECK_THAT(o.output, ContainsSubstring("wq"));
 }
 
 TEST_CASE("a pipeline stage stopped between steps ends the job at the deadline, naming the message", "[faults][deadline][pipeline]") {
@@ -150,9 +193,18 @@ TEST_CASE("ranks given other settings are refused before step 1, naming the fiel
   SECTION("a policy") {
     check_failed(run("policy", f.path), "the ranks disagree on 'policy': rank 0 has 'program_order', rank 1 has 'sync'");
   }
+  // Every collective setting of the MPI library is compared, by messages no such setting changes.
   SECTION("Open MPI's non-blocking all-reduce algorithm") {
     check_failed(run("mpi-setting", f.path),
-                 "the ranks disagree on 'OMPI_MCA_coll_libnbc_iallreduce_algorithm': rank 0 has '1', rank 1 has '2'");
+                 "the ranks disagree on 'MPI coll_libnbc_iallreduce_algorithm': rank 0 has '1', rank 1 has '2'");
+  }
+  SECTION("Open MPI's non-blocking broadcast algorithm") {
+    check_failed(run("mpi-setting-ibcast", f.path),
+                 "the ranks disagree on 'MPI coll_libnbc_ibcast_algorithm': rank 0 has '0', rank 1 has '2'");
+  }
+  SECTION("Open MPI's non-blocking all-gather algorithm") {
+    check_failed(run("mpi-setting-iallgather", f.path),
+                 "the ranks disagree on 'MPI coll_libnbc_iallgather_algorithm': rank 0 has '0', rank 1 has '2'");
   }
   SECTION("TF32 products (CONCERTO_TF32)") {
     check_failed(run("tf32", f.path), "the ranks disagree on 'allow_tf32': rank 0 has 'false', rank 1 has 'true'");
@@ -173,6 +225,21 @@ TEST_CASE("a loss that is not finite stops training, naming the step", "[faults]
     CHECK_THAT(o.output, ContainsSubstring("(embedding reading 'ids', 'wte') on rank 0: nan at element 0 of '"));
     // The lookup is a node the user did not name: the message says what the program wrote.
     CHECK_THAT(o.output, ContainsSubstring("#2' = embedding(ids, wte) (embedding reading"));
+  }
+  SECTION("a kernel of a later layer is described as that layer computes it") {
+    const auto o = run("nan-layer", f.path, "2", "CONCERTO_FIND_NON_FINITE=1");
+    check_failed(o, "the first kernel whose output is not finite is matmul 'layers.1.matmul#");
+    // Layer 1 reads layer 0's output, not the embedding (the stack's input, which layer 0 reads).
+    CHECK_THAT(o.output, ContainsSubstring("= matmul(layernorm(the previous layer's output, ln1.g, ln1.b), wq) (matmul reading"));
+    CHECK_THAT(o.output, !ContainsSubstring("embedding(ids, wte)"));
+  }
+  SECTION("pipelined, the first in the schedule's order across the stages") {
+    const auto o = run("nan-stage", f.path, "2", "CONCERTO_FIND_NON_FINITE=1");
+    // Stage 1 (rank 1) reads the NaN stage 0 sends with its first kernel; stage 0 (rank 0) wrote it
+    // with layer 0's second MLP product, later in its own list: micro-batch 0's forward on stage 0
+    // comes first.
+    check_failed(o, "the first kernel whose output is not finite is matmul 'layers.0.matmul#");
+    CHECK_THAT(o.output, ContainsSubstring(") on rank 0: nan at element "));
   }
 }
 

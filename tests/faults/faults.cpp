@@ -12,9 +12,20 @@
 //   stall-reduction     rank 1 never joins a control-path reduction (the one each step's loss uses)
 //   stall-save          rank 1 sleeps before saving: the others wait in the checkpoint's gather
 //   lr, layers, policy  rank 1 compiles the step with another learning rate, depth or policy
+//   stall-finalize      rank 1 sleeps after its last step, before the end of the job (MPI_Finalize)
+//   stall-split         rank 1 passes the barrier before a communicator split, then never splits:
+//                       rank 0 waits inside MPI_Comm_split, which cannot be interrupted
+//   slow-plan           rank 0 plans for longer than the deadline: rank 1 waits for the plan
 //   mpi-setting         rank 1 starts MPI with another non-blocking all-reduce algorithm
+//   mpi-setting-ibcast, mpi-setting-iallgather
+//                       the same with another non-blocking broadcast or all-gather algorithm
+//   bad-shape           every rank compiles the step with a misshapen parameter (a mistake all
+//                       ranks make alike: said once)
 //   tf32                rank 1 asks for TF32 products (CONCERTO_TF32=1), rank 0 does not
 //   nan                 the embedding holds NaN: the first loss is not finite
+//   nan-layer           layer 1's query weight holds NaN (the first kernel to write one is layer 1's)
+//   nan-stage           pipelined over 2 stages: layer 0's last weight (stage 0) holds NaN, late in
+//                       stage 0's list, while stage 1's first kernel already reads the NaN it sends
 //   replica-drift       rank 1's copy of the replicated final layernorm gain differs in one value
 //   choice-fails        the concerto policy chooses its plan by measuring; rank 1 throws while it
 //                       reports its first trial step
@@ -102,11 +113,23 @@ int main(int argc, char** argv) {
   const char* launcher_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const bool second = launcher_rank != nullptr && std::string_view(launcher_rank) == "1";
   if (fault == "mpi-setting" && second) ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "2", 1);
+  if (fault == "mpi-setting-ibcast" && second) ::setenv("OMPI_MCA_coll_libnbc_ibcast_algorithm", "2", 1);
+  if (fault == "mpi-setting-iallgather" && second) ::setenv("OMPI_MCA_coll_libnbc_iallgather_algorithm", "2", 1);
   if (fault == "tf32") ::setenv("CONCERTO_TF32", second ? "1" : "0", 1);
   runtime::mpi::environment env(argc, argv);
   return runtime::mpi::run_or_abort([&] {
     const int rank = runtime::mpi::environment::world_rank();
     const int world = runtime::mpi::environment::world_size();
+    if (fault == "stall-split") {
+      const runtime::mpi::control c(MPI_COMM_WORLD, runtime::detail::env_timeout_s(runtime::default_timeout_s));
+      const std::string what = "the communicator of the injected split";
+      if (rank == 1) {
+        c.barrier(what); // as control::split begins
+        stall();
+      }
+      (void)c.split(0, rank, what);
+      return;
+    }
     if (fault == "stall-reduction") {
       const runtime::mpi::control c(MPI_COMM_WORLD, runtime::detail::env_timeout_s(runtime::default_timeout_s));
       if (rank == 1) stall();
@@ -126,20 +149,30 @@ int main(int argc, char** argv) {
         return us;
       };
     }
+    if (fault == "slow-plan") // rank 0 alone plans (and rewrites): the others wait for its plan
+      o.rewrite = [](const ir::graph& g) {
+        std::this_thread::sleep_for(std::chrono::seconds(6));
+        return g;
+      };
     const float lr = fault == "lr" && rank == 1 ? 2e-2f : 1e-2f;
     const std::int64_t width = fault == "kill-save" || fault == "resume" ? 256 : hidden;
-    if (fault == "stall-stage") {
+    if (fault == "stall-stage" || fault == "nan-stage") {
       o.pipeline = {.microbatches = 2};
       auto p = train::compile(gm::gpt_tp, mesh::from_world(world, {{"pp", world}, {"dp", 1}, {"tp", 1}}),
                               gm::shapes(batch, seq, vocab, width), {.adamw = {.lr = lr}}, o);
+      if (fault == "nan-stage") {
+        p.prepare();
+        p.set_parameter("layers.0.fc2", std::vector<float>(static_cast<std::size_t>(4 * width * width), std::nanf("")));
+      }
       (void)p(data(0));
       if (rank == 1) stall();
       (void)p(data(1));
       std::printf("rank %d: finished\n", rank);
       return;
     }
-    auto s = train::compile(gm::gpt_sp, mesh::from_world(world, {{"dp", 1}, {"tp", world}}),
-                            gm::shapes(batch, seq, vocab, width), {.adamw = {.lr = lr}}, o);
+    auto shapes = gm::shapes(batch, seq, vocab, width);
+    if (fault == "bad-shape") shapes["wq"] = {width, width + 1}; // wq is [hidden, hidden]
+    auto s = train::compile(gm::gpt_sp, mesh::from_world(world, {{"dp", 1}, {"tp", world}}), shapes, {.adamw = {.lr = lr}}, o);
     if (fault == "resume") {
       s.load(dir / "model.ckpt");
       std::printf("rank %d: resumed after step %lld\n", rank, static_cast<long long>(s.completed_steps()));
@@ -152,6 +185,10 @@ int main(int argc, char** argv) {
     if (fault == "nan") {
       s.prepare();
       s.set_parameter("wte", std::vector<float>(static_cast<std::size_t>(vocab * hidden), std::nanf("")));
+    }
+    if (fault == "nan-layer") {
+      s.prepare();
+      s.set_parameter("layers.1.wq", std::vector<float>(static_cast<std::size_t>(hidden * hidden), std::nanf("")));
     }
     if (fault == "replica-drift") {
       std::vector<float> gain(static_cast<std::size_t>(hidden), 1.0f);
@@ -181,5 +218,9 @@ int main(int argc, char** argv) {
       s.load(dir / "model.ckpt");
     }
     std::printf("rank %d: finished\n", rank);
+    if (fault == "stall-finalize") {
+      std::fflush(stdout);
+      if (rank == 1) stall();
+    }
   });
 }

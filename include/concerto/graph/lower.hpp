@@ -510,9 +510,21 @@ private:
   void attention(int i, const node& x) {
     const auto &q = local_of(x.in[0]), &k = local_of(x.in[1]);
     const auto heads = q[2] / head_dim_, kv_heads = k[2] / head_dim_;
-    if (heads < 1 || kv_heads < 1 || q[2] % head_dim_ != 0 || k[2] % head_dim_ != 0)
-      fail(p_.describe(i) + ": " + std::to_string(options_.heads) + " heads (" +
-           std::to_string(global_of(x.in[1])[2] / head_dim_) + " for k and v) cannot be split over the ranks");
+    if (heads < 1 || kv_heads < 1 || q[2] % head_dim_ != 0 || k[2] % head_dim_ != 0) {
+      // Name the axes that split the heads, as the user declared them.
+      std::string over;
+      for (const auto a : p_.nodes[x.in[0]].spec.dims[2])
+        if (a >= 0) {
+          const auto& axis = m_.axes()[static_cast<std::size_t>(axis_of_[static_cast<std::size_t>(a)])];
+          over.append(over.empty() ? "" : " x ").append(axis.name).append(" = ").append(std::to_string(axis.size));
+        }
+      const auto global_kv = global_of(x.in[1])[2] / head_dim_;
+      fail(p_.describe(i) + ": " + std::to_string(options_.heads) + " query heads and " + std::to_string(global_kv) +
+           " k/v heads cannot be split over " + (over.empty() ? std::string("no axis") : over) + " (" +
+           std::to_string(global_of(x.in[0])[2] / q[2]) +
+           " ranks): every rank needs whole heads; make that number of ranks divide both head counts (or change the "
+           "heads, lower_options::heads)");
+    }
     if (x.op == op_code::attention_grad) packed_buffer(i, elements(q) + 2 * elements(k)); // dq, dk, dv
     compute(i, x.op, ins(x),
             {{"batch", q[0]}, {"seq", q[1]}, {"heads", heads}, {"kv_heads", kv_heads}, {"group", heads / kv_heads},

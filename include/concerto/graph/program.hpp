@@ -196,10 +196,14 @@ struct program : program_info {
   /// @brief Node i as the user wrote it, for messages: a named value's name (a leaf, "w1.grad"),
   /// or its op applied to its operands down to `depth` levels, e.g.
   /// "attention(rope(matmul(…, wq), positions), rope(matmul(…, wk), positions), matmul(…, wv))".
-  /// The redistributions the compiler inserted are looked through.
-  [[nodiscard]] std::string describe(int i, int depth = 3) const {
-    while (nodes[i].n_in == 1 && (is_redistribution(nodes[i].op) || nodes[i].op == op_code::repeat_in) && nodes[i].name < 0)
+  /// The redistributions the compiler inserted are looked through. Inside a repeated block, a
+  /// layer after the first (`later_layer`) reads the previous layer's output where layer 0 reads
+  /// the stack's input.
+  [[nodiscard]] std::string describe(int i, int depth = 3, bool later_layer = false) const {
+    while (nodes[i].n_in == 1 && (is_redistribution(nodes[i].op) || nodes[i].op == op_code::repeat_in) && nodes[i].name < 0) {
+      if (nodes[i].op == op_code::repeat_in && later_layer) return "the previous layer's output";
       i = nodes[i].in[0];
+    }
     const node& x = nodes[i];
     const auto named = name_of(i);
     // name_of's fallback is "op#i"; suffix appended piece by piece (g++ 12 warns falsely,
@@ -212,7 +216,7 @@ struct program : program_info {
     out += '(';
     for (int k = 0; k < x.n_in; ++k) {
       if (k) out += ", ";
-      out += describe(x.in[k], depth - 1);
+      out += describe(x.in[k], depth - 1, later_layer);
     }
     out += ')';
     return out;

@@ -74,6 +74,13 @@ struct stage_options {
 /// @brief How often a task of the micro-batch graph runs in the step.
 enum class task_role : std::uint8_t { microbatch, prologue, epilogue };
 
+/// @brief Where a task of a stage's graph comes from: the micro-batch graph's task it runs, and
+/// for which micro-batch (0 for a prologue or epilogue task; source -1 for a send or receive).
+struct task_origin {
+  ir::task_id source = -1;
+  int microbatch = 0;
+};
+
 /// @brief Where every task and buffer of a micro-batch's graph goes in the pipelined step.
 struct stage_split {
   int stages = 1, virtual_stages = 1, microbatches = 1;
@@ -387,11 +394,15 @@ public:
         emit(t, 0);
       }
     auto out = std::move(b_).finish();
+    origins_.resize(out.tasks.size());
     for (const auto& [task, attrs] : attrs_)
       for (const auto& [k, v] : attrs) out.tasks[static_cast<std::size_t>(task)].attrs[k] = v;
     out.name = g_.name + ".stage" + std::to_string(stage_);
     return out;
   }
+
+  /// After run: each emitted task's origin, by task id.
+  [[nodiscard]] std::vector<task_origin> take_origins() && { return std::move(origins_); }
 
 private:
   [[nodiscard]] bool mine(std::size_t t) const { return s_.stage_of_chunk(s_.chunk[t]) == stage_; }
@@ -528,14 +539,17 @@ private:
     }
     b_.at(src.step_phase, src.layer);
     const auto task_name = mb && s_.microbatches > 1 ? src.name + "@mb" + std::to_string(m) : src.name;
+    const task_origin from{static_cast<ir::task_id>(t), mb ? m : 0};
     if (ir::is_collective(src.kind)) {
       const auto id = b_.collective(src.kind, task_name, src.axis, reads.at(0), writes.at(0), -1, src.fn);
       if (!attrs.empty()) attrs_.emplace_back(id, std::move(attrs));
+      record_origin(id, from);
     } else {
-      b_.compute(src.kind, task_name, std::move(reads), std::move(writes), {src.fn, -1, -1, std::move(attrs)});
+      record_origin(b_.compute(src.kind, task_name, std::move(reads), std::move(writes), {src.fn, -1, -1, std::move(attrs)}),
+                    from);
     }
     for (const auto& a : add_after)
-      b_.compute(ir::op::add, task_name + ".accumulate", {a.sum, a.scratch}, {a.sum}, {{"n", a.elements}});
+      record_origin(b_.compute(ir::op::add, task_name + ".accumulate", {a.sum, a.scratch}, {a.sum}, {{"n", a.elements}}), from);
     ++emitted_[t];
     // Values a chunk on another stage reads leave after their last writer.
     if (mb)
@@ -545,6 +559,11 @@ private:
         if (s_.stage_of_chunk(s_.message_to[r]) == stage_) continue;
         message(ir::op_kind::send, r, m, peer_of_chunk(s_.message_to[r]));
       }
+  }
+
+  void record_origin(ir::task_id id, task_origin from) {
+    if (origins_.size() <= static_cast<std::size_t>(id)) origins_.resize(static_cast<std::size_t>(id) + 1);
+    origins_[static_cast<std::size_t>(id)] = from;
   }
 
   // The send or recv of micro-batch m's copy of root buffer r, on the values' or the gradients' lane.
@@ -582,19 +601,52 @@ private:
   std::vector<std::pair<ir::task_id, ir::attr_map>> attrs_; // collectives' attrs, set after finish()
   ir::stream_id gradient_lane_ = -1;
   std::vector<std::size_t> epilogue_;           // this stage's once-per-step tasks after the blocks
+  std::vector<task_origin> origins_;            // per emitted task
 };
 
 } // namespace detail
 
 /// @brief The graph stage `stage` runs, its tasks in the order `sched` runs its blocks; see the
 /// file comment. `sched` must be a schedule of problem_of(s, g, …) (verified by the caller).
-[[nodiscard]] inline ir::graph stage_graph(const ir::graph& g, const stage_split& s, int stage, const schedule& sched) {
+/// With `origins`, each of the stage graph's tasks' origin in `g` (by task id).
+[[nodiscard]] inline ir::graph stage_graph(const ir::graph& g, const stage_split& s, int stage, const schedule& sched,
+                                           std::vector<task_origin>* origins = nullptr) {
   if (stage < 0 || stage >= s.stages)
     fail("pipeline: stage " + std::to_string(stage) + " of a pipeline of " + std::to_string(s.stages));
   if (static_cast<int>(sched.order.size()) != s.stages)
     fail("pipeline: schedule '" + sched.policy + "' has orders for " + std::to_string(sched.order.size()) +
          " stages, the step has " + std::to_string(s.stages));
-  return detail::stage_emitter(g, s, stage).run(sched);
+  detail::stage_emitter emitter(g, s, stage);
+  auto out = emitter.run(sched);
+  if (origins) *origins = std::move(emitter).take_origins();
+  return out;
+}
+
+/// @brief Where a task of a stage's graph lies in the causal order of the whole pipelined step,
+/// the same on every stage: micro-batch by micro-batch (a prologue first, an epilogue last), and
+/// within one the passes in data-flow order (chunk by chunk forward, then backward and weight
+/// gradients from the last chunk down). Tasks of one stage in one pass keep the order `position`
+/// gives (their place in the stage's plan). Comparable across stages: what a stage computes from
+/// another's value comes later in this order.
+[[nodiscard]] inline std::int64_t causal_order(const stage_split& s, task_origin o, std::int64_t position,
+                                               std::int64_t positions) {
+  const std::int64_t chunks = s.chunk_count(), passes = 3 * chunks;
+  std::int64_t microbatch = 0, pass_rank = 0;
+  if (o.source >= 0) {
+    const auto t = static_cast<std::size_t>(o.source);
+    const std::int64_t c = s.chunk[t];
+    switch (s.role[t]) {
+    case task_role::prologue: break;
+    case task_role::epilogue: microbatch = s.microbatches + 1; break;
+    case task_role::microbatch:
+      microbatch = o.microbatch + 1;
+      pass_rank = s.kind[t] == pass::forward      ? c
+                  : s.kind[t] == pass::input_grad ? chunks + (chunks - 1 - c)
+                                                  : 2 * chunks + (chunks - 1 - c);
+      break;
+    }
+  }
+  return (microbatch * passes + pass_rank) * positions + position;
 }
 
 /// @brief A stage's plan: every stream in the order stage_graph emitted its tasks, start times

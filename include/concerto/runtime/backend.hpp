@@ -81,6 +81,12 @@ concept backend = requires(B& b, const B& cb, const plan::plan& p, const ir::tas
 
 /// @brief A value that is not finite (NaN or infinite) in what a compute task wrote: found when
 /// executor_options::find_non_finite is on.
+namespace detail {
+/// What a rank blocked in step `step`'s collectives says it waits for (runtime/mpi/channel.hpp):
+/// the same on every rank of that step, whichever of its collectives each waits on.
+[[nodiscard]] inline std::string step_wait_text(std::int64_t step) { return "the collectives of step " + std::to_string(step); }
+} // namespace detail
+
 struct non_finite_output {
   ir::task_id task = -1;
   std::size_t position = 0; ///< the task's place in the step's compute order

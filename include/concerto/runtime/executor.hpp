@@ -341,11 +341,15 @@ private:
         oldest = i;
     const auto id = in_flight_task_[oldest];
     const auto& t = g.tasks[static_cast<std::size_t>(id)];
+    std::string where;
+    if constexpr (requires { b_.whereabouts(t, std::string_view()); })
+      if (auto w = b_.whereabouts(t, detail::step_wait_text(step_)); !w.empty()) where = ": " + w;
     fail(detail::timed_out_after(options_.timeout_s) + " in step " + std::to_string(step_) + " waiting for " +
          detail::task_label(g, id) + " (task " + std::to_string(id) + ") on lane '" +
          g.streams[static_cast<std::size_t>(t.stream)].name + "' of mesh axis '" +
          g.axes[static_cast<std::size_t>(t.axis)].name + "'; " + std::to_string(in_flight_.size()) +
-         " collective(s) in flight (set CONCERTO_TIMEOUT_S to wait longer)");
+         " collective(s) in flight" + where + " (set CONCERTO_TIMEOUT_S to wait longer)");
+
   }
 
   plan::plan plan_;

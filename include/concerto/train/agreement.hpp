@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -33,54 +34,58 @@ namespace concerto::train {
 using settings_record = std::vector<std::pair<std::string, std::string>>;
 
 /// @brief Throws on every rank when some rank's record differs from rank 0's. Collective.
+///
+/// Point-to-point messages carry it, never a collective: a rank whose MPI collectives use
+/// other algorithms (a difference this check exists to find) would deadlock a broadcast or
+/// truncate a gather made of them. Rank 0 sends its record to every rank; each answers with the
+/// index of its first field that differs (and that field's value); rank 0 sends the verdict.
 inline void check_agreement(const settings_record& mine, const runtime::mpi::control& c) {
-  const int rank = c.rank(), size = c.size();
   const std::string what = "the settings agreement check before step 1";
   std::string theirs;
-  if (rank == 0) theirs = nlohmann::json(mine).dump();
-  c.broadcast(theirs, 0, what);
+  if (c.rank() == 0) theirs = nlohmann::json(mine).dump();
+  c.broadcast_point_to_point(theirs, what);
   const auto reference = nlohmann::json::parse(theirs).get<settings_record>();
 
-  // The index of this rank's first field that differs from rank 0's (a missing field counts).
-  constexpr auto agrees = std::numeric_limits<std::int64_t>::max();
-  std::int64_t first = agrees;
+  // This rank's first field that differs from rank 0's (a missing field counts), with its value.
+  nlohmann::json answer = nullptr;
   for (std::size_t i = 0; i < std::max(mine.size(), reference.size()); ++i)
     if (i >= mine.size() || i >= reference.size() || mine[i] != reference[i]) {
-      first = static_cast<std::int64_t>(i);
+      answer = {i, i < mine.size() ? nlohmann::json(mine[i].second) : nlohmann::json(nullptr)};
       break;
     }
-  std::vector<std::int64_t> firsts(static_cast<std::size_t>(size));
-  c.all_gather(std::span<const std::int64_t>(&first, 1), std::span<std::int64_t>(firsts), what);
-  const auto field = *std::min_element(firsts.begin(), firsts.end());
-  if (field == agrees) return;
+  const auto answers = c.gather_point_to_point(answer.dump(), what);
 
-  std::vector<int> differing;
-  for (int r = 0; r < size; ++r)
-    if (firsts[static_cast<std::size_t>(r)] != agrees) differing.push_back(r);
-  int shown = size;
-  for (int r = 0; r < size; ++r)
-    if (firsts[static_cast<std::size_t>(r)] == field) {
-      shown = r;
-      break;
+  std::string verdict;
+  if (c.rank() == 0) {
+    std::size_t field = std::numeric_limits<std::size_t>::max();
+    std::vector<int> differing;
+    for (std::size_t r = 0; r < answers.size(); ++r) {
+      const auto a = nlohmann::json::parse(answers[r]);
+      if (a.is_null()) continue;
+      differing.push_back(static_cast<int>(r));
+      field = std::min(field, a.at(0).get<std::size_t>());
     }
-  const auto value_of = [&](const settings_record& rec) {
-    const auto i = static_cast<std::size_t>(field);
-    if (i >= rec.size()) return std::string("nothing");
-    std::string quoted(1, '\'');
-    quoted += rec[i].second;
-    quoted += '\'';
-    return quoted;
-  };
-  std::string shown_value = rank == shown ? value_of(mine) : std::string();
-  c.broadcast(shown_value, shown, what);
-  const auto i = static_cast<std::size_t>(field);
-  const auto name = i < reference.size() ? reference[i].first : (i < mine.size() ? mine[i].first : "?");
-  std::string ranks;
-  for (std::size_t k = 0; k < differing.size() && k < 16; ++k) ranks += (k ? ", " : "") + std::to_string(differing[k]);
-  if (differing.size() > 16) ranks += ", ...";
-  fail_on_every_rank("train step: the ranks disagree on '" + name + "': rank 0 has " + value_of(reference) + ", rank " +
-       std::to_string(shown) + " has " + shown_value + " (ranks that differ from rank 0: " + ranks +
-       "); every rank must compile the step with the same program, shapes, mesh, optimizer, options and MPI settings");
+    if (!differing.empty()) {
+      int shown = 0;
+      std::string shown_value = "nothing";
+      for (const int r : differing)
+        if (const auto a = nlohmann::json::parse(answers[static_cast<std::size_t>(r)]); a.at(0).get<std::size_t>() == field) {
+          shown = r;
+          if (!a.at(1).is_null()) shown_value = "'" + a.at(1).get<std::string>() + "'";
+          break;
+        }
+      const auto name = field < reference.size() ? reference[field].first : "?";
+      const auto ours = field < reference.size() ? "'" + reference[field].second + "'" : std::string("nothing");
+      std::string ranks;
+      for (std::size_t k = 0; k < differing.size() && k < 16; ++k) ranks += (k ? ", " : "") + std::to_string(differing[k]);
+      if (differing.size() > 16) ranks += ", ...";
+      verdict = "train step: the ranks disagree on '" + name + "': rank 0 has " + ours + ", rank " + std::to_string(shown) +
+                " has " + shown_value + " (ranks that differ from rank 0: " + ranks +
+                "); every rank must compile the step with the same program, shapes, mesh, optimizer, options and MPI settings";
+    }
+  }
+  c.broadcast_point_to_point(verdict, what);
+  if (!verdict.empty()) fail_on_every_rank(verdict);
 }
 
 } // namespace concerto::train

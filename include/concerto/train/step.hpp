@@ -39,6 +39,7 @@
 #include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/kernel_profile.hpp>
 #include <concerto/runtime/mpi/control.hpp>
+#include <concerto/runtime/mpi/settings.hpp>
 #include <concerto/train/agreement.hpp>
 #include <concerto/train/backend_select.hpp>
 #include <concerto/train/checkpoint.hpp>
@@ -90,9 +91,12 @@ inline nlohmann::json read_kernel_scales(const std::filesystem::path& file) {
   try {
     auto j = nlohmann::json::parse(in);
     if (!j.is_object()) fail("not a JSON object");
+    // A factor is a measured time over the roofline's: far outside these bounds it is no
+    // measurement (a damaged or edited file), and would price a kernel as free or as forever.
+    constexpr double lowest = 1e-3, highest = 1e6;
     for (const auto& [kernel, scale] : j.items())
-      if (!scale.is_number() || !(scale.get<double>() > 0) || !std::isfinite(scale.get<double>()))
-        fail("kernel '" + kernel + "' has no positive factor");
+      if (!scale.is_number() || !(scale.get<double>() >= lowest && scale.get<double>() <= highest))
+        fail("kernel '" + kernel + "' has the factor " + scale.dump() + ", not a measured one (between 0.001 and 1e6)");
     return j;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "concerto: ignoring the kernel measurements in '%s' (%s); measuring again\n", file.c_str(), e.what());
@@ -131,6 +135,17 @@ inline std::uint64_t kernel_build_fingerprint(const runtime::mpi::control& world
   h.add(std::string_view(host));
   h.add(std::int64_t{world.split_by_node(0, "the ranks of this node, for the kernel measurements' key").size()});
   return h.value();
+}
+/// The collectives of a graph that move data: those over an axis of one rank are copies at most.
+inline std::size_t communicating_collectives(const ir::graph& g) {
+  std::size_t n = 0;
+  for (const auto& t : g.tasks)
+    n += ir::is_collective(t.kind) && t.axis >= 0 && g.axes[static_cast<std::size_t>(t.axis)].size > 1;
+  return n;
+}
+/// A plan's step time under `model` (its own start times may come from another model).
+inline double replayed_us(const plan::plan& p, const cost::model& model) {
+  return sim::simulate(p, model.durations_us(p.graph), {model.overlap_slowdown(), model.comm_overlap_slowdown()}).step_us;
 }
 /// An environment variable that must be 0 or 1; nullopt when unset or empty. `off` and `on`
 /// say what each value means, for the error on any other value.
@@ -260,6 +275,7 @@ struct program_facts {
     pspec spec{};
     leaf_init init = leaf_init::automatic; ///< a parameter's rule
     std::string written; ///< as the user wrote it: a name, or the op applied to its operands
+    std::string written_later; ///< in a repeated block, as layers after the first compute it
   };
   std::vector<std::string> axes; ///< the program's axis names, by its axis index
   std::vector<node> nodes;
@@ -280,9 +296,13 @@ program_facts facts_of(const graph::program<N>& p) {
     n.spec = x.spec;
     if (x.op == op_code::param) n.init = p.inits[x.name];
     // describe() looks through the collectives the compiler inserted; name the one that is here.
-    n.written = graph::is_redistribution(x.op) && x.name < 0
-                    ? std::string(to_string(x.op)).append("(").append(p.describe(i)).append(")")
-                    : p.describe(i);
+    const auto as_written = [&](bool later_layer) {
+      return graph::is_redistribution(x.op) && x.name < 0
+                 ? std::string(to_string(x.op)).append("(").append(p.describe(i, 3, later_layer)).append(")")
+                 : p.describe(i, 3, later_layer);
+    };
+    n.written = as_written(false);
+    n.written_later = x.block >= 0 ? as_written(true) : n.written;
     f.nodes.push_back(std::move(n));
   }
   f.loss = p.name_of(p.loss);
@@ -383,6 +403,7 @@ public:
     } else {
       std::string summary_text, choice_text;
       auto p = runtime::distribute_plan(*backend_, [&] {
+        const runtime::mpi::channel::busy announced(runtime::mpi::channel::get(), "planning the step");
         plan_summary s;
         s.policy = options_.policy;
         const auto started = std::chrono::steady_clock::now();
@@ -390,9 +411,13 @@ public:
         const auto planning = planning_options();
         const auto make = [&] { return planner::make_plan(g, model, planning); };
         plan::plan made;
+        // The model both predictions below are made with: an earlier run's pick is priced, as is
+        // sync beside it, by the model refitted to what that run measured.
+        cost::model priced = model;
         if (auto kept = chooses() && options_.use_cache ? load_chosen(g, model, choice_text) : std::nullopt) {
           made = std::move(*kept);
           s.cache_hit = true;
+          priced = cost::model(nlohmann::json::parse(choice_text).at("refitted_model").get<cost::hardware>());
         } else if (options_.use_cache) {
           const auto key = cache::make_key(g, model, default_backend_name, options_.policy, planner::hash(planning));
           // Not silenced: a damaged or unwritable entry is said once (this runs on rank 0 only).
@@ -402,10 +427,11 @@ public:
         }
         s.rewritten = !(made.graph.tasks.size() == graph_.tasks.size() && made.graph.buffers == graph_.buffers);
         s.solver_seconds = s.cache_hit ? 0.0 : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        s.predicted_us = made.step_us();
-        s.sync_predicted_us = options_.policy == "sync" ? s.predicted_us : planner::make_plan(g, model, {.policy = "sync"}).step_us();
+        s.predicted_us = s.cache_hit && !choice_text.empty() ? detail::replayed_us(made, priced) : made.step_us();
+        s.sync_predicted_us =
+            options_.policy == "sync" ? s.predicted_us : planner::make_plan(g, priced, {.policy = "sync"}).step_us();
         s.tasks = made.graph.tasks.size();
-        for (const auto& t : made.graph.tasks) s.collectives += ir::is_collective(t.kind);
+        s.collectives = detail::communicating_collectives(made.graph);
         summary_text = nlohmann::json{{"policy", s.policy}, {"solver", s.solver_seconds}, {"predicted", s.predicted_us},
                                       {"sync", s.sync_predicted_us}, {"hit", s.cache_hit}, {"rewritten", s.rewritten},
                                       {"tasks", s.tasks}, {"collectives", s.collectives}, {"choice", choice_text}}
@@ -444,10 +470,11 @@ public:
     prepare();
     return summary_;
   }
-  /// @brief The executed plan (after prepare).
+  /// @brief The plan the next step runs (after prepare): the one the last step ran, unless the
+  /// plan choice has just switched to another.
   [[nodiscard]] const plan::plan& plan() {
     prepare();
-    return ex_->plan();
+    return next_plan_ ? *next_plan_ : ex_->plan();
   }
 
   /// @brief One step on the global batch: every rank keeps its shard of each input.
@@ -477,6 +504,7 @@ public:
   /// @brief One step whose inputs a loader fills, shard by shard, on each rank.
   step_result operator()(const loader& load) {
     prepare();
+    start_pending_plan();
     for (const auto& in : inputs_) {
       const auto& info = tensors_.at(in);
       shard_request r{in, info.blk.global, info.blk.offset, info.blk.local, {}, {}};
@@ -496,6 +524,8 @@ public:
       // The executor names tasks by the lowering's names; say what the program wrote there.
       try {
         return ex_->run_step();
+      } catch (const runtime::mpi::remote_failure&) {
+        throw; // another rank's message, as it wrote it
       } catch (const collective_error& e) {
         throw collective_error(as_written(e.what()));
       } catch (const error& e) {
@@ -724,9 +754,12 @@ private:
       std::size_t winner = candidates.size();
       for (std::size_t i = 0; i < candidates.size(); ++i) {
         medians.push_back(candidates[i].at("measured_us").get<double>());
-        if (candidates[i].at("plan_hash") == record.at("plan_hash")) winner = i;
+        if (candidates[i].at("plan_hash") == record.at("plan_hash") && candidates[i].at("name") == record.at("winner"))
+          winner = i;
       }
-      if (winner == candidates.size()) fail("its winner is not among its candidates");
+      if (winner == candidates.size())
+        fail("its winner '" + record.at("winner").get<std::string>() + "' (plan " + record.at("plan_hash").get<std::string>() +
+             ") is not among its candidates");
       rivals_.clear();
       auto confirm = nlohmann::json::array();
       for (const auto i : detail::close_rivals(medians, winner, options_.choice.confirm_within)) {
@@ -842,6 +875,7 @@ private:
     std::vector<plan::plan> made;
     std::string header;
     if (rank_ == 0) {
+      const runtime::mpi::channel::busy busy(runtime::mpi::channel::get(), "planning the plan choice's candidates");
       try {
         const auto g = planner_input();
         auto planning = planning_options();
@@ -875,10 +909,7 @@ private:
           names.push_back(policy);
           made.push_back(planner::make_plan(g, refitted, planning));
         }
-        const auto replayed_us = [&](const plan::plan& p) {
-          return sim::simulate(p, refitted.durations_us(p.graph), {refitted.overlap_slowdown(), refitted.comm_overlap_slowdown()})
-              .step_us;
-        };
+        const auto replayed_us = [&](const plan::plan& p) { return detail::replayed_us(p, refitted); };
         nlohmann::json candidates = nlohmann::json::array();
         candidates.push_back({names[0], replayed_us(first)});
         std::set<std::uint64_t> seen{plan::hash(first)};
@@ -981,17 +1012,27 @@ private:
                               median.is_number() ? median.get<double>() : 0.0, d.at("steps")[at].get<int>()});
     }
     r.confirmed = c.earlier.has_value();
-    switch_plan(r.winner);
     choice_ = r;
     store_chosen(r, c.plans, c.earlier ? c.earlier->at("refitted_model") : nlohmann::json(c.refitted.value_or(c.prior).hw()));
+    switch_plan(r.winner);
     choosing_.reset();
   }
 
-  /// Runs candidate `index` from the next step on: a new executor over the same backend, every
-  /// named tensor (parameters, optimizer state, gradients) carried over by name. Collective.
+  /// Runs candidate `index` from the next step on. The executor changes when that step starts
+  /// (start_pending_plan), not now: until then every tensor the last step wrote, activations
+  /// included, is still there to read (gather, save), whichever candidate ran it.
   void switch_plan(int index) {
     auto& c = *choosing_;
-    if (c.current == index) return;
+    if (c.next == index) return;
+    c.next = index;
+    next_plan_ = c.plans[static_cast<std::size_t>(index)];
+  }
+
+  /// Before a step: the plan the choice switched to, on a new executor over the same backend,
+  /// every named tensor that outlives a step (parameters, optimizer states, the last step's
+  /// gradients) carried over by name. Collective: every rank switches before the same step.
+  void start_pending_plan() {
+    if (!next_plan_) return;
     const auto started = std::chrono::steady_clock::now();
     const auto& g = ex_->plan().graph;
     // Only what outlives a step travels: parameters (and their shards), optimizer states, and
@@ -1021,7 +1062,8 @@ private:
     }
     const auto steps = ex_->completed_steps();
     ex_.reset();
-    ex_ = std::make_unique<runtime::executor<Backend>>(c.plans[static_cast<std::size_t>(index)], *backend_, options_.executor);
+    ex_ = std::make_unique<runtime::executor<Backend>>(std::move(*next_plan_), *backend_, options_.executor);
+    next_plan_.reset();
     ex_->set_completed_steps(steps);
     tensors_.clear();
     inputs_.clear();
@@ -1032,8 +1074,7 @@ private:
     for (const auto& b : now.buffers)
       if (const auto it = kept.find(b.name); it != kept.end() && static_cast<std::int64_t>(it->second.size()) == b.bytes)
         backend_->write(b.id, it->second);
-    c.current = index;
-    c.switching_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (choosing_) choosing_->switching_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
 
   // Pipelined: rank 0 chooses the schedule of the whole pipeline and sends it; every rank builds
@@ -1045,6 +1086,7 @@ private:
     const auto started = std::chrono::steady_clock::now();
     std::string text;
     if (rank_ == 0) {
+      const runtime::mpi::channel::busy busy(runtime::mpi::channel::get(), "choosing the pipeline schedule");
       try {
         text = detail::to_json(detail::choose_schedule(o, problem));
       } catch (const error& e) {
@@ -1056,7 +1098,8 @@ private:
     const auto schedule = detail::schedule_from_json(text);
     const auto timing = pipeline::verify(problem, schedule);
     const int stage = mesh_.coords(rank_)[static_cast<std::size_t>(split_->axis)];
-    auto p = pipeline::stage_plan(pipeline::stage_graph(graph_, *split_, stage, schedule), model, "pipeline:" + o.schedule);
+    auto p = pipeline::stage_plan(pipeline::stage_graph(graph_, *split_, stage, schedule, &stage_origins_), model,
+                                  "pipeline:" + o.schedule);
     detail::check_stage_agreement(p, split_->axis, mesh_, *control_);
     summary_ = {};
     summary_.policy = "pipeline:" + o.schedule;
@@ -1066,7 +1109,7 @@ private:
     summary_.sync_predicted_us = o.virtual_stages == 1 ? pipeline::simulate(problem, pipeline::gpipe(problem)).step_us : 0;
     summary_.rewritten = true;
     summary_.tasks = p.graph.tasks.size();
-    for (const auto& t : p.graph.tasks) summary_.collectives += ir::is_collective(t.kind);
+    summary_.collectives = detail::communicating_collectives(p.graph);
     p.stats.lower_bound_us = pipeline::lower_bound(problem); // of the whole pipelined step
     char line[160];
     std::snprintf(line, sizeof line, "%d stages x %d micro-batches (%d chunk%s per stage), lower bound %.0f us",
@@ -1133,18 +1176,42 @@ private:
       auto begin = hash, end = hash + 1;
       while (begin > at && (std::isalnum(static_cast<unsigned char>(message[begin - 1])) || message[begin - 1] == '_')) --begin;
       while (end < message.size() && std::isdigit(static_cast<unsigned char>(message[end]))) ++end;
-      const auto past = end < message.size() && message[end] == '\'' ? end + 1 : end; // after a quoted name
+      // After a pipelined copy's suffix ("@mb1", "@buf0") and a quoted name's closing quote.
+      auto past = end;
+      while (past < message.size() && message[past] == '@') {
+        auto next = past + 1;
+        while (next < message.size() && std::isalnum(static_cast<unsigned char>(message[next]))) ++next;
+        past = next;
+      }
+      if (past < message.size() && message[past] == '\'') ++past;
       out.append(message.substr(at, past - at));
       at = past;
       if (begin == hash || end == hash + 1) continue;
       std::size_t node = 0;
       std::from_chars(message.data() + hash + 1, message.data() + end, node);
       const auto token = message.substr(begin, end - begin);
-      if (node < facts_.nodes.size() && facts_.nodes[node].name == token && facts_.nodes[node].written != token)
-        out.append(" = ").append(facts_.nodes[node].written);
+      if (node >= facts_.nodes.size() || facts_.nodes[node].name != token) continue;
+      // A repeated block's task is "<repeat>.<layer>.<node>": a layer after the first reads the
+      // previous layer's output, not the stack's input.
+      const auto& n = facts_.nodes[node];
+      const auto& written = later_layer(message.substr(0, begin), n.repeat) ? n.written_later : n.written;
+      if (written != token) out.append(" = ").append(written);
     }
     out.append(message.substr(at));
     return out;
+  }
+
+  /// Whether `before` (a message up to a generated node name) ends with "<repeat>.<layer>." for
+  /// a layer after the first.
+  [[nodiscard]] static bool later_layer(std::string_view before, std::string_view repeat) {
+    if (repeat.empty() || !before.ends_with('.')) return false;
+    before.remove_suffix(1);
+    std::size_t digits = 0;
+    while (digits < before.size() && std::isdigit(static_cast<unsigned char>(before[before.size() - 1 - digits]))) ++digits;
+    if (digits == 0) return false;
+    const auto layer = before.substr(before.size() - digits);
+    before.remove_suffix(digits);
+    return before.ends_with(std::string(repeat) + ".") && layer != "0";
   }
 
   /// Where the step's first value that is not finite appeared, as the rest of the message about a
@@ -1154,7 +1221,14 @@ private:
     constexpr auto none = std::numeric_limits<std::int64_t>::max();
     const auto& mine = rep.first_non_finite;
     const std::string what = "where the values that are not finite of step " + std::to_string(rep.step) + " began";
-    const auto first = control_->min_all(mine ? static_cast<std::int64_t>(mine->position) * size_ + rank_ : none, what);
+    // Pipelined, each stage runs its own plan: positions in different plans are compared by
+    // where their tasks lie in the schedule (micro-batch, pass), not by place in each list.
+    const auto order = [&](const runtime::non_finite_output& f) -> std::int64_t {
+      if (!split_) return static_cast<std::int64_t>(f.position);
+      return pipeline::causal_order(*split_, stage_origins_.at(static_cast<std::size_t>(f.task)),
+                                    static_cast<std::int64_t>(f.position), static_cast<std::int64_t>(stage_origins_.size()));
+    };
+    const auto first = control_->min_all(mine ? order(*mine) * size_ + rank_ : none, what);
     if (first == none)
       return ex_->options().find_non_finite
                  ? "; no kernel wrote a value that is not finite on any rank (it came from the inputs or a collective)"
@@ -1319,8 +1393,7 @@ private:
       return std::string(buf, ec == std::errc() ? end : buf);
     };
     const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
-    const char* iallreduce = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
-    return {{"library version", std::string(cache::library_version)},
+    settings_record record{{"library version", std::string(cache::library_version)},
             {"shapes", nlohmann::json(shapes_).dump()},
             {"lower.heads", std::to_string(options_.lower.heads)},
             {"lower.rope_theta", std::to_string(options_.lower.rope_theta)},
@@ -1349,9 +1422,10 @@ private:
                              .dump()},
             {"plan choice", nlohmann::json{options_.choice.enabled, options_.choice.warmup_steps, options_.choice.profile_steps,
                                            options_.choice.trial_steps, options_.choice.rounds, options_.choice.also_try}
-                                .dump()},
-            // Open MPI's non-blocking all-reduce algorithm: ranks that differ deadlock in it.
-            {"OMPI_MCA_coll_libnbc_iallreduce_algorithm", iallreduce ? iallreduce : "(unset)"}};
+                                .dump()}};
+    // The MPI library's collective algorithms: ranks that differ deadlock or truncate in them.
+    for (auto& [name, value] : runtime::mpi::collective_settings()) record.emplace_back("MPI " + name, std::move(value));
+    return record;
   }
 
   detail::program_facts facts_;
@@ -1376,7 +1450,7 @@ private:
     std::vector<double> predicted_us;
     std::vector<int> order;             ///< candidate of each trial step
     std::size_t position = 0;           ///< next trial step
-    int current = 0;                    ///< the candidate the executor runs
+    int next = 0;                       ///< the candidate the next step runs
     std::vector<double> times;          ///< this rank's trial step times
     std::string refit;
     double planning_s = 0, switching_s = 0;
@@ -1384,10 +1458,12 @@ private:
   };
   std::optional<choosing> choosing_;
   std::vector<plan::plan> rivals_; ///< rank 0: the plans an earlier pick is measured against again
-  std::vector<std::byte> carried_; ///< what outlives a step, while switch_plan changes executors
+  std::optional<plan::plan> next_plan_; ///< the plan choice's switch, made when the next step starts
+  std::vector<std::byte> carried_; ///< what outlives a step, while start_pending_plan changes executors
   plan_choice_report choice_;
   std::map<std::string, tensor_info> tensors_;
   std::optional<pipeline::stage_split> split_; ///< set when the mesh has the pipeline axis
+  std::vector<pipeline::task_origin> stage_origins_; ///< pipelined: each task of this stage's plan, in the split graph
   std::vector<std::string> inputs_, params_, states_;
   std::map<std::string, leaf_init> init_of_; ///< each parameter's rule, from its leaf
   ir::buffer_id loss_id_ = -1;

@@ -32,6 +32,8 @@
 #include <concerto/runtime/collective_layout.hpp>
 #include <concerto/runtime/dispatch.hpp>
 #include <concerto/runtime/mpi/control.hpp>
+#include <concerto/runtime/mpi/channel.hpp>
+#include <concerto/runtime/mpi/communicator.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
 
 #include <mpi.h>
@@ -41,6 +43,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -145,9 +148,17 @@ public:
       lanes_.clear();
       lanes_.resize(g.streams.size());
       for (std::size_t s = 1; s < g.streams.size(); ++s) {
-        const auto& axis = g.axes.at(static_cast<std::size_t>(g.streams[s].axis));
-        lanes_[s] = control_.split(mesh_.group_index(axis.name, rank_), coords_[static_cast<std::size_t>(g.streams[s].axis)],
-                                   "the communicator of lane '" + g.streams[s].name + "'");
+        const auto a = static_cast<std::size_t>(g.streams[s].axis);
+        const auto& axis = g.axes.at(a);
+        // Each lane is a copy of its axis's group, made without blocking; the group itself is
+        // split once per axis (a blocking call, under control::split's deadline and watchdog).
+        std::string key = axis.name + " of";
+        for (const auto& m : g.axes) key += " " + m.name + "=" + std::to_string(m.size);
+        auto group = axis_groups_.find(key);
+        if (group == axis_groups_.end())
+          group = axis_groups_.emplace(key, control_.split(mesh_.group_index(axis.name, rank_), coords_[a],
+                                                            "the communicators of mesh axis '" + axis.name + "' (its lanes)")).first;
+        lanes_[s] = control_.duplicate(group->second, "the communicator of lane '" + g.streams[s].name + "'");
         if (lanes_[s].size() != axis.size)
           fail("lane '" + g.streams[s].name + "' has " + std::to_string(lanes_[s].size()) + " ranks, mesh axis '" +
                axis.name + "' has size " + std::to_string(axis.size));
@@ -218,7 +229,11 @@ public:
   /// polls (ranks may outnumber cores).
   std::optional<std::size_t> wait_any(std::span<handle> in_flight, clock::time_point deadline) {
     std::optional<std::size_t> done;
+    auto& ch = channel::get();
+    channel::waiting here(ch, detail::step_wait_text(options_.kernels.step));
+    std::uint64_t polls = 0;
     detail::poll_until(deadline, [&] {
+      if ((++polls & 63) == 0) ch.serve(); // other ranks' questions, rank 0: their failures
       for (std::size_t i = 0; i < in_flight.size() && !done; ++i)
         if (test(in_flight[i])) done = i;
       return done.has_value() || in_flight.empty();
@@ -228,6 +243,13 @@ public:
 
   void record(const ir::task&) {}
   void stream_wait(ir::stream_id, const ir::task&) {}
+
+  /// Where the other ranks of task `t`'s lane are (runtime/mpi/channel.hpp), for a timeout's
+  /// message; `waiting` is what this rank waits for.
+  [[nodiscard]] std::string whereabouts(const ir::task& t, std::string_view waiting) {
+    const auto ranks = world_ranks_of(lanes_.at(static_cast<std::size_t>(t.stream)).get());
+    return channel::get().whereabouts(ranks, std::min(1.0, control_.timeout_s()), waiting);
+  }
 
   void broadcast(std::string& bytes, int root, std::string_view what) { control_.broadcast(bytes, root, what); }
   std::int64_t min_all(std::int64_t v, std::string_view what) { return control_.min_all(v, what); }
@@ -339,6 +361,7 @@ private:
   const ir::graph* graph_ = nullptr;
   concerto::mesh mesh_;
   std::vector<int> coords_;
+  std::map<std::string, communicator> axis_groups_; ///< per mesh axis of a mesh: the ranks of this rank's group
   std::vector<communicator> lanes_;
   std::string lane_signature_; ///< the lanes lanes_ were made for (runtime::lane_signature)
   host_arena arena_;

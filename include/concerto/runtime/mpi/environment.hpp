@@ -1,30 +1,28 @@
 #pragma once
 /// @file
-/// @brief RAII for MPI: the environment (MPI_Init_thread / MPI_Finalize), communicators, and
-/// the failure policy (a rank that throws aborts the whole job with its message).
+/// @brief RAII for MPI: the environment (MPI_Init_thread / MPI_Finalize), and the failure
+/// policy (a rank that throws ends the whole job, its message printed once).
 
 #include <concerto/core/error.hpp>
+#include <concerto/runtime/deadline.hpp>
+#include <concerto/runtime/mpi/channel.hpp>
+#include <concerto/runtime/mpi/communicator.hpp>
+#include <concerto/runtime/mpi/control.hpp>
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace concerto::runtime::mpi {
-
-/// @brief Throws concerto::error naming the MPI call and MPI's own message when `rc` is an error.
-inline void check(int rc, const char* call) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  fail(std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(len)));
-}
 
 /// @brief What `environment` sets up.
 struct environment_options {
@@ -33,8 +31,20 @@ struct environment_options {
   bool prefer_ring_allreduce = true;
 };
 
+/// @brief Ends the job because this rank failed with `message`: every distinct message of the
+/// ranks that failed is printed once, as "concerto: rank R failed: <message>", then MPI_Abort
+/// (exit status 1). See run_or_abort.
+[[noreturn]] inline void end_job(std::string message);
+/// @brief World rank 0: ends the job because another rank reported a failure (`e`).
+[[noreturn]] inline void end_job(const remote_failure& e);
+
 /// @brief Initialises MPI for the process's lifetime (funneled: only the main thread calls MPI)
 /// and finalises it on destruction. If MPI is already initialised it does neither.
+///
+/// Before MPI_Finalize the ranks meet at a barrier with the runtime's deadline
+/// (CONCERTO_TIMEOUT_S): a rank that stalls after its last collective would otherwise leave the
+/// others spinning in MPI_Finalize for ever; past the deadline the job ends, naming the ranks
+/// that did not come and where they are.
 /// @code
 /// int main(int argc, char** argv) {
 ///   concerto::runtime::mpi::environment env(argc, argv);
@@ -52,7 +62,17 @@ public:
     if (!owner_) return;
     int finalised = 0;
     MPI_Finalized(&finalised);
-    if (!finalised) MPI_Finalize();
+    if (finalised) return;
+    try {
+      const control world(MPI_COMM_WORLD, detail::env_timeout_s(default_timeout_s));
+      world.barrier("the other ranks at the end of the job (MPI_Finalize)");
+    } catch (const remote_failure& e) {
+      end_job(e);
+    } catch (const std::exception& e) {
+      end_job(e.what());
+    }
+    channel::get().close();
+    MPI_Finalize();
   }
 
   [[nodiscard]] static int world_rank() {
@@ -81,85 +101,93 @@ private:
   bool owner_ = false;
 };
 
-/// @brief An owned communicator, freed on destruction (never MPI_COMM_WORLD or MPI_COMM_NULL).
-class communicator {
-public:
-  communicator() = default;
-  explicit communicator(MPI_Comm c) noexcept : comm_(c) {}
-  communicator(communicator&& o) noexcept : comm_(std::exchange(o.comm_, MPI_COMM_NULL)) {}
-  communicator& operator=(communicator&& o) noexcept {
-    if (this != &o) {
-      reset();
-      comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
-    }
-    return *this;
-  }
-  communicator(const communicator&) = delete;
-  communicator& operator=(const communicator&) = delete;
-  ~communicator() { reset(); }
+} // namespace concerto::runtime::mpi
 
-  /// The ranks of `parent` with the same colour, ordered by key, as a new communicator.
-  [[nodiscard]] static communicator split(MPI_Comm parent, int colour, int key) {
-    MPI_Comm c = MPI_COMM_NULL;
-    check(MPI_Comm_split(parent, colour, key, &c), "MPI_Comm_split");
-    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    return communicator(c);
-  }
+namespace concerto::runtime::detail {
 
-  [[nodiscard]] MPI_Comm get() const noexcept { return comm_; }
-  [[nodiscard]] int rank() const {
-    int r = 0;
-    check(MPI_Comm_rank(comm_, &r), "MPI_Comm_rank");
-    return r;
-  }
-  [[nodiscard]] int size() const {
-    int n = 0;
-    check(MPI_Comm_size(comm_, &n), "MPI_Comm_size");
-    return n;
-  }
+inline std::string without_prefix(std::string text) {
+  if (text.starts_with("concerto: ")) text.erase(0, 10);
+  return text;
+}
 
-private:
-  void reset() noexcept {
-    int finalised = 0;
-    MPI_Finalized(&finalised);
-    if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && !finalised) MPI_Comm_free(&comm_);
-    comm_ = MPI_COMM_NULL;
+// Prints each distinct message once, naming the ranks that said it; then the launcher's turn.
+[[noreturn]] inline void print_and_abort(const std::vector<mpi::failure_report>& reports) {
+  std::vector<std::pair<std::string, std::vector<int>>> distinct;
+  for (const auto& r : reports) {
+    auto text = without_prefix(r.text);
+    auto it = std::find_if(distinct.begin(), distinct.end(), [&](const auto& d) { return d.first == text; });
+    if (it == distinct.end()) distinct.push_back({std::move(text), {r.rank}});
+    else it->second.push_back(r.rank);
   }
-  MPI_Comm comm_ = MPI_COMM_NULL;
-};
-
-/// @brief Runs `body`; if it throws, prints "concerto: rank R failed: <what>" to stderr and
-/// MPI_Aborts the whole job, so the other ranks stop instead of hanging in a collective.
-///
-/// The cause comes first and once: a concerto::collective_error (every rank raises the same) is
-/// printed by the comm's rank 0 alone (another rank prints it only if rank 0 has not ended the job
-/// 2 s later), and the abort waits a moment so that the launcher forwards the line before its
-/// own MPI_ABORT banner.
-/// @return 0 when body returns normally (then every rank continues).
-template <class F>
-int run_or_abort(F&& body, MPI_Comm comm = MPI_COMM_WORLD) {
-  const auto report = [](const char* what) {
-    std::string text = what;
-    if (text.starts_with("concerto: ")) text.erase(0, 10);
-    std::fprintf(stderr, "concerto: rank %d failed: %s\n", environment::world_rank(), text.c_str());
-  };
-  try {
-    std::forward<F>(body)();
-    return 0;
-  } catch (const collective_error& e) {
-    int rank = 0;
-    MPI_Comm_rank(comm, &rank);
-    if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
-    report(e.what());
-  } catch (const std::exception& e) {
-    report(e.what());
-  } catch (...) {
-    report("an exception that is not a std::exception");
+  for (const auto& [text, ranks] : distinct) {
+    std::string who = std::to_string(ranks.front());
+    // The first rank names the line (a message a rank computed names that rank); the others
+    // that said the same are counted, not repeated.
+    std::fprintf(stderr, "concerto: rank %s failed: %s", who.c_str(), text.c_str());
+    if (ranks.size() > 1) std::fprintf(stderr, " (%zu ranks alike)", ranks.size());
+    std::fprintf(stderr, "\n");
   }
   std::fflush(stderr);
+  // A moment for the launcher to forward the line before its own MPI_ABORT banner.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  MPI_Abort(comm, 1);
-  return 1;
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+// World rank 0 waits this long for the reports of ranks failing with it (a mistake every rank
+// makes alike arrives within milliseconds); another rank waits this long for rank 0 to end the
+// job before it says its own message (rank 0 may be computing, or have stopped).
+inline constexpr double collect_failures_s = 0.5, wait_for_rank_0_s = 2.0;
+
+} // namespace concerto::runtime::detail
+
+namespace concerto::runtime::mpi {
+
+[[noreturn]] inline void end_job(std::string message) {
+  auto& ch = channel::get();
+  message = detail::without_prefix(std::move(message));
+  ch.report_failure(message);
+  if (ch.rank() != 0) {
+    ch.serve_for(detail::wait_for_rank_0_s);
+    detail::print_and_abort({{ch.rank(), std::move(message)}});
+  }
+  auto reports = ch.collect_failures(detail::collect_failures_s);
+  reports.insert(reports.begin(), {0, std::move(message)});
+  detail::print_and_abort(reports);
+}
+
+[[noreturn]] inline void end_job(const remote_failure& e) {
+  auto& ch = channel::get();
+  ch.report_failure("ending the job: rank " + std::to_string(e.rank) + " failed");
+  auto reports = ch.collect_failures(detail::collect_failures_s);
+  reports.insert(reports.begin(), {e.rank, e.text});
+  detail::print_and_abort(reports);
+}
+
+/// @brief Runs `body` and returns what it returns (0 for a body returning nothing). If it
+/// throws, the job ends: every rank's failure goes to world rank 0, which prints each distinct
+/// message once ("concerto: rank R failed: <what>", with "(N ranks alike)" when several ranks
+/// raised it: a mistake in the settings or the program is found by every rank at once) and
+/// calls MPI_Abort, so the other ranks stop instead of hanging in a collective; the launcher
+/// then exits with status 1. Rank 0, while it waits in the library, takes another rank's report
+/// as its own failure, so a failure of one rank is printed at once by rank 0; a rank whose
+/// report rank 0 does not take within 2 s (it is computing, or stopped) prints its own.
+template <class F>
+int run_or_abort(F&& body) {
+  try {
+    if constexpr (std::is_void_v<std::invoke_result_t<F>>) {
+      std::forward<F>(body)();
+      return 0;
+    } else {
+      return static_cast<int>(std::forward<F>(body)());
+    }
+  } catch (const remote_failure& e) {
+    end_job(e);
+  } catch (const std::exception& e) {
+    end_job(e.what());
+  } catch (...) {
+    end_job("an exception that is not a std::exception");
+  }
 }
 
 } // namespace concerto::runtime::mpi

@@ -572,8 +572,12 @@ private:
   void wait_for_step() {
     const auto deadline = runtime::detail::deadline_after(options_.timeout_s);
     std::string why;
+    auto& channel = mpi::channel::get();
+    const mpi::channel::waiting here(channel, runtime::detail::step_wait_text(options_.kernels.step));
+    std::uint64_t polls = 0;
     try {
       const bool ended = runtime::detail::poll_until(deadline, [&] {
+        if ((++polls & 63) == 0) channel.serve(false); // answers other ranks' questions
         if (stop_->done()) return true; // throws on a device error
         why = lane_errors();
         return !why.empty();
