@@ -144,13 +144,12 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
   return 0;
 }
 
-// The last step's routing, layer by layer: each expert's share of the kept (token, expert) pairs
-// and the share of choices dropped over capacity (every rank gathers; rank 0 prints).
+// The last step's routing, layer by layer: each expert's share of the kept (token, expert) pairs,
+// the share of choices dropped over capacity, and the balance loss (every rank gathers; rank 0
+// prints).
 void print_load_balance(train::basic_step<>& step, const settings& s) {
-  std::vector<std::string> gates;
-  for (const auto& b : step.graph().buffers)
-    if (b.name.find(".moe_route#") != std::string::npos) gates.push_back(b.name);
-  for (const auto& name : gates) {
+  for (const auto& layer : step.moe_balance_losses()) {
+    const auto& name = layer.router;
     const auto g = step.gather(name);
     std::vector<double> kept(static_cast<std::size_t>(s.experts), 0.0);
     for (std::size_t i = 0; i < g.size(); ++i) kept[i % kept.size()] += g[i] != 0.0f;
@@ -161,7 +160,7 @@ void print_load_balance(train::basic_step<>& step, const settings& s) {
     std::printf("load balance %s: dropped %.1f%% of %d-way choices; expert shares", name.substr(0, name.find(".moe_route#")).c_str(),
                 100.0 * (1.0 - total / choices), s.top_k);
     for (const auto k : kept) std::printf(" %.2f", k / total);
-    std::printf("\n");
+    std::printf("; balance %.3f (1: even), loss %.4f\n", layer.balance, layer.loss);
   }
 }
 
@@ -198,7 +197,6 @@ int main(int argc, char** argv) {
   if (const auto status = llama_example::parse_command_line(argc, argv, s)) return *status;
   return runtime::mpi::run_or_abort([&] {
     if (s.experts > 0) {
-      if (s.sp || s.zero_stage != 0) fail("--experts: the mixture of experts runs without --sp and --zero");
       // As above: the programs are constants made by the compiler.
       static constexpr auto switch_moe = llama_model::make_moe<llama_model::top1>();
       static constexpr auto mixtral_moe = llama_model::make_moe<llama_model::top2>();

@@ -199,6 +199,33 @@ TEST_CASE("the routing's gradient is the softmax's through the kept gates plus t
   }
 }
 
+TEST_CASE("the balance loss's value is the loss whose gradient the routing adds", "[cpu][kernels][moe]") {
+  SECTION("on cases worked by hand") {
+    const cpu::moe_shape s{.groups = 1, .group = 2, .experts = 2, .hidden = 1, .capacity = 2, .top_k = 1};
+    // Both tokens choose expert 0: f = (1, 0), P_0 = (e²/(e²+1) + e/(e+1)) / 2.
+    const double p0 = (std::exp(2.0) / (std::exp(2.0) + 1) + std::exp(1.0) / (std::exp(1.0) + 1)) / 2;
+    CHECK(std::abs(cpu::moe_balance_sum(std::vector<float>{2, 0, 1, 0}, s) - 2 * p0) < 1e-6);
+    // One token each, mirrored: f = P = (1/2, 1/2), the balanced value 1.
+    CHECK(std::abs(cpu::moe_balance_sum(std::vector<float>{1, 0, 0, 1}, s) - 1.0) < 1e-6);
+  }
+  SECTION("summed over groups, as the gradient's loss of moe_route_grad") {
+    const cpu::moe_shape s{.groups = 3, .group = 6, .experts = 4, .hidden = 1, .capacity = 3, .top_k = 2};
+    std::mt19937 rng(5);
+    const auto logits = random_floats(rng, s.tokens() * s.experts, -2, 2);
+    std::vector<double> counts(s.groups * s.experts, 0.0);
+    for (std::size_t t = 0; t < s.tokens(); ++t) {
+      auto p = softmax(logits.data() + t * s.experts, s.experts);
+      for (std::size_t j = 0; j < s.top_k; ++j) {
+        const auto e = static_cast<std::size_t>(std::max_element(p.begin(), p.end()) - p.begin());
+        counts[(t / s.group) * s.experts + e] += 1;
+        p[e] = -1;
+      }
+    }
+    // balance_loss is what the routing's gradient was checked against above (weight 1).
+    CHECK(std::abs(cpu::moe_balance_sum(logits, s) - balance_loss(logits, s, counts, 1.0)) < 1e-5);
+  }
+}
+
 TEST_CASE("the MoE kernels refuse top_k beyond the experts and gates over capacity", "[cpu][kernels][moe]") {
   const cpu::moe_shape s{.groups = 1, .group = 2, .experts = 2, .hidden = 1, .capacity = 1, .top_k = 3};
   std::vector<float> logits(4, 0.0f), gates(4), scratch(cpu::moe_route_workspace_floats(s));

@@ -82,6 +82,42 @@ TEST_CASE("the MoE decoder trains to the single-rank numbers on every dp x ep me
   }
 }
 
+// The balance loss of each layer, read back after a step: on every mesh the value one rank
+// computes (the value itself is checked against the routing's gradient in tests/cpu).
+TEST_CASE("each MoE layer's balance loss is readable after a step, the same on every mesh", "[mpi][train][moe]") {
+  const auto balance_after_one_step = [](MPI_Comm comm, int d, int e) {
+    int n = 0;
+    MPI_Comm_size(comm, &n);
+    auto o = options("program_order");
+    o.world = comm;
+    o.use_cache = false;
+    auto step = train::compile(moe_top2, mesh::from_world(n, {{"dp", d}, {"ep", e}, {"tp", 1}}), shapes,
+                               {.adamw = {.lr = 1e-3f}}, o);
+    (void)step(data());
+    return step.moe_balance_losses();
+  };
+  const auto reference = balance_after_one_step(MPI_COMM_SELF, 1, 1);
+  REQUIRE(reference.size() == 2); // one per layer, in layer order
+  CHECK(reference[0].router.starts_with("layers.0."));
+  CHECK(reference[1].router.starts_with("layers.1."));
+  for (const auto& layer : reference) {
+    CAPTURE(layer.router, layer.balance);
+    CHECK(layer.weight == Catch::Approx(lt::top2.aux_weight));
+    CHECK(layer.loss == Catch::Approx(layer.weight * layer.balance));
+    CHECK(layer.balance > 0.5); // about 1 for a router that starts near uniform
+    CHECK(layer.balance <= static_cast<double>(experts));
+  }
+  const int world = runtime::mpi::environment::world_size();
+  const int e = 2, d = world / e;
+  const auto split = balance_after_one_step(MPI_COMM_WORLD, d, e);
+  REQUIRE(split.size() == reference.size());
+  for (std::size_t l = 0; l < split.size(); ++l) {
+    CAPTURE(l);
+    CHECK(split[l].router == reference[l].router);
+    CHECK(std::abs(split[l].balance - reference[l].balance) <= 1e-5 * reference[l].balance);
+  }
+}
+
 TEST_CASE("the sync, program_order and concerto plans of the dp x ep MoE give the same numbers", "[mpi][train][moe]") {
   const int world = runtime::mpi::environment::world_size();
   const int e = 2, d = world / e;

@@ -36,6 +36,7 @@
 #include <concerto/plan/hash.hpp>
 #include <concerto/planner/decompose.hpp>
 #include <concerto/planner/pipeline.hpp>
+#include <concerto/runtime/cpu/moe.hpp>
 #include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/kernel_profile.hpp>
 #include <concerto/runtime/mpi/control.hpp>
@@ -258,6 +259,15 @@ struct step_result {
   double step_us = 0;           ///< measured wall time of the executor's step on this rank
   double exposed_comm_us = 0;   ///< compute idle while collectives were outstanding
   int rank = 0;
+};
+
+/// @brief One mixture-of-experts layer's load-balancing loss in the last step
+/// (basic_step::moe_balance_losses).
+struct moe_balance {
+  std::string router;   ///< the layer's routing node, e.g. "layers.0.moe_route#23"
+  double balance = 0;   ///< experts·Σ_e f_e·P_e averaged over the step's groups: 1 when perfectly balanced, up to E
+  double weight = 0;    ///< the layer's balance loss weight (moe_config::aux_weight)
+  double loss = 0;      ///< weight · balance: the loss whose gradient the router's gets
 };
 
 /// @brief A compiled training step; see the file comment. Move-only.
@@ -597,6 +607,37 @@ public:
       const auto blk = block_of(t.spec, t.blk.local, coords);
       detail::copy_block(blk, sizeof(float), reinterpret_cast<std::byte*>(out.data()),
                          reinterpret_cast<std::byte*>(all.data() + static_cast<std::size_t>(r) * n), false);
+    }
+    return out;
+  }
+
+  /// @brief Each mixture-of-experts layer's balance loss in the last step, in layer order, on
+  /// every rank (collective: it gathers each layer's router logits). Not part of the step's
+  /// returned loss: the routing adds its gradient in the backward pass (docs/moe.md).
+  /// @code
+  /// for (const auto& l : step.moe_balance_losses()) std::printf("%s: %.3f\n", l.router.c_str(), l.balance);
+  /// @endcode
+  [[nodiscard]] std::vector<moe_balance> moe_balance_losses() {
+    prepare();
+    if (split_ && split_->microbatches > 1)
+      fail("train step: moe_balance_losses reads one micro-batch's router logits; a pipelined step with " +
+           std::to_string(split_->microbatches) + " micro-batches keeps several");
+    std::vector<moe_balance> out;
+    for (const auto& t : graph_.tasks) {
+      if (t.fn != ir::op::moe_route) continue;
+      const auto logits = t.reads.at(0);
+      // The weight is the backward's (moe_route_grad reads the same logits); without one, 0.
+      double weight = 0;
+      for (const auto& u : graph_.tasks)
+        if (u.fn == ir::op::moe_route_grad && u.reads.at(0) == logits)
+          weight = static_cast<double>(u.attr("weight_num")) / static_cast<double>(u.attr("weight_den", 1));
+      const auto values = gather(graph_.buffers[static_cast<std::size_t>(logits)].name);
+      runtime::cpu::moe_shape shape{.group = static_cast<std::size_t>(t.attr("group")),
+                                    .experts = static_cast<std::size_t>(t.attr("experts")),
+                                    .top_k = static_cast<std::size_t>(t.attr("top_k"))};
+      shape.groups = values.size() / (shape.group * shape.experts);
+      const double balance = runtime::cpu::moe_balance_sum(values, shape) / static_cast<double>(shape.groups);
+      out.push_back({graph_.buffers[static_cast<std::size_t>(t.writes.at(0))].name, balance, weight, weight * balance});
     }
     return out;
   }

@@ -36,6 +36,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace concerto::runtime::cpu {
 
@@ -233,6 +234,35 @@ inline void moe_combine_grad(std::span<const float> dout, std::span<const float>
       }
       dgates[at] = dot;
     }
+}
+
+/// @brief The balance loss's value before its weight, summed over the `s.groups` groups of
+/// `logits` [tokens, experts]: Σ_g experts·Σ_e f_ge·P_ge (f_ge the share of group g's top-k
+/// choices naming e, before capacity; P_ge e's mean probability). 1 per group when the router is
+/// perfectly balanced, up to `experts` when every token goes to one expert. moe_route_grad adds
+/// this sum's gradient (times weight / the step's groups); the forward pass does not compute it.
+[[nodiscard]] inline double moe_balance_sum(std::span<const float> logits, const moe_shape& s) {
+  detail::check_moe(s, "moe_balance_sum");
+  const std::size_t E = s.experts, K = s.top_k;
+  detail::require_size(logits, s.tokens() * E, "moe_balance_sum", "logits");
+  std::vector<float> p(E);
+  std::vector<double> share(E), mean(E);
+  std::vector<std::int32_t> chosen(K);
+  double sum = 0;
+  for (std::size_t g = 0; g < s.groups; ++g) {
+    std::fill(share.begin(), share.end(), 0.0);
+    std::fill(mean.begin(), mean.end(), 0.0);
+    for (std::size_t t = g * s.group; t < (g + 1) * s.group; ++t) {
+      detail::softmax_row(logits.data() + t * E, p.data(), E);
+      detail::top_k(p.data(), E, K, chosen.data());
+      for (std::size_t j = 0; j < K; ++j) share[static_cast<std::size_t>(chosen[j])] += 1.0 / static_cast<double>(s.group * K);
+      for (std::size_t e = 0; e < E; ++e) mean[e] += p[e] / static_cast<double>(s.group);
+    }
+    double group_loss = 0;
+    for (std::size_t e = 0; e < E; ++e) group_loss += share[e] * mean[e];
+    sum += static_cast<double>(E) * group_loss;
+  }
+  return sum;
 }
 
 /// @brief Workspace floats of moe_route_grad.
