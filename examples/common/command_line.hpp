@@ -87,8 +87,9 @@ inline void add_pipeline_options(CLI::App& app, text_model_settings& s) {
       auto why = concerto::pipeline::refusal(*policy, s.pp, s.virtual_stages, s.microbatches);
       if (why.empty()) continue;
       // The library's option, as this command line spells it.
-      for (auto at = why.find("virtual_stages"); at != std::string::npos; at = why.find("virtual_stages", at + 16))
-        why.replace(at, 14, "--virtual-stages");
+      const std::string option = "virtual_stages = ";
+      for (auto at = why.find(option); at != std::string::npos; at = why.find(option, at))
+        why.replace(at, option.size(), "--virtual-stages ");
       throw CLI::ValidationError("--schedule", why);
     }
   });

@@ -4,10 +4,12 @@
 /// under a memory cap, warm-started from the best baseline and never worse than it.
 ///
 /// Candidates: every baseline of every layout it applies to (one chunk per stage, or
-/// interleaved chunks), each replayed and checked against the cap (by default 1F1B's peak,
-/// so that the comparison is at equal activation memory), and concerto's own seeds: greedy
-/// list schedules under the cap and ZB-H1's shape with the deferrals the cap allows. The
-/// fastest that fits is the start (a baseline's backward split: W right after B, never slower).
+/// interleaved chunks), each replayed and checked against the cap (by default the peak of
+/// `memory_reference`, 1F1B's or with chunks interleaved 1F1B's, so that the comparison is at
+/// equal activation memory), and concerto's own seeds: greedy list schedules under the cap,
+/// ZB-H1's shape with the deferrals the cap allows, and the reference order where interleaved
+/// 1F1B does not take the micro-batches. The fastest that fits is the start (a baseline's
+/// backward split: W right after B, never slower).
 /// Then windows of consecutive blocks and messages (by start time) become Z3 problems
 /// (planner/z3_window.hpp): the blocks' stages and the messages' links are the unary
 /// resources, the data dependencies, the micro-batch order of each chunk's passes (which keeps
