@@ -2,12 +2,14 @@
 // The examples' command lines, parsed by CLI11 on every rank (the same argv everywhere).
 #include "settings.hpp"
 
+#include <concerto/pipeline/policies.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
 
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
 #include <optional>
+#include <sstream>
 #include <string>
 
 namespace examples {
@@ -22,6 +24,15 @@ inline const CLI::Validator positive(
     },
     "POSITIVE");
 
+/// A comma-separated list that names at least one thing (`what`): `--schedule ""` is refused by name.
+inline CLI::Validator names_list(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& text) {
+        return text.find_first_not_of(',') == std::string::npos ? "needs at least one " + what + " name" : std::string();
+      },
+      "LIST");
+}
+
 /// Adds the shared options to `app`, bound to `s`; `blocks` names the model's layers in --help.
 inline void add_text_model_options(CLI::App& app, text_model_settings& s, const std::string& blocks) {
   app.add_option("--tp", s.tp, "tensor-parallel ranks (the rest is data parallel)")->check(positive)->capture_default_str();
@@ -34,11 +45,54 @@ inline void add_text_model_options(CLI::App& app, text_model_settings& s, const 
   app.add_option("--batch", s.batch, "global batch (sequences per step)")->check(positive)->capture_default_str();
   app.add_option("--lr", s.lr, "AdamW learning rate")->check(positive)->capture_default_str();
   app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
+      ->check(names_list("policy"))
       ->capture_default_str();
   app.add_option("--text", s.text, "training text")->capture_default_str();
   app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
       ->capture_default_str();
   app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
+}
+
+/// Adds the pipeline options (--pp, --microbatches, --schedule, --virtual-stages) and refuses,
+/// when the line is parsed (so rank 0 alone explains it), a schedule without stages or
+/// micro-batches to order, and a schedule that does not take the layout, with the fix
+/// (pipeline::policy_table says what each takes).
+inline void add_pipeline_options(CLI::App& app, text_model_settings& s) {
+  app.add_option("--pp", s.pp, "pipeline stages (the layers split over them)")->check(positive)->capture_default_str();
+  app.add_option("--microbatches", s.microbatches, "micro-batches per step (divides --batch)")
+      ->check(positive)
+      ->capture_default_str();
+  auto* schedule = app.add_option("--schedule", s.schedule,
+                                  "pipeline schedule, or a comma-separated list: " + concerto::pipeline::policy_list())
+                       ->check(names_list("schedule"))
+                       ->capture_default_str();
+  auto* chunks = app.add_option("--virtual-stages", s.virtual_stages,
+                                "chunks of layers per pipeline stage (2 or more: gpipe, interleaved_1f1b, concerto)")
+                     ->check(positive)
+                     ->capture_default_str();
+  app.final_callback([&s, schedule, chunks] {
+    if (s.pp == 1 && s.microbatches == 1) {
+      for (const auto* o : {schedule, chunks})
+        if (o->count() > 0)
+          throw CLI::ValidationError(o->get_name(), "needs pipeline stages or micro-batches to apply to: give --pp N or "
+                                                    "--microbatches M (above 1) with it");
+      return;
+    }
+    std::stringstream list(s.schedule);
+    for (std::string name; std::getline(list, name, ',');) {
+      if (name.empty()) continue;
+      const auto* policy = concerto::pipeline::find_policy(name);
+      if (!policy)
+        throw CLI::ValidationError("--schedule", "'" + name + "' is not one of " + concerto::pipeline::policy_list());
+      auto why = concerto::pipeline::refusal(*policy, s.pp, s.virtual_stages, s.microbatches);
+      if (why.empty()) continue;
+      // The library's option, as this command line spells it.
+      const std::string option = "virtual_stages = ";
+      for (auto at = why.find(option); at != std::string::npos; at = why.find(option, at))
+        why.replace(at, option.size(), "--virtual-stages ");
+      throw CLI::ValidationError("--schedule", why);
+    }
+  });
 }
 
 /// Parses argv; nullopt to go on, or the status every rank exits with: 0 after --help (printed by

@@ -17,12 +17,13 @@
 
 namespace examples {
 
-inline std::vector<std::string> split_policies(const std::string& list) {
+/// The names of a comma-separated list given to `option` (--policy, or the GPT example's --schedule).
+inline std::vector<std::string> split_policies(const std::string& list, const std::string& option = "--policy") {
   std::vector<std::string> out;
   std::stringstream in(list);
   for (std::string p; std::getline(in, p, ',');)
     if (!p.empty()) out.push_back(p);
-  if (out.empty()) concerto::fail("option '--policy' needs at least one policy name");
+  if (out.empty()) concerto::fail("option '" + option + "' needs at least one name");
   return out;
 }
 

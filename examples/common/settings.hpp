@@ -8,6 +8,7 @@ namespace examples {
 struct text_model_settings {
   int tp = 2, steps = 150, layers = 2, hidden = 64, heads = 4, seq = 32, batch = 16;
   int pp = 1, microbatches = 1; ///< pipeline stages and micro-batches per step (the GPT example's)
+  int virtual_stages = 1;       ///< chunks of layers per pipeline stage (interleaved)
   bool sp = false;
   float lr = 3e-3f;
   std::string schedule = "1f1b"; ///< pipeline schedule, or a comma-separated list

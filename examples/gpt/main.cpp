@@ -4,10 +4,13 @@
 //   examples/gpt/run.sh                                  # 4 ranks: dp=2 x tp=2, concerto plan
 //   examples/gpt/run.sh --tp 2 --sp --policy sync --steps 200
 //   examples/gpt/run.sh --pp 2 --tp 1 --microbatches 4 --schedule zb_h1   # 2 stages x dp 2
+//   examples/gpt/run.sh --pp 2 --tp 1 --layers 4 --microbatches 4 --virtual-stages 2 --schedule interleaved_1f1b,concerto
 //
-// With --pp N (or --microbatches M > 1) the layers are split into N pipeline stages and each
-// step's batch into M micro-batches, run in the order of --schedule (gpipe, 1f1b,
-// interleaved_1f1b, zb_h1, concerto; a comma-separated list runs each in turn, as --policy does).
+// With --pp N (or --microbatches M > 1) the layers are split into N pipeline stages (each
+// holding --virtual-stages chunks of them, interleaved) and each step's batch into M
+// micro-batches, run in the order of --schedule (gpipe, 1f1b, interleaved_1f1b, zb_h1, concerto;
+// a comma-separated list runs each in turn, as --policy does; docs/pipeline.md says which takes
+// chunks). --schedule and --virtual-stages without stages or micro-batches are refused.
 // The model is written once in the DSL: a vocab-parallel embedding, a repeat of identical
 // blocks (layernorm, causal attention, MLP; Megatron-LM's tensor parallelism), a final
 // layernorm, a column-parallel LM head and the vocab-parallel cross-entropy; AdamW.
@@ -50,7 +53,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
   const int world = runtime::mpi::environment::world_size();
   // Pipelined, the runs compared are schedules; otherwise plan policies.
   const bool pipelined = s.pp > 1 || s.microbatches > 1;
-  const auto policies = examples::split_policies(pipelined ? s.schedule : s.policy);
+  const auto policies = pipelined ? examples::split_policies(s.schedule, "--schedule") : examples::split_policies(s.policy);
   const auto make = [&](const std::string& name) {
     train::step_options o{.policy = pipelined ? s.policy : name,
                           .lower = {.name = "gpt", .heads = s.heads, .depth = {{"layers", s.layers}}},
@@ -58,7 +61,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
     std::vector<axis_request> axes{{"dp", -1}, {"tp", s.tp}};
     if (pipelined) {
       axes.insert(axes.begin(), axis_request{"pp", s.pp, ir::link_class::inter_node});
-      o.pipeline = {.microbatches = s.microbatches, .schedule = name};
+      o.pipeline = {.microbatches = s.microbatches, .schedule = name, .virtual_stages = s.virtual_stages};
     }
     return train::compile(model, mesh::from_world(world, axes), shapes, {.adamw = {.lr = s.lr}}, std::move(o));
   };
@@ -69,8 +72,9 @@ int train_on(const graph::program<N>& model, const settings& s) {
   if (root) {
     std::printf("gpt: %d layers, hidden %d, %d heads, seq %d, batch %d, vocab %lld, %zu chars of %s\n", s.layers, s.hidden,
                 s.heads, s.seq, s.batch, static_cast<long long>(vocab), text.size(), s.text.c_str());
-    std::printf("mesh: pp=%d x dp=%d x tp=%d%s on %d ranks, %d micro-batches per step, cost preset %s\n", s.pp,
-                world / s.tp / s.pp, s.tp, s.sp ? " (sequence parallel)" : "", world, s.microbatches, s.cost_preset.c_str());
+    std::printf("mesh: pp=%d x dp=%d x tp=%d%s on %d ranks, %d micro-batches per step, %d chunk%s per stage, cost preset %s\n",
+                s.pp, world / s.tp / s.pp, s.tp, s.sp ? " (sequence parallel)" : "", world, s.microbatches,
+                s.virtual_stages, s.virtual_stages == 1 ? "" : "s", s.cost_preset.c_str());
   }
   examples::announce_plans(runs, root);
   // Every rank draws the same global batch (a fixed seed), and keeps its shard; every policy of
@@ -116,7 +120,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
     std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
                 concerto::median(times[p]), sm.policy.c_str());
     results.push_back(examples::print_result(runs[p],
-                           {{"example", "gpt"}, {"world", world}, {"pp", s.pp}, {"microbatches", s.microbatches}, {"tp", s.tp}, {"sp", s.sp}, {"layers", s.layers},
+                           {{"example", "gpt"}, {"world", world}, {"pp", s.pp}, {"microbatches", s.microbatches}, {"virtual_stages", s.virtual_stages}, {"tp", s.tp}, {"sp", s.sp}, {"layers", s.layers},
                             {"hidden", s.hidden}, {"heads", s.heads}, {"seq", s.seq}, {"batch", s.batch},
                             {"cost_preset", s.cost_preset}},
                            times[p], exposed[p]));
@@ -133,13 +137,7 @@ int main(int argc, char** argv) {
   settings s;
   CLI::App app{"Trains a small character-level GPT on a text over MPI ranks (PP x DP x TP mesh)."};
   examples::add_text_model_options(app, s, "transformer blocks");
-  app.add_option("--pp", s.pp, "pipeline stages (the layers split over them)")->check(examples::positive)->capture_default_str();
-  app.add_option("--microbatches", s.microbatches, "micro-batches per step (divides --batch)")
-      ->check(examples::positive)
-      ->capture_default_str();
-  app.add_option("--schedule", s.schedule,
-                 "pipeline schedule, or a comma-separated list: gpipe, 1f1b, interleaved_1f1b, zb_h1, concerto")
-      ->capture_default_str();
+  examples::add_pipeline_options(app, s);
   if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
   return runtime::mpi::run_or_abort([&] {
     if (s.sp) train_on(gpt_sp, s);

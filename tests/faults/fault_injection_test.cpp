@@ -329,6 +329,16 @@ TEST_CASE("the GPT example refuses bad flags by name and answers --help", "[faul
   refused("--lr=-1", "--lr: must be a positive number, not '-1'");
   refused("--layers", "--layers: 1 required INT:POSITIVE missing");
   refused("--bogus 1", "The following arguments were not expected: 1 --bogus");
+  // Pipeline flags: a schedule with nothing to order, an empty list, a layout the schedule does not take.
+  refused("--schedule zb_h1", "--schedule: needs pipeline stages or micro-batches to apply to: give --pp N or");
+  refused("--virtual-stages 2", "--virtual-stages: needs pipeline stages or micro-batches to apply to");
+  refused("--pp 2 --tp 1 --schedule ''", "--schedule: needs at least one schedule name");
+  refused("--policy ,", "--policy: needs at least one policy name");
+  refused("--pp 2 --tp 1 --layers 4 --microbatches 2 --virtual-stages 2 --schedule gpipe,1f1b",
+          "--schedule: pipeline schedule '1f1b' runs one chunk per stage (--virtual-stages 2): set --virtual-stages 1, "
+          "or use gpipe, interleaved_1f1b or concerto, which take 2 chunks per stage");
+  refused("--pp 2 --tp 1 --microbatches 3 --batch 12 --virtual-stages 2 --schedule interleaved_1f1b",
+          "--schedule: pipeline schedule 'interleaved_1f1b' needs the micro-batches (3) to be a multiple of the stages (2)");
   const auto short_text = f.path / "short.txt";
   std::FILE* out = std::fopen(short_text.c_str(), "w");
   REQUIRE(out != nullptr);

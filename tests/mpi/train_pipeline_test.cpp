@@ -1,7 +1,8 @@
 // The GPT example's model with pipeline stages (a `pp` mesh axis): on 2 and 4 stages, alone and
 // with data or tensor parallelism, with 1, 2 and 4 micro-batches and every pipeline schedule,
 // the losses, gradients and parameters after 3 AdamW steps match the single-rank run without
-// a pipeline within train_testing::rel_tol; a checkpoint saved with stages loads without them;
+// a pipeline within train_testing::rel_tol, and with 2 chunks per stage under interleaved_1f1b,
+// gpipe and concerto; a checkpoint saved with stages loads without them;
 // bad pipeline settings are refused with a message that names them. Built also against the
 // NCCL backend (tests/gpu: its emulation), where the stages' sends and receives are NCCL's.
 #include "gpt_program.hpp"
@@ -82,16 +83,28 @@ TEST_CASE("pipeline stages train the GPT to the single-rank numbers with every s
           tt::check_same(got, want);
         }
     }
-    if (ranks == 2) {
-      INFO("interleaved: 2 chunks per stage");
+    if (ranks == 2)
+      for (const char* schedule : {"interleaved_1f1b", "gpipe", "concerto"}) {
+        // 2 chunks per stage; concerto's cap is interleaved 1F1B's memory, gpipe the baseline of
+        // the plan's line; 1 micro-batch is not a multiple of the stages, which interleaved 1F1B
+        // does not take.
+        for (int m : {1, 2, 4}) {
+          if (m % 2 != 0 && std::string(schedule) == "interleaved_1f1b") continue;
+          INFO("interleaved: 2 chunks per stage");
+          CAPTURE(schedule, m);
 #if CONCERTO_BACKEND_NCCL
-      // The last stage sends the values of its first chunk back to stage 0: not one way.
-      CHECK_THROWS_WITH(pipelined(sub.get(), 2, 1, 1, "interleaved_1f1b", 2, 2),
-                        Catch::Matchers::ContainsSubstring("keep a lane's messages one way along its axis"));
+          // The last stage sends the values of its first chunk back to stage 0: not one way.
+          CHECK_THROWS_WITH(pipelined(sub.get(), 2, 1, 1, schedule, m, 2),
+                            Catch::Matchers::ContainsSubstring("keep a lane's messages one way along its axis"));
+          break;
 #else
-      tt::check_same(pipelined(sub.get(), 2, 1, 1, "interleaved_1f1b", 2, 2), want);
+          const auto got = pipelined(sub.get(), 2, 1, 1, schedule, m, 2);
+          CHECK(got.summary.policy == std::string("pipeline:") + schedule);
+          CHECK(got.summary.sync_predicted_us > 0); // gpipe's step on the same chunks
+          tt::check_same(got, want);
 #endif
-    }
+        }
+      }
   }
 }
 
@@ -222,9 +235,9 @@ TEST_CASE("a checkpoint saved with pipeline stages loads without them", "[mpi][t
 }
 
 TEST_CASE("bad pipeline settings are refused naming them", "[mpi][train][pipeline]") {
-  const auto refused = [](const mesh& m, train::step_options o) -> std::string {
+  const auto refused = [](const mesh& m, train::step_options o, MPI_Comm world = MPI_COMM_SELF) -> std::string {
     o.use_cache = false;
-    o.world = MPI_COMM_SELF;
+    o.world = world;
     try {
       (void)train::compile(gt::gpt_tp, m, shapes, {}, o);
     } catch (const error& e) {
@@ -239,8 +252,22 @@ TEST_CASE("bad pipeline settings are refused naming them", "[mpi][train][pipelin
              Catch::Matchers::ContainsSubstring("pipeline schedule 'round_robin' is not one of"));
   CHECK_THAT(refused(mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), options("1f1b", 2)),
              Catch::Matchers::ContainsSubstring("2 micro-batches need the mesh axis 'pp'"));
-  auto deep = options("1f1b", 1, 8);
-  CHECK_THAT(refused(one, deep), Catch::Matchers::ContainsSubstring("4 layers cannot be split into 8 chunks"));
+  CHECK_THAT(refused(one, options("gpipe", 1, 8)), Catch::Matchers::ContainsSubstring("4 layers cannot be split into 8 chunks"));
+  // A schedule that does not take the layout, refused with the options, naming the fix.
+  CHECK_THAT(refused(one, options("1f1b", 2, 2)),
+             Catch::Matchers::ContainsSubstring("train step: pipeline schedule '1f1b' runs one chunk per stage "
+                                                "(virtual_stages = 2): set virtual_stages = 1, or use gpipe, "
+                                                "interleaved_1f1b or concerto, which take 2 chunks per stage"));
+  CHECK_THAT(refused(one, options("zb_h1", 2, 2)),
+             Catch::Matchers::ContainsSubstring("pipeline schedule 'zb_h1' runs one chunk per stage"));
+  CHECK_THAT(refused(one, options("interleaved_1f1b", 2, 1)),
+             Catch::Matchers::ContainsSubstring("interleaves several chunks per stage (virtual_stages = 1): set "
+                                                "virtual_stages = 2 or more"));
+  tt::sub_world two(2);
+  if (two.member())
+    CHECK_THAT(refused(mesh::from_world(2, {{"pp", 2}, {"dp", 1}, {"tp", 1}}), options("interleaved_1f1b", 1, 2), two.get()),
+               Catch::Matchers::ContainsSubstring("needs the micro-batches (1) to be a multiple of the stages (2): use 2 "
+                                                  "micro-batches, or gpipe or concerto, which take 1 micro-batch"));
 }
 
 CONCERTO_MPI_TEST_MAIN

@@ -5,7 +5,10 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 using namespace concerto;
 using Catch::Approx;
@@ -36,6 +39,15 @@ pipeline::problem random_problem(std::uint32_t seed, int stages, int microbatche
     k.optimizer_us = u(rng) / 2;
   }
   for (auto& s : p.send_us) s = u(rng) / 5;
+  return p;
+}
+
+// The same with `virtual_stages` chunks per stage.
+pipeline::problem random_chunked_problem(std::uint32_t seed, int stages, int virtual_stages, int microbatches) {
+  auto p = random_problem(seed, stages * virtual_stages, microbatches);
+  p.stages = stages;
+  p.virtual_stages = virtual_stages;
+  p.check();
   return p;
 }
 
@@ -88,6 +100,102 @@ TEST_CASE("interleaved 1F1B divides the bubble by the chunks per stage", "[pipel
   CHECK_THAT(error_of([&] { (void)pipeline::interleaved_one_f_one_b(prob); }),
              ContainsSubstring("micro-batches (6) to be a multiple of the stages (4)"));
   CHECK_THAT(error_of([&] { (void)pipeline::one_f_one_b(prob); }), ContainsSubstring("one chunk per stage"));
+}
+
+TEST_CASE("GPipe with chunks runs their forwards in model order, then their backwards in reverse", "[pipeline]") {
+  const int p = 4, m = 8, v = 2;
+  auto prob = pipeline::uniform_problem(p, m, unit_cost(1.0 / v, 1.0 / v, 1.0 / v));
+  prob.virtual_stages = v;
+  prob.chunks.assign(static_cast<std::size_t>(p * v), prob.chunks[0]);
+  prob.send_us.assign(static_cast<std::size_t>(p * v - 1), 0);
+  const auto s = pipeline::gpipe(prob);
+  // Stage 1: chunk 1's forwards, chunk 5's, then chunk 5's backwards, chunk 1's.
+  const auto& o = s.order[1];
+  REQUIRE(o.size() == static_cast<std::size_t>(2 * v * m));
+  CHECK(o[0] == pipeline::block{1, 0, pipeline::pass::forward});
+  CHECK(o[m] == pipeline::block{5, 0, pipeline::pass::forward});
+  CHECK(o[2 * m] == pipeline::block{5, 0, pipeline::pass::input_grad});
+  CHECK(o[3 * m + 1] == pipeline::block{1, 1, pipeline::pass::input_grad});
+  // (v·m + p − 1) slots of a chunk's forward and backward, as interleaved 1F1B (m >= p), every
+  // micro-batch of every chunk held at once.
+  const auto t = pipeline::verify(prob, s);
+  CHECK(t.step_us == Approx((v * m + p - 1) * 3.0 / v));
+  CHECK(t.step_us == Approx(pipeline::verify(prob, pipeline::interleaved_one_f_one_b(prob)).step_us));
+  CHECK(pipeline::peak_memory(t) == Approx(v * m));
+  // Any micro-batches, random costs: a valid schedule.
+  for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+    const auto r = random_chunked_problem(seed, 3, 2, 5);
+    CAPTURE(seed);
+    CHECK_NOTHROW(pipeline::verify(r, pipeline::gpipe(r)));
+  }
+}
+
+TEST_CASE("each policy takes the layouts its table entry says, and refuses the others naming the fix", "[pipeline]") {
+  for (const auto& info : pipeline::policy_table)
+    for (const int v : {1, 2, 3})
+      for (const int m : {3, 4, 6, 8}) {
+        const int stages = 4;
+        CAPTURE(info.name, v, m);
+        const bool chunks = info.chunks == pipeline::chunks_per_stage::any ||
+                            (info.chunks == pipeline::chunks_per_stage::one ? v == 1 : v >= 2);
+        const bool takes = chunks && (!info.microbatches_multiple_of_stages || m % stages == 0);
+        CHECK(pipeline::accepts(info, stages, v, m) == takes);
+        CHECK(pipeline::refusal(info, stages, v, m).empty() == takes);
+        if (!info.baseline) continue;
+        // The baseline's definition refuses what the table refuses, with the same words.
+        auto p = pipeline::uniform_problem(stages, m, unit_cost(1, 1, 1));
+        p.virtual_stages = v;
+        p.chunks.assign(static_cast<std::size_t>(stages * v), p.chunks[0]);
+        p.send_us.assign(static_cast<std::size_t>(stages * v - 1), 0.1);
+        if (takes) CHECK_NOTHROW(pipeline::verify(p, info.baseline(p)));
+        else CHECK_THAT(error_of([&] { (void)info.baseline(p); }), ContainsSubstring(pipeline::refusal(info, stages, v, m)));
+      }
+  const auto why = [](std::string_view name, int stages, int v, int m) {
+    return pipeline::refusal(*pipeline::find_policy(name), stages, v, m);
+  };
+  CHECK(why("1f1b", 2, 2, 4) == "pipeline schedule '1f1b' runs one chunk per stage (virtual_stages = 2): set virtual_stages "
+                                "= 1, or use gpipe, interleaved_1f1b or concerto, which take 2 chunks per stage");
+  CHECK(why("zb_h1", 2, 2, 3) == "pipeline schedule 'zb_h1' runs one chunk per stage (virtual_stages = 2): set virtual_stages "
+                                 "= 1, or use gpipe or concerto, which take 2 chunks per stage");
+  CHECK(why("interleaved_1f1b", 2, 1, 4) ==
+        "pipeline schedule 'interleaved_1f1b' interleaves several chunks per stage (virtual_stages = 1): set virtual_stages "
+        "= 2 or more, or use gpipe, 1f1b, zb_h1 or concerto, which run one chunk per stage");
+  CHECK(why("interleaved_1f1b", 4, 2, 6) ==
+        "pipeline schedule 'interleaved_1f1b' needs the micro-batches (6) to be a multiple of the stages (4): use 4 or 8 "
+        "micro-batches, or gpipe or concerto, which take 6 micro-batches");
+  CHECK(why("interleaved_1f1b", 4, 2, 3) ==
+        "pipeline schedule 'interleaved_1f1b' needs the micro-batches (3) to be a multiple of the stages (4): use 4 "
+        "micro-batches, or gpipe or concerto, which take 3 micro-batches");
+  CHECK_THAT(why("gpipe", 2, 0, 4), ContainsSubstring("needs at least 1 stage, 1 chunk per stage and 1 micro-batch"));
+  CHECK(pipeline::find_policy("zb_h2") == nullptr);
+  CHECK(pipeline::baseline_names() == std::vector<std::string>{"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
+  const auto prob = pipeline::uniform_problem(2, 4, unit_cost(1, 1, 1));
+  CHECK_THAT(error_of([&] { (void)pipeline::baseline("concerto", prob); }), ContainsSubstring("the search, not a baseline"));
+}
+
+TEST_CASE("docs/pipeline.md's table of what each policy takes is the library's", "[pipeline][docs]") {
+  const auto path = std::filesystem::path(__FILE__).parent_path() / "../../docs/pipeline.md";
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  // The rows of the table under its header, in order.
+  const std::string header = "| policy | chunks per stage (`virtual_stages`) | micro-batches | backward |";
+  const auto doc = text.str();
+  const auto at = doc.find(header);
+  REQUIRE(at != std::string::npos);
+  std::istringstream lines(doc.substr(at));
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(lines, line) && line.starts_with("|");)
+    if (line.starts_with("| `")) rows.push_back(line);
+  std::vector<std::string> want;
+  for (const auto& p : pipeline::policy_table) {
+    const auto chunks = p.chunks == pipeline::chunks_per_stage::one ? "1" : p.chunks == pipeline::chunks_per_stage::several ? "2 or more" : "any";
+    want.push_back("| `" + std::string(p.name) + "` | " + chunks + " | " +
+                   (p.microbatches_multiple_of_stages ? "a multiple of the stages" : "any") + " | " +
+                   (p.split_backward ? "split: B, then W" : "whole") + " |");
+  }
+  CHECK(rows == want);
 }
 
 TEST_CASE("the verifier names both stages of a send/recv order mismatch", "[pipeline]") {
@@ -170,6 +278,45 @@ TEST_CASE("concerto is never slower than a baseline that fits, stays in the cap,
     CHECK(r.time.step_us >= r.lower_bound_us * (1 - 1e-9));
     CHECK_NOTHROW(pipeline::verify(r.layout, r.best));
   }
+}
+
+TEST_CASE("concerto with chunks per stage searches at interleaved 1F1B's memory and is never slower than it",
+          "[pipeline][z3]") {
+  pipeline::search_options o;
+  o.window_work_limit = 2'000'000; // deterministic
+  o.whole_problem = 0;
+  o.window = 24;
+  for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+    const int stages = 2 + static_cast<int>(seed % 2);
+    // The layout of a training step with 2 chunks per stage: concerto's only one.
+    const auto p = random_chunked_problem(seed, stages, 2, 2 * stages);
+    const auto r = pipeline::plan_concerto(std::span(&p, 1), o);
+    CAPTURE(seed, r.warm_start);
+    CHECK(r.layout.virtual_stages == 2);
+    const auto interleaved = pipeline::simulate(p, pipeline::interleaved_one_f_one_b(p));
+    CHECK(r.layout.memory_cap_bytes == Approx(pipeline::peak_memory(interleaved)));
+    CHECK(pipeline::memory_reference(p).policy == "interleaved_1f1b");
+    CHECK_NOTHROW(pipeline::verify(r.layout, r.best));
+    CHECK(r.time.step_us <= interleaved.step_us * (1 + 1e-9));
+    CHECK(r.time.step_us >= r.lower_bound_us * (1 - 1e-9));
+  }
+  // Micro-batches that are not a multiple of the stages, which interleaved 1F1B does not take:
+  // the cap is its order for the next multiple without the micro-batches beyond.
+  for (const int m : {1, 5, 6}) {
+    const auto p = random_chunked_problem(7, 4, 2, m);
+    CAPTURE(m);
+    REQUIRE_THAT(error_of([&] { (void)pipeline::interleaved_one_f_one_b(p); }), ContainsSubstring("multiple of the stages"));
+    const auto reference = pipeline::memory_reference(p);
+    CHECK(reference.policy == "interleaved_1f1b_of_" + std::to_string((m + 3) / 4 * 4));
+    const auto ref = pipeline::verify(p, reference);
+    const auto r = pipeline::plan_concerto(std::span(&p, 1), o);
+    CHECK(r.layout.memory_cap_bytes == Approx(pipeline::peak_memory(ref)));
+    CHECK_NOTHROW(pipeline::verify(r.layout, r.best));
+    CHECK(r.time.step_us <= ref.step_us * (1 + 1e-9));
+  }
+  // One chunk per stage keeps 1F1B's memory.
+  const auto one = random_problem(3, 3, 6);
+  CHECK(pipeline::memory_reference(one).policy == "1f1b");
 }
 
 TEST_CASE("concerto finds and proves the optimum of a small pipeline", "[pipeline][z3]") {

@@ -121,6 +121,39 @@ TEST_CASE("neighbouring stages send and receive the same messages in one order u
   }
 }
 
+TEST_CASE("with two chunks per stage, every schedule that takes them gives stages that agree on their messages",
+          "[pipeline][stages]") {
+  const int pp = 2, m = 4;
+  const auto g = gpt_graph(pp, 1, 1);
+  const auto s = pipeline::split(g, {.microbatches = m, .virtual_stages = 2});
+  const auto model = cost::model::preset("h100x64");
+  const auto problem = pipeline::problem_of(s, g, model);
+  REQUIRE(problem.chunks.size() == 4);
+  std::vector<pipeline::schedule> schedules{pipeline::gpipe(problem), pipeline::interleaved_one_f_one_b(problem),
+                                            pipeline::plan_concerto(std::span(&problem, 1), {.time_budget_s = 1}).best};
+  for (const auto& sched : schedules) {
+    CAPTURE(sched.policy);
+    pipeline::verify(problem, sched);
+    std::vector<plan::plan> plans;
+    for (int st = 0; st < pp; ++st) {
+      plans.push_back(pipeline::stage_plan(pipeline::stage_graph(g, s, st, sched), model, sched.policy));
+      plan::verify(plans.back());
+    }
+    // Each way, three messages per micro-batch: stage 0 sends chunk 0's and chunk 2's values and
+    // chunk 2's gradient, stage 1 chunk 1's values and chunk 1's and chunk 3's gradients.
+    for (const auto& [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
+      const auto [sent, received] = link(plans[static_cast<std::size_t>(from)], from, plans[static_cast<std::size_t>(to)], to, s.axis);
+      CHECK(sent.size() == static_cast<std::size_t>(3 * m));
+      CHECK(sent == received);
+    }
+  }
+  // GPipe holds every micro-batch of both chunks of a stage.
+  const auto stage0 = pipeline::stage_graph(g, s, 0, schedules[0]);
+  for (const char* base : {"layers.0.matmul#9", "layers.2.matmul#9"})
+    CHECK(std::count_if(stage0.buffers.begin(), stage0.buffers.end(),
+                        [&](const auto& b) { return b.name.starts_with(std::string(base) + "@buf"); }) == m);
+}
+
 TEST_CASE("stages built from two different schedules disagree on their messages", "[pipeline][stages]") {
   const auto g = gpt_graph(2, 1, 1);
   const auto s = pipeline::split(g, {.microbatches = 4});

@@ -1,8 +1,11 @@
 #pragma once
 /// @file
-/// @brief The baseline pipeline schedules, each from its paper's definition (docs/pipeline.md).
+/// @brief The baseline pipeline schedules, each from its paper's definition (docs/pipeline.md),
+/// and `policy_table`, the one list of the schedule policies and the layouts each accepts.
 ///
-/// - `gpipe` (GPipe, Huang et al. 2019): every micro-batch's forward, then every backward.
+/// - `gpipe` (GPipe, Huang et al. 2019): every micro-batch's forward, then every backward; with
+///   several chunks per stage, the forwards chunk by chunk in model order, then the backwards
+///   chunk by chunk in reverse.
 /// - `1f1b` (PipeDream-flush, Narayanan et al. 2021; Megatron-LM's default): stage s runs
 ///   `stages - s - 1` warm-up forwards, then alternates one forward and one backward, then
 ///   drains the remaining backwards; at most `stages - s` micro-batches in flight.
@@ -17,6 +20,8 @@
 #include <concerto/pipeline/schedule.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <numeric>
 #include <span>
 #include <string>
@@ -25,32 +30,129 @@
 
 namespace concerto::pipeline {
 
+/// @brief How many chunks per stage (`virtual_stages`) a policy runs.
+enum class chunks_per_stage : std::uint8_t {
+  one,     ///< exactly one
+  several, ///< two or more (interleaved)
+  any      ///< one or more
+};
+
+[[nodiscard]] inline schedule gpipe(const problem& p);
+[[nodiscard]] inline schedule one_f_one_b(const problem& p);
+[[nodiscard]] inline schedule interleaved_one_f_one_b(const problem& p);
+[[nodiscard]] inline schedule zb_h1(const problem& p);
+
+/// @brief A schedule policy and the layouts it accepts.
+struct policy_info {
+  std::string_view name;
+  chunks_per_stage chunks;
+  bool microbatches_multiple_of_stages; ///< the micro-batches must be a multiple of the stages
+  bool split_backward;                  ///< runs W apart from B (the zero-bubble schedules)
+  schedule (*baseline)(const problem&); ///< the definition; null for `concerto`, the search (search.hpp)
+};
+
+/// @brief The schedule policies, in the order reports list them. The one list: the baselines'
+/// dispatch (`baseline`), the layout check (`refusal`, which the training step applies to its
+/// options) and docs/pipeline.md's table (tests/unit/pipeline_schedule_test.cpp compares it)
+/// follow it. Why a policy refuses a layout is its paper's definition: 1F1B and ZB-H1 are
+/// defined on one chunk per stage, Megatron-LM's interleaved schedule on several with
+/// micro-batches in groups of the stages; GPipe's order and the search take any layout.
+inline constexpr std::array<policy_info, 5> policy_table{{
+    {"gpipe", chunks_per_stage::any, false, false, &gpipe},
+    {"1f1b", chunks_per_stage::one, false, false, &one_f_one_b},
+    {"interleaved_1f1b", chunks_per_stage::several, true, false, &interleaved_one_f_one_b},
+    {"zb_h1", chunks_per_stage::one, false, true, &zb_h1},
+    {"concerto", chunks_per_stage::any, false, true, nullptr},
+}};
+
+/// @brief The policy of that name, or null.
+[[nodiscard]] constexpr const policy_info* find_policy(std::string_view name) noexcept {
+  for (const auto& p : policy_table)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+/// @brief Every policy's name, comma-separated, for messages.
+[[nodiscard]] inline std::string policy_list() {
+  std::string out;
+  for (const auto& p : policy_table) out.append(out.empty() ? "" : ", ").append(p.name);
+  return out;
+}
+
+/// @brief Whether `p` orders a pipeline of `stages` stages (at least 1) with `virtual_stages`
+/// chunks each and `microbatches` micro-batches; `refusal` says why not.
+[[nodiscard]] constexpr bool accepts(const policy_info& p, int stages, int virtual_stages, int microbatches) noexcept {
+  if (stages < 1 || virtual_stages < 1 || microbatches < 1) return false;
+  const bool chunks = p.chunks == chunks_per_stage::any || (p.chunks == chunks_per_stage::one) == (virtual_stages == 1);
+  return chunks && (!p.microbatches_multiple_of_stages || microbatches % stages == 0);
+}
+
+/// @brief Why `p` cannot order a pipeline of `stages` stages with `virtual_stages` chunks each
+/// and `microbatches` micro-batches, naming the fix (the setting to change, or the policies that
+/// take the layout); empty when it can.
+///
+/// @code
+/// pipeline::refusal(*pipeline::find_policy("1f1b"), 2, 2, 4);
+/// // "pipeline schedule '1f1b' runs one chunk per stage (virtual_stages = 2): set virtual_stages = 1,
+/// //  or use gpipe, interleaved_1f1b or concerto, which take 2 chunks per stage"
+/// @endcode
+[[nodiscard]] inline std::string refusal(const policy_info& p, int stages, int virtual_stages, int microbatches) {
+  const auto name = "pipeline schedule '" + std::string(p.name) + "' ";
+  const auto v = std::to_string(virtual_stages), m = std::to_string(microbatches);
+  if (stages < 1 || virtual_stages < 1 || microbatches < 1)
+    return name + "needs at least 1 stage, 1 chunk per stage and 1 micro-batch (got " + std::to_string(stages) + ", " + v +
+           ", " + m + ")";
+  if (accepts(p, stages, virtual_stages, microbatches)) return {};
+  // The policies that take this very layout, as "a, b or c".
+  std::vector<std::string_view> others;
+  for (const auto& q : policy_table)
+    if (accepts(q, stages, virtual_stages, microbatches)) others.push_back(q.name);
+  std::string use;
+  for (std::size_t i = 0; i < others.size(); ++i)
+    use.append(i == 0 ? "" : i + 1 == others.size() ? " or " : ", ").append(others[i]);
+  if (p.chunks == chunks_per_stage::one && virtual_stages != 1)
+    return name + "runs one chunk per stage (virtual_stages = " + v + "): set virtual_stages = 1, or use " + use +
+           ", which take " + v + " chunks per stage";
+  if (p.chunks == chunks_per_stage::several && virtual_stages == 1)
+    return name + "interleaves several chunks per stage (virtual_stages = 1): set virtual_stages = 2 or more, or use " +
+           use + ", which run one chunk per stage";
+  const int below = microbatches / stages * stages;
+  return name + "needs the micro-batches (" + m + ") to be a multiple of the stages (" + std::to_string(stages) +
+         "): use " + (below > 0 ? std::to_string(below) + " or " : "") + std::to_string(below + stages) +
+         " micro-batches, or " + use + ", which take " + m + (microbatches == 1 ? " micro-batch" : " micro-batches");
+}
+
 namespace detail {
 
-// An empty schedule of a policy that runs one chunk per stage.
-inline schedule one_chunk_per_stage(const problem& p, std::string policy, bool split) {
+// An empty schedule named `name` of a problem that the policy `rules` accepts; its refusal otherwise.
+inline schedule empty_schedule(const problem& p, std::string_view rules, std::string name) {
   p.check();
-  if (p.virtual_stages != 1)
-    fail(policy + " runs one chunk per stage; problem '" + p.name + "' has " + std::to_string(p.virtual_stages));
-  return schedule{std::move(policy), split, std::vector<std::vector<block>>(static_cast<std::size_t>(p.stages))};
+  const auto& info = *find_policy(rules);
+  if (const auto why = refusal(info, p.stages, p.virtual_stages, p.microbatches); !why.empty())
+    fail("pipeline problem '" + p.name + "': " + why);
+  return schedule{std::move(name), info.split_backward, std::vector<std::vector<block>>(static_cast<std::size_t>(p.stages))};
 }
 
 } // namespace detail
 
-/// @brief GPipe: all forwards, then all backwards (micro-batch order, backward fused).
+/// @brief GPipe: all forwards, then all backwards (micro-batch order, backward fused). With
+/// several chunks per stage, a stage runs its chunks' forwards in model order, then their
+/// backwards in reverse: the order of one chunk per stage, each stage's chunks one after another.
 [[nodiscard]] inline schedule gpipe(const problem& p) {
-  auto s = detail::one_chunk_per_stage(p, "gpipe", false);
+  auto s = detail::empty_schedule(p, "gpipe", "gpipe");
   for (int st = 0; st < p.stages; ++st) {
     auto& o = s.order[static_cast<std::size_t>(st)];
-    for (int m = 0; m < p.microbatches; ++m) o.push_back({st, m, pass::forward});
-    for (int m = 0; m < p.microbatches; ++m) o.push_back({st, m, pass::input_grad});
+    for (int v = 0; v < p.virtual_stages; ++v)
+      for (int m = 0; m < p.microbatches; ++m) o.push_back({v * p.stages + st, m, pass::forward});
+    for (int v = p.virtual_stages; v-- > 0;)
+      for (int m = 0; m < p.microbatches; ++m) o.push_back({v * p.stages + st, m, pass::input_grad});
   }
   return s;
 }
 
 /// @brief 1F1B (PipeDream-flush): warm-up forwards, one forward one backward, cool-down.
 [[nodiscard]] inline schedule one_f_one_b(const problem& p) {
-  auto s = detail::one_chunk_per_stage(p, "1f1b", false);
+  auto s = detail::empty_schedule(p, "1f1b", "1f1b");
   for (int st = 0; st < p.stages; ++st) {
     auto& o = s.order[static_cast<std::size_t>(st)];
     const int M = p.microbatches, warm = std::min(p.stages - st - 1, M);
@@ -66,13 +168,8 @@ inline schedule one_chunk_per_stage(const problem& p, std::string policy, bool s
 
 /// @brief Megatron-LM's interleaved 1F1B over `virtual_stages` chunks per stage.
 [[nodiscard]] inline schedule interleaved_one_f_one_b(const problem& p) {
-  p.check();
+  auto s = detail::empty_schedule(p, "interleaved_1f1b", "interleaved_1f1b");
   const int P = p.stages, V = p.virtual_stages, M = p.microbatches;
-  if (V < 2) fail("interleaved_1f1b needs at least 2 chunks per stage; problem '" + p.name + "' has 1");
-  if (M % P != 0)
-    fail("interleaved_1f1b needs the micro-batches (" + std::to_string(M) + ") to be a multiple of the stages (" +
-         std::to_string(P) + ")");
-  schedule s{"interleaved_1f1b", false, std::vector<std::vector<block>>(static_cast<std::size_t>(P))};
   const int steps = M * V;
   for (int st = 0; st < P; ++st) {
     const auto at = [&](int k, bool forward) {
@@ -95,7 +192,7 @@ inline schedule one_chunk_per_stage(const problem& p, std::string policy, bool s
 /// @brief 1F1B's order of F and B with the backward split and stage s's W passes deferred by
 /// `deferral[s]` B passes: W(m) right after B(m + deferral[s]), the rest after the last B.
 [[nodiscard]] inline schedule deferred_weight_grads(const problem& p, std::span<const int> deferral, std::string policy) {
-  auto s = detail::one_chunk_per_stage(p, std::move(policy), true);
+  auto s = detail::empty_schedule(p, "zb_h1", std::move(policy)); // ZB-H1's layouts: 1F1B's, the backward split
   if (deferral.size() != static_cast<std::size_t>(p.stages))
     fail(s.policy + ": " + std::to_string(deferral.size()) + " deferrals for " + std::to_string(p.stages) + " stages");
   const auto base = one_f_one_b(p);
@@ -123,19 +220,22 @@ inline schedule one_chunk_per_stage(const problem& p, std::string policy, bool s
   return deferred_weight_grads(p, deferral, "zb_h1");
 }
 
-/// @brief The pipeline baselines' names, in the order reports list them.
-[[nodiscard]] inline std::vector<std::string> baseline_names() { return {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}; }
+/// @brief The pipeline baselines' names (the policies but the search), in the order reports list them.
+[[nodiscard]] inline std::vector<std::string> baseline_names() {
+  std::vector<std::string> out;
+  for (const auto& p : policy_table)
+    if (p.baseline) out.emplace_back(p.name);
+  return out;
+}
 
 /// @brief A baseline by name. Throws concerto::error for an unknown name (listing the known
-/// ones) or a problem the policy cannot schedule (saying why).
+/// ones), for `concerto` (the search: `plan_concerto`), or a problem the policy cannot schedule
+/// (saying why and what would).
 [[nodiscard]] inline schedule baseline(std::string_view name, const problem& p) {
-  if (name == "gpipe") return gpipe(p);
-  if (name == "1f1b") return one_f_one_b(p);
-  if (name == "interleaved_1f1b") return interleaved_one_f_one_b(p);
-  if (name == "zb_h1") return zb_h1(p);
-  std::string known;
-  for (const auto& n : baseline_names()) known += (known.empty() ? "" : ", ") + n;
-  fail("unknown pipeline policy '" + std::string(name) + "' (known: " + known + ", concerto)");
+  const auto* info = find_policy(name);
+  if (!info) fail("unknown pipeline policy '" + std::string(name) + "' (known: " + policy_list() + ")");
+  if (!info->baseline) fail("pipeline policy '" + std::string(name) + "' is the search, not a baseline: call plan_concerto");
+  return info->baseline(p);
 }
 
 /// @brief The same schedule with the backward split: each W right after its B (never slower:

@@ -4,10 +4,12 @@
 /// under a memory cap, warm-started from the best baseline and never worse than it.
 ///
 /// Candidates: every baseline of every layout it applies to (one chunk per stage, or
-/// interleaved chunks), each replayed and checked against the cap (by default 1F1B's peak,
-/// so that the comparison is at equal activation memory), and concerto's own seeds: greedy
-/// list schedules under the cap and ZB-H1's shape with the deferrals the cap allows. The
-/// fastest that fits is the start (a baseline's backward split: W right after B, never slower).
+/// interleaved chunks), each replayed and checked against the cap (by default the peak of
+/// `memory_reference`, 1F1B's or with chunks interleaved 1F1B's, so that the comparison is at
+/// equal activation memory), and concerto's own seeds: greedy list schedules under the cap,
+/// ZB-H1's shape with the deferrals the cap allows, and the reference order where interleaved
+/// 1F1B does not take the micro-batches. The fastest that fits is the start (a baseline's
+/// backward split: W right after B, never slower).
 /// Then windows of consecutive blocks and messages (by start time) become Z3 problems
 /// (planner/z3_window.hpp): the blocks' stages and the messages' links are the unary
 /// resources, the data dependencies, the micro-batch order of each chunk's passes (which keeps
@@ -51,7 +53,8 @@ struct search_options {
   /// When positive, Z3 work ("rlimit") per window instead of time: the same schedule on any
   /// machine (the budget is then not read either).
   std::uint64_t window_work_limit = 0;
-  /// Activation memory per stage; 0: the largest stage peak of 1F1B on the first layout.
+  /// Activation memory per stage; 0: the largest stage peak of `memory_reference` on the first
+  /// layout (1F1B's with one chunk per stage, interleaved 1F1B's with several).
   double memory_cap_bytes = 0;
 };
 
@@ -264,6 +267,8 @@ inline std::optional<schedule> greedy(const problem& p, bool forward_first, bool
 
 // ZB-H1's shape with each stage deferring as many W passes (up to its index) as the cap
 // leaves room for: 1F1B's stage s holds stages - s micro-batches, each deferred W keeps its share.
+// Not for several chunks per stage: ZB-H1 is defined on 1F1B's one chunk per stage (the greedy
+// seeds and interleaved 1F1B are the interleaved layout's starts).
 inline std::optional<schedule> deferred_within_cap(const problem& p) {
   if (p.virtual_stages != 1 || p.memory_cap_bytes <= 0) return std::nullopt;
   std::vector<int> deferral(static_cast<std::size_t>(p.stages), 0);
@@ -277,7 +282,31 @@ inline std::optional<schedule> deferred_within_cap(const problem& p) {
   return deferred_weight_grads(p, deferral, "zb_h1_within_cap");
 }
 
+// Megatron-LM's interleaved 1F1B when the micro-batches are not a multiple of the stages (its
+// definition needs them to be): its order for the next multiple, the micro-batches beyond the
+// step's left out. A block waits only on blocks of its own micro-batch, so what is left keeps
+// the stages free of deadlock and the neighbours' messages in one order, and each stage, whose
+// memory follows its own order, holds at most what the whole schedule holds.
+inline schedule interleaved_any_microbatches(const problem& p) {
+  auto whole = p;
+  whole.microbatches = (p.microbatches + p.stages - 1) / p.stages * p.stages;
+  auto s = interleaved_one_f_one_b(whole);
+  for (auto& o : s.order) std::erase_if(o, [&](const block& b) { return b.microbatch >= p.microbatches; });
+  if (whole.microbatches != p.microbatches) s.policy = "interleaved_1f1b_of_" + std::to_string(whole.microbatches);
+  return s;
+}
+
 } // namespace detail
+
+/// @brief The schedule whose activation memory `concerto` matches by default (the cap: the
+/// largest stage's peak), the one that plays 1F1B's role for the layout: 1F1B with one chunk per
+/// stage; with several, Megatron-LM's interleaved 1F1B (for micro-batches that are not a
+/// multiple of the stages, its order for the next multiple without the micro-batches beyond).
+[[nodiscard]] inline schedule memory_reference(const problem& p) {
+  if (p.virtual_stages == 1) return one_f_one_b(p);
+  p.check();
+  return detail::interleaved_any_microbatches(p);
+}
 
 namespace detail {
 
@@ -404,16 +433,16 @@ inline schedule improve(const problem& p, schedule s, const search_options& o, i
 }
 
 /// @brief The `concerto` pipeline policy over one or more layouts of the same step (say one
-/// chunk per stage, and two interleaved): every baseline that applies, the best under the cap
-/// as the warm start, then the window search on its layout.
+/// chunk per stage, and two interleaved): every baseline that applies and concerto's own seeds,
+/// the fastest under the cap as the warm start, then the window search on its layout.
 inline search_result plan_concerto(std::span<const problem> layouts, const search_options& o = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   if (layouts.empty()) fail("pipeline::plan_concerto: no layout to plan");
   search_result res;
   double cap = o.memory_cap_bytes;
-  if (cap <= 0) cap = peak_memory(simulate(layouts[0], one_f_one_b(layouts[0])));
-  int best = -1;
-  schedule warm;
+  if (cap <= 0) cap = peak_memory(simulate(layouts[0], memory_reference(layouts[0])));
+  res.warm_start_us = std::numeric_limits<double>::infinity();
+  schedule start;
   for (std::size_t l = 0; l < layouts.size(); ++l) {
     auto p = layouts[l];
     p.memory_cap_bytes = cap;
@@ -426,9 +455,10 @@ inline search_result plan_concerto(std::span<const problem> layouts, const searc
         c.peak_memory_bytes = peak_memory(t);
         c.fits = c.peak_memory_bytes <= cap * (1 + 1e-9);
         if (!c.fits) c.note = "over the memory cap";
-        if (c.fits && (best < 0 || c.step_us < res.candidates[static_cast<std::size_t>(best)].step_us)) {
-          best = static_cast<int>(res.candidates.size());
-          warm = s;
+        if (c.fits && c.step_us < res.warm_start_us) {
+          res.warm_start = name;
+          res.warm_start_us = c.step_us;
+          start = split_backward(s);
           res.layout = p;
         }
       } catch (const concerto::error& e) {
@@ -437,17 +467,18 @@ inline search_result plan_concerto(std::span<const problem> layouts, const searc
       res.candidates.push_back(std::move(c));
     }
   }
-  if (best < 0) fail("pipeline::plan_concerto: no baseline fits the memory cap of " + std::to_string(cap) + " bytes");
-  res.warm_start = res.candidates[static_cast<std::size_t>(best)].policy;
-  res.warm_start_us = res.candidates[static_cast<std::size_t>(best)].step_us;
-  auto start = split_backward(warm);
-  // The greedy seeds compete with the best baseline for the start (they are not baselines:
-  // concerto's own constructions, reported as where the search started).
+  // The seeds compete with the best baseline for the start (they are not baselines: concerto's
+  // own constructions, reported as where the search started): the greedy list schedules, ZB-H1's
+  // shape within the cap, and for interleaved chunks with micro-batches that are not a multiple
+  // of the stages the reference order, which interleaved_1f1b itself does not take.
   for (const auto& layout : layouts)
-    for (int variant = 0; variant < 5; ++variant) {
+    for (int variant = 0; variant < 6; ++variant) {
       auto p = layout;
       p.memory_cap_bytes = cap;
-      const auto seed = variant < 4 ? detail::greedy(p, variant & 1, variant & 2) : detail::deferred_within_cap(p);
+      std::optional<schedule> seed;
+      if (variant < 4) seed = detail::greedy(p, variant & 1, variant & 2);
+      else if (variant == 4) seed = detail::deferred_within_cap(p);
+      else if (p.virtual_stages > 1 && p.microbatches % p.stages != 0) seed = split_backward(memory_reference(p));
       if (!seed) continue;
       try {
         const auto t = verify(p, *seed);
@@ -460,6 +491,8 @@ inline search_result plan_concerto(std::span<const problem> layouts, const searc
       } catch (const concerto::error&) {
       }
     }
+  if (start.order.empty())
+    fail("pipeline::plan_concerto: no baseline or seed fits the memory cap of " + std::to_string(cap) + " bytes");
   start.policy = "concerto";
   search_options left = o;
   left.time_budget_s = std::max(0.0, o.time_budget_s - std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

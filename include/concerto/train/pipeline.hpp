@@ -33,8 +33,8 @@ namespace concerto::train {
 /// @brief How a step is pipelined (used when the mesh has `axis`).
 struct pipeline_options {
   int microbatches = 1;           ///< per step; must divide every data leaf's first dimension
-  std::string schedule = "1f1b";  ///< gpipe, 1f1b, interleaved_1f1b, zb_h1 or concerto
-  int virtual_stages = 1;         ///< chunks per stage (interleaved_1f1b, concerto)
+  std::string schedule = "1f1b";  ///< a pipeline::policy_table name: gpipe, 1f1b, interleaved_1f1b, zb_h1, concerto
+  int virtual_stages = 1;         ///< chunks per stage (2 or more: gpipe, interleaved_1f1b, concerto)
   std::string axis = "pp";        ///< the mesh axis the stages lie along
   double search_budget_s = 10;    ///< concerto: the schedule search's time
 };
@@ -60,16 +60,20 @@ shape_map microbatch_shapes(const graph::program<N>& p, shape_map shapes, int mi
   return shapes;
 }
 
-/// The schedule policies a step takes: the baselines, then the search.
-inline std::vector<std::string> pipeline_schedule_names() {
-  auto names = pipeline::baseline_names();
-  names.emplace_back("concerto");
-  return names;
+/// Refuses, naming the fix, a schedule that is not a policy or that does not take the layout
+/// (`stages` along the pipeline axis, the options' chunks per stage and micro-batches): what
+/// pipeline::policy_table says each policy accepts. On every rank, before the split.
+inline void check_pipeline_options(const pipeline_options& o, int stages) {
+  const auto* policy = pipeline::find_policy(o.schedule);
+  if (!policy) fail("train step: pipeline schedule '" + o.schedule + "' is not one of " + pipeline::policy_list());
+  if (const auto why = pipeline::refusal(*policy, stages, o.virtual_stages, o.microbatches); !why.empty())
+    fail("train step: " + why);
 }
 
-/// Rank 0's choice: a baseline from its definition, or the search (at 1F1B's memory).
+/// Rank 0's choice: a baseline from its definition, or the search (at the memory of
+/// pipeline::memory_reference: 1F1B's, or interleaved 1F1B's with several chunks per stage).
 inline pipeline::schedule choose_schedule(const pipeline_options& o, const pipeline::problem& p) {
-  if (o.schedule != "concerto") return pipeline::baseline(o.schedule, p);
+  if (const auto* policy = pipeline::find_policy(o.schedule); policy && policy->baseline) return policy->baseline(p);
   pipeline::search_options s;
   s.time_budget_s = o.search_budget_s;
   return pipeline::plan_concerto(std::span(&p, 1), s).best;

@@ -378,12 +378,8 @@ public:
       if (const auto known = planner::policy_names(); std::find(known.begin(), known.end(), policy) == known.end())
         fail("train step: plan choice: also_try names '" + policy + "', which is not a policy");
     graph_ = std::move(lowered.graph);
-    if (const auto& pp = options_.pipeline; mesh_.index_of(pp.axis)) {
-      if (const auto known = detail::pipeline_schedule_names(); std::find(known.begin(), known.end(), pp.schedule) == known.end()) {
-        std::string list;
-        for (const auto& name : known) list.append(list.empty() ? "" : ", ").append(name);
-        fail("train step: pipeline schedule '" + pp.schedule + "' is not one of " + list);
-      }
+    if (const auto& pp = options_.pipeline; const auto axis = mesh_.index_of(pp.axis)) {
+      detail::check_pipeline_options(pp, mesh_.axes()[static_cast<std::size_t>(*axis)].size);
       // Checked here, on every rank, rather than at the first step.
       split_ = pipeline::split(graph_, {.axis = pp.axis, .microbatches = pp.microbatches, .virtual_stages = pp.virtual_stages});
       options_.choice.enabled = false; // one plan per stage; the schedule is the choice
@@ -1147,7 +1143,7 @@ private:
     summary_.solver_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     summary_.predicted_us = timing.step_us;
     summary_.baseline = "gpipe";
-    summary_.sync_predicted_us = o.virtual_stages == 1 ? pipeline::simulate(problem, pipeline::gpipe(problem)).step_us : 0;
+    summary_.sync_predicted_us = pipeline::simulate(problem, pipeline::gpipe(problem)).step_us;
     summary_.rewritten = true;
     summary_.tasks = p.graph.tasks.size();
     summary_.collectives = detail::communicating_collectives(p.graph);
