@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -96,14 +97,20 @@ inline void add_pipeline_options(CLI::App& app, text_model_settings& s) {
 }
 
 /// Parses argv; nullopt to go on, or the status every rank exits with: 0 after --help (printed by
-/// rank 0 only), 1 after a bad option or value (explained by rank 0 only, naming the option).
+/// rank 0 only), 1 after a bad option or value (explained by rank 0 only, in one line naming the
+/// option, before the launcher's own lines).
 inline std::optional<int> parse_or_exit(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
-    if (concerto::runtime::mpi::environment::world_rank() == 0) return app.exit(e);
-    return e.get_exit_code() == 0 ? 0 : 1;
+    const bool root = concerto::runtime::mpi::environment::world_rank() == 0;
+    if (e.get_exit_code() == 0) return root ? app.exit(e) : 0;
+    if (root) {
+      std::fprintf(stderr, "%s (--help lists the options)\n", e.what());
+      std::fflush(stderr);
+    }
+    return 1;
   }
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // What the training examples share: a comma-separated --policy compiles one step per policy on
-// the same ranks, the examples run them in turn, and each plan ends with one "result {json}"
-// line (median measured step, the simulator's prediction, the plan's lower bound), which
-// bench/cluster/run reads.
+// the same ranks, the examples run them in turn, and each plan's result (median measured step,
+// the simulator's prediction, the plan's lower bound) goes to the examples' --json FILE (a JSON
+// array), which bench/cluster/run reads; the terminal gets the human lines only.
 #include <concerto/core/error.hpp>
 #include <concerto/core/statistics.hpp>
 
@@ -41,15 +41,14 @@ void announce_plans(std::vector<Step>& runs, bool root) {
   if (root) std::fflush(stdout);
 }
 
-/// The "result {json}" line of one plan: the example's own fields, then the measured, predicted
-/// and bound times. Returns the same fields with every step's time (`step_us`), which the line
-/// leaves out to stay short (the examples' --json FILE writes them). `step_us[0]` is step 2 (the
-/// first warms caches). Where the step chose its plan by measuring (train/plan_choice.hpp),
+/// The result of one plan, for the examples' --json FILE: the example's own fields, then the
+/// measured, predicted and bound times, and every step's time (`step_us`; `step_us[0]` is step 2,
+/// the first warms caches). Prints the plan choice's line, when the step chose by measuring. Where the step chose its plan by measuring (train/plan_choice.hpp),
 /// `median_step_us` is over the steps after the choice, the plan the job keeps, and
 /// `median_step_us_choosing` over those before; `choice` says what was measured.
 template <class Step>
-nlohmann::json print_result(Step& run, nlohmann::json fields, const std::vector<double>& step_us,
-                  const std::vector<double>& exposed_us) {
+nlohmann::json result_of(Step& run, nlohmann::json fields, const std::vector<double>& step_us,
+                         const std::vector<double>& exposed_us) {
   constexpr std::int64_t first_measured_step = 2;
   const auto& sm = run.summary();
   fields["policy"] = sm.policy;
@@ -75,7 +74,6 @@ nlohmann::json print_result(Step& run, nlohmann::json fields, const std::vector<
   fields["predicted_us"] = sm.predicted_us;
   fields["sync_predicted_us"] = sm.sync_predicted_us;
   fields["lower_bound_us"] = run.plan().stats.lower_bound_us;
-  std::printf("result %s\n", fields.dump().c_str());
   fields["step_us"] = step_us;
   return fields;
 }

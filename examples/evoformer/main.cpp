@@ -9,7 +9,7 @@
 //
 // It prints the plan summary, the loss per step and the median measured step time; it exits with
 // status 1 if the loss did not fall. A comma-separated --policy runs one step per policy on the
-// same ranks in turn, each ending with a "result {json}" line (bench/cluster/run reads them).
+// same ranks in turn; --json FILE writes each one's result (bench/cluster/run reads them).
 #include "../common/command_line.hpp"
 #include "../common/policy_runs.hpp"
 #include "model.hpp"
@@ -82,7 +82,7 @@ int train_pair_stack(const settings& s) {
   for (std::size_t p = 0; root && p < k; ++p) {
     std::printf("loss %.5f -> %.5f; median step %.0f us (measured, %s plan)\n", first[p], last[p], concerto::median(times[p]),
                 runs[p].summary().policy.c_str());
-    results.push_back(examples::print_result(runs[p],
+    results.push_back(examples::result_of(runs[p],
                                              {{"example", "evoformer"}, {"world", world}, {"dap", world}, {"tp", 1},
                                               {"blocks", s.blocks}, {"residues", s.residues}, {"channels", s.channels},
                                               {"heads", s.heads}, {"cost_preset", s.cost_preset}, {"loss_first", first[p]},

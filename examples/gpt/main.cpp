@@ -17,10 +17,10 @@
 // It prints the plan summary, then the loss per step with a progress line, and the median
 // measured step time; it exits with status 1 if the loss did not fall. A comma-separated
 // --policy (e.g. sync,program_order,concerto) compiles one step per policy on the same ranks and
-// runs them in turn, step by step (the order rotating each round), then prints one
-// "result {json}" line per policy: median measured step time, predicted time, lower bound.
-// --cost-preset NAME picks the planner's cost model (cpu-netns: the emulated cluster's); --json
-// FILE writes the results, with every step's time, as one JSON array. --help lists every option.
+// runs them in turn, step by step (the order rotating each round), then prints each plan's
+// median measured step. --cost-preset NAME picks the planner's cost model (cpu-netns: the
+// emulated cluster's); --json FILE writes every plan's result (median measured step time,
+// predicted time, lower bound, every step's time) as one JSON array. --help lists every option.
 #include "../common/command_line.hpp"
 #include "../common/corpus.hpp"
 #include "../common/policy_runs.hpp"
@@ -119,7 +119,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
     const auto& sm = runs[p].summary();
     std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
                 concerto::median(times[p]), sm.policy.c_str());
-    results.push_back(examples::print_result(runs[p],
+    results.push_back(examples::result_of(runs[p],
                            {{"example", "gpt"}, {"world", world}, {"pp", s.pp}, {"microbatches", s.microbatches}, {"virtual_stages", s.virtual_stages}, {"tp", s.tp}, {"sp", s.sp}, {"layers", s.layers},
                             {"hidden", s.hidden}, {"heads", s.heads}, {"seq", s.seq}, {"batch", s.batch},
                             {"cost_preset", s.cost_preset}},

@@ -12,8 +12,8 @@
 // It prints the plan summary, the loss per step, and the median measured step time; it exits
 // with status 1 if the loss did not fall. A comma-separated --policy compiles one step per policy
 // on the same ranks and runs them in turn, step by step (the order rotating each round); each
-// prints a "result {json}" line (median measured step time, predicted time, lower bound), and
-// --json FILE writes them as one JSON array. --help lists every option (flags.cpp). It is built
+// prints its median measured step, and --json FILE writes every result (median measured step
+// time, predicted time, lower bound) as one JSON array. --help lists every option (flags.cpp). It is built
 // in concerto's separately compiled mode (CMake: concerto::mpi_compiled; docs/training.md).
 #include "../common/corpus.hpp"
 #include "../common/policy_runs.hpp"
@@ -128,7 +128,7 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
   for (std::size_t p = 0; root && p < k; ++p) {
     std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
                 concerto::median(times[p]), runs[p].summary().policy.c_str());
-    results.push_back(examples::print_result(
+    results.push_back(examples::result_of(
         runs[p],
         {{"example", "llama"}, {"world", world}, {"tp", s.tp}, {"sp", s.sp}, {"zero", s.zero_stage}, {"layers", s.layers},
          {"hidden", s.hidden}, {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"ffn", ffn}, {"seq", s.seq},

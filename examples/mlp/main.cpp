@@ -8,13 +8,14 @@
 // It learns a fixed random teacher network and exits with status 1 if the loss did not fall.
 // A comma-separated --policy compiles one step per policy on the same ranks and runs them in
 // turn, step by step (the order rotating each round), so that every plan sees the same machine
-// state; it then prints one "result {json}" line per policy with the median measured step time,
-// the predicted one and the plan's lower bound (bench/cluster/run reads those lines). --help lists
-// every option.
+// state; --json FILE writes each policy's result (median measured step time, the predicted one
+// and the plan's lower bound, every step's time) as one JSON array, which bench/cluster/run reads.
+// --help lists every option.
 #include "../common/command_line.hpp"
 #include "../common/policy_runs.hpp"
 
 #include <concerto/concerto.hpp>
+#include <concerto/core/file.hpp>
 #include <concerto/train/step.hpp>
 
 #include <cmath>
@@ -39,7 +40,7 @@ int main(int argc, char** argv) {
   runtime::mpi::environment env(argc, argv);
   int tp_size = 2, steps = 60;
   std::int64_t B = 64, F = 128, ffn = 4;
-  std::string policy = "concerto", cost_preset = "cpu";
+  std::string policy = "concerto", cost_preset = "cpu", json;
   CLI::App app{"Trains the DSL's MLP on a random teacher network over MPI ranks (DP x TP mesh)."};
   app.add_option("--tp", tp_size, "tensor-parallel ranks (the rest is data parallel)")->check(examples::positive)->capture_default_str();
   app.add_option("--steps", steps, "training steps")->check(examples::positive)->capture_default_str();
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
   app.add_option("--ffn", ffn, "hidden width as a multiple of --hidden")->check(examples::positive)->capture_default_str();
   app.add_option("--cost-preset", cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
       ->capture_default_str();
+  app.add_option("--json", json, "write the result of every policy to this file (a JSON array)");
   if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
   return runtime::mpi::run_or_abort([&] {
     const int world = runtime::mpi::environment::world_size();
@@ -108,16 +110,18 @@ int main(int argc, char** argv) {
                       r.step_us, r.exposed_comm_us);
       }
     }
+    nlohmann::json results = nlohmann::json::array();
     for (std::size_t p = 0; p < k; ++p) {
       if (!root) continue;
       const auto& sm = runs[p].summary();
       std::printf("loss %.5f -> %.5f; median step %.0f us (measured, %s plan)\n", first[p], last[p], concerto::median(times[p]),
                   sm.policy.c_str());
-      examples::print_result(runs[p],
-                             {{"example", "mlp"}, {"world", world}, {"tp", tp_size}, {"batch", B}, {"hidden", F},
-                              {"ffn", ffn}, {"cost_preset", cost_preset}},
-                             times[p], exposed[p]);
+      results.push_back(examples::result_of(runs[p],
+                                            {{"example", "mlp"}, {"world", world}, {"tp", tp_size}, {"batch", B}, {"hidden", F},
+                                             {"ffn", ffn}, {"cost_preset", cost_preset}},
+                                            times[p], exposed[p]));
     }
+    if (root && !json.empty()) write_file_atomically(json, results.dump(2) + "\n");
     if (root) std::fflush(stdout);
     for (std::size_t p = 0; p < k; ++p)
       if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");

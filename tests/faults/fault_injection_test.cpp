@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -206,6 +207,9 @@ TEST_CASE("ranks given other settings are refused before step 1, naming the fiel
     check_failed(run("mpi-setting-iallgather", f.path),
                  "the ranks disagree on 'MPI coll_libnbc_iallgather_algorithm': rank 0 has '0', rank 1 has '2'");
   }
+  SECTION("micro-batches per step, named before the graph they change") {
+    check_failed(run("microbatches", f.path), "the ranks disagree on 'pipeline': rank 0 has '[2,");
+  }
   SECTION("TF32 products (CONCERTO_TF32)") {
     check_failed(run("tf32", f.path), "the ranks disagree on 'allow_tf32': rank 0 has 'false', rank 1 has 'true'");
   }
@@ -313,44 +317,82 @@ TEST_CASE("a timeout past the clock's range means no deadline", "[faults][deadli
   }
 }
 
-#if defined(CONCERTO_EXAMPLE_GPT)
-TEST_CASE("the GPT example refuses bad flags by name and answers --help", "[faults][flags]") {
+#if defined(CONCERTO_EXAMPLES)
+namespace {
+
+// A user's bad command line, or a setting every rank refuses alike: exactly one line of ours, naming
+// the problem, before the launcher's own lines (its banners start with dashes, its logs with '[').
+void refused(const std::string& example, const std::string& arguments, const std::string& message) {
+  const auto o = launch(example, arguments);
+  CAPTURE(example, arguments, o.output);
+  CHECK(o.status != 0);
+  std::vector<std::string> ours;
+  for (std::size_t at = 0; at < o.output.size();) {
+    const auto end = std::min(o.output.find('\n', at), o.output.size());
+    const auto line = o.output.substr(at, end - at);
+    at = end + 1;
+    if (line.starts_with("-----") || line.starts_with("[")) break;
+    if (!line.empty()) ours.push_back(line);
+  }
+  REQUIRE(ours.size() == 1);
+  CHECK_THAT(ours.front(), ContainsSubstring(message));
+  CHECK(ours.front().size() < 400);
+  CHECK_THAT(o.output, !ContainsSubstring("step "));
+}
+
+} // namespace
+
+TEST_CASE("the GPT example refuses bad flags by name, once, and answers --help", "[faults][flags]") {
   folder f;
-  const auto refused = [](const std::string& arguments, const std::string& message) {
-    const auto o = launch(CONCERTO_EXAMPLE_GPT, arguments);
-    CAPTURE(arguments, o.output);
-    CHECK(o.status != 0);
-    CHECK(count_of(o.output, message) == 1);
-    CHECK_THAT(o.output, !ContainsSubstring("step "));
-  };
-  refused("--steps 0", "--steps: must be a positive number, not '0'");
-  refused("--steps many", "--steps: must be a positive number, not 'many'");
-  refused("--heads 0", "--heads: must be a positive number, not '0'");
-  refused("--lr=-1", "--lr: must be a positive number, not '-1'");
-  refused("--layers", "--layers: 1 required INT:POSITIVE missing");
-  refused("--bogus 1", "The following arguments were not expected: 1 --bogus");
+  const std::string gpt = CONCERTO_EXAMPLE_GPT;
+  refused(gpt, "--steps 0", "--steps: must be a positive number, not '0'");
+  refused(gpt, "--steps many", "--steps: must be a positive number, not 'many'");
+  refused(gpt, "--heads 0", "--heads: must be a positive number, not '0'");
+  refused(gpt, "--lr=-1", "--lr: must be a positive number, not '-1'");
+  refused(gpt, "--layers", "--layers: 1 required INT:POSITIVE missing");
+  refused(gpt, "--bogus 1", "The following arguments were not expected: 1 --bogus");
   // Pipeline flags: a schedule with nothing to order, an empty list, a layout the schedule does not take.
-  refused("--schedule zb_h1", "--schedule: needs pipeline stages or micro-batches to apply to: give --pp N or");
-  refused("--virtual-stages 2", "--virtual-stages: needs pipeline stages or micro-batches to apply to");
-  refused("--pp 2 --tp 1 --schedule ''", "--schedule: needs at least one schedule name");
-  refused("--policy ,", "--policy: needs at least one policy name");
-  refused("--pp 2 --tp 1 --layers 4 --microbatches 2 --virtual-stages 2 --schedule gpipe,1f1b",
+  refused(gpt, "--schedule zb_h1", "--schedule: needs pipeline stages or micro-batches to apply to: give --pp N or");
+  refused(gpt, "--virtual-stages 2", "--virtual-stages: needs pipeline stages or micro-batches to apply to");
+  refused(gpt, "--pp 2 --tp 1 --schedule ''", "--schedule: needs at least one schedule name");
+  refused(gpt, "--policy ,", "--policy: needs at least one policy name");
+  refused(gpt, "--pp 2 --tp 1 --layers 4 --microbatches 2 --virtual-stages 2 --schedule gpipe,1f1b",
           "--schedule: pipeline schedule '1f1b' runs one chunk per stage (--virtual-stages 2): set --virtual-stages 1, "
           "or use gpipe, interleaved_1f1b or concerto, which take 2 chunks per stage");
-  refused("--pp 2 --tp 1 --microbatches 3 --batch 12 --virtual-stages 2 --schedule interleaved_1f1b",
+  refused(gpt, "--pp 2 --tp 1 --microbatches 3 --batch 12 --virtual-stages 2 --schedule interleaved_1f1b",
           "--schedule: pipeline schedule 'interleaved_1f1b' needs the micro-batches (3) to be a multiple of the stages (2)");
   const auto short_text = f.path / "short.txt";
   std::FILE* out = std::fopen(short_text.c_str(), "w");
   REQUIRE(out != nullptr);
   std::fputs("ten chars.", out);
   std::fclose(out);
-  refused("--text " + short_text.string() + " --seq 32",
+  // Found by every rank alike, after the command line: said once.
+  refused(gpt, "--text " + short_text.string() + " --seq 32",
           "the training text '" + short_text.string() + "' has 10 characters; --seq 32 needs at least 34");
+  refused(gpt, "--tp 2 --heads 3 --hidden 48", "3 query heads and 3 k/v heads cannot be split over tp = 2 (2 ranks)");
 
-  const auto help = launch(CONCERTO_EXAMPLE_GPT, "--help");
+  const auto help = launch(gpt, "--help");
   CAPTURE(help.output);
   CHECK(help.status == 0);
   CHECK(count_of(help.output, "Trains a small character-level GPT") == 1);
   CHECK_THAT(help.output, ContainsSubstring("--steps"));
+}
+
+TEST_CASE("the Llama example refuses options that only mean something together, by name, once", "[faults][flags]") {
+  const std::string llama = CONCERTO_EXAMPLE_LLAMA;
+  refused(llama, "--ep 2", "--ep: splits the experts of a mixture of experts: give --experts E too");
+  refused(llama, "--top-k 1", "--top-k: routes tokens to experts: give --experts E too");
+  refused(llama, "--experts -1", "--experts: must be 0 (the dense block) or a number of experts, not '-1'");
+  refused(llama, "--experts 4 --tp 1 --zero 1", "--experts: the mixture of experts runs without --sp and --zero");
+  refused(llama, "--experts 3 --ep 2 --tp 1", "--ep: 2 ranks cannot split 3 experts evenly");
+  refused(llama, "--policy bogus", "--policy: 'bogus' is not one of");
+  // The mesh and the model are checked by every rank alike: one line.
+  refused(llama, "--tp 3", "tp");
+}
+
+TEST_CASE("the MLP and Evoformer examples refuse bad flags once", "[faults][flags]") {
+  refused(CONCERTO_EXAMPLE_MLP, "--hidden 0", "--hidden: must be a positive number, not '0'");
+  refused(CONCERTO_EXAMPLE_MLP, "--tp 3", "tp");
+  refused(CONCERTO_EXAMPLE_EVOFORMER, "--heads 0", "--heads: must be a positive number, not '0'");
 }
 #endif

@@ -12,6 +12,7 @@
 //   stall-reduction     rank 1 never joins a control-path reduction (the one each step's loss uses)
 //   stall-save          rank 1 sleeps before saving: the others wait in the checkpoint's gather
 //   lr, layers, policy  rank 1 compiles the step with another learning rate, depth or policy
+//   microbatches        pipelined over 2 stages, rank 1 with 1 micro-batch per step, rank 0 with 2
 //   stall-finalize      rank 1 sleeps after its last step, before the end of the job (MPI_Finalize)
 //   stall-split         rank 1 passes the barrier before a communicator split, then never splits:
 //                       rank 0 waits inside MPI_Comm_split, which cannot be interrupted
@@ -156,8 +157,8 @@ int main(int argc, char** argv) {
       };
     const float lr = fault == "lr" && rank == 1 ? 2e-2f : 1e-2f;
     const std::int64_t width = fault == "kill-save" || fault == "resume" ? 256 : hidden;
-    if (fault == "stall-stage" || fault == "nan-stage") {
-      o.pipeline = {.microbatches = 2};
+    if (fault == "stall-stage" || fault == "nan-stage" || fault == "microbatches") {
+      o.pipeline = {.microbatches = fault == "microbatches" && rank == 1 ? 1 : 2};
       auto p = train::compile(gm::gpt_tp, mesh::from_world(world, {{"pp", world}, {"dp", 1}, {"tp", 1}}),
                               gm::shapes(batch, seq, vocab, width), {.adamw = {.lr = lr}}, o);
       if (fault == "nan-stage") {

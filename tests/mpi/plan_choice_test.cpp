@@ -69,6 +69,14 @@ auto compile(train::step_options o) {
 
 } // namespace
 
+// The final layernorm's output: an activation, which no plan carries from step to step.
+std::string final_layernorm(const ir::graph& g) {
+  for (const auto& b : g.buffers)
+    if (b.name.starts_with("layernorm#")) return b.name;
+  FAIL("the GPT has no final layernorm");
+  return {};
+}
+
 TEST_CASE("a run that switches plans while choosing trains as one that keeps its first plan", "[mpi][choice]") {
   auto o = options(true);
   // The measured times are made to favour 'sync' (which no cost model would pick), so that the
@@ -76,9 +84,17 @@ TEST_CASE("a run that switches plans while choosing trains as one that keeps its
   o.choice.adjust_measured = [](int, std::string_view candidate, double us) { return candidate == "sync" ? 1.0 : us + 1e6; };
   o.use_cache = false;
   auto choosing = compile(o);
+  // Run beside it, step for step: after every step, an activation gathered from either is the
+  // value that step computed, whichever candidate plan ran it (the switch waits for the next step).
+  auto beside = compile(options(false));
+  const auto activation = final_layernorm(choosing.graph());
   tt::run_result switched;
   for (int s = 0; s < steps; ++s) {
-    switched.loss.push_back(choosing(gt::token_batch(s, gt::test_batch, gt::test_seq, gt::test_vocab)).loss);
+    const auto b = gt::token_batch(s, gt::test_batch, gt::test_seq, gt::test_vocab);
+    switched.loss.push_back(choosing(b).loss);
+    (void)beside(b);
+    CAPTURE(s, activation);
+    CHECK(tt::worst_relative(choosing.gather(activation), beside.gather(activation)) <= tt::rel_tol);
     if (!choosing.choice().decided()) CHECK(s < steps - 1);
   }
   const auto& report = choosing.choice();
@@ -148,6 +164,25 @@ TEST_CASE("the winner is kept in the plan cache; the next run starts from it; a 
     CHECK(hasher::to_hex(plan::hash(second.plan())) == winner_hash);
     CHECK(second.choice().text().find("from the plan cache") != std::string::npos);
     CHECK(second.summary().cache_hit);
+    // The summary prices the kept plan and sync by one model (the refitted one): the kept plan
+    // is sync's own, so the two predictions agree.
+    CHECK(second.summary().predicted_us == Catch::Approx(second.summary().sync_predicted_us).epsilon(1e-9));
+  }
+  // A record whose winner was renamed no longer names the plan it holds: refused, chosen again.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0)
+    for (const auto& f : std::filesystem::directory_iterator(dir))
+      if (f.path().filename().string().starts_with("choice-")) {
+        nlohmann::json record;
+        std::ifstream(f.path()) >> record;
+        record["winner"] = "bogus";
+        std::ofstream(f.path()) << record.dump();
+      }
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    auto renamed = compile(o);
+    renamed.prepare();
+    CHECK_FALSE(renamed.choice().decided());
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0)

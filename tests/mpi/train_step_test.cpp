@@ -235,6 +235,20 @@ TEST_CASE("the graph's kernels are timed once per machine and graph; a damaged r
       CHECK(j.size() == nlohmann::json::parse(first).size());
     }
     CHECK(repaired(data(0)).loss == again(data(0)).loss);
+
+    // A factor no measurement gives (an edited file) is refused as the damaged one was: timed again.
+    if (root) {
+      auto j = nlohmann::json::parse(first);
+      j[j.begin().key()] = 1e300;
+      std::ofstream(records().at(0)) << j.dump();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto remeasured = compile();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (root) {
+      const auto remade = nlohmann::json::parse(text_of(records().at(0)));
+      for (const auto& [k, v] : remade.items()) CHECK(v.get<double>() < 1e6);
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (root) std::filesystem::remove_all(dir.parent_path());

@@ -1435,7 +1435,6 @@ private:
             {"lower.heads", std::to_string(options_.lower.heads)},
             {"lower.rope_theta", std::to_string(options_.lower.rope_theta)},
             {"lower.depth", nlohmann::json(options_.lower.depth).dump()},
-            {"lowered graph (program, mesh, shapes)", hasher::to_hex(plan::hash(graph_))},
             {"policy", options_.policy},
             {"cost_preset", options_.cost_preset},
             {"measure_kernels", options_.measure_kernels ? flag(*options_.measure_kernels) : "default"},
@@ -1459,7 +1458,10 @@ private:
                              .dump()},
             {"plan choice", nlohmann::json{options_.choice.enabled, options_.choice.warmup_steps, options_.choice.profile_steps,
                                            options_.choice.trial_steps, options_.choice.rounds, options_.choice.also_try}
-                                .dump()}};
+                                .dump()},
+            // Last of the step's own: what the settings above make of the program, so that a
+            // difference in them is named before the graph it changes.
+            {"lowered graph (program, mesh, shapes)", hasher::to_hex(plan::hash(graph_))}};
     // The MPI library's collective algorithms: ranks that differ deadlock or truncate in them.
     for (auto& [name, value] : runtime::mpi::collective_settings()) record.emplace_back("MPI " + name, std::move(value));
     return record;
