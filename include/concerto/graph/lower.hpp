@@ -461,13 +461,26 @@ private:
   }
   // What a split over an uneven ZeRO split reads in place of `b` (this rank's `shape`): the
   // padded buffer `b` is the first rows of, or else a copy of `b` into a zeroed padded buffer
-  // (`b` is not a view of one when a dimension before the padded one is split too).
+  // (when a dimension before the padded one is split too, the first rows are not the first
+  // bytes, and `b` is a buffer of its own).
   ir::buffer_id padded_input(ir::buffer_id b, const extents& shape, const padding& pad) {
-    if (const auto it = padded_roots_.find(b); it != padded_roots_.end() && it->second.pad == pad) return it->second.root;
+    if (const auto root = padded_root_of(b, pad); root >= 0) return root;
     const auto whole = padded_shape(shape, pad);
     const auto copy = b_.buffer(name_ + ".padded_input", whole, ir::buffer_role::activation, options_.type);
     b_.place(name_ + ".pad", b, copy, whole, static_cast<std::size_t>(pad.dim), shape[static_cast<std::size_t>(pad.dim)]);
     return copy;
+  }
+  // What a gather over an uneven ZeRO split writes for `b` (this rank's `shape`): the padded
+  // buffer `b` is the first rows of, or else a padded buffer of its own whose first rows the
+  // caller copies into `b`.
+  ir::buffer_id padded_output(ir::buffer_id b, const extents& shape, const padding& pad) {
+    if (const auto root = padded_root_of(b, pad); root >= 0) return root;
+    return b_.buffer(name_ + ".padded", padded_shape(shape, pad), ir::buffer_role::activation, options_.type);
+  }
+  // The padded buffer `b` was made the first rows of (new_buffer) with this padding, or -1.
+  [[nodiscard]] ir::buffer_id padded_root_of(ir::buffer_id b, const padding& pad) const {
+    const auto it = padded_roots_.find(b);
+    return it != padded_roots_.end() && it->second.pad == pad ? it->second.root : -1;
   }
   // A fresh buffer for a gradient that packs its producer's operand gradients one after the other.
   ir::buffer_id packed_buffer(int i, std::int64_t values) {
@@ -681,20 +694,13 @@ private:
                                                         : ir::op_kind::all_to_all;
     // An update's gather (ZeRO) writes the parameter itself.
     const auto out = x.has(flag_writes_param) ? (slot(i) = resolve(x.of)) : new_buffer(i);
-    auto from = in(x, 0), to = out;
     const auto pad = padding_of(i, x);
-    const bool gathers_padded = pad.dim >= 0 && x.op == op_code::all_gather;
-    if (pad.dim >= 0 && !gathers_padded) from = padded_input(from, local_of(x.in[0]), pad);
-    // Gathered into the padded buffer `out` is the first rows of, or else into one of its own
-    // whose first rows are then copied out.
-    const auto root = padded_roots_.find(out);
-    const bool copy_out = gathers_padded && (root == padded_roots_.end() || !(root->second.pad == pad));
-    if (gathers_padded)
-      to = copy_out ? b_.buffer(name_ + ".padded", padded_shape(local_of(i), pad), ir::buffer_role::activation, options_.type)
-                    : root->second.root;
+    const bool gathers = x.op == op_code::all_gather, padded = pad.dim >= 0;
+    const auto from = padded && !gathers ? padded_input(in(x, 0), local_of(x.in[0]), pad) : in(x, 0);
+    const auto to = padded && gathers ? padded_output(out, local_of(i), pad) : out;
     const auto t = b_.collective(kind, name_, mesh_axis(x.axis), from, to, -1,
                                  x.has(flag_max) ? std::optional(ir::op::max) : std::nullopt);
-    if (copy_out)
+    if (to != out && to != padded_root_of(out, pad)) // the value: the first rows of what was gathered
       b_.slice(name_ + ".unpad", to, out, padded_shape(local_of(i), pad), static_cast<std::size_t>(pad.dim), 0,
                local_of(i)[static_cast<std::size_t>(pad.dim)]);
     attrs extra;
