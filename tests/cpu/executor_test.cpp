@@ -434,10 +434,12 @@ TEST_CASE("dispatch maps layout kernels onto the buffers as documented", "[runti
   const auto m = b.buffer("m", {2, 6}, ir::buffer_role::optimizer_state);
   const auto v = b.buffer("v", {2, 6}, ir::buffer_role::optimizer_state);
   const auto grad = b.buffer("grad", {2, 6}, ir::buffer_role::gradient);
+  const auto padded = b.buffer("padded", {2, 8});
   b.slice("take", src, part, {2, 6}, 1, 3, 3);  // builder::slice converts a dimension to the explicit geometry
   b.slice("rest", src, other, {2, 6}, 1, 0, 3);
   b.concat("join", {part, other}, joined, {2, 6}, 1);
   b.compute(ir::op::adamw, "adam", {src, grad, m, v}, {src, m, v});
+  b.place("pad", src, padded, {2, 8}, 1, 6); // concat of one part with attr extent
   auto g = std::move(b).finish();
   const auto layout = rt::make_layout(g);
   rt::host_arena mem(g, layout);
@@ -451,6 +453,12 @@ TEST_CASE("dispatch maps layout kernels onto the buffers as documented", "[runti
   SECTION("concat lays its parts side by side along the dimension") {
     const std::vector<float> want{3, 4, 5, 0, 1, 2, 9, 10, 11, 6, 7, 8};
     CHECK(std::vector<float>(mem.f32(joined).begin(), mem.f32(joined).end()) == want);
+  }
+  SECTION("place copies its part into the start of every row of a wider buffer and leaves the rest") {
+    for (auto& x : mem.f32(padded)) x = -1.0f;
+    rt::run_kernel(rt::decode(g, g.tasks[4]), mem, s);
+    const std::vector<float> want{0, 1, 2, 3, 4, 5, -1, -1, 6, 7, 8, 9, 10, 11, -1, -1};
+    CHECK(std::vector<float>(mem.f32(padded).begin(), mem.f32(padded).end()) == want);
   }
   SECTION("adamw updates the parameter, m and v in place") {
     for (auto& x : mem.f32(grad)) x = 1.0f;

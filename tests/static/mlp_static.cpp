@@ -94,6 +94,9 @@ static_assert(z3.count(collective::all_gather, dp, fwd) == 2 && z3.count(collect
 static_assert(z3.count(collective::reduce_scatter, dp, bwd) == 2 && z3.count(collective::all_reduce, dp) == 0);
 static_assert(z3.count(collective::all_gather, dp, opt) == 0);
 static_assert(z3.spec_of("w1") == spec(shard(dp), shard(tp)) && z3.spec_of("w1.grad") == spec(shard(dp), shard(tp)));
+// Each parameter records the dimension ZeRO split (lowering may pad it; a split the user wrote, never).
+static_assert(z3.nodes[z3.find("w1")].zero_dim == 0 && z3.nodes[z3.find("w2")].zero_dim == 1);
+static_assert(z1.nodes[z1.find("w2")].zero_dim == 1 && step.nodes[step.find("w2")].zero_dim == -1);
 
 // The same with explicit storage specs and a plain optimizer.
 constexpr auto fsdp = program(
@@ -102,6 +105,7 @@ constexpr auto fsdp = program(
         input<"target">(act)),
     sgd{});
 static_assert(fsdp.count(collective::all_gather, dp) == 4 && fsdp.count(collective::reduce_scatter, dp) == 2);
+static_assert(fsdp.nodes[fsdp.find("w1")].zero_dim == -1);
 
 // Declaring the mesh does not change the program.
 constexpr auto declared = program(loss, sgd{}, on(dp, tp));

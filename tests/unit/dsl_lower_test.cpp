@@ -164,6 +164,97 @@ TEST_CASE("ZeRO lowers to sharded storage and in-place updates", "[dsl][lower][z
   }
 }
 
+namespace {
+// The first task of `kind` that reads buffer `reads`.
+const ir::task& task_reading(const ir::graph& g, ir::op_kind kind, const std::string& reads) {
+  for (const auto& t : g.tasks)
+    if (t.kind == kind && g.buffers[static_cast<std::size_t>(t.reads.at(0))].name == reads) return t;
+  FAIL("no " << ir::to_string(kind) << " reads " << reads);
+  return g.tasks.front();
+}
+const ir::buffer& buffer_of(const ir::graph& g, ir::buffer_id b) { return g.buffers[static_cast<std::size_t>(b)]; }
+// The task that writes buffer b (exactly), or null.
+const ir::task* writer_of(const ir::graph& g, ir::buffer_id b) {
+  for (const auto& t : g.tasks)
+    if (std::find(t.writes.begin(), t.writes.end(), b) != t.writes.end()) return &t;
+  return nullptr;
+}
+using dims = std::vector<std::int64_t>;
+} // namespace
+
+TEST_CASE("ZeRO pads a parameter dimension that does not divide over its axis", "[dsl][lower][zero]") {
+  // w1 [5, 32] is split by ZeRO on dimension 0 (5 rows over dp 2: 3 per rank, the last row of
+  // rank 1 padding); w2 [32, 5] on dimension 1, after tp's split of dimension 0.
+  const auto m = mesh::from_world(4, {{"dp", 2}, {"tp", 2}});
+  const auto shapes = mlp_shapes(8, 5, 32);
+  const auto decodes = [](const ir::graph& g) {
+    for (const auto& t : g.tasks)
+      if (!ir::is_collective(t.kind)) CHECK_NOTHROW(runtime::decode(g, t));
+  };
+  SECTION("ZeRO-3 stores ⌈n/P⌉ rows, gathers P·⌈n/P⌉ and reads the first n as the value") {
+    constexpr auto z3 = program(loss, zero<3>(adamw{}, dp));
+    const auto g = lower(z3, shapes, m);
+    CHECK(buffer_named(g, "w1").shape == dims{3, 16});
+    CHECK(buffer_named(g, "w1.m").shape == dims{3, 16});
+    CHECK(buffer_named(g, "w1.grad").shape == dims{3, 16});
+    CHECK(buffer_named(g, "w2").shape == dims{16, 3});
+    // Dimension 0: the gathered rows' first 5 are a view, no copy.
+    const auto& gathered = buffer_of(g, task_reading(g, ir::op_kind::all_gather, "w1").writes.at(0));
+    CHECK(gathered.shape == dims{6, 16});
+    int views = 0;
+    for (const auto& b : g.buffers)
+      if (b.view_of == gathered.id) views += b.shape == dims{5, 16} && b.offset == 0;
+    CHECK(views == 1);
+    const auto& scatter = *writer_of(g, buffer_named(g, "w1.grad").id);
+    CHECK(scatter.kind == ir::op_kind::reduce_scatter);
+    const auto& summed = buffer_of(g, scatter.reads.at(0));
+    CHECK(summed.shape == dims{6, 16});
+    CHECK(summed.view_of < 0);
+    // Dimension 1, behind tp's rows: gathered whole and its first 5 columns copied out; the
+    // gradient copied into a zeroed buffer of 6 columns before the reduce-scatter.
+    const auto& gathered2 = buffer_of(g, task_reading(g, ir::op_kind::all_gather, "w2").writes.at(0));
+    CHECK(gathered2.shape == dims{16, 6});
+    const auto& unpad = task_reading(g, ir::op_kind::slice, gathered2.name);
+    CHECK(buffer_of(g, unpad.writes.at(0)).shape == dims{16, 5});
+    const auto& scatter2 = *writer_of(g, buffer_named(g, "w2.grad").id);
+    CHECK(buffer_of(g, scatter2.reads.at(0)).shape == dims{16, 6});
+    const auto* pad = writer_of(g, scatter2.reads.at(0));
+    REQUIRE(pad != nullptr);
+    CHECK(pad->fn == ir::op::concat);
+    CHECK(pad->attr("extent") == 6);
+    CHECK(buffer_of(g, pad->reads.at(0)).shape == dims{16, 5});
+    decodes(g);
+  }
+  SECTION("ZeRO-1 keeps the parameter whole as the first rows of the buffer its shards are gathered into") {
+    constexpr auto z1 = program(loss, zero<1>(adamw{}, dp));
+    const auto g = lower(z1, shapes, m);
+    const auto& w1 = buffer_named(g, "w1");
+    CHECK(w1.shape == dims{5, 16});
+    REQUIRE(w1.view_of >= 0);
+    CHECK(buffer_of(g, w1.view_of).shape == dims{6, 16});
+    CHECK(buffer_named(g, "w1.m").shape == dims{3, 16});
+    const auto& gather = task_named(g, "w1.new");
+    CHECK(gather.writes.at(0) == w1.view_of);
+    // The shard of the parameter and of its gradient are this rank's 3 of the 6 rows.
+    int slices = 0;
+    for (const auto& t : g.tasks)
+      if (t.fn == ir::op::shard_slice && t.reads.at(0) == w1.view_of) ++slices;
+    CHECK(slices == 1);
+    CHECK(buffer_named(g, "w2").shape == dims{16, 5});
+    CHECK(task_reading(g, ir::op_kind::slice, "w2.new.padded").writes.at(0) == buffer_named(g, "w2").id);
+    decodes(g);
+  }
+  SECTION("a split the user wrote must divide, and the message says what to change") {
+    constexpr auto stored_split =
+        program(mse(matmul(gelu(matmul(x, param<"w1">(spec(replicate, shard(tp)), stored(spec(shard(dp), shard(tp)))))), w2),
+                    input<"target">(act)),
+                zero<3>(adamw{}, dp));
+    CHECK_THROWS_WITH(lower(stored_split, shapes, m),
+                      ContainsSubstring("tensor 'w1' dimension 0 (size 5) does not divide over mesh axis 'dp' (size 2)") &&
+                          ContainsSubstring("only a split that ZeRO adds is padded"));
+  }
+}
+
 TEST_CASE("a GPT block lowers with attention attributes", "[dsl][lower][gpt]") {
   constexpr auto vec = spec(replicate);
   constexpr auto col = spec(replicate, shard(tp));

@@ -204,28 +204,66 @@ std::vector<extents> global_shapes(const program<N>& p, const shape_map& shapes,
 }
 
 // ---- 2. local shapes: each split dimension divided by its mesh axis -------------------------------
+//
+// A split a ZeRO stage added (graph::node::zero_dim) need not divide: as FSDP2 does, each of the
+// P ranks then holds ⌈n/P⌉ rows, the last ranks' rows past n being padding that stays zero (the
+// optimizer leaves zeros at zero), and the emitter gathers into, and reduce-scatters from,
+// buffers of P·⌈n/P⌉ rows whose first n are the value (see emitter::padded_input). A split the
+// user wrote must divide: the program says where its rows go, and padding would change that.
+
+// This rank's shapes, and which dimension an uneven ZeRO split padded.
+struct local_layout {
+  std::vector<extents> shape; // per node: its buffer's shape (the same on every rank)
+  std::vector<int> padded;    // per node: the dimension a ZeRO split padded, -1 if none
+};
+
+// The parameter node i's value belongs to (itself, its gradient, its optimizer state, its
+// gathered copies), or -1.
+template <std::size_t N>
+int parameter_of(const program<N>& p, int i) {
+  while (p.nodes[i].of >= 0 && p.nodes[i].of != i) i = p.nodes[i].of;
+  return p.nodes[i].op == op_code::param ? i : -1;
+}
+
+// Whether axis `a` splitting dimension d of node i is the split a ZeRO stage added: its axis,
+// as the minor one of the dimension the stage chose for the parameter.
+template <std::size_t N>
+bool zero_split(const program<N>& p, int i, int d, int a) {
+  const int w = parameter_of(p, i);
+  const auto& axes = p.nodes[i].spec.dims[d];
+  return w >= 0 && a == p.zero_axis && p.nodes[w].zero_dim == d && (axes[1] == a || (axes[1] < 0 && axes[0] == a));
+}
 
 template <std::size_t N>
-std::vector<extents> local_shapes(const program<N>& p, const std::vector<extents>& global, const mesh& m,
-                                  const std::vector<int>& axis_of) {
-  std::vector<extents> local = global;
+local_layout local_shapes(const program<N>& p, const std::vector<extents>& global, const mesh& m,
+                          const std::vector<int>& axis_of) {
+  local_layout out{global, std::vector<int>(static_cast<std::size_t>(p.size), -1)};
   for (int i = 0; i < p.size; ++i) {
     const pspec& s = p.nodes[i].spec;
     for (int d = 0; d < s.rank; ++d)
       for (auto a : s.dims[d]) {
         if (a < 0) continue;
         const int size = m.axes()[static_cast<std::size_t>(axis_of[static_cast<std::size_t>(a)])].size;
-        auto& extent = local[static_cast<std::size_t>(i)][static_cast<std::size_t>(d)];
-        if (extent % size != 0) {
-          const int src = is_leaf(p.nodes[i].op) || p.nodes[i].of < 0 ? i : p.nodes[i].of;
-          fail("tensor '" + p.name_of(src) + "' dimension " + std::to_string(d) + " (size " + std::to_string(extent) +
-               ") does not divide over mesh axis '" + std::string(p.axes.names[a].view()) + "' (size " +
-               std::to_string(size) + ")");
+        auto& extent = out.shape[static_cast<std::size_t>(i)][static_cast<std::size_t>(d)];
+        if (extent % size == 0) {
+          extent /= size;
+          continue;
         }
-        extent /= size;
+        if (zero_split(p, i, d, a)) {
+          extent = (extent + size - 1) / size;
+          out.padded[static_cast<std::size_t>(i)] = d;
+          continue;
+        }
+        const int src = is_leaf(p.nodes[i].op) || p.nodes[i].of < 0 ? i : p.nodes[i].of;
+        const std::string axis(p.axes.names[a].view());
+        fail("tensor '" + p.name_of(src) + "' dimension " + std::to_string(d) + " (size " + std::to_string(extent) +
+             ") does not divide over mesh axis '" + axis + "' (size " + std::to_string(size) +
+             "); give the dimension a size that divides, give '" + axis +
+             "' a size that divides it, or leave the dimension whole in the spec (only a split that ZeRO adds is "
+             "padded)");
       }
   }
-  return local;
+  return out;
 }
 
 // ---- 3. repeats: each stack's depth and the number of its first layer ------------------------------
@@ -277,13 +315,15 @@ public:
   using attrs = std::map<std::string, std::int64_t>;
 
   emitter(const program<N>& p, const mesh& m, const lower_options& options, std::vector<int> axis_of,
-          std::vector<extents> global, std::vector<extents> local, repeat_layout layout)
-      : p_(p), m_(m), options_(options), axis_of_(std::move(axis_of)), global_(std::move(global)), local_(std::move(local)),
-        layout_(std::move(layout)), b_(options.name), buf_(static_cast<std::size_t>(p.size), -1),
-        layer_buf_(static_cast<std::size_t>(p.size)) {
+          std::vector<extents> global, local_layout local, repeat_layout layout)
+      : p_(p), m_(m), options_(options), axis_of_(std::move(axis_of)), global_(std::move(global)),
+        local_(std::move(local.shape)), padded_(std::move(local.padded)), layout_(std::move(layout)), b_(options.name),
+        buf_(static_cast<std::size_t>(p.size), -1), layer_buf_(static_cast<std::size_t>(p.size)),
+        want_padded_(static_cast<std::size_t>(p.size)) {
     for (const auto& ax : m.axes()) b_.axis(ax.name, ax.size, ax.link);
     for (int j = 0; j < p.size; ++j)
       if (per_layer(j)) layer_buf_[static_cast<std::size_t>(j)].assign(static_cast<std::size_t>(depth(p.nodes[j].block)), -1);
+    plan_padded_roots();
     // Rope rotates heads of the attention's head_dim; a program without attention has none to rotate.
     for (int i = 0; i < p.size; ++i)
       if (p.nodes[i].op == op_code::attention) head_dim_ = global_[static_cast<std::size_t>(p.nodes[i].in[0])].back() / options.heads;
@@ -367,8 +407,80 @@ private:
   }
   ir::buffer_id new_buffer(int i) {
     const auto type = p_.nodes[i].op == op_code::data ? ir::dtype::i64 : options_.type;
-    slot(i) = b_.buffer(full_name(i), local_[static_cast<std::size_t>(i)], buffer_role_of(p_.nodes[i].kind), type);
+    const auto& shape = local_of(i);
+    const auto role = buffer_role_of(p_.nodes[i].kind);
+    if (const auto& want = want_padded_[static_cast<std::size_t>(i)]; want.dim >= 0 && first_rows(shape, want.dim)) {
+      const auto root = b_.buffer(full_name(i) + ".padded", padded_shape(shape, want), role, type);
+      slot(i) = b_.view(full_name(i), root, 0, elements(shape) * static_cast<std::int64_t>(ir::size_of(type)), shape);
+      padded_roots_[slot(i)] = {root, want};
+      return slot(i);
+    }
+    slot(i) = b_.buffer(full_name(i), shape, role, type);
     return slot(i);
+  }
+
+  // ---- uneven ZeRO splits (local_shapes): buffers of P·⌈n/P⌉ rows whose first n are the value ----
+  struct padding {
+    int dim = -1;             // the dimension padded
+    std::int64_t extent = 0;  // its padded extent, P·⌈n/P⌉ (of this rank's part before the split)
+    bool operator==(const padding&) const = default;
+  };
+  [[nodiscard]] static extents padded_shape(extents shape, const padding& pad) {
+    shape[static_cast<std::size_t>(pad.dim)] = pad.extent;
+    return shape;
+  }
+  // Whether the first `n` along dimension d of a buffer of this shape are its first bytes (every
+  // dimension before d has extent 1), so that the value can be a view of the padded buffer.
+  [[nodiscard]] static bool first_rows(const extents& shape, int d) {
+    return std::all_of(shape.begin(), shape.begin() + d, [](std::int64_t e) { return e == 1; });
+  }
+  // The padding of redistribution x (node i) over an uneven ZeRO split: its input's when it
+  // gathers the split, its output's when it splits (reduce_scatter, shard_slice); none otherwise.
+  [[nodiscard]] padding padding_of(int i, const node& x) const {
+    const auto parts = static_cast<std::int64_t>(m_.axes()[static_cast<std::size_t>(mesh_axis(x.axis))].size);
+    if (x.op == op_code::all_gather && x.dim2 >= 0 && padded_[static_cast<std::size_t>(x.in[0])] == x.dim2)
+      return {x.dim2, parts * local_of(x.in[0])[static_cast<std::size_t>(x.dim2)]};
+    if ((x.op == op_code::reduce_scatter || x.op == op_code::shard_slice) && x.dim >= 0 &&
+        padded_[static_cast<std::size_t>(i)] == x.dim)
+      return {x.dim, parts * local_of(i)[static_cast<std::size_t>(x.dim)]};
+    return {};
+  }
+  // Before emission: the nodes whose buffer is best made as the first rows of a padded buffer
+  // (what a gather over an uneven split writes, what a split of one reads), so that no copy is
+  // needed. A node wanted with two paddings keeps the first; the other copies (padded_input).
+  void plan_padded_roots() {
+    for (int i = 0; i < p_.size; ++i) {
+      const node& x = p_.nodes[i];
+      if (!is_redistribution(x.op)) continue;
+      const auto pad = padding_of(i, x);
+      if (pad.dim < 0) continue;
+      const int holder = x.op != op_code::all_gather ? x.in[0] : x.has(flag_writes_param) ? x.of : i;
+      auto& want = want_padded_[static_cast<std::size_t>(holder)];
+      if (want.dim < 0) want = pad;
+    }
+  }
+  // What a split over an uneven ZeRO split reads in place of `b` (this rank's `shape`): the
+  // padded buffer `b` is the first rows of, or else a copy of `b` into a zeroed padded buffer
+  // (when a dimension before the padded one is split too, the first rows are not the first
+  // bytes, and `b` is a buffer of its own).
+  ir::buffer_id padded_input(ir::buffer_id b, const extents& shape, const padding& pad) {
+    if (const auto root = padded_root_of(b, pad); root >= 0) return root;
+    const auto whole = padded_shape(shape, pad);
+    const auto copy = b_.buffer(name_ + ".padded_input", whole, ir::buffer_role::activation, options_.type);
+    b_.place(name_ + ".pad", b, copy, whole, static_cast<std::size_t>(pad.dim), shape[static_cast<std::size_t>(pad.dim)]);
+    return copy;
+  }
+  // What a gather over an uneven ZeRO split writes for `b` (this rank's `shape`): the padded
+  // buffer `b` is the first rows of, or else a padded buffer of its own whose first rows the
+  // caller copies into `b`.
+  ir::buffer_id padded_output(ir::buffer_id b, const extents& shape, const padding& pad) {
+    if (const auto root = padded_root_of(b, pad); root >= 0) return root;
+    return b_.buffer(name_ + ".padded", padded_shape(shape, pad), ir::buffer_role::activation, options_.type);
+  }
+  // The padded buffer `b` was made the first rows of (new_buffer) with this padding, or -1.
+  [[nodiscard]] ir::buffer_id padded_root_of(ir::buffer_id b, const padding& pad) const {
+    const auto it = padded_roots_.find(b);
+    return it != padded_roots_.end() && it->second.pad == pad ? it->second.root : -1;
   }
   // A fresh buffer for a gradient that packs its producer's operand gradients one after the other.
   ir::buffer_id packed_buffer(int i, std::int64_t values) {
@@ -577,9 +689,14 @@ private:
       extra["dim"] = x.dim;
       extra["parts"] = m_.axes()[static_cast<std::size_t>(axis)].size;
     }
-    const auto& shape = local_of(x.in[0]);
+    auto source = in(x, 0);
+    auto shape = local_of(x.in[0]);
+    if (const auto pad = padding_of(i, x); pad.dim >= 0) { // this rank's ⌈n/P⌉ rows of the padded value
+      source = padded_input(source, shape, pad);
+      shape = padded_shape(shape, pad);
+    }
     for (std::size_t d = 0; d < shape.size(); ++d) extra["in_dim" + std::to_string(d)] = shape[d];
-    compute(i, x.op, ins(x), std::move(extra));
+    compute(i, x.op, {source}, std::move(extra));
   }
 
   void collective(int i, const node& x) {
@@ -589,8 +706,15 @@ private:
                                                         : ir::op_kind::all_to_all;
     // An update's gather (ZeRO) writes the parameter itself.
     const auto out = x.has(flag_writes_param) ? (slot(i) = resolve(x.of)) : new_buffer(i);
-    const auto t = b_.collective(kind, name_, mesh_axis(x.axis), in(x, 0), out, -1,
+    const auto pad = padding_of(i, x);
+    const bool gathers = x.op == op_code::all_gather, padded = pad.dim >= 0;
+    const auto from = padded && !gathers ? padded_input(in(x, 0), local_of(x.in[0]), pad) : in(x, 0);
+    const auto to = padded && gathers ? padded_output(out, local_of(i), pad) : out;
+    const auto t = b_.collective(kind, name_, mesh_axis(x.axis), from, to, -1,
                                  x.has(flag_max) ? std::optional(ir::op::max) : std::nullopt);
+    if (to != out && to != padded_root_of(out, pad)) // the value: the first rows of what was gathered
+      b_.slice(name_ + ".unpad", to, out, padded_shape(local_of(i), pad), static_cast<std::size_t>(pad.dim), 0,
+               local_of(i)[static_cast<std::size_t>(pad.dim)]);
     attrs extra;
     if (x.op == op_code::all_gather) extra["dim"] = x.dim2;
     if (x.op == op_code::reduce_scatter) extra["dim"] = x.dim;
@@ -638,6 +762,7 @@ private:
   const lower_options& options_;
   std::vector<int> axis_of_;
   std::vector<extents> global_, local_;
+  std::vector<int> padded_; // per node: local_layout::padded
   repeat_layout layout_;
   ir::builder b_;
   std::vector<ir::buffer_id> buf_;                    // per node
@@ -646,6 +771,12 @@ private:
   std::string name_;                                  // the task being emitted
   std::int64_t head_dim_ = 0;
   std::vector<std::pair<ir::task_id, attrs>> collective_attrs_;
+  std::vector<padding> want_padded_;                  // per node: plan_padded_roots
+  struct padded_root {
+    ir::buffer_id root = -1;
+    padding pad;
+  };
+  std::map<ir::buffer_id, padded_root> padded_roots_; // by the view that is its first rows
 };
 
 // Every program is lowered as a program of this many nodes (copied into one on the heap), so

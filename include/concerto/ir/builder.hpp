@@ -196,6 +196,18 @@ public:
                    {{"outer", outer}, {"inner", inner}, {"length", extent / n}, {"parts", n}});
   }
 
+  /// Copies `part` into the first `length` of dimension `dim` of `dst` (of shape `shape`), the
+  /// rest of `dst` left as it is (a padded copy: lowering's uneven ZeRO splits): the concat op
+  /// of one part with attr extent, the whole's extent.
+  task_id place(std::string name, buffer_id part, buffer_id dst, const std::vector<std::int64_t>& shape, std::size_t dim,
+                std::int64_t length) {
+    const auto [outer, extent, inner] = around(shape, dim, name);
+    CONCERTO_CHECK(length >= 0 && length <= extent, "place '" + name + "': a part of " + std::to_string(length) +
+                                                        " does not fit extent " + std::to_string(extent));
+    return compute(op::concat, std::move(name), {part}, {dst},
+                   {{"outer", outer}, {"inner", inner}, {"length", length}, {"parts", 1}, {"extent", extent}});
+  }
+
   /// A collective over the group of `axis`; `bytes` defaults per the graph.hpp convention, `fn`
   /// to sum for a collective that reduces (none for one that only moves values).
   task_id collective(op_kind kind, std::string name, int axis, buffer_id in, buffer_id out, double bytes = -1,

@@ -501,8 +501,12 @@ inline void decode_parts(const call_reader& r, kernel_call& c) {
   if (parts != r.task().reads.size())
     r.bad("attr parts = " + std::to_string(parts) + " but the task reads " + std::to_string(r.task().reads.size()) +
           " buffer(s)");
+  // attr extent: the whole's extent when the parts fill only its start (a padded copy).
+  const auto filled = parts * r.attr("length"), extent = r.attr("extent", static_cast<std::int64_t>(filled));
+  if (extent < filled)
+    r.bad("attr extent = " + std::to_string(extent) + " is less than its parts' " + std::to_string(filled));
   for (std::size_t j = 0; j < parts; ++j) {
-    const rows_in_whole p{outer, parts * length, length, j * length, r.task().reads[j]};
+    const rows_in_whole p{outer, extent * inner, length, j * length, r.task().reads[j]};
     check(r.task().reads[j], p);
     c.parts.push_back(p);
   }

@@ -283,6 +283,7 @@ struct program_facts {
     std::string repeat; ///< the repeat the node belongs to, empty if none (data leaves: none)
     op_code op = op_code::param;
     pspec spec{};
+    std::vector<std::int64_t> global{};    ///< its global shape (no ZeRO padding)
     leaf_init init = leaf_init::automatic; ///< a parameter's rule
     std::string written; ///< as the user wrote it: a name, or the op applied to its operands
     std::string written_later; ///< in a repeated block, as layers after the first compute it
@@ -332,7 +333,10 @@ struct lowered_program {
 template <std::size_t N>
 lowered_program lower_for_step(const graph::program<N>& p, const shape_map& shapes, const mesh& m,
                                const lower_options& options) {
-  return {facts_of(p), graph::detail::lower_sized(p, shapes, m, options)};
+  lowered_program out{facts_of(p), graph::detail::lower_sized(p, shapes, m, options)};
+  const auto global = graph::detail::global_shapes(p, shapes, options);
+  for (std::size_t i = 0; i < out.facts.nodes.size(); ++i) out.facts.nodes[i].global = global[i];
+  return out;
 }
 
 #ifdef CONCERTO_SEPARATE_COMPILATION
@@ -600,7 +604,7 @@ public:
     for (int r = 0; r < size_; ++r) {
       const auto coords = mesh_.coords(r);
       if (t.stage >= 0 && coords[static_cast<std::size_t>(split_->axis)] != t.stage) continue;
-      const auto blk = block_of(t.spec, t.blk.local, coords);
+      const auto blk = block_of(t.spec, t.blk.global, t.blk.local, coords);
       detail::copy_block(blk, sizeof(float), reinterpret_cast<std::byte*>(out.data()),
                          reinterpret_cast<std::byte*>(all.data() + static_cast<std::size_t>(r) * n), false);
     }
@@ -1177,22 +1181,18 @@ private:
     int stage = -1; ///< pipelined: the stage whose ranks hold it (id is -1 on the others); -1: every rank
   };
 
-  // The block of a tensor with this spec and local shape held by the rank at `coords`.
-  detail::block block_of(const pspec& spec, const std::vector<std::int64_t>& local, const std::vector<int>& coords) const {
-    detail::block b{local, std::vector<std::int64_t>(local.size(), 0), local};
-    for (int d = 0; d < spec.rank && static_cast<std::size_t>(d) < local.size(); ++d) {
-      std::int64_t index = 0, parts = 1;
+  // The block of a tensor with this spec and global shape held by the rank at `coords` in a
+  // buffer of shape `local`.
+  detail::block block_of(const pspec& spec, const std::vector<std::int64_t>& global, const std::vector<std::int64_t>& local,
+                         const std::vector<int>& coords) const {
+    std::vector<std::vector<detail::axis_part>> splits(global.size());
+    for (int d = 0; d < spec.rank && static_cast<std::size_t>(d) < global.size(); ++d)
       for (const auto a : spec.dims[d]) {
         if (a < 0) continue;
-        const auto m = *mesh_.index_of(facts_.axes[static_cast<std::size_t>(a)]);
-        const auto size = mesh_.axes()[static_cast<std::size_t>(m)].size;
-        index = index * size + coords[static_cast<std::size_t>(m)];
-        parts *= size;
+        const auto m = static_cast<std::size_t>(*mesh_.index_of(facts_.axes[static_cast<std::size_t>(a)]));
+        splits[static_cast<std::size_t>(d)].push_back({mesh_.axes()[m].size, coords[m]});
       }
-      b.global[static_cast<std::size_t>(d)] = local[static_cast<std::size_t>(d)] * parts;
-      b.offset[static_cast<std::size_t>(d)] = local[static_cast<std::size_t>(d)] * index;
-    }
-    return b;
+    return detail::block_of(global, splits, local);
   }
 
   const tensor_info& info(const std::string& name) const {
@@ -1362,7 +1362,7 @@ private:
         const auto& buf = it != by_name.end() ? g.buffers[static_cast<std::size_t>(it->second)]
                                               : graph_.buffers[static_cast<std::size_t>(whole->second)];
         tensor_info t{it != by_name.end() ? buf.id : -1, buf.type, x.spec, x.spec.partial != 0,
-                      block_of(x.spec, buf.shape, coords)};
+                      block_of(x.spec, x.global, buf.shape, coords)};
         if (split_ && whole != in_step.end()) t.stage = split_->stage_of_buffer(graph_, whole->second);
         tensors_[name] = t;
         if (input) inputs_.push_back(name);

@@ -66,6 +66,10 @@ struct node {
   std::int8_t dim = -1;   ///< redistributions: split dimension after (slice, reduce_scatter, all_to_all); select: index
   std::int8_t dim2 = -1;  ///< redistributions: split dimension before (all_gather, all_to_all)
   std::int8_t block = -1; ///< the repeat this node belongs to (its layers are copies), -1 outside
+  /// Parameters under ZeRO: the dimension the stage split over its axis (stage 3: the storage;
+  /// stages 1-2: the gradient and update shards), -1 if it added none. Only such a split may
+  /// leave the dimension uneven: lowering pads it (graph/lower.hpp), a split the user wrote must divide.
+  std::int8_t zero_dim = -1;
   moe_config moe{};       ///< moe_route and its gradient: the routing's settings
   [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
 };
@@ -133,19 +137,20 @@ struct work {
     return n++;
   }
 
-  /// The spec with `axis` added to a dimension that is not split yet (ZeRO's choice of layout).
+  /// The dimension ZeRO splits over `axis` in a tensor of spec `s` (ZeRO's choice of layout):
+  /// the first one not split yet, else the first with room for a second (minor) axis; -1 when
+  /// `s` is already split or summed over `axis`, or has no dimension to split.
+  [[nodiscard]] static constexpr int zero_split_dim(const pspec& s, int axis) noexcept {
+    if (axis < 0 || s.state(axis) != state_replicated || s.rank == 0) return -1;
+    for (int d = 0; d < s.rank; ++d)
+      if (s.dims[d][0] < 0) return d;
+    for (int d = 0; d < s.rank; ++d)
+      if (s.dims[d][1] < 0) return d;
+    return -1;
+  }
+  /// The spec with `axis` added to the dimension zero_split_dim chooses.
   [[nodiscard]] static constexpr pspec shard_more(pspec s, int axis) noexcept {
-    if (axis < 0 || s.state(axis) != state_replicated || s.rank == 0) return s;
-    for (int d = 0; d < s.rank; ++d)
-      if (s.dims[d][0] < 0) {
-        s.set_state(axis, d);
-        return s;
-      }
-    for (int d = 0; d < s.rank; ++d)
-      if (s.dims[d][1] < 0) {
-        s.set_state(axis, d);
-        return s;
-      }
+    if (const int d = zero_split_dim(s, axis); d >= 0) s.set_state(axis, d);
     return s;
   }
 
@@ -232,7 +237,10 @@ struct work {
       }
       return 0;
     }
-    if (x.op == op_code::param && stage == 3 && x.spec == x.use) x.spec = shard_more(x.spec, zero_axis);
+    if (x.op == op_code::param && stage == 3 && x.spec == x.use) {
+      x.zero_dim = static_cast<std::int8_t>(zero_split_dim(x.spec, zero_axis));
+      x.spec = shard_more(x.spec, zero_axis);
+    }
     if (x.use.has_partial()) x.flags |= flag_pinned;
     // Parameters of a block are per layer and data leaves are shared by its layers: neither can
     // also be a value outside the block, and an input's gradient would mix every layer's.
@@ -842,6 +850,7 @@ struct work {
       const pspec storage = nodes[p].spec;
       const bool sharded_state = stage == 1 || stage == 2;
       const pspec shard = sharded_state ? shard_more(storage, zero_axis) : storage;
+      if (sharded_state) nodes[p].zero_dim = static_cast<std::int8_t>(zero_split_dim(storage, zero_axis));
       const int gs = convert(grad_of[l], shard, opt_phase);
       const int ps = convert(p, shard, opt_phase);
       int m = -1, v = -1;
