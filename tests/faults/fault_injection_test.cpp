@@ -385,14 +385,14 @@ TEST_CASE("the Llama example refuses options that only mean something together, 
   refused(llama, "--experts -1", "--experts: must be 0 (the dense block) or a number of experts, not '-1'");
   refused(llama, "--experts 4 --tp 1 --zero 1", "--experts: the mixture of experts runs without --sp and --zero");
   refused(llama, "--experts 3 --ep 2 --tp 1", "--ep: 2 ranks cannot split 3 experts evenly");
-  refused(llama, "--policy bogus", "--policy: 'bogus' is not one of");
+  refused(llama, "--policy bogus", "train step: policy 'bogus' is not one of sync, program_order");
   // The mesh and the model are checked by every rank alike: one line.
-  refused(llama, "--tp 3", "tp");
+  refused(llama, "--tp 3", "the mesh axes tp = 3 (3 ranks) do not divide the world's 2 ranks");
 }
 
 TEST_CASE("the MLP and Evoformer examples refuse bad flags once", "[faults][flags]") {
   refused(CONCERTO_EXAMPLE_MLP, "--hidden 0", "--hidden: must be a positive number, not '0'");
-  refused(CONCERTO_EXAMPLE_MLP, "--tp 3", "tp");
+  refused(CONCERTO_EXAMPLE_MLP, "--tp 3", "the mesh axes tp = 3 (3 ranks) do not divide the world's 2 ranks");
   refused(CONCERTO_EXAMPLE_EVOFORMER, "--heads 0", "--heads: must be a positive number, not '0'");
 }
 #endif

@@ -364,7 +364,8 @@ TEST_CASE("Llama's ops lower to tasks the kernels decode: GQA extents, rope's he
   }
   SECTION("more k/v heads than the tensor-parallel ranks can split are refused") {
     CHECK_THROWS_WITH(lower(llama, shapes, mesh::from_world(4, {{"dp", 1}, {"tp", 4}}), {.heads = 8}),
-                      ContainsSubstring("8 heads (2 for k and v) cannot be split over the ranks"));
+                      ContainsSubstring("8 query heads and 2 k/v heads cannot be split over tp = 4 (4 ranks): every rank needs "
+                                        "whole heads; make that number of ranks divide both head counts"));
   }
 }
 
@@ -418,8 +419,11 @@ TEST_CASE("an MoE layer refuses top_k above its experts and experts that do not 
   const auto m = mesh::from_world(4, {{"dp", 1}, {"ep", 4}});
   CHECK_THROWS_WITH(lower(moe_layer<moe_config{.top_k = 3}>(), moe_shapes(2), mesh::from_world(2, {{"dp", 1}, {"ep", 2}})),
                     ContainsSubstring("top_k 3 is more than the 2 experts"));
+  // Said as experts, not as a generated tensor's dimension 0.
   CHECK_THROWS_WITH(lower(moe_step, moe_shapes(6), m),
-                    ContainsSubstring("dimension 0 (size 6) does not divide over mesh axis 'ep' (size 4)"));
+                    ContainsSubstring("the 6 experts of ") &&
+                        ContainsSubstring(" do not divide over mesh axis 'ep' (size 4); give the layer a multiple of 4 "
+                                          "experts, or 'ep' a size that divides 6"));
 }
 
 TEST_CASE("a loss that is a sum of losses differentiates each term", "[dsl][lower][autodiff]") {

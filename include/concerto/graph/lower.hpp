@@ -234,6 +234,20 @@ bool zero_split(const program<N>& p, int i, int d, int a) {
   return w >= 0 && a == p.zero_axis && p.nodes[w].zero_dim == d && (axes[1] == a || (axes[1] < 0 && axes[0] == a));
 }
 
+// Whether dimension d of node i counts a mixture of experts' experts: the dispatched slots
+// [experts, groups·capacity, h] (moe_dispatch's layout, runtime/cpu/moe.hpp), and an expert
+// stack [experts, in, out]: a parameter of rank 3 that a product reads.
+template <std::size_t N>
+bool holds_experts(const program<N>& p, int i, int d) {
+  if (d != 0) return false;
+  while (is_redistribution(p.nodes[i].op) && p.nodes[i].n_in == 1 && p.nodes[i].name < 0) i = p.nodes[i].in[0];
+  if (p.nodes[i].op == op_code::moe_dispatch) return true;
+  if (p.nodes[i].op != op_code::param || p.nodes[i].spec.rank != 3) return false;
+  for (int j = 0; j < p.size; ++j)
+    if (p.nodes[j].op == op_code::matmul && (p.nodes[j].in[0] == i || p.nodes[j].in[1] == i)) return true;
+  return false;
+}
+
 template <std::size_t N>
 local_layout local_shapes(const program<N>& p, const std::vector<extents>& global, const mesh& m,
                           const std::vector<int>& axis_of) {
@@ -256,9 +270,16 @@ local_layout local_shapes(const program<N>& p, const std::vector<extents>& globa
         }
         const int src = is_leaf(p.nodes[i].op) || p.nodes[i].of < 0 ? i : p.nodes[i].of;
         const std::string axis(p.axes.names[a].view());
-        fail("tensor '" + p.name_of(src) + "' dimension " + std::to_string(d) + " (size " + std::to_string(extent) +
-             ") does not divide over mesh axis '" + axis + "' (size " + std::to_string(size) +
-             "); give the dimension a size that divides, give '" + axis +
+        if (holds_experts(p, src, d))
+          fail("the " + std::to_string(extent) + " experts of " + p.describe(src) + " do not divide over mesh axis '" +
+               axis + "' (size " + std::to_string(size) + "); give the layer a multiple of " + std::to_string(size) +
+               " experts, or '" + axis + "' a size that divides " + std::to_string(extent));
+        // A tensor the user did not name is said as written, not by its generated name alone.
+        const auto name = p.name_of(src);
+        const auto written = p.describe(src);
+        fail("tensor '" + name + "'" + (written != name ? " = " + written : std::string()) + " dimension " +
+             std::to_string(d) + " (size " + std::to_string(extent) + ") does not divide over mesh axis '" + axis +
+             "' (size " + std::to_string(size) + "); give the dimension a size that divides, give '" + axis +
              "' a size that divides it, or leave the dimension whole in the spec (only a split that ZeRO adds is "
              "padded)");
       }

@@ -59,10 +59,15 @@ public:
     std::vector<ir::mesh_axis> axes;
     for (const auto& r : request) axes.push_back({r.name, r.size, r.link});
     if (free_axis >= 0) {
-      if (world_size % known != 0)
-        fail("world size " + std::to_string(world_size) + " is not divisible by the product " + std::to_string(known) +
-             " of the fixed mesh axes, so axis '" + request[static_cast<std::size_t>(free_axis)].name +
-             "' has no integral size");
+      if (world_size % known != 0) {
+        std::string fixed;
+        for (const auto& r : request)
+          if (r.size > 0) fixed += (fixed.empty() ? "" : " x ") + r.name + " = " + std::to_string(r.size);
+        fail("the mesh axes " + fixed + " (" + std::to_string(known) + " ranks) do not divide the world's " +
+             std::to_string(world_size) + " ranks, so axis '" + request[static_cast<std::size_t>(free_axis)].name +
+             "' has no integral size: give them sizes whose product divides " + std::to_string(world_size) +
+             ", or run on a multiple of " + std::to_string(known) + " ranks");
+      }
       axes[static_cast<std::size_t>(free_axis)].size = world_size / known;
     } else if (known != world_size) {
       fail("mesh axes multiply to " + std::to_string(known) + " ranks but the world has " + std::to_string(world_size));

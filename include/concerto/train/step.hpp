@@ -40,6 +40,7 @@
 #include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/kernel_profile.hpp>
 #include <concerto/runtime/mpi/control.hpp>
+#include <concerto/runtime/mpi/environment.hpp>
 #include <concerto/runtime/mpi/settings.hpp>
 #include <concerto/train/agreement.hpp>
 #include <concerto/train/backend_select.hpp>
@@ -94,10 +95,10 @@ inline nlohmann::json read_kernel_scales(const std::filesystem::path& file) {
     if (!j.is_object()) fail("not a JSON object");
     // A factor is a measured time over the roofline's: far outside these bounds it is no
     // measurement (a damaged or edited file), and would price a kernel as free or as forever.
-    constexpr double lowest = 1e-3, highest = 1e6;
+    constexpr double lowest = 1e-6, highest = 1e6;
     for (const auto& [kernel, scale] : j.items())
       if (!scale.is_number() || !(scale.get<double>() >= lowest && scale.get<double>() <= highest))
-        fail("kernel '" + kernel + "' has the factor " + scale.dump() + ", not a measured one (between 0.001 and 1e6)");
+        fail("kernel '" + kernel + "' has the factor " + scale.dump() + ", not a measured one (between 1e-6 and 1e6)");
     return j;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "concerto: ignoring the kernel measurements in '%s' (%s); measuring again\n", file.c_str(), e.what());
@@ -378,6 +379,11 @@ public:
     if (!(options_.choice.confirm_within >= 1))
       fail("train step: plan choice needs confirm_within >= 1 (got " + std::to_string(options_.choice.confirm_within) +
            "; 1 trusts an earlier run's pick)");
+    if (const auto known = planner::policy_names(); std::find(known.begin(), known.end(), options_.policy) == known.end()) {
+      std::string list;
+      for (const auto& name : known) list.append(list.empty() ? "" : ", ").append(name);
+      fail("train step: policy '" + options_.policy + "' is not one of " + list);
+    }
     for (const auto& policy : options_.choice.also_try)
       if (const auto known = planner::policy_names(); std::find(known.begin(), known.end(), policy) == known.end())
         fail("train step: plan choice: also_try names '" + policy + "', which is not a policy");
@@ -1431,37 +1437,38 @@ private:
     };
     const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
     settings_record record{{"library version", std::string(cache::library_version)},
-            {"shapes", nlohmann::json(shapes_).dump()},
-            {"lower.heads", std::to_string(options_.lower.heads)},
-            {"lower.rope_theta", std::to_string(options_.lower.rope_theta)},
-            {"lower.depth", nlohmann::json(options_.lower.depth).dump()},
-            {"policy", options_.policy},
-            {"cost_preset", options_.cost_preset},
-            {"measure_kernels", options_.measure_kernels ? flag(*options_.measure_kernels) : "default"},
-            {"use_cache", flag(options_.use_cache)},
-            {"planner options", hasher::to_hex(planner::hash(planning_options()))},
-            {"seed", std::to_string(options_.seed)},
-            {"sgd.lr", number(settings_.sgd.lr)},
-            {"sgd.momentum", number(settings_.sgd.momentum)},
-            {"sgd.weight_decay", number(settings_.sgd.weight_decay)},
-            {"adamw.lr", number(settings_.adamw.lr)},
-            {"adamw.beta1", number(settings_.adamw.beta1)},
-            {"adamw.beta2", number(settings_.adamw.beta2)},
-            {"adamw.eps", number(settings_.adamw.eps)},
-            {"adamw.weight_decay", number(settings_.adamw.weight_decay)},
-            {"stop_on_non_finite_loss", flag(options_.stop_on_non_finite_loss)},
-            {"check_replicas_every", std::to_string(options_.check_replicas_every)},
-            {"allow_tf32", flag(options_.allow_tf32)},
-            {"pipeline", nlohmann::json{options_.pipeline.microbatches, options_.pipeline.schedule,
-                                        options_.pipeline.virtual_stages, options_.pipeline.axis,
-                                        options_.pipeline.search_budget_s}
-                             .dump()},
-            {"plan choice", nlohmann::json{options_.choice.enabled, options_.choice.warmup_steps, options_.choice.profile_steps,
-                                           options_.choice.trial_steps, options_.choice.rounds, options_.choice.also_try}
-                                .dump()},
-            // Last of the step's own: what the settings above make of the program, so that a
-            // difference in them is named before the graph it changes.
-            {"lowered graph (program, mesh, shapes)", hasher::to_hex(plan::hash(graph_))}};
+                           {"shapes", nlohmann::json(shapes_).dump()},
+                           {"lower.heads", std::to_string(options_.lower.heads)},
+                           {"lower.rope_theta", std::to_string(options_.lower.rope_theta)},
+                           {"lower.depth", nlohmann::json(options_.lower.depth).dump()},
+                           {"policy", options_.policy},
+                           {"cost_preset", options_.cost_preset},
+                           {"measure_kernels", options_.measure_kernels ? flag(*options_.measure_kernels) : "default"},
+                           {"use_cache", flag(options_.use_cache)},
+                           {"planner options", hasher::to_hex(planner::hash(planning_options()))},
+                           {"seed", std::to_string(options_.seed)},
+                           {"sgd.lr", number(settings_.sgd.lr)},
+                           {"sgd.momentum", number(settings_.sgd.momentum)},
+                           {"sgd.weight_decay", number(settings_.sgd.weight_decay)},
+                           {"adamw.lr", number(settings_.adamw.lr)},
+                           {"adamw.beta1", number(settings_.adamw.beta1)},
+                           {"adamw.beta2", number(settings_.adamw.beta2)},
+                           {"adamw.eps", number(settings_.adamw.eps)},
+                           {"adamw.weight_decay", number(settings_.adamw.weight_decay)},
+                           {"stop_on_non_finite_loss", flag(options_.stop_on_non_finite_loss)},
+                           {"check_replicas_every", std::to_string(options_.check_replicas_every)},
+                           {"allow_tf32", flag(options_.allow_tf32)},
+                           {"pipeline", nlohmann::json{options_.pipeline.microbatches, options_.pipeline.schedule,
+                                                       options_.pipeline.virtual_stages, options_.pipeline.axis,
+                                                       options_.pipeline.search_budget_s}
+                                            .dump()},
+                           {"plan choice", nlohmann::json{options_.choice.enabled, options_.choice.warmup_steps,
+                                                          options_.choice.profile_steps, options_.choice.trial_steps,
+                                                          options_.choice.rounds, options_.choice.also_try}
+                                               .dump()},
+                           // Last of the step's own: what the settings above make of the program,
+                           // so that a difference in them is named before the graph it changes.
+                           {"lowered graph (program, mesh, shapes)", hasher::to_hex(plan::hash(graph_))}};
     // The MPI library's collective algorithms: ranks that differ deadlock or truncate in them.
     for (auto& [name, value] : runtime::mpi::collective_settings()) record.emplace_back("MPI " + name, std::move(value));
     return record;
