@@ -51,6 +51,20 @@ double balance_loss(const std::vector<float>& logits, const cpu::moe_shape& s, c
   return scale * static_cast<double>(s.experts) * total;
 }
 
+// Each group's top-k choices per expert (before capacity), in double: [groups, experts].
+std::vector<double> choice_counts(const std::vector<float>& logits, const cpu::moe_shape& s) {
+  std::vector<double> counts(s.groups * s.experts, 0.0);
+  for (std::size_t t = 0; t < s.tokens(); ++t) {
+    auto p = softmax(logits.data() + t * s.experts, s.experts);
+    for (std::size_t j = 0; j < s.top_k; ++j) {
+      const auto e = static_cast<std::size_t>(std::max_element(p.begin(), p.end()) - p.begin());
+      counts[(t / s.group) * s.experts + e] += 1;
+      p[e] = -1;
+    }
+  }
+  return counts;
+}
+
 } // namespace
 
 TEST_CASE("routing gives first choices their slots before second choices, in token order, up to capacity",
@@ -173,16 +187,7 @@ TEST_CASE("the routing's gradient is the softmax's through the kept gates plus t
   const auto gates = route(logits, s);
   const auto w = random_floats(rng, gates.size());
   std::vector<float> scratch(cpu::moe_route_grad_workspace_floats(s));
-  // The choices' counts at this point, for the balance loss written here.
-  std::vector<double> counts(s.groups * s.experts, 0.0);
-  for (std::size_t t = 0; t < s.tokens(); ++t) {
-    auto p = softmax(logits.data() + t * s.experts, s.experts);
-    for (std::size_t j = 0; j < s.top_k; ++j) {
-      const auto e = static_cast<std::size_t>(std::max_element(p.begin(), p.end()) - p.begin());
-      counts[(t / s.group) * s.experts + e] += 1;
-      p[e] = -1;
-    }
-  }
+  const auto counts = choice_counts(logits, s); // for the balance loss written here
   for (const float aux : {0.0f, 0.3f}) {
     CAPTURE(aux);
     std::vector<float> dlogits(logits.size());
@@ -212,17 +217,8 @@ TEST_CASE("the balance loss's value is the loss whose gradient the routing adds"
     const cpu::moe_shape s{.groups = 3, .group = 6, .experts = 4, .hidden = 1, .capacity = 3, .top_k = 2};
     std::mt19937 rng(5);
     const auto logits = random_floats(rng, s.tokens() * s.experts, -2, 2);
-    std::vector<double> counts(s.groups * s.experts, 0.0);
-    for (std::size_t t = 0; t < s.tokens(); ++t) {
-      auto p = softmax(logits.data() + t * s.experts, s.experts);
-      for (std::size_t j = 0; j < s.top_k; ++j) {
-        const auto e = static_cast<std::size_t>(std::max_element(p.begin(), p.end()) - p.begin());
-        counts[(t / s.group) * s.experts + e] += 1;
-        p[e] = -1;
-      }
-    }
     // balance_loss is what the routing's gradient was checked against above (weight 1).
-    CHECK(std::abs(cpu::moe_balance_sum(logits, s) - balance_loss(logits, s, counts, 1.0)) < 1e-5);
+    CHECK(std::abs(cpu::moe_balance_sum(logits, s) - balance_loss(logits, s, choice_counts(logits, s), 1.0)) < 1e-5);
   }
 }
 
