@@ -5,7 +5,7 @@
 #include <concerto/ir/workloads.hpp>
 #include <concerto/plan/hash.hpp>
 #include <concerto/plan/json.hpp>
-#include <concerto/planner/pipeline.hpp>
+#include <concerto/planner/make_plan.hpp>
 #include <concerto/trace/chrome_trace.hpp>
 #include <concerto/trace/svg_gantt.hpp>
 
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", wopt.ranks, "ranks of the workload's mesh");
   app.add_option("--ranks-per-node", wopt.ranks_per_node, "ranks per node");
   app.add_option("--micro-batch", wopt.micro_batch, "sequences per rank per step")->capture_default_str();
-  app.add_option("-p,--policy", policy, "policy: " + join(planner::policy_names()))->capture_default_str();
+  app.add_option("-p,--policy", policy, "policy: " + planner::policy_list())->capture_default_str();
   app.add_option("--preset", preset, "cost-model preset: " + join(cost::preset_names()))->capture_default_str();
   app.add_option("--time-budget", popt.solver.time_budget_s, "planning time budget in seconds: rewrites and solver (concerto policy)")
       ->capture_default_str();
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     const ir::graph graph =
         workload.empty() ? ir::graph_from_json_text(read_file(graph_path)) : ir::make_workload(workload, wopt);
     const auto model = cost::model::preset(preset);
-    popt.policy = policy;
+    popt.policy = planner::parse_policy(policy, "--policy");
     popt.solver.progress = !quiet;
 
     const auto p = planner::make_plan(graph, model, popt);

@@ -4,7 +4,7 @@
 // step found against the time spent), so a user sees what a longer budget buys.
 #include <concerto/cache/plan_cache.hpp>
 #include <concerto/ir/workloads.hpp>
-#include <concerto/planner/pipeline.hpp>
+#include <concerto/planner/make_plan.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
         plan_depths.push_back(full);
       }
       planner::plan_options popt;
-      popt.policy = "concerto";
+      popt.policy = planner::policy::concerto;
       popt.solver.time_budget_s = budget;
       popt.solver.progress = false;
       ir::graph last_graph;

@@ -5,6 +5,7 @@
 // array), which bench/cluster/run reads; the terminal gets the human lines only.
 #include <concerto/core/error.hpp>
 #include <concerto/core/statistics.hpp>
+#include <concerto/planner/policy.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,13 @@ inline std::vector<std::string> split_policies(const std::string& list, const st
   for (std::string p; std::getline(in, p, ',');)
     if (!p.empty()) out.push_back(p);
   if (out.empty()) concerto::fail("option '" + option + "' needs at least one name");
+  return out;
+}
+
+/// The plan policies of --policy's comma-separated list, each checked by name.
+inline std::vector<concerto::planner::policy> plan_policies(const std::string& list) {
+  std::vector<concerto::planner::policy> out;
+  for (const auto& name : split_policies(list)) out.push_back(concerto::planner::parse_policy(name, "--policy"));
   return out;
 }
 

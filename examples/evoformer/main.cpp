@@ -48,7 +48,7 @@ train::batch pair_data(const settings& s) {
 
 int train_pair_stack(const settings& s) {
   const int world = runtime::mpi::environment::world_size();
-  const auto policies = examples::split_policies(s.policy);
+  const auto policies = examples::plan_policies(s.policy);
   std::vector<train::basic_step<>> runs;
   for (const auto& policy : policies)
     runs.push_back(train::compile(evoformer_model::pair_stack, mesh::from_world(world, {{"dap", world}}),
@@ -92,7 +92,7 @@ int train_pair_stack(const settings& s) {
   if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
   if (root) std::fflush(stdout);
   for (std::size_t p = 0; p < k; ++p)
-    if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");
+    if (!(last[p] < first[p])) fail("the loss did not fall (" + std::string(planner::to_string(policies[p])) + " plan)");
   return 0;
 }
 

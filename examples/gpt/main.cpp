@@ -55,7 +55,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
   const bool pipelined = s.pp > 1 || s.microbatches > 1;
   const auto policies = pipelined ? examples::split_policies(s.schedule, "--schedule") : examples::split_policies(s.policy);
   const auto make = [&](const std::string& name) {
-    train::step_options o{.policy = pipelined ? s.policy : name,
+    train::step_options o{.policy = pipelined ? examples::plan_policies(s.policy).front() : planner::parse_policy(name, "--policy"),
                           .lower = {.name = "gpt", .heads = s.heads, .depth = {{"layers", s.layers}}},
                           .cost_preset = s.cost_preset};
     std::vector<axis_request> axes{{"dp", -1}, {"tp", s.tp}};

@@ -42,7 +42,7 @@ int default_ffn(int hidden) { return (8 * hidden / 3 + 7) / 8 * 8; }
 // Trains the compiled steps in turn. Everything after compiling is the same code for every
 // variant of the model: a train::basic_step holds no trace of the program's size.
 int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const examples::corpus& corpus, int ffn,
-               int world, const std::vector<std::string>& policies);
+               int world, const std::vector<planner::policy>& policies);
 void print_load_balance(train::basic_step<>& step, const settings& s);
 
 template <std::size_t N>
@@ -54,7 +54,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
                                                          s.experts, ffn)
                                : llama_model::shapes(s.batch, s.seq, corpus.vocab, s.hidden, s.heads, s.kv_heads, ffn);
   const int world = runtime::mpi::environment::world_size();
-  const auto policies = examples::split_policies(s.policy);
+  const auto policies = examples::plan_policies(s.policy);
   const auto axes = moe ? std::vector<axis_request>{{"dp", -1}, {"ep", s.ep}, {"tp", s.tp}}
                         : std::vector<axis_request>{{"dp", -1}, {"tp", s.tp}};
   std::vector<train::basic_step<>> runs;
@@ -70,7 +70,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
 }
 
 int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const examples::corpus& corpus, int ffn,
-               int world, const std::vector<std::string>& policies) {
+               int world, const std::vector<planner::policy>& policies) {
   const auto& text = corpus.text;
   const auto& id_of = corpus.id_of;
   const auto vocab = corpus.vocab;
@@ -140,7 +140,7 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
   if (s.experts > 0) print_load_balance(runs.front(), s);
   if (root) std::fflush(stdout);
   for (std::size_t p = 0; p < k; ++p)
-    if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");
+    if (!(last[p] < first[p])) fail("the loss did not fall (" + std::string(planner::to_string(policies[p])) + " plan)");
   return 0;
 }
 

@@ -60,14 +60,14 @@ int main(int argc, char** argv) {
     train::optimizer_settings opt;
     // The mean over B·F values makes each gradient small (~1/F): 2.0 suits the default 128 features.
     opt.sgd.lr = 2.0f * static_cast<float>(F) / 128.0f;
-    const auto policies = examples::split_policies(policy);
-    const auto make = [&](const std::string& p) {
+    const auto policies = examples::plan_policies(policy);
+    const auto make = [&](planner::policy p) {
       train::step_options options;
       options.policy = p;
       options.cost_preset = cost_preset;
       return train::compile(mlp, mesh::from_world(world, {{"dp", -1}, {"tp", tp_size}}), shapes, opt, options);
     };
-    std::vector<decltype(make(""))> runs;
+    std::vector<decltype(make(planner::policy::concerto))> runs;
     runs.reserve(policies.size());
     for (const auto& p : policies) runs.push_back(make(p));
     const bool root = runs.front().rank() == 0;
@@ -124,6 +124,6 @@ int main(int argc, char** argv) {
     if (root && !json.empty()) write_file_atomically(json, results.dump(2) + "\n");
     if (root) std::fflush(stdout);
     for (std::size_t p = 0; p < k; ++p)
-      if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");
+      if (!(last[p] < first[p])) fail("the loss did not fall (" + std::string(planner::to_string(policies[p])) + " plan)");
   });
 }

@@ -385,7 +385,7 @@ TEST_CASE("the Llama example refuses options that only mean something together, 
   refused(llama, "--experts -1", "--experts: must be 0 (the dense block) or a number of experts, not '-1'");
   refused(llama, "--experts 4 --tp 1 --zero 1", "--experts: the mixture of experts runs without --sp and --zero");
   refused(llama, "--experts 3 --ep 2 --tp 1", "--ep: 2 ranks cannot split 3 experts evenly");
-  refused(llama, "--policy bogus", "train step: policy 'bogus' is not one of sync, program_order");
+  refused(llama, "--policy bogus", "--policy: 'bogus' is not a plan policy (sync, program_order");
   // The mesh and the model are checked by every rank alike: one line.
   refused(llama, "--tp 3", "the mesh axes tp = 3 (3 ranks) do not divide the world's 2 ranks");
 }

@@ -137,14 +137,14 @@ int main(int argc, char** argv) {
       (void)c.sum_all(1.0, "the loss of step 1");
       return;
     }
-    train::step_options o{.policy = fault == "policy" && rank == 1 ? "sync" : "program_order",
+    train::step_options o{.policy = fault == "policy" && rank == 1 ? planner::policy::sync : planner::policy::program_order,
                           .measure_kernels = false,
                           .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", fault == "layers" && rank == 1 ? 3 : 2}}},
                           .use_cache = false};
     if (fault == "choice-fails") {
-      o.policy = "concerto";
+      o.policy = planner::policy::concerto;
       o.solver = {.time_budget_s = 0.5, .progress = false};
-      o.choice = {.warmup_steps = 0, .profile_steps = 1, .trial_steps = 1, .rounds = 1, .also_try = {"sync"}};
+      o.choice = {.warmup_steps = 0, .profile_steps = 1, .trial_steps = 1, .rounds = 1, .also_try = {planner::policy::sync}};
       o.choice.adjust_measured = [](int r, std::string_view, double us) {
         if (r == 1) fail("injected failure while reporting a trial step of the plan choice");
         return us;

@@ -3,8 +3,8 @@
 // attention gradient, i64 ids and labels, global row counts, the vocabulary-parallel
 // cross-entropy at a rank's mesh coordinate, slice/concat, shard_slice, keep_one -- decoded once
 // and run task by task on both from the same random buffers; every buffer a task writes must
-// agree. That both dispatches run every executable op of the table is a compile-time check
-// (runtime::cpu_runs, cuda::gpu_runs). Skips (exit code 4) where no GPU is visible.
+// agree. That both dispatches have a case for every op of the table is a compile-time check
+// (their run_kernel switches). Skips (exit code 4) where no GPU is visible.
 #include "gpu_testing.hpp"
 
 #include <concerto/ir/builder.hpp>

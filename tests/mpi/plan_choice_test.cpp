@@ -28,7 +28,7 @@ const std::vector<std::string> params{"wte", "layers.0.wq", "layers.1.fc1", "lay
 constexpr int steps = 14; // 1 profiled + up to 6 candidates x 2 rounds, then the winner
 
 train::step_options options(bool choose) {
-  train::step_options o{.policy = "concerto",
+  train::step_options o{.policy = planner::policy::concerto,
                         .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", 2}}},
                         .solver = {.time_budget_s = 0.5, .progress = false}};
   // Every list baseline is a candidate ('sync' among them, which no cost model would pick).

@@ -32,12 +32,12 @@ train::batch data() {
   return {{"z", z}, {"target", target}};
 }
 
-train::step_options options(const std::string& policy) {
+train::step_options options(planner::policy policy) {
   return {.policy = policy, .lower = {.name = "evoformer", .heads = heads, .depth = {{"blocks", 2}}},
           .solver = {.time_budget_s = 2, .progress = false}};
 }
 
-tt::run_result run(MPI_Comm comm, int d, const std::string& policy) {
+tt::run_result run(MPI_Comm comm, int d, planner::policy policy) {
   return tt::run(em::pair_stack, shapes, comm, {{"dap", d}}, data(), 3, {.adamw = {.lr = 1e-3f}}, options(policy), params);
 }
 
@@ -45,7 +45,7 @@ tt::run_result run(MPI_Comm comm, int d, const std::string& policy) {
 
 TEST_CASE("the Evoformer pair stack's gradient on one rank is the finite difference of its loss", "[mpi][train][evoformer]") {
   auto step = train::compile(em::pair_stack, mesh::from_world(1, {{"dap", 1}}), shapes, {.adamw = {.lr = 0.0f}}, [] {
-    auto o = options("program_order");
+    auto o = options(planner::policy::program_order);
     o.world = MPI_COMM_SELF;
     o.use_cache = false;
     return o;
@@ -57,7 +57,7 @@ TEST_CASE("the Evoformer pair stack's gradient on one rank is the finite differe
 }
 
 TEST_CASE("the Evoformer pair stack over dap trains to the single-rank numbers", "[mpi][train][evoformer]") {
-  const auto reference = run(MPI_COMM_SELF, 1, "program_order");
+  const auto reference = run(MPI_COMM_SELF, 1, planner::policy::program_order);
   REQUIRE(reference.loss.back() < reference.loss.front());
   const int world = runtime::mpi::environment::world_size();
   for (int ranks : {2, 4}) {
@@ -65,14 +65,14 @@ TEST_CASE("the Evoformer pair stack over dap trains to the single-rank numbers",
     tt::sub_world sub(ranks);
     if (!sub.member()) continue;
     CAPTURE(ranks);
-    tt::check_same(run(sub.get(), ranks, "sync"), reference);
+    tt::check_same(run(sub.get(), ranks, planner::policy::sync), reference);
   }
 }
 
 TEST_CASE("the sync, program_order and concerto plans of the DAP pair stack give the same numbers", "[mpi][train][evoformer]") {
   const int world = runtime::mpi::environment::world_size();
-  const auto reference = run(MPI_COMM_SELF, 1, "program_order");
-  for (const char* policy : {"sync", "program_order", "concerto"}) {
+  const auto reference = run(MPI_COMM_SELF, 1, planner::policy::program_order);
+  for (const auto policy : {planner::policy::sync, planner::policy::program_order, planner::policy::concerto}) {
     CAPTURE(policy);
     tt::check_same(run(MPI_COMM_WORLD, world, policy), reference);
   }

@@ -28,13 +28,13 @@ train::batch data(std::int64_t rows = batch) {
   return {{"ids", ids}, {"labels", labels}};
 }
 
-train::step_options options(const std::string& policy) {
+train::step_options options(planner::policy policy) {
   return {.policy = policy, .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", 2}}},
           .solver = {.time_budget_s = 2, .progress = false}};
 }
 
 template <std::size_t N>
-tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int t, const std::string& policy, int steps = 3) {
+tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int t, planner::policy policy, int steps = 3) {
   return tt::run(p, shapes, comm, {{"dp", d}, {"tp", t}}, data(), steps, {.adamw = {.lr = 1e-2f}}, options(policy),
                  params);
 }
@@ -44,7 +44,7 @@ tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int t, cons
 TEST_CASE("the GPT's gradient on one rank is the finite difference of its loss", "[mpi][train][gpt][grad]") {
   auto step = train::compile(gt::gpt_tp, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), shapes, {.adamw = {.lr = 0.0f}},
                              [] {
-                               auto o = options("program_order");
+                               auto o = options(planner::policy::program_order);
                                o.world = MPI_COMM_SELF;
                                o.use_cache = false;
                                return o;
@@ -56,7 +56,7 @@ TEST_CASE("the GPT's gradient on one rank is the finite difference of its loss",
 }
 
 TEST_CASE("the DSL GPT trains to the single-rank numbers on every mesh that divides", "[mpi][train][gpt]") {
-  const auto reference = run(gt::gpt_tp, MPI_COMM_SELF, 1, 1, "program_order");
+  const auto reference = run(gt::gpt_tp, MPI_COMM_SELF, 1, 1, planner::policy::program_order);
   REQUIRE(reference.loss.back() < reference.loss.front());
   const int world = runtime::mpi::environment::world_size();
   for (int ranks : {2, 4}) {
@@ -68,10 +68,10 @@ TEST_CASE("the DSL GPT trains to the single-rank numbers on every mesh that divi
       CAPTURE(ranks, d, t);
       // Plain loops, not SECTIONs: ranks outside the sub-world would discover fewer sections,
       // rerun the test case fewer times and leave the others waiting in MPI_Comm_split.
-      tt::check_same(run(gt::gpt_tp, sub.get(), d, t, "sync"), reference);
+      tt::check_same(run(gt::gpt_tp, sub.get(), d, t, planner::policy::sync), reference);
       if (t > 1) {
         INFO("sequence parallel");
-        tt::check_same(run(gt::gpt_sp, sub.get(), d, t, "sync"), reference);
+        tt::check_same(run(gt::gpt_sp, sub.get(), d, t, planner::policy::sync), reference);
       }
     }
   }
@@ -80,8 +80,8 @@ TEST_CASE("the DSL GPT trains to the single-rank numbers on every mesh that divi
 TEST_CASE("the sync, program_order and concerto plans of the DP x TP GPT give the same numbers", "[mpi][train][gpt]") {
   const int world = runtime::mpi::environment::world_size();
   const int t = 2, d = world / t;
-  const auto reference = run(gt::gpt_tp, MPI_COMM_SELF, 1, 1, "program_order");
-  for (const char* policy : {"sync", "program_order", "concerto"}) {
+  const auto reference = run(gt::gpt_tp, MPI_COMM_SELF, 1, 1, planner::policy::program_order);
+  for (const auto policy : {planner::policy::sync, planner::policy::program_order, planner::policy::concerto}) {
     CAPTURE(policy);
     tt::check_same(run(gt::gpt_sp, MPI_COMM_WORLD, d, t, policy), reference);
   }
@@ -94,10 +94,10 @@ TEST_CASE("a decomposed sequence-parallel GPT gives the numbers of the undecompo
   // and scatter is the outermost one and the planner can split them (with their matmuls).
   const std::int64_t rows = d;
   const auto one_row_shapes = gt::shapes(rows, seq, vocab, hidden);
-  auto split_options = options("program_order");
+  auto split_options = options(planner::policy::program_order);
   split_options.rewrite = tt::split_everything;
   const auto plain = tt::run(gt::gpt_sp, one_row_shapes, MPI_COMM_WORLD, {{"dp", d}, {"tp", t}}, data(rows), 3,
-                             {.adamw = {.lr = 1e-2f}}, options("program_order"), params);
+                             {.adamw = {.lr = 1e-2f}}, options(planner::policy::program_order), params);
   const auto split = tt::run(gt::gpt_sp, one_row_shapes, MPI_COMM_WORLD, {{"dp", d}, {"tp", t}}, data(rows), 3,
                              {.adamw = {.lr = 1e-2f}}, split_options, params);
   REQUIRE(split.summary.rewritten);

@@ -32,7 +32,7 @@ train::batch data(std::int64_t rows = batch) {
   return {{"ids", ids}, {"labels", labels}, {"positions", positions}};
 }
 
-train::step_options options(const std::string& policy) {
+train::step_options options(planner::policy policy) {
   return {.policy = policy, .lower = {.name = "llama", .heads = heads, .depth = {{"layers", 2}}},
           .solver = {.time_budget_s = 2, .progress = false}};
 }
@@ -43,7 +43,7 @@ train::step_options options(const std::string& policy) {
 // lr·noise/eps. At 1e-2 the meshes then differ by 1.2e-5 to 2.4e-5 (measured), at 1e-4 by less
 // than 1e-5: the differences follow the step size, not the mesh.
 template <std::size_t N>
-tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int t, const std::string& policy, int steps = 3) {
+tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int t, planner::policy policy, int steps = 3) {
   return tt::run(p, shapes, comm, {{"dp", d}, {"tp", t}}, data(), steps, {.adamw = {.lr = 1e-3f}}, options(policy),
                  params);
 }
@@ -53,7 +53,7 @@ tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int t, cons
 TEST_CASE("the Llama's gradient on one rank is the finite difference of its loss", "[mpi][train][llama][grad]") {
   auto step = train::compile(lt::llama_tp, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), shapes, {.adamw = {.lr = 0.0f}},
                              [] {
-                               auto o = options("program_order");
+                               auto o = options(planner::policy::program_order);
                                o.world = MPI_COMM_SELF;
                                o.use_cache = false;
                                return o;
@@ -65,7 +65,7 @@ TEST_CASE("the Llama's gradient on one rank is the finite difference of its loss
 }
 
 TEST_CASE("the DSL Llama trains to the single-rank numbers on every mesh that divides", "[mpi][train][llama]") {
-  const auto reference = run(lt::llama_tp, MPI_COMM_SELF, 1, 1, "program_order");
+  const auto reference = run(lt::llama_tp, MPI_COMM_SELF, 1, 1, planner::policy::program_order);
   REQUIRE(reference.loss.back() < reference.loss.front());
   const int world = runtime::mpi::environment::world_size();
   for (int ranks : {2, 4}) {
@@ -76,10 +76,10 @@ TEST_CASE("the DSL Llama trains to the single-rank numbers on every mesh that di
       if (d * t != ranks) continue;
       CAPTURE(ranks, d, t);
       // Plain loops, not SECTIONs: ranks outside the sub-world would discover fewer sections.
-      tt::check_same(run(lt::llama_tp, sub.get(), d, t, "sync"), reference);
+      tt::check_same(run(lt::llama_tp, sub.get(), d, t, planner::policy::sync), reference);
       if (t > 1) {
         INFO("sequence parallel");
-        tt::check_same(run(lt::llama_sp, sub.get(), d, t, "sync"), reference);
+        tt::check_same(run(lt::llama_sp, sub.get(), d, t, planner::policy::sync), reference);
       }
     }
   }
@@ -88,8 +88,8 @@ TEST_CASE("the DSL Llama trains to the single-rank numbers on every mesh that di
 TEST_CASE("the sync, program_order and concerto plans of the DP x TP Llama give the same numbers", "[mpi][train][llama]") {
   const int world = runtime::mpi::environment::world_size();
   const int t = 2, d = world / t;
-  const auto reference = run(lt::llama_tp, MPI_COMM_SELF, 1, 1, "program_order");
-  for (const char* policy : {"sync", "program_order", "concerto"}) {
+  const auto reference = run(lt::llama_tp, MPI_COMM_SELF, 1, 1, planner::policy::program_order);
+  for (const auto policy : {planner::policy::sync, planner::policy::program_order, planner::policy::concerto}) {
     CAPTURE(policy);
     tt::check_same(run(lt::llama_sp, MPI_COMM_WORLD, d, t, policy), reference);
   }

@@ -45,7 +45,7 @@ constexpr auto stack = program(mse(repeat<"layers">(block, input<"x">(act)), inp
 constexpr auto frozen_stack = program(mse(repeat<"layers">(block, input<"x">(act, no_grad)), input<"target">(act)), sgd{});
 const shape_map stack_shapes{{"x", {B, K}}, {"target", {B, K}}, {"w1", {K, H}}, {"w2", {H, K}}};
 
-tt::run_result run(MPI_Comm comm, int d, int t, const std::string& policy, int steps = 3,
+tt::run_result run(MPI_Comm comm, int d, int t, planner::policy policy, int steps = 3,
                    std::function<ir::graph(const ir::graph&)> rewrite = {}) {
   return tt::run(mlp, shapes, comm, {{"dp", d}, {"tp", t}}, data(), steps, {.sgd = {.lr = 0.2f}},
                  {.policy = policy, .solver = {.time_budget_s = 2, .progress = false}, .rewrite = std::move(rewrite)},
@@ -57,7 +57,7 @@ tt::run_result run(MPI_Comm comm, int d, int t, const std::string& policy, int s
 } // namespace
 
 TEST_CASE("the DSL MLP trains to the single-rank numbers on every mesh that divides", "[mpi][train][mlp]") {
-  const auto reference = run(MPI_COMM_SELF, 1, 1, "program_order");
+  const auto reference = run(MPI_COMM_SELF, 1, 1, planner::policy::program_order);
   REQUIRE(reference.loss.back() < reference.loss.front()); // it learns, so equal numbers mean something
   const int world = runtime::mpi::environment::world_size();
   for (int ranks : {2, 4}) {
@@ -67,7 +67,7 @@ TEST_CASE("the DSL MLP trains to the single-rank numbers on every mesh that divi
       if (d * t != ranks) continue;
       if (!sub.member()) continue;
       CAPTURE(ranks, d, t);
-      tt::check_same(run(sub.get(), d, t, "sync"), reference);
+      tt::check_same(run(sub.get(), d, t, planner::policy::sync), reference);
     }
   }
 }
@@ -75,11 +75,11 @@ TEST_CASE("the DSL MLP trains to the single-rank numbers on every mesh that divi
 TEST_CASE("the sync, program_order and concerto plans of the DP x TP MLP give the same numbers", "[mpi][train][mlp]") {
   const int world = runtime::mpi::environment::world_size();
   const int t = world >= 4 ? 2 : 1, d = world / t;
-  const auto reference = run(MPI_COMM_SELF, 1, 1, "program_order");
-  for (const char* policy : {"sync", "program_order", "concerto"}) {
+  const auto reference = run(MPI_COMM_SELF, 1, 1, planner::policy::program_order);
+  for (const auto policy : {planner::policy::sync, planner::policy::program_order, planner::policy::concerto}) {
     CAPTURE(policy);
     const auto r = run(MPI_COMM_WORLD, d, t, policy);
-    CHECK(r.summary.policy == policy);
+    CHECK(r.summary.policy == planner::to_string(policy));
     CHECK(r.summary.predicted_us > 0);
     tt::check_same(r, reference);
   }
@@ -91,7 +91,7 @@ TEST_CASE("a stack without its input's gradient trains to the numbers of the sta
   const std::vector<std::string> stack_params{"layers.0.w1", "layers.0.w2", "layers.1.w1", "layers.1.w2"};
   const auto go = [&](const auto& p) {
     return tt::run(p, stack_shapes, MPI_COMM_WORLD, {{"dp", d}, {"tp", t}}, data(), 3, {.sgd = {.lr = 0.2f}},
-                   {.policy = "program_order", .lower = {.depth = {{"layers", 2}}}, .solver = {.time_budget_s = 2, .progress = false}},
+                   {.policy = planner::policy::program_order, .lower = {.depth = {{"layers", 2}}}, .solver = {.time_budget_s = 2, .progress = false}},
                    stack_params);
   };
   const auto with = go(stack);
@@ -104,8 +104,8 @@ TEST_CASE("a stack without its input's gradient trains to the numbers of the sta
 TEST_CASE("a decomposed plan gives the numbers of the undecomposed one", "[mpi][train][mlp][decompose]") {
   const int world = runtime::mpi::environment::world_size();
   const int t = world >= 4 ? 2 : world, d = world / t;
-  const auto plain = run(MPI_COMM_WORLD, d, t, "program_order");
-  const auto split = run(MPI_COMM_WORLD, d, t, "program_order", 3, tt::split_everything);
+  const auto plain = run(MPI_COMM_WORLD, d, t, planner::policy::program_order);
+  const auto split = run(MPI_COMM_WORLD, d, t, planner::policy::program_order, 3, tt::split_everything);
   REQUIRE(split.summary.rewritten);
   CHECK(split.summary.tasks > plain.summary.tasks);
   tt::check_same(split, plain);

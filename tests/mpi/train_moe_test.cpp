@@ -36,13 +36,13 @@ train::batch data() {
   return {{"ids", ids}, {"labels", labels}, {"positions", positions}};
 }
 
-train::step_options options(const std::string& policy) {
+train::step_options options(planner::policy policy) {
   return {.policy = policy, .lower = {.name = "moe", .heads = heads, .depth = {{"layers", 2}}},
           .solver = {.time_budget_s = 2, .progress = false}};
 }
 
 template <std::size_t N>
-tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int e, const std::string& policy, int t = 1) {
+tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int e, planner::policy policy, int t = 1) {
   return tt::run(p, shapes, comm, {{"dp", d}, {"ep", e}, {"tp", t}}, data(), 3, {.adamw = {.lr = 1e-3f}}, options(policy),
                  params);
 }
@@ -52,7 +52,7 @@ tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int e, cons
 TEST_CASE("the MoE decoder's gradient on one rank is the finite difference of its loss", "[mpi][train][moe][grad]") {
   auto step = train::compile(no_balance_loss, mesh::from_world(1, {{"dp", 1}, {"ep", 1}, {"tp", 1}}), shapes, {.adamw = {.lr = 0.0f}},
                              [] {
-                               auto o = options("program_order");
+                               auto o = options(planner::policy::program_order);
                                o.world = MPI_COMM_SELF;
                                o.use_cache = false;
                                return o;
@@ -66,7 +66,7 @@ TEST_CASE("the MoE decoder's gradient on one rank is the finite difference of it
 }
 
 TEST_CASE("the MoE decoder trains to the single-rank numbers on every dp x ep mesh", "[mpi][train][moe]") {
-  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, "program_order");
+  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, planner::policy::program_order);
   REQUIRE(reference.loss.back() < reference.loss.front());
   const int world = runtime::mpi::environment::world_size();
   for (int ranks : {2, 4}) {
@@ -77,7 +77,7 @@ TEST_CASE("the MoE decoder trains to the single-rank numbers on every dp x ep me
       if (d * e * t != ranks) continue;
       CAPTURE(ranks, d, e, t);
       // Plain loops, not SECTIONs: ranks outside the sub-world would discover fewer sections.
-      tt::check_same(run(moe_top2, sub.get(), d, e, "sync", t), reference);
+      tt::check_same(run(moe_top2, sub.get(), d, e, planner::policy::sync, t), reference);
     }
   }
 }
@@ -88,7 +88,7 @@ TEST_CASE("each MoE layer's balance loss is readable after a step, the same on e
   const auto balance_after_one_step = [](MPI_Comm comm, int d, int e) {
     int n = 0;
     MPI_Comm_size(comm, &n);
-    auto o = options("program_order");
+    auto o = options(planner::policy::program_order);
     o.world = comm;
     o.use_cache = false;
     auto step = train::compile(moe_top2, mesh::from_world(n, {{"dp", d}, {"ep", e}, {"tp", 1}}), shapes,
@@ -121,8 +121,8 @@ TEST_CASE("each MoE layer's balance loss is readable after a step, the same on e
 TEST_CASE("the sync, program_order and concerto plans of the dp x ep MoE give the same numbers", "[mpi][train][moe]") {
   const int world = runtime::mpi::environment::world_size();
   const int e = 2, d = world / e;
-  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, "program_order");
-  for (const char* policy : {"sync", "program_order", "concerto"}) {
+  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, planner::policy::program_order);
+  for (const auto policy : {planner::policy::sync, planner::policy::program_order, planner::policy::concerto}) {
     CAPTURE(policy);
     tt::check_same(run(moe_top2, MPI_COMM_WORLD, d, e, policy), reference);
   }
@@ -142,10 +142,10 @@ TEST_CASE("the MoE exchanges split chunk-major give the single-rank numbers", "[
     SUCCEED("outside the 4 ranks");
     return;
   }
-  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, "program_order");
+  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, planner::policy::program_order);
   for (int k : {2, 4}) {
     CAPTURE(k);
-    auto o = options("program_order");
+    auto o = options(planner::policy::program_order);
     o.rewrite = [k](const ir::graph& g) {
       std::vector<planner::decomposition> layers;
       for (const auto& t : g.tasks)

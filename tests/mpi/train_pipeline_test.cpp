@@ -37,7 +37,7 @@ train::batch data() {
 }
 
 train::step_options options(const std::string& schedule, int microbatches, int virtual_stages = 1) {
-  train::step_options o{.policy = "program_order", .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", depth}}}};
+  train::step_options o{.policy = planner::policy::program_order, .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", depth}}}};
   o.pipeline = {.microbatches = microbatches, .schedule = schedule, .virtual_stages = virtual_stages, .search_budget_s = 2};
   return o;
 }
@@ -120,7 +120,7 @@ TEST_CASE("the Llama trains to the single-rank numbers on pipeline stages", "[mp
   for (std::int64_t i = 0; i < batch * seq; ++i) positions.i64.push_back(i % seq);
   b["positions"] = positions;
   const auto run = [&](MPI_Comm comm, std::vector<axis_request> axes, train::pipeline_options pp) {
-    train::step_options o{.policy = "program_order", .lower = {.name = "llama", .heads = heads, .depth = {{"layers", 2}}}};
+    train::step_options o{.policy = planner::policy::program_order, .lower = {.name = "llama", .heads = heads, .depth = {{"layers", 2}}}};
     o.pipeline = pp;
     return tt::run(llama_testing::llama_tp, llama_shapes, comm, std::move(axes), b, 3, {.adamw = {.lr = 1e-3f}}, o,
                    llama_params);

@@ -27,7 +27,7 @@ const auto shapes = gt::shapes(batch, seq, vocab, hidden);
 train::batch data(int step) { return gpt_testing::token_batch(step, batch, seq, vocab); }
 
 train::step_options options(MPI_Comm comm) {
-  return {.policy = "program_order", .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", 2}}},
+  return {.policy = planner::policy::program_order, .lower = {.name = "gpt", .heads = 4, .depth = {{"layers", 2}}},
           .use_cache = false, .world = comm};
 }
 
@@ -135,7 +135,7 @@ TEST_CASE("the second compile of a step is answered by the plan cache", "[mpi][t
   auto o = options(MPI_COMM_WORLD);
   o.use_cache = true;
   o.cache_dir = dir;
-  o.policy = "concerto";
+  o.policy = planner::policy::concerto;
   o.solver.time_budget_s = 2;
   std::vector<double> loss;
   for (int round = 0; round < 2; ++round) {
@@ -329,7 +329,7 @@ TEST_CASE("each parameter starts by its leaf's initialiser, whatever its name", 
   constexpr std::int64_t e = 8, rows = 4, in = 64, out = 16;
   auto step = train::compile(model, mesh::from_world(1, {}), {{"x", {e, rows, in}}, {"t", {e, rows, out}},
                                                               {"stack", {e, in, out}}, {"bias", {out}}, {"gain", {out}}},
-                             {.sgd = {.lr = 0.0f}}, {.policy = "sync", .use_cache = false, .world = MPI_COMM_SELF});
+                             {.sgd = {.lr = 0.0f}}, {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
   CHECK(step.parameter("bias") == std::vector<float>(out, 1.0f));
   CHECK(step.parameter("gain") == std::vector<float>(out, 0.0f));
   const auto w = step.parameter("stack");

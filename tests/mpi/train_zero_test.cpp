@@ -55,12 +55,12 @@ train::batch data() {
 const train::optimizer_settings adam{.adamw = {.lr = 2e-2f}};
 
 train::step_options options(MPI_Comm comm) {
-  return {.policy = "program_order", .use_cache = false, .world = comm};
+  return {.policy = planner::policy::program_order, .use_cache = false, .world = comm};
 }
 
 template <std::size_t N>
 tt::run_result run(const graph::program<N>& p, MPI_Comm comm, int d, int t) {
-  return tt::run(p, shapes, comm, {{"dp", d}, {"tp", t}}, data(), 3, adam, {.policy = "sync"}, params);
+  return tt::run(p, shapes, comm, {{"dp", d}, {"tp", t}}, data(), 3, adam, {.policy = planner::policy::sync}, params);
 }
 
 template <std::size_t N>
@@ -95,7 +95,7 @@ tt::run_result run_stacked(const graph::program<N>& p, MPI_Comm comm, int pp, in
     b["ids"].i64.push_back((i * 3 + 1) % V);
     b["labels"].i64.push_back((i * 3 + 2) % V);
   }
-  train::step_options o{.policy = "program_order", .lower = {.depth = {{"layers", 2}}}};
+  train::step_options o{.policy = planner::policy::program_order, .lower = {.depth = {{"layers", 2}}}};
   o.pipeline = {.microbatches = microbatches, .schedule = "1f1b", .search_budget_s = 1};
   return tt::run(p, stacked_shapes, comm, {{"pp", pp}, {"dp", d}, {"tp", 1}}, b, 3, adam, o,
                  {"wte", "layers.0.w1", "layers.1.w2", "head"});
@@ -158,9 +158,9 @@ TEST_CASE("uneven ZeRO shards keep their numbers through the plan choice's switc
   const int world = runtime::mpi::environment::world_size();
   const int t = world >= 4 ? 2 : 1;
   const auto reference = tt::run(plain, shapes, MPI_COMM_SELF, {{"dp", 1}, {"tp", 1}}, data(), steps, adam,
-                                 {.policy = "sync"}, params);
+                                 {.policy = planner::policy::sync}, params);
   auto o = options(MPI_COMM_WORLD);
-  o.policy = "concerto";
+  o.policy = planner::policy::concerto;
   o.solver = {.time_budget_s = 0.5, .progress = false};
   o.choice = {.enabled = true, .warmup_steps = 0, .profile_steps = 1, .trial_steps = 1, .rounds = 2};
   o.choice.adjust_measured = [](int, std::string_view candidate, double us) { return candidate == "sync" ? 1.0 : us + 1e6; };

@@ -64,10 +64,11 @@ ir::graph small_graph(int dp = 4, ir::link_class link = ir::link_class::inter_no
 
 /// A plan as the pipeline makes one; "sync" adds dependency edges, so the plan's graph is not
 /// the input graph, as with every rewriting planner.
-plan::plan make_plan(const ir::graph& g, const cost::model& m, const std::string& policy = "sync") {
+plan::plan make_plan(const ir::graph& g, const cost::model& m, planner::policy policy = planner::policy::sync) {
   const auto d = m.durations_us(g);
   auto s = planner::list_schedule(policy, g, d);
-  return sim::to_plan(std::move(s.graph), std::move(s.order), d, m.overlap_slowdown(), policy, m.hw().name);
+  return sim::to_plan(std::move(s.graph), std::move(s.order), d, m.overlap_slowdown(), std::string(planner::to_string(policy)),
+                      m.hw().name);
 }
 
 std::string read_file(const fs::path& p) {
@@ -135,7 +136,7 @@ TEST_CASE("a stored plan loads back equal", "[cache]") {
   }
   SECTION("storing again replaces the plan and leaves no temporary file") {
     cache.store(key, p);
-    auto q = make_plan(g, m, "program_order");
+    auto q = make_plan(g, m, planner::policy::program_order);
     cache.store(key, q);
     const auto loaded = cache.load(key);
     REQUIRE(loaded);

@@ -3,7 +3,7 @@
 #include "../../examples/dsl_snippets/07_gpt.cpp"
 
 #include <concerto/plan/verify.hpp>
-#include <concerto/planner/pipeline.hpp>
+#include <concerto/planner/make_plan.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -177,7 +177,7 @@ TEST_CASE("the small GPT lowers to a graph the planner and the verifier accept",
     CHECK(names.count("head") == 1);
   }
   SECTION("program_order plans it and plan::verify accepts the plan") {
-    const auto p = planner::make_plan(g, cost::model::preset("h100x64"), {.policy = "program_order"});
+    const auto p = planner::make_plan(g, cost::model::preset("h100x64"), {.policy = planner::policy::program_order});
     CHECK_NOTHROW(plan::verify(p));
     CHECK(p.graph.tasks.size() == g.tasks.size());
   }
@@ -334,7 +334,7 @@ TEST_CASE("a stack whose input has no gradient does not compute layer 0's input 
     CHECK(unread_results(lower(gpt, gpt_shapes(), m, {.heads = 2, .depth = {{"layers", 2}}})).empty());
   }
   SECTION("the pruned graph is planned and verified; no buffer is left that no task uses") {
-    const auto p = planner::make_plan(without, cost::model::preset("h100x64"), {.policy = "program_order"});
+    const auto p = planner::make_plan(without, cost::model::preset("h100x64"), {.policy = planner::policy::program_order});
     CHECK_NOTHROW(plan::verify(p));
     for (const auto& b : without.buffers) {
       CAPTURE(b.name);

@@ -6,7 +6,7 @@
 
 #include <concerto/cost/presets.hpp>
 #include <concerto/ir/hazards.hpp>
-#include <concerto/planner/pipeline.hpp>
+#include <concerto/planner/make_plan.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 
@@ -115,13 +115,13 @@ TEST_CASE("concerto reaches the exact optimum of small graphs, whatever the warm
     const double optimum = exact_optimum(complete, durations, none);
 
     double best_baseline = std::numeric_limits<double>::infinity(), sync_step = 0;
-    for (const auto& name : planner::list_policy_names()) {
-      const auto s = planner::list_schedule(name, complete, durations);
+    for (const auto policy : planner::policies_of(planner::policy_family::list)) {
+      const auto s = planner::list_schedule(policy, complete, durations);
       const double step = sim::simulate(s.graph, s.order, durations, none).step_us;
       best_baseline = std::min(best_baseline, step);
-      if (name == "sync") sync_step = step;
+      if (policy == planner::policy::sync) sync_step = step;
     }
-    const auto lhs = planner::list_schedule("xla_lhs", complete, durations);
+    const auto lhs = planner::list_schedule(planner::policy::xla_lhs, complete, durations);
     const bool lhs_added_edges = std::any_of(lhs.graph.tasks.begin(), lhs.graph.tasks.end(), [&](const ir::task& t) {
       return t.deps.size() != complete.tasks[static_cast<std::size_t>(t.id)].deps.size();
     });

@@ -4,7 +4,7 @@
 #include <concerto/ir/builder.hpp>
 #include <concerto/ir/workloads.hpp>
 #include <concerto/planner/frameworks.hpp>
-#include <concerto/planner/pipeline.hpp>
+#include <concerto/planner/make_plan.hpp>
 #include <concerto/sim/simulate.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -131,16 +131,16 @@ TEST_CASE("collectives a framework does not overlap block the compute stream", "
     CHECK(depends(s.graph, "tail", "w3.grad.ar"));
   }
   SECTION("DeepSpeed overlaps gradient reductions at stage 3 only (overlap_comm's default), read from the graph") {
-    const auto below3 = planner::framework_schedule("deepspeed", g, model()); // no parameter all-gathers
+    const auto below3 = planner::framework_schedule(planner::policy::deepspeed, g, model()); // no parameter all-gathers
     REQUIRE(count_named(below3.graph, ".grad.ar") == 0);             // 5e8 elements: one bucket of all four
     CHECK(depends(below3.graph, "tail", "grad.bucket0.ar"));
-    const auto megatron = planner::framework_schedule("megatron", g, model());
+    const auto megatron = planner::framework_schedule(planner::policy::megatron, g, model());
     CHECK_FALSE(depends(megatron.graph, "tail", "grad.bucket0.ar"));
     CHECK(planner::deepspeed(true).gradients_overlap);
   }
   SECTION("ZeRO-2's gathers of the updated shards do not make it stage 3; ZeRO-3's gathers for use do") {
-    CHECK_FALSE(planner::framework_named("deepspeed", ir::make_workload("vit-zero2", {.layers = 1})).gradients_overlap);
-    CHECK(planner::framework_named("deepspeed", ir::make_workload("gpt-zero3", {.layers = 1})).gradients_overlap);
+    CHECK_FALSE(planner::framework_of(planner::policy::deepspeed, ir::make_workload("vit-zero2", {.layers = 1})).gradients_overlap);
+    CHECK(planner::framework_of(planner::policy::deepspeed, ir::make_workload("gpt-zero3", {.layers = 1})).gradients_overlap);
   }
 }
 
@@ -159,7 +159,7 @@ TEST_CASE("parameter all-gathers run ahead of their use by the framework's prefe
     CHECK_FALSE(depends(s.graph, "w2.ag", "layer0"));
   }
   SECTION("the gathers' edges keep the graph acyclic and the plan valid") {
-    const auto p = planner::make_plan(g, cost::model::preset("a800x32"), {.policy = "megatron"});
+    const auto p = planner::make_plan(g, cost::model::preset("a800x32"), {.policy = planner::policy::megatron});
     CHECK(p.policy == "megatron");
   }
 }
@@ -171,13 +171,13 @@ TEST_CASE("megatron_tp_overlap splits each tensor-parallel collective into one c
     for (const auto& t : graph.tasks) n += ir::is_collective(t.kind) && t.attr("chunks") == 8;
     return n;
   };
-  const auto plain = planner::framework_schedule("megatron", g, model());
-  const auto split = planner::framework_schedule("megatron_tp_overlap", g, model());
+  const auto plain = planner::framework_schedule(planner::policy::megatron, g, model());
+  const auto split = planner::framework_schedule(planner::policy::megatron_tp_overlap, g, model());
   CHECK(chunked(plain.graph) == 0);
   CHECK(chunked(split.graph) >= 8); // at least one collective of the layer, in 8 chunks
   const auto m = cost::model::preset("a800x32");
-  const auto plain_plan = planner::make_plan(g, m, {.policy = "megatron"});
-  const auto split_plan = planner::make_plan(g, m, {.policy = "megatron_tp_overlap"});
+  const auto plain_plan = planner::make_plan(g, m, {.policy = planner::policy::megatron});
+  const auto split_plan = planner::make_plan(g, m, {.policy = planner::policy::megatron_tp_overlap});
   CHECK(split_plan.policy == "megatron_tp_overlap");
   CHECK(split_plan.step_us() != plain_plan.step_us());
 }
@@ -190,16 +190,16 @@ TEST_CASE("megatron and deepspeed plan every benchmark workload; concerto is nev
     concerto.solver.time_budget_s = 5;
     concerto.solver.progress = false;
     const auto ours = planner::make_plan(g, model, concerto);
-    for (const std::string policy : {"megatron", "megatron_tp_overlap", "deepspeed"}) {
+    for (const auto policy : planner::policies_of(planner::policy_family::framework)) {
       const auto theirs = planner::make_plan(g, model, {.policy = policy});
-      CAPTURE(name, policy, theirs.step_us(), ours.step_us());
-      CHECK(theirs.policy == policy);
+      CAPTURE(name, planner::to_string(policy), theirs.step_us(), ours.step_us());
+      CHECK(theirs.policy == planner::to_string(policy));
       CHECK(ours.step_us() <= theirs.step_us() * (1 + 1e-9));
     }
   }
 }
 
-TEST_CASE("an unknown framework policy is refused by name", "[frameworks]") {
-  CHECK_THROWS_WITH(planner::framework_schedule("fsdp", data_and_tensor_parallel(), model()),
-                    ContainsSubstring("unknown framework policy 'fsdp' (known: megatron, megatron_tp_overlap, deepspeed)"));
+TEST_CASE("a policy that is not a framework's is refused by name", "[frameworks]") {
+  CHECK_THROWS_WITH(planner::framework_schedule(planner::policy::xla_lhs, data_and_tensor_parallel(), model()),
+                    ContainsSubstring("'xla_lhs' is not a framework policy"));
 }

@@ -139,7 +139,7 @@ std::vector<double> random_durations(std::size_t n, std::uint32_t seed) {
 
 std::vector<planner::schedule> all_policies(const ir::graph& g, const std::vector<double>& durations) {
   std::vector<planner::schedule> out;
-  for (const auto& p : planner::list_policy_names())
+  for (const auto p : planner::policies_of(planner::policy_family::list))
     out.push_back(planner::list_schedule(p, g, durations));
   return out;
 }
@@ -314,11 +314,14 @@ TEST_CASE("list schedulers reject what they cannot schedule, naming it", "[plann
   b.compute(ir::op_kind::elementwise, "first", {}, {x}, {.fn = ir::op::zero, .flops = 0});
   b.compute(ir::op_kind::elementwise, "second", {x}, {x}, {.fn = ir::op::scale, .flops = 0});
   const auto g = std::move(b).finish();
-  CHECK_THROWS_WITH(planner::list_schedule("fifo", g, std::vector<double>{1, 1}),
-                    ContainsSubstring("'fifo'") && ContainsSubstring("xla_lhs") && ContainsSubstring("program_order"));
+  CHECK_THROWS_WITH(planner::list_schedule(planner::policy::megatron, g, std::vector<double>{1, 1}),
+                    ContainsSubstring("'megatron' is not a list scheduling policy"));
+  CHECK_THROWS_WITH(planner::parse_policy("fifo", "--policy"),
+                    ContainsSubstring("--policy: 'fifo' is not a plan policy (sync, program_order, xla_lhs, megatron"));
   CHECK_THROWS_WITH(planner::xla_lhs_schedule(g, std::vector<double>{1}), ContainsSubstring("1 durations for 2 tasks"));
   CHECK_THROWS_WITH(planner::xla_lhs_schedule(g, std::vector<double>{1, -2}),
                     ContainsSubstring("'second'") && ContainsSubstring("duration"));
   CHECK_THROWS_WITH(planner::xla_lhs_schedule(g, std::vector<double>{1, 1}, 0), ContainsSubstring("max_in_flight"));
-  CHECK(planner::list_policy_names() == std::vector<std::string>{"sync", "program_order", "xla_lhs"});
+  CHECK(planner::policies_of(planner::policy_family::list) ==
+        std::vector<planner::policy>{planner::policy::sync, planner::policy::program_order, planner::policy::xla_lhs});
 }

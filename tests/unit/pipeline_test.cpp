@@ -1,7 +1,7 @@
 #include <concerto/ir/workloads.hpp>
 #include <concerto/plan/hash.hpp>
 #include <concerto/plan/memory.hpp>
-#include <concerto/planner/pipeline.hpp>
+#include <concerto/planner/make_plan.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -12,9 +12,9 @@ using namespace concerto;
 using Catch::Matchers::ContainsSubstring;
 
 namespace {
-planner::plan_options quick(std::string policy) {
+planner::plan_options quick(planner::policy policy) {
   planner::plan_options o;
-  o.policy = std::move(policy);
+  o.policy = policy;
   o.solver.time_budget_s = 1;
   o.solver.progress = false;
   return o;
@@ -26,13 +26,14 @@ TEST_CASE("the concerto policy is never slower than any baseline", "[planner][pi
   for (const char* workload : {"gpt-dp", "gpt-zero3", "llama-tp-sp"}) {
     CAPTURE(workload);
     const auto graph = ir::make_workload(workload, {.layers = 2, .ranks = 64, .ranks_per_node = 8});
-    const auto best = planner::make_plan(graph, model, quick("concerto"));
+    const auto best = planner::make_plan(graph, model, quick(planner::policy::concerto));
     CHECK(best.policy == "concerto");
     CHECK(best.step_us() <= best.stats.lower_bound_us * 1.5);
     CHECK(best.step_us() >= best.stats.lower_bound_us * (1 - 1e-9));
-    for (const auto& baseline : planner::policy_names()) { // the list schedules and the frameworks
-      if (baseline == "concerto") continue;
-      CAPTURE(baseline);
+    for (const auto& info : planner::policy_table) { // the list schedules and the frameworks
+      const auto baseline = info.id;
+      if (baseline == planner::policy::concerto) continue;
+      CAPTURE(info.name);
       const auto p = planner::make_plan(graph, model, quick(baseline));
       CHECK(plan::check(p).empty());
       CHECK(best.step_us() <= p.step_us() * (1 + 1e-9));
@@ -77,9 +78,9 @@ TEST_CASE("every policy plans the dependencies a graph's buffer accesses imply",
   add("other", ir::op_kind::matmul, {1}, {1});
   const auto model = cost::model::preset("h100x64");
   std::vector<double> steps;
-  for (const auto& policy : planner::policy_names()) {
-    CAPTURE(policy);
-    const auto p = planner::make_plan(g, model, quick(policy));
+  for (const auto& info : planner::policy_table) {
+    CAPTURE(info.name);
+    const auto p = planner::make_plan(g, model, quick(info.id));
     CHECK(plan::check(p).empty());
     const auto deps = [&](std::size_t t) { return p.graph.tasks[t].deps; };
     CHECK(std::find(deps(1).begin(), deps(1).end(), 0) != deps(1).end());
@@ -95,15 +96,15 @@ TEST_CASE("the pipeline rewrites only under the concerto policy", "[planner][pip
   const auto model = cost::model::preset("h100x64");
   const auto graph = ir::make_workload("llama-tp-sp", {.layers = 1, .ranks = 64, .ranks_per_node = 8});
   SECTION("baselines plan the graph as given") {
-    const auto p = planner::make_plan(graph, model, quick("program_order"));
+    const auto p = planner::make_plan(graph, model, quick(planner::policy::program_order));
     CHECK(p.graph.tasks.size() == graph.tasks.size());
   }
   SECTION("concerto splits exposed tensor-parallel collectives") {
-    const auto p = planner::make_plan(graph, model, quick("concerto"));
+    const auto p = planner::make_plan(graph, model, quick(planner::policy::concerto));
     CHECK(p.graph.tasks.size() > graph.tasks.size());
   }
   SECTION("and plans the graph as given when rewrites are off") {
-    auto o = quick("concerto");
+    auto o = quick(planner::policy::concerto);
     o.decompose = false;
     o.bucket = false;
     const auto p = planner::make_plan(graph, model, o);
@@ -118,7 +119,7 @@ TEST_CASE("a memory cap is respected or refused", "[planner][pipeline][memory]")
   const auto eager_plan = planner::list_plan(graph, model);
   const auto uncapped_peak = plan::peak_memory(eager_plan).peak_bytes;
   SECTION("a cap below the uncapped peak gives a plan within it") {
-    auto o = quick("concerto");
+    auto o = quick(planner::policy::concerto);
     const auto smallest_peak =
         plan::peak_memory(planner::list_plan(planner::limit_prefetch(graph, 0), model)).peak_bytes;
     REQUIRE(smallest_peak < uncapped_peak);
@@ -126,26 +127,26 @@ TEST_CASE("a memory cap is respected or refused", "[planner][pipeline][memory]")
     const auto p = planner::make_plan(graph, model, o);
     CHECK(plan::peak_memory(p).peak_bytes <= *o.memory_cap_bytes);
     SECTION("and the eager baseline above it is refused by the verifier") {
-      auto eager = quick(eager_plan.policy);
+      auto eager = quick(planner::parse_policy(eager_plan.policy, "the eager plan"));
       eager.memory_cap_bytes = o.memory_cap_bytes;
       CHECK_THROWS_WITH(planner::make_plan(graph, model, eager), ContainsSubstring("memory"));
     }
   }
   SECTION("an impossible cap is an error that names it") {
-    auto o = quick("concerto");
+    auto o = quick(planner::policy::concerto);
     o.memory_cap_bytes = 1024;
     CHECK_THROWS_WITH(planner::make_plan(graph, model, o), ContainsSubstring("1024"));
   }
 }
 
-TEST_CASE("unknown policies are refused with the known ones listed", "[planner][pipeline]") {
-  const auto graph = ir::make_workload("gpt-dp", {.layers = 1});
-  CHECK_THROWS_WITH(planner::make_plan(graph, cost::model::preset("a800x32"), quick("fastest")),
+TEST_CASE("unknown policy names are refused with the known ones listed", "[planner][pipeline]") {
+  CHECK_THROWS_WITH(planner::parse_policy("fastest", "--policy"),
                     ContainsSubstring("'fastest'") && ContainsSubstring("xla_lhs") && ContainsSubstring("concerto"));
+  for (const auto& info : planner::policy_table) CHECK(planner::parse_policy(info.name, "--policy") == info.id);
 }
 
 TEST_CASE("the options hash covers what changes the plan", "[planner][pipeline][cache]") {
-  const auto base = quick("concerto");
+  const auto base = quick(planner::policy::concerto);
   auto other = base;
   CHECK(planner::hash(base) == planner::hash(other));
   other.solver.progress = true;
@@ -171,7 +172,7 @@ TEST_CASE("the deterministic mode gives the same plan every time", "[planner][pi
   // each search stops depends on the machine's load; under a work limit it does not.
   const auto model = cost::model::preset("h100x64");
   const auto graph = ir::make_workload("llama-tp-sp", {.layers = 1});
-  auto o = quick("concerto");
+  auto o = quick(planner::policy::concerto);
   o.solver.window_work_limit = 200'000;
   const auto first = planner::make_plan(graph, model, o);
   CHECK(plan::check(first).empty());
@@ -182,7 +183,7 @@ TEST_CASE("the deterministic mode gives the same plan every time", "[planner][pi
     CHECK(p.stats.windows_optimal == first.stats.windows_optimal);
   }
   SECTION("and is never slower than the baselines") {
-    for (const auto& baseline : planner::list_policy_names())
+    for (const auto baseline : planner::policies_of(planner::policy_family::list))
       CHECK(first.step_us() <= planner::make_plan(graph, model, quick(baseline)).step_us() * (1 + 1e-9));
   }
 }
@@ -193,10 +194,10 @@ TEST_CASE("an exhausted budget still gives a verified plan, never slower than th
   // solver returns its warm start.
   const auto model = cost::model::preset("h100x64");
   const auto graph = ir::make_workload("llama-tp-sp", {.layers = 2});
-  auto o = quick("concerto");
+  auto o = quick(planner::policy::concerto);
   o.solver.time_budget_s = 1e-6;
   const auto p = planner::make_plan(graph, model, o);
   CHECK(plan::check(p).empty());
-  for (const auto& baseline : planner::list_policy_names())
+  for (const auto baseline : planner::policies_of(planner::policy_family::list))
     CHECK(p.step_us() <= planner::make_plan(graph, model, quick(baseline)).step_us() * (1 + 1e-9));
 }

@@ -5,7 +5,7 @@
 // find the plan the true costs make best.
 #include <concerto/core/statistics.hpp>
 #include <concerto/ir/workloads.hpp>
-#include <concerto/planner/pipeline.hpp>
+#include <concerto/planner/make_plan.hpp>
 #include <concerto/planner/refit.hpp>
 #include <concerto/sim/simulate.hpp>
 
@@ -53,7 +53,7 @@ double predicted(const plan::plan& p, const cost::model& m) {
 }
 
 const planner::plan_options deterministic{
-    .policy = "concerto", .solver = {.window_work_limit = 20000, .progress = false}};
+    .policy = planner::policy::concerto, .solver = {.window_work_limit = 20000, .progress = false}};
 
 ir::graph workload() { return ir::make_workload("llama-tp-sp", {.layers = 2, .ranks = 8}); }
 
@@ -61,7 +61,7 @@ ir::graph workload() { return ir::make_workload("llama-tp-sp", {.layers = 2, .ra
 
 TEST_CASE("refit: the refitted model predicts every plan's measured step within 5%") {
   const auto g = workload();
-  const auto profiled = planner::make_plan(g, prior(), {.policy = "program_order"});
+  const auto profiled = planner::make_plan(g, prior(), {.policy = planner::policy::program_order});
   const std::vector<sim::result> steps{run_on_machine(profiled), run_on_machine(profiled)};
   const auto seen = planner::observe(profiled.graph, steps);
   REQUIRE(seen.steps == 2);
@@ -78,9 +78,9 @@ TEST_CASE("refit: the refitted model predicts every plan's measured step within 
   CHECK_THAT(fit.model.overlap_slowdown(), WithinRel(1.3, 0.1));
 
   // Plans never measured: other orders, other rewrites.
-  for (const std::string policy : {"sync", "xla_lhs", "megatron"}) {
+  for (const auto policy : {planner::policy::sync, planner::policy::xla_lhs, planner::policy::megatron}) {
     const auto other = planner::make_plan(g, prior(), {.policy = policy});
-    INFO("policy " << policy);
+    INFO("policy " << planner::to_string(policy));
     CHECK_THAT(predicted(other, fit.model), WithinRel(run_on_machine(other).step_us, 0.05));
   }
 }
@@ -102,7 +102,7 @@ TEST_CASE("refit: re-planning with the refitted model finds the plan the true co
 
 TEST_CASE("refit: nothing measured changes nothing; a foreign observation is refused") {
   const auto g = workload();
-  const auto p = planner::make_plan(g, prior(), {.policy = "program_order"});
+  const auto p = planner::make_plan(g, prior(), {.policy = planner::policy::program_order});
   const auto fit = planner::refit(p, prior(), planner::observe(p.graph, {}));
   CHECK(fit.model.hw().kernel_scale == prior().hw().kernel_scale);
   CHECK(fit.predicted_after_us == fit.predicted_before_us);
@@ -122,7 +122,7 @@ TEST_CASE("refit: only the kernels measured are reported as refitted; a factor f
   auto hw = prior().hw();
   hw.kernel_scale["conv2d"] = 2.0; // no task of the graph runs it
   const cost::model with_other(hw);
-  const auto p = planner::make_plan(g, with_other, {.policy = "program_order"});
+  const auto p = planner::make_plan(g, with_other, {.policy = planner::policy::program_order});
   const std::vector<sim::result> steps{run_on_machine(p)};
   const auto fit = planner::refit(p, with_other, planner::observe(p.graph, steps));
   CHECK(fit.kernel_factor_change.contains("matmul"));

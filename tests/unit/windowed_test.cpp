@@ -104,7 +104,7 @@ planner::windowed_options quick(int window) {
 
 TEST_CASE("a collective issued late by program order is moved forward", "[planner][windowed]") {
   const auto m = late_collective();
-  const auto start = planner::list_schedule("program_order", m.g, m.d);
+  const auto start = planner::list_schedule(planner::policy::program_order, m.g, m.d);
   REQUIRE(sim::simulate(m.g, start.order, m.d).step_us == Catch::Approx(20.0));
   SECTION("one window holding the whole graph reaches the compute work") {
     planner::windowed_report rep;
@@ -135,7 +135,7 @@ TEST_CASE("a warm start's own edges never constrain the solver", "[planner][wind
   // sync chains every task (step 20 on this graph): started from it, the solver still finds the
   // optimum of the user's graph (12), and the plan carries the user's dependencies only.
   const auto m = late_collective();
-  const auto start = planner::list_schedule("sync", m.g, m.d);
+  const auto start = planner::list_schedule(planner::policy::sync, m.g, m.d);
   const auto chained = sim::simulate(start.graph, start.order, m.d).step_us;
   REQUIRE(chained == Catch::Approx(20.0));
   REQUIRE(plan::compute_lower_bound(start.graph, m.d).value == Catch::Approx(chained)); // no window could help
@@ -152,7 +152,7 @@ TEST_CASE("a warm start's own edges never constrain the solver", "[planner][wind
 TEST_CASE("a start that is faster with its own edges than any order found is kept as it is", "[planner][windowed][warm]") {
   // No window: the solver cannot move; the start's chained graph is returned unchanged.
   const auto m = late_collective();
-  auto start = planner::list_schedule("sync", m.g, m.d);
+  auto start = planner::list_schedule(planner::policy::sync, m.g, m.d);
   auto o = quick(8);
   o.rounds = 0;
   planner::windowed_report rep;
@@ -164,7 +164,7 @@ TEST_CASE("a start that is faster with its own edges than any order found is kep
 TEST_CASE("window boundaries carry the frozen plan's state", "[planner][windowed]") {
   // A(4) -> X(lane, 5); G(lane, 3) -> M(4); B(4). Program order: A 0-4, X 4-9, G 9-12, M 12-16, B 16-20.
   const auto m = late_collective();
-  const auto start = planner::list_schedule("program_order", m.g, m.d);
+  const auto start = planner::list_schedule(planner::policy::program_order, m.g, m.d);
   const auto r = sim::simulate(m.g, start.order, m.d);
   std::vector<int> rank{0, 1, 2, 3, 4};
   const auto list = planner::detail::by_start(r, rank);
@@ -206,7 +206,7 @@ TEST_CASE("the windowed solver is never worse than its start on random graphs", 
     const int lanes = 1 + trial % 2;
     const auto m = random_layers(rng, 30 + 6 * trial, lanes);
     const double slow = trial % 3 == 0 ? 1.0 : 1.3;
-    const auto policy = trial % 2 == 0 ? "program_order" : "xla_lhs";
+    const auto policy = trial % 2 == 0 ? planner::policy::program_order : planner::policy::xla_lhs;
     const auto start = planner::list_schedule(policy, m.g, m.d);
     planner::windowed_report rep;
     auto o = quick(10 + 2 * trial);
@@ -230,7 +230,7 @@ TEST_CASE("the windowed solver is never worse than its start on random graphs", 
 TEST_CASE("the time budget bounds the search", "[planner][windowed]") {
   std::mt19937 rng(99u);
   const auto m = random_layers(rng, 150, 2);
-  const auto start = planner::list_schedule("program_order", m.g, m.d);
+  const auto start = planner::list_schedule(planner::policy::program_order, m.g, m.d);
   auto o = quick(40);
   o.rounds = 100;
   o.time_budget_s = 0.5;
@@ -261,7 +261,7 @@ TEST_CASE("the time budget bounds the search", "[planner][windowed]") {
 
 TEST_CASE("bad arguments are reported", "[planner][windowed]") {
   const auto m = late_collective();
-  const auto start = planner::list_schedule("program_order", m.g, m.d);
+  const auto start = planner::list_schedule(planner::policy::program_order, m.g, m.d);
   std::vector<double> short_d{1.0, 2.0};
   CHECK_THROWS_WITH(planner::improve_schedule(m.g, start, short_d, 1.0, quick(8)),
                     Catch::Matchers::ContainsSubstring("2 durations for 5 tasks"));

@@ -40,7 +40,6 @@ struct compute_info {
 
 /// @brief The FLOPs of a task of op `fn` over these buffers and attrs, by the op table's rule,
 /// so that every producer (the DSL lowering, the workloads, imports) prices an op alike.
-/// Throws concerto::error for an op whose count its producer must give (flops_rule::given).
 [[nodiscard]] inline double flops_of(const graph& g, op fn, const std::vector<buffer_id>& reads,
                                      const std::vector<buffer_id>& writes, const attr_map& attrs) {
   const auto& i = info(fn);
@@ -66,9 +65,8 @@ struct compute_info {
     const double forward = square * attr("batch", 1) * seq * seq * attr("heads", 0) * attr("head_dim", 0);
     return i.flops == flops_rule::attention ? forward : 2.5 * forward;
   }
-  case flops_rule::given: break;
   }
-  fail("op '" + std::string(i.name) + "' has no FLOP formula: its producer gives the count (compute_info::flops)");
+  return 0; // unreachable: the switch covers every rule
 }
 
 class builder {

@@ -125,7 +125,8 @@ struct graph {
   std::vector<buffer> buffers;
   std::vector<task> tasks;
   /// Made to be priced, not run (the planner's benchmark workloads): its tasks may use ops no
-  /// executor has, such as the workloads' MoE placeholders. Executors refuse such a graph.
+  /// executor has, such as the workloads' learned positions and block transposes (the op table's
+  /// cost-only ops). Executors refuse such a graph.
   bool cost_only = false;
   friend bool operator==(const graph&, const graph&) = default;
 

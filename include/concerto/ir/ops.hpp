@@ -16,10 +16,14 @@
 /// | flops | ir::builder (so the DSL lowering and the workloads price an op alike), the cost model |
 /// | arity, sharding rule | the DSL compiler (expr/rules.hpp implements each rule) |
 /// | backward | the DSL's autodiff (graph/detail/compiler.hpp builds each recipe) |
+/// | accumulates | the pipeline split (a weight gradient summed over micro-batches in place) |
 ///
-/// Adding an op: its enumerator, its entry below, its CPU kernel (runtime/dispatch.hpp) and its
-/// CUDA kernel (runtime/cuda/dispatch.cuh); the dispatches switch over every op, so an op without
-/// a case there is a compile error (-Werror=switch). docs/architecture.md walks through one.
+/// Adding an op: its enumerator and entry below, its CPU and CUDA kernels with their dispatch
+/// cases (runtime/dispatch.hpp, runtime/cuda/dispatch.cuh, which switch over every op, so an op
+/// without a case there is a compile error) and typed decoding (runtime/kernel_call.hpp); a DSL
+/// op also its function (expr/ops.hpp), its rule and recipe in the compiler's propagation and
+/// autodiff (graph/detail/compiler.hpp) and its shape and task in the lowering (graph/lower.hpp).
+/// docs/architecture.md walks through one, file by file.
 ///
 /// @code
 /// static_assert(ir::info(ir::op::rmsnorm).kind == ir::op_kind::norm);
@@ -169,7 +173,6 @@ enum class flops_rule : std::uint8_t {
   gemm,           ///< 2·m·n·k·batch
   attention,      ///< causal: 2·batch·seq²·heads·head_dim (half of the 4 of a full square); attr causal = 0: 4·…
   attention_grad, ///< 2.5 times the forward
-  given,          ///< the producer gives the count (cost-only placeholders whose cost depends on routing)
 };
 
 /// @brief A list of operand names in their one order. `optional` of the last ones may be absent;
@@ -199,6 +202,9 @@ struct op_info {
   backward grad = backward::none;
   std::array<grad_term, 3> terms{}; ///< backward::terms: one per operand (none: no gradient);
                                     ///< backward::packed: terms[0] is the task, the parts follow the operands
+  /// Its kernel adds to its output when the task says so (attr `accumulate`): the weight-gradient
+  /// kernels, which a pipelined step runs once per micro-batch into one sum.
+  bool accumulates = false;
 };
 
 namespace detail::ops {
@@ -242,6 +248,10 @@ constexpr op_info with_attrs(op_info i, std::array<std::string_view, 5> attrs) {
   i.attrs = attrs;
   return i;
 }
+constexpr op_info accumulating(op_info i) {
+  i.accumulates = true;
+  return i;
+}
 constexpr grad_term term(op fn, std::initializer_list<grad_arg> args, grad_spec spec = s::of_operand) {
   grad_term t;
   t.fn = fn;
@@ -266,9 +276,9 @@ inline constexpr op_info table[op_count] = {
     structural(op::repeat_out, "repeat_out", 1),
     structural(op::select, "select", 1),
     // ---- forward ----
-    dsl(with_attrs(compute(op::matmul, "matmul", k::matmul, list({"a", "b", "c"}, 1), list({"c"}), f::gemm, 0),
-                   {"m", "n", "k"}),
-        2, r::contract, b::contract),
+    accumulating(dsl(with_attrs(compute(op::matmul, "matmul", k::matmul, list({"a", "b", "c"}, 1), list({"c"}), f::gemm, 0),
+                                {"m", "n", "k"}),
+                     2, r::contract, b::contract)),
     dsl(compute(op::add, "add", k::elementwise, list({"a", "b"}), list({"out"}), f::per_output, 1), 2, r::unify,
         b::pass_through),
     dsl(compute(op::bias_add, "bias_add", k::elementwise, list({"x", "bias"}), list({"out"}), f::per_output, 1), 2, r::bias,
@@ -335,17 +345,18 @@ inline constexpr op_info table[op_count] = {
                    {"rows", "cols", "inner"}),
         1, r::swap_leading, b::terms, {term(op::transpose, {a::dout})}),
     // ---- backward ----
-    compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1),
+    accumulating(compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1)),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
     compute(op::relu_grad, "relu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 1),
     compute(op::silu_grad, "silu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 7),
     compute(op::swiglu_grad, "swiglu_grad", k::elementwise, list({"gate", "up", "dout"}), list({"dgate_dup"}), f::per_input,
             10),
     compute(op::layernorm_grad, "layernorm_grad", k::norm, list({"x", "gamma", "dout"}), list({"dx"}), f::per_output, 12),
-    compute(op::layernorm_grad_gamma, "layernorm_grad_gamma", k::norm, list({"x", "dout"}), list({"dgamma"}), f::per_input,
-            5),
+    accumulating(compute(op::layernorm_grad_gamma, "layernorm_grad_gamma", k::norm, list({"x", "dout"}), list({"dgamma"}),
+                         f::per_input, 5)),
     compute(op::rmsnorm_grad, "rmsnorm_grad", k::norm, list({"x", "gain", "dout"}), list({"dx"}), f::per_output, 8),
-    compute(op::rmsnorm_grad_gain, "rmsnorm_grad_gain", k::norm, list({"x", "dout"}), list({"dgain"}), f::per_input, 4),
+    accumulating(compute(op::rmsnorm_grad_gain, "rmsnorm_grad_gain", k::norm, list({"x", "dout"}), list({"dgain"}),
+                         f::per_input, 4)),
     compute(op::softmax_grad, "softmax_grad", k::softmax, list({"y", "dout"}), list({"dx"}), f::per_output, 4),
     with_attrs(compute(op::attention_grad, "attention_grad", k::attention, list({"q", "k", "v", "dout"}), list({"dqkv"}),
                        f::attention_grad, 0),
@@ -357,7 +368,7 @@ inline constexpr op_info table[op_count] = {
       auto i = compute(op::embedding_grad, "embedding_grad", k::elementwise, list({"ids", "dout"}), list({"dtable"}),
                        f::per_input, 1);
       i.flops_read = 1; // the gradient rows, not the ids
-      return i;
+      return accumulating(i);
     }(),
     compute(op::mse_grad, "mse_grad", k::loss, list({"pred", "target"}), list({"dpred"}), f::per_input, 3),
     compute(op::cross_entropy_grad, "cross_entropy_grad", k::loss, list({"logits", "targets"}), list({"dlogits"}),

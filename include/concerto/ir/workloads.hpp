@@ -994,7 +994,7 @@ inline void check_divides(i64 part, i64 whole, std::string_view what, std::strin
            " experts (the capacity per sequence)");
   }
   builder b{std::string(name)};
-  b.cost_only(); // planner workloads: their MoE and position placeholders have no kernels
+  b.cost_only(); // planner workloads: their learned positions and block transposes have no kernels
   if (m.axial) {
     if (options.micro_batch != 1)
       fail(where("micro_batch", options.micro_batch) + ": the pair stack trains one protein per rank");

@@ -107,16 +107,6 @@ struct stage_split {
   }
 };
 
-namespace detail {
-
-// Kernels that add to their output when asked (`accumulate`): the weight-gradient kernels.
-[[nodiscard]] inline bool accumulates(ir::op fn) noexcept {
-  return fn == ir::op::matmul || fn == ir::op::layernorm_grad_gamma || fn == ir::op::rmsnorm_grad_gain ||
-         fn == ir::op::embedding_grad || fn == ir::op::bias_grad;
-}
-
-} // namespace detail
-
 /// @brief Places every task of a micro-batch's graph in the pipelined step; see the file
 /// comment. Throws concerto::error naming what cannot be pipelined: no `pp` axis, a collective
 /// over it, no repeat stack, fewer layers than chunks, a parameter read by two chunks, a value
@@ -522,7 +512,7 @@ private:
       const auto r = root(b);
       if (mb && s_.accumulated[r]) {
         if (written_once_[r]) {
-          if (detail::accumulates(src.fn) && src.writes.size() == 1) {
+          if (ir::info(src.fn).accumulates && src.writes.size() == 1) {
             attrs["accumulate"] = 1;
             if (src.fn == ir::op::matmul && std::find(reads.begin(), reads.end(), w) == reads.end()) reads.push_back(w);
           } else {

@@ -23,7 +23,7 @@
 ///
 /// @code
 /// auto s = planner::framework_schedule(planner::megatron(), g, model);
-/// auto p = planner::make_plan(g, model, {.policy = "deepspeed"});
+/// auto p = planner::make_plan(g, model, {.policy = planner::policy::deepspeed});
 /// @endcode
 
 #include <concerto/ir/graph.hpp>
@@ -219,29 +219,31 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
   return framework_edges(f, framework_rewrite(f, g, model));
 }
 
-/// @brief The framework policies by name: "megatron", "megatron_tp_overlap", "deepspeed".
-[[nodiscard]] inline std::vector<std::string> framework_policy_names() {
-  return {"megatron", "megatron_tp_overlap", "deepspeed"};
-}
-
-/// @brief The framework of policy `policy` for `g` (DeepSpeed's stage is read from `g`: parameters
-/// gathered for their use mean stage 3); throws naming the known ones when there is no such policy.
-[[nodiscard]] inline framework framework_named(std::string_view policy, const ir::graph& g) {
-  if (policy == "megatron") return megatron();
-  if (policy == "megatron_tp_overlap") return megatron_tp_overlap();
-  if (policy == "deepspeed")
+/// @brief The framework of policy `p` (policy_family::framework) for `g` (DeepSpeed's stage is
+/// read from `g`: parameters gathered for their use mean stage 3); throws naming the policy when
+/// it is not a framework's.
+[[nodiscard]] inline framework framework_of(policy p, const ir::graph& g) {
+  switch (p) {
+  case policy::megatron: return megatron();
+  case policy::megatron_tp_overlap: return megatron_tp_overlap();
+  case policy::deepspeed:
     // Stage 3 gathers parameters into copies for their use; stage 2 gathers the updated shards
     // back into the parameters themselves, after the optimizer.
     return deepspeed(std::any_of(g.tasks.begin(), g.tasks.end(), [&](const ir::task& t) {
       return detail::frameworks::gathers_parameter(g, t) && !t.writes.empty() &&
              detail::frameworks::root(g, t.writes[0]).role != ir::buffer_role::param;
     }));
-  fail("unknown framework policy '" + std::string(policy) + "' (known: megatron, megatron_tp_overlap, deepspeed)");
+  case policy::sync:
+  case policy::program_order:
+  case policy::xla_lhs:
+  case policy::concerto: break;
+  }
+  fail("'" + std::string(to_string(p)) + "' is not a framework policy");
 }
 
-/// @brief The schedule of the framework policy `policy` for `g`.
-[[nodiscard]] inline schedule framework_schedule(std::string_view policy, const ir::graph& g, const cost::model& model) {
-  return framework_schedule(framework_named(policy, g), g, model);
+/// @brief The schedule of the framework policy `p` for `g`.
+[[nodiscard]] inline schedule framework_schedule(policy p, const ir::graph& g, const cost::model& model) {
+  return framework_schedule(framework_of(p, g), g, model);
 }
 
 } // namespace concerto::planner

@@ -10,12 +10,13 @@
 /// @code
 /// auto g = ir::make_workload("gpt-zero3", {.layers = 2});
 /// std::vector<double> us = model.durations_us(g);
-/// planner::schedule s = planner::list_schedule("xla_lhs", g, us);
+/// planner::schedule s = planner::list_schedule(planner::policy::xla_lhs, g, us);
 /// for (auto id : s.order[ir::compute_stream]) std::cout << s.graph[id].name << '\n';
 /// @endcode
 
 #include <concerto/ir/graph.hpp>
 #include <concerto/ir/hazards.hpp>
+#include <concerto/planner/policy.hpp>
 
 #include <algorithm>
 #include <functional>
@@ -214,23 +215,19 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
   return s;
 }
 
-/// @brief The list policies by name: "sync", "program_order", "xla_lhs".
-[[nodiscard]] inline std::vector<std::string> list_policy_names() { return {"sync", "program_order", "xla_lhs"}; }
-
-/// @brief Runs the list policy `policy`; durations are used by xla_lhs only.
-/// Throws concerto::error naming the policy and the known ones if it is unknown.
-[[nodiscard]] inline schedule list_schedule(std::string_view policy, const ir::graph& g,
-                                            std::span<const double> durations_us) {
-  if (policy == "sync")
-    return sync_schedule(g);
-  if (policy == "program_order")
-    return program_order_schedule(g);
-  if (policy == "xla_lhs")
-    return xla_lhs_schedule(g, durations_us);
-  std::string known;
-  for (const auto& n : list_policy_names())
-    known += (known.empty() ? "" : ", ") + n;
-  fail("unknown list scheduling policy '" + std::string(policy) + "' (known: " + known + ")");
+/// @brief Runs the list policy `p` (policy_family::list); durations are used by xla_lhs only.
+/// Throws concerto::error naming the policy when it is not a list policy.
+[[nodiscard]] inline schedule list_schedule(policy p, const ir::graph& g, std::span<const double> durations_us) {
+  switch (p) {
+  case policy::sync: return sync_schedule(g);
+  case policy::program_order: return program_order_schedule(g);
+  case policy::xla_lhs: return xla_lhs_schedule(g, durations_us);
+  case policy::megatron:
+  case policy::megatron_tp_overlap:
+  case policy::deepspeed:
+  case policy::concerto: break;
+  }
+  fail("'" + std::string(to_string(p)) + "' is not a list scheduling policy");
 }
 
 } // namespace concerto::planner

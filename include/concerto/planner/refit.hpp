@@ -31,7 +31,7 @@
 /// std::vector<sim::result> steps = ...;                     // executor reports, after warm-up
 /// auto seen = planner::observe(p.graph, steps);
 /// auto fit = planner::refit(p, model, seen);
-/// auto better = planner::make_plan(g, fit.model, {.policy = "concerto"});
+/// auto better = planner::make_plan(g, fit.model, {.policy = planner::policy::concerto});
 /// @endcode
 
 #include <concerto/core/error.hpp>

@@ -202,7 +202,7 @@ inline std::uint64_t problem_key(const window_cut& cut) {
 /// holds with contention even though each window is solved without it.
 ///
 /// @code
-/// auto start = planner::list_schedule("xla_lhs", g, durations);
+/// auto start = planner::list_schedule(planner::policy::xla_lhs, g, durations);
 /// planner::windowed_report rep;
 /// auto best = planner::improve_schedule(g, start, durations, 1.2, {.time_budget_s = 10}, &rep);
 /// std::printf("%.1f -> %.1f us (bound %.1f)\n", rep.start_step_us, rep.final_step_us, rep.lower_bound_us);

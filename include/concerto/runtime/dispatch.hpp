@@ -34,45 +34,6 @@
 
 namespace concerto::runtime {
 
-/// @brief Whether the CPU dispatch runs op `o`. One case per op: an op added to the table
-/// without a decision here is a compile error (-Werror=switch), and the static_assert below
-/// fails the build when it disagrees with the table's `executable`.
-[[nodiscard]] constexpr bool cpu_runs(ir::op o) noexcept {
-  using ir::op;
-  switch (o) {
-  case op::matmul: case op::add: case op::bias_add: case op::gelu: case op::relu: case op::layernorm: case op::softmax:
-  case op::attention: case op::embedding: case op::mse: case op::cross_entropy: case op::vocab_ce_max:
-  case op::vocab_ce_target: case op::vocab_ce_sumexp: case op::vocab_ce_loss: case op::bias_grad: case op::gelu_grad:
-  case op::relu_grad: case op::layernorm_grad: case op::layernorm_grad_gamma: case op::softmax_grad:
-  case op::attention_grad: case op::embedding_grad: case op::mse_grad: case op::cross_entropy_grad:
-  case op::vocab_ce_grad: case op::shard_slice: case op::keep_one: case op::sgd: case op::adamw: case op::add_inplace:
-  case op::scale: case op::zero: case op::copy: case op::slice: case op::concat:
-  case op::silu: case op::mul: case op::swiglu: case op::rmsnorm: case op::rope: case op::silu_grad:
-  case op::swiglu_grad: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::rope_grad:
-  case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
-  case op::moe_combine_grad: case op::sigmoid: case op::sigmoid_grad: case op::transpose:
-    return true;
-  case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
-  case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
-  case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks:
-    return false;
-  }
-  return false;
-}
-
-namespace detail {
-constexpr bool cpu_matches_table() {
-  for (int i = 0; i < ir::op_count; ++i) {
-    const auto o = static_cast<ir::op>(i);
-    if (cpu_runs(o) != (ir::info(o).role == ir::op_role::compute && ir::info(o).executable)) return false;
-  }
-  return true;
-}
-static_assert(cpu_matches_table(), "runtime::cpu_runs and the op table's `executable` disagree: give the op its CPU "
-                                   "kernel (run_kernel) or mark it not executable");
-} // namespace detail
-
 /// @brief Workspace floats the CPU kernel of a call takes from the scratch region: i64 ids
 /// narrowed to i32, and the statistics and score blocks the task does not store.
 [[nodiscard]] inline std::size_t workspace_floats(const kernel_call& c) {

@@ -18,7 +18,7 @@
 /// @code
 /// runtime::mpi::environment env(argc, argv);
 /// runtime::mpi::backend be;
-/// auto p = runtime::distribute_plan(be, [&] { return planner::make_plan(g, model, {.policy = "concerto"}); });
+/// auto p = runtime::distribute_plan(be, [&] { return planner::make_plan(g, model, {.policy = planner::policy::concerto}); });
 /// runtime::executor ex(p, be);
 /// for (int i = 0; i < 10; ++i) {
 ///   const auto& r = ex.run_step();
@@ -34,6 +34,7 @@
 #include <concerto/plan/plan.hpp>
 #include <concerto/plan/verify.hpp>
 #include <concerto/runtime/backend.hpp>
+#include <concerto/runtime/decide.hpp>
 #include <concerto/sim/simulate.hpp>
 
 #include <nlohmann/json.hpp>
@@ -447,23 +448,10 @@ void check_plan_agreement(B& b, const plan::plan& p) {
 /// @endcode
 template <backend B>
 [[nodiscard]] plan::plan distribute_plan(B& b, const std::function<plan::plan()>& make_on_root) {
-  std::string text;
-  plan::plan p;
-  if (b.rank() == 0) {
-    try {
-      p = make_on_root();
-      text = plan::to_json(p).dump();
-    } catch (const std::exception& e) {
-      text = std::string("!") + e.what();
-    }
-  }
-  b.broadcast(text, 0, "the plan from rank 0 (rank 0 plans, or loads it from the cache)");
-  if (!text.empty() && text.front() == '!') {
-    std::string what = text.substr(1);
-    if (what.starts_with("concerto: ")) what.erase(0, 10);
-    fail_on_every_rank("rank 0 could not make the plan: " + what);
-  }
-  p = plan::plan_from_json_text(text); // rank 0 too: every rank runs the very bytes it hashes
+  // Rank 0 too reads the plan back from the bytes sent: every rank runs the very plan it hashes.
+  auto p = plan::plan_from_json(decide_on_rank_0(b, "the plan from rank 0 (rank 0 plans, or loads it from the cache)",
+                                                 "rank 0 could not make the plan",
+                                                 [&] { return plan::to_json(make_on_root()); }));
   plan::verify(p);
   check_plan_agreement(b, p);
   return p;

@@ -14,12 +14,19 @@
 /// train::check_agreement(mine, control); // collective over control's ranks
 /// @endcode
 
+#include <concerto/cache/key.hpp>
 #include <concerto/core/error.hpp>
+#include <concerto/core/hash.hpp>
+#include <concerto/plan/hash.hpp>
 #include <concerto/runtime/mpi/control.hpp>
+#include <concerto/runtime/mpi/settings.hpp>
+#include <concerto/train/options.hpp>
+#include <concerto/train/planning.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -86,6 +93,60 @@ inline void check_agreement(const settings_record& mine, const runtime::mpi::con
   }
   c.broadcast_point_to_point(verdict, what);
   if (!verdict.empty()) fail_on_every_rank(verdict);
+}
+
+/// @brief Everything about a step that must be identical on every rank, in the order it is
+/// compared: the step's settings, then the lowered graph they make, then the MPI library's
+/// collective settings.
+[[nodiscard]] inline settings_record settings_record_of(const step_options& options, const runtime::kernel_settings& settings,
+                                                       const shape_map& shapes, const ir::graph& lowered) {
+  const auto number = [](float v) { // the shortest text that reads back as the same float
+    char buf[32];
+    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, ec == std::errc() ? end : buf);
+  };
+  const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+  settings_record record{{"library version", std::string(cache::library_version)},
+                         {"shapes", nlohmann::json(shapes).dump()},
+                         {"lower.heads", std::to_string(options.lower.heads)},
+                         {"lower.rope_theta", std::to_string(options.lower.rope_theta)},
+                         {"lower.depth", nlohmann::json(options.lower.depth).dump()},
+                         {"policy", std::string(planner::to_string(options.policy))},
+                         {"cost_preset", options.cost_preset},
+                         {"measure_kernels", options.measure_kernels ? flag(*options.measure_kernels) : "default"},
+                         {"use_cache", flag(options.use_cache)},
+                         {"planner options", hasher::to_hex(planner::hash(detail::planning_options(options)))},
+                         {"seed", std::to_string(options.seed)},
+                         {"sgd.lr", number(settings.sgd.lr)},
+                         {"sgd.momentum", number(settings.sgd.momentum)},
+                         {"sgd.weight_decay", number(settings.sgd.weight_decay)},
+                         {"adamw.lr", number(settings.adamw.lr)},
+                         {"adamw.beta1", number(settings.adamw.beta1)},
+                         {"adamw.beta2", number(settings.adamw.beta2)},
+                         {"adamw.eps", number(settings.adamw.eps)},
+                         {"adamw.weight_decay", number(settings.adamw.weight_decay)},
+                         {"stop_on_non_finite_loss", flag(options.stop_on_non_finite_loss)},
+                         {"check_replicas_every", std::to_string(options.check_replicas_every)},
+                         {"allow_tf32", flag(options.allow_tf32)},
+                         {"pipeline", nlohmann::json{options.pipeline.microbatches, options.pipeline.schedule,
+                                                     options.pipeline.virtual_stages, options.pipeline.axis,
+                                                     options.pipeline.search_budget_s}
+                                          .dump()},
+                         {"plan choice", nlohmann::json{options.choice.enabled, options.choice.warmup_steps,
+                                                        options.choice.profile_steps, options.choice.trial_steps,
+                                                        options.choice.rounds, [&] {
+                                                          std::vector<std::string> names;
+                                                          for (const auto p : options.choice.also_try)
+                                                            names.emplace_back(planner::to_string(p));
+                                                          return names;
+                                                        }()}
+                                             .dump()},
+                         // Last of the step's own: what the settings above make of the program,
+                         // so that a difference in them is named before the graph it changes.
+                         {"lowered graph (program, mesh, shapes)", hasher::to_hex(plan::hash(lowered))}};
+  // The MPI library's collective algorithms: ranks that differ deadlock or truncate in them.
+  for (auto& [name, value] : runtime::mpi::collective_settings()) record.emplace_back("MPI " + name, std::move(value));
+  return record;
 }
 
 } // namespace concerto::train

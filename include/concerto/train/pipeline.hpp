@@ -79,18 +79,17 @@ inline pipeline::schedule choose_schedule(const pipeline_options& o, const pipel
   return pipeline::plan_concerto(std::span(&p, 1), s).best;
 }
 
-inline std::string to_json(const pipeline::schedule& s) {
+inline nlohmann::json to_json(const pipeline::schedule& s) {
   nlohmann::json order = nlohmann::json::array();
   for (const auto& stage : s.order) {
     nlohmann::json blocks = nlohmann::json::array();
     for (const auto& b : stage) blocks.push_back({b.chunk, b.microbatch, static_cast<int>(b.kind)});
     order.push_back(std::move(blocks));
   }
-  return nlohmann::json{{"policy", s.policy}, {"split", s.split_backward}, {"order", std::move(order)}}.dump();
+  return nlohmann::json{{"policy", s.policy}, {"split", s.split_backward}, {"order", std::move(order)}};
 }
 
-inline pipeline::schedule schedule_from_json(const std::string& text) {
-  const auto j = nlohmann::json::parse(text);
+inline pipeline::schedule schedule_from_json(const nlohmann::json& j) {
   pipeline::schedule s;
   s.policy = j.at("policy").get<std::string>();
   s.split_backward = j.at("split").get<bool>();

@@ -34,6 +34,7 @@
 #include <concerto/core/error.hpp>
 #include <concerto/core/statistics.hpp>
 #include <concerto/ir/graph.hpp>
+#include <concerto/planner/policy.hpp>
 #include <concerto/planner/refit.hpp>
 
 #include <algorithm>
@@ -58,7 +59,7 @@ struct plan_choice_options {
   int profile_steps = 3; ///< measured steps of the first plan that the refit reads
   int trial_steps = 2;   ///< measured steps per candidate per round
   int rounds = 3;        ///< interleaved rounds over the candidates
-  std::vector<std::string> also_try; ///< more policies to measure (any planner::policy_names())
+  std::vector<planner::policy> also_try; ///< more policies to measure
   /// A run starting from an earlier run's winner measures it again against the plans it beat
   /// by less than this factor (their medians then); 1 trusts the earlier run.
   double confirm_within = 1.25;

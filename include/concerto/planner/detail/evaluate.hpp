@@ -44,17 +44,18 @@ using plan_fn = std::function<plan::plan(const ir::graph&)>;
   const sim::contention slowdown{model.overlap_slowdown(), model.comm_overlap_slowdown()};
   schedule best;
   double best_step = std::numeric_limits<double>::infinity();
-  std::string best_name;
-  for (const char* name : {"program_order", "xla_lhs"}) {
-    auto s = list_schedule(name, g, durations);
+  policy best_policy = policy::program_order;
+  for (const auto candidate : {policy::program_order, policy::xla_lhs}) {
+    auto s = list_schedule(candidate, g, durations);
     const double step = sim::simulate(s.graph, s.order, durations, slowdown).step_us;
     if (step < best_step) {
       best_step = step;
       best = std::move(s);
-      best_name = name;
+      best_policy = candidate;
     }
   }
-  return sim::to_plan(std::move(best.graph), std::move(best.order), durations, slowdown, best_name, model.hw().name);
+  return sim::to_plan(std::move(best.graph), std::move(best.order), durations, slowdown, std::string(to_string(best_policy)),
+                      model.hw().name);
 }
 
 /// @brief The step time of list_plan(g, model) without building the plan: the judge of a

@@ -1,8 +1,8 @@
 #pragma once
 /// @file
-/// @brief From a task graph and a cost model to a verified plan, with any policy.
+/// @brief From a task graph and a cost model to a verified plan, with any policy (make_plan).
 ///
-/// The pipeline is the one entry point the tools, the benchmarks and the runtime call:
+/// make_plan is the one entry point the tools, the benchmarks and the runtime call:
 /// durations come from the cost model; a list scheduler (the baselines) or the solver
 /// (`concerto`, warm-started from the best baseline) orders every stream; the simulator
 /// turns the orders into start times with contention; the verifier checks the result.
@@ -10,7 +10,7 @@
 /// @code
 /// auto graph = ir::make_workload("gpt-zero3", {.layers = 4});
 /// auto model = cost::model::preset("h100x64");
-/// plan::plan p = planner::make_plan(graph, model, {.policy = "concerto"});
+/// plan::plan p = planner::make_plan(graph, model, {.policy = planner::policy::concerto});
 /// std::cout << p.step_us() << " us\n";
 /// @endcode
 
@@ -40,7 +40,7 @@ namespace concerto::planner {
 
 /// @brief How to plan.
 struct plan_options {
-  std::string policy = "concerto"; ///< a list policy (sync, program_order, xla_lhs), a framework (megatron, megatron_tp_overlap, deepspeed) or concerto
+  planner::policy policy = planner::policy::concerto; ///< planner/policy.hpp: a list policy, a framework's, or concerto
   windowed_options solver{};       ///< window size, rounds; time_budget_s bounds the whole plan
   bool decompose = true;           ///< concerto: split exposed collectives with their matmuls
   bool bucket = true;              ///< concerto: fuse small gradient collectives into buckets
@@ -56,32 +56,22 @@ using improvement_fn = std::function<void(double seconds, double step_us)>;
 /// `progress` only changes what is printed, so it is left out.
 inline std::uint64_t hash(const plan_options& o) {
   hasher h;
-  h.add(o.policy).add(o.solver.window).add(o.solver.rounds).add(o.solver.window_time_limit_s).add(o.solver.time_budget_s);
+  h.add(to_string(o.policy)).add(o.solver.window).add(o.solver.rounds).add(o.solver.window_time_limit_s).add(o.solver.time_budget_s);
   h.add(o.solver.parallel_windows).add(o.solver.window_work_limit);
   h.add(o.decompose).add(o.bucket).add(o.memory_cap_bytes.value_or(-1));
   return h.value();
 }
 
-/// @brief Every policy make_plan accepts.
-inline std::vector<std::string> policy_names() {
-  auto names = list_policy_names();
-  for (auto& n : framework_policy_names()) names.push_back(std::move(n));
-  names.emplace_back("concerto");
-  return names;
-}
-
 /// @brief The list schedule with the smallest simulated step time: the solver's warm start.
-inline schedule best_list_schedule(const ir::graph& g, std::span<const double> durations, sim::contention slowdown,
-                                   std::string* chosen_policy = nullptr) {
+inline schedule best_list_schedule(const ir::graph& g, std::span<const double> durations, sim::contention slowdown) {
   schedule best;
   double best_step = std::numeric_limits<double>::infinity();
-  for (const auto& name : list_policy_names()) {
-    auto candidate = list_schedule(name, g, durations);
+  for (const auto p : policies_of(policy_family::list)) {
+    auto candidate = list_schedule(p, g, durations);
     const double step = sim::simulate(candidate.graph, candidate.order, durations, slowdown).step_us;
     if (step < best_step) {
       best_step = step;
       best = std::move(candidate);
-      if (chosen_policy) *chosen_policy = name;
     }
   }
   return best;
@@ -91,12 +81,6 @@ inline schedule best_list_schedule(const ir::graph& g, std::span<const double> d
 inline plan::plan make_plan(const ir::graph& given, const cost::model& model, const plan_options& options = {},
                             const improvement_fn& on_improvement = {}) {
   const auto started = std::chrono::steady_clock::now();
-  const auto known = policy_names();
-  if (std::find(known.begin(), known.end(), options.policy) == known.end()) {
-    std::string list;
-    for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
-    fail("unknown planning policy '" + options.policy + "' (known: " + list + ")");
-  }
   const sim::contention slowdown{model.overlap_slowdown(), model.comm_overlap_slowdown()};
   // Every policy plans the graph with the orders its buffer accesses imply (ir/hazards.hpp): a
   // dependency the graph's author left out would otherwise be a race under the baselines and a
@@ -104,7 +88,8 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
   const ir::graph g = ir::with_buffer_hazards(given);
   schedule chosen;
   windowed_report report{};
-  if (options.policy == "concerto") {
+  switch (family(options.policy)) {
+  case policy_family::search: {
     // Rewrites first (each judged by simulated step time, so none makes the step slower),
     // then the solver orders the rewritten graph, warm-started from the best baseline.
     const auto judge = simulated_step(model, options.memory_cap_bytes);
@@ -152,8 +137,8 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
     // either. They ignore memory caps, so under a cap they are not tried.
     if (!options.memory_cap_bytes) {
       double warm_step = sim::simulate(warm.graph, warm.order, durations, slowdown).step_us;
-      for (const auto& name : framework_policy_names()) {
-        const auto recipe = framework_named(name, g);
+      for (const auto framework : policies_of(policy_family::framework)) {
+        const auto recipe = framework_of(framework, g);
         auto their_graph = framework_rewrite(recipe, g, model);
         auto theirs = framework_edges(recipe, their_graph);
         auto their_durations = model.durations_us(theirs.graph);
@@ -169,15 +154,14 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
     auto solver = options.solver;
     solver.time_budget_s = std::max(options.solver.time_budget_s - seconds() - finishing, 0.0);
     chosen = improve_schedule(rewritten, std::move(warm), durations, slowdown, solver, &report, report_step);
-  } else if (const auto frameworks = framework_policy_names();
-             std::find(frameworks.begin(), frameworks.end(), options.policy) != frameworks.end()) {
-    chosen = framework_schedule(options.policy, g, model);
-  } else {
-    chosen = list_schedule(options.policy, g, model.durations_us(g));
+    break;
+  }
+  case policy_family::framework: chosen = framework_schedule(options.policy, g, model); break;
+  case policy_family::list: chosen = list_schedule(options.policy, g, model.durations_us(g)); break;
   }
   const auto final_durations = model.durations_us(chosen.graph);
-  auto p = sim::to_plan(std::move(chosen.graph), std::move(chosen.order), final_durations, slowdown, options.policy,
-                        model.hw().name);
+  auto p = sim::to_plan(std::move(chosen.graph), std::move(chosen.order), final_durations, slowdown,
+                        std::string(to_string(options.policy)), model.hw().name);
   // The bound of the graph as given, or of the rewritten one where bucketing made the
   // communication cheaper than any schedule of the original could be.
   p.stats.lower_bound_us = std::min(plan::compute_lower_bound(g, model.durations_us(g)).value,

@@ -1,0 +1,166 @@
+#pragma once
+/// @file
+/// @brief What a training step is given and what it gives back: its options, the batches and
+/// loaders it takes, the result of a step and the summary of its plan (train/step.hpp runs it).
+///
+/// @code
+/// train::step_options o{.policy = planner::policy::concerto, .lower = {.heads = 4, .depth = {{"layers", 2}}}};
+/// train::batch b{{"ids", {{8, 32}, {}, ids}}, {"labels", {{8, 32}, {}, labels}}};
+/// @endcode
+
+#include <concerto/cache/plan_cache.hpp>
+#include <concerto/core/error.hpp>
+#include <concerto/graph/lower.hpp>
+#include <concerto/planner/make_plan.hpp>
+#include <concerto/planner/policy.hpp>
+#include <concerto/runtime/cpu/optimizer.hpp>
+#include <concerto/runtime/executor.hpp>
+#include <concerto/train/pipeline.hpp>
+#include <concerto/train/plan_choice.hpp>
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace concerto::train {
+
+/// @brief Optimizer hyperparameters (the program chose sgd or adamw).
+struct optimizer_settings {
+  runtime::cpu::sgd_config sgd{};
+  runtime::cpu::adamw_config adamw{};
+};
+
+namespace detail {
+/// An environment variable that must be 0 or 1; nullopt when unset or empty. `off` and `on`
+/// say what each value means, for the error on any other value.
+inline std::optional<bool> env_flag(const char* name, std::string_view off, std::string_view on) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  if (std::string_view(v) != "0" && std::string_view(v) != "1")
+    fail(std::string(name) + "='" + v + "' must be 0 (" + std::string(off) + ") or 1 (" + std::string(on) + ")");
+  return std::string_view(v) == "1";
+}
+/// An environment variable as a path; empty when unset.
+inline std::filesystem::path env_path(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::filesystem::path(v) : std::filesystem::path();
+}
+} // namespace detail
+
+/// @brief How a step is planned and run.
+struct step_options {
+  planner::policy policy = planner::policy::concerto; ///< planner/policy.hpp
+  /// Time the graph's CPU kernels before planning and price each with its measured factor
+  /// (cost::hardware::kernel_scale; see prepare()). Default: on a host backend with a "cpu*"
+  /// preset, where the roofline is furthest from the kernels; off on a GPU.
+  std::optional<bool> measure_kernels;
+  lower_options lower{};             ///< name, attention heads, repeat depths
+  std::string cost_preset = "cpu";   ///< cost::model preset the planner uses
+  planner::windowed_options solver{.time_budget_s = 10, .progress = false};
+  bool decompose = true;             ///< concerto policy: split exposed collectives with their matmuls
+  bool bucket = true;                ///< concerto policy: fuse small gradient collectives
+  std::optional<std::int64_t> memory_cap_bytes; ///< peak memory per rank the plan must respect
+  /// Applied to the lowered graph before planning, on rank 0 (experiments and tests, e.g. forcing
+  /// a decomposition the cost model would not choose). Must keep the graph's buffers and names.
+  std::function<ir::graph(const ir::graph&)> rewrite;
+  bool use_cache = true;             ///< look the plan up in (and store it to) the plan cache
+  std::filesystem::path cache_dir = cache::default_directory();
+  std::uint64_t seed = 1;            ///< parameter initialisation
+  /// A step whose loss is NaN or infinite throws, naming the step (the parameters then hold that
+  /// step's update); false: the loss is returned and training goes on.
+  bool stop_on_non_finite_loss = true;
+  /// Every this many steps (0: never), compare bit for bit the parameters that ranks hold copies
+  /// of (data-parallel replicas, replicated weights); a difference stops training on every rank,
+  /// naming the parameter and the ranks. A debugging aid: one hash of every parameter and one
+  /// small all-gather. CONCERTO_CHECK_REPLICAS=N, when set, overrides it.
+  std::int64_t check_replicas_every = 0;
+  MPI_Comm world = MPI_COMM_WORLD;   ///< the ranks of the mesh, in mesh order
+  runtime::executor_options executor{};
+  /// The `concerto` policy measures its first plan, refits the cost model, re-plans, and keeps
+  /// whichever candidate measured fastest (train/plan_choice.hpp). CONCERTO_CHOOSE_PLAN=0 turns it off.
+  plan_choice_options choice{};
+  /// When set, every rank writes Chrome traces here: the plan's simulated step once
+  /// (`<graph>.<policy>.planned.rank<r>.json`) and each executed step's measured timeline,
+  /// overwritten step by step (`<graph>.<policy>.measured.rank<r>.json`), outside the measured
+  /// time. Defaults to $CONCERTO_TRACE_DIR.
+  std::filesystem::path trace_dir = detail::env_path("CONCERTO_TRACE_DIR");
+  /// On the GPU backend, fp32 matrix products run on the TF32 tensor cores (about 8x cuBLASLt's
+  /// fp32 throughput on an H200, inputs rounded to 10 mantissa bits: ~1e-3 relative error). No
+  /// effect on the CPU backend. CONCERTO_TF32=0/1, when set, overrides it.
+  bool allow_tf32 = false;
+  /// Pipeline parallelism, when the mesh has the pipeline axis (`pp`): micro-batches, the
+  /// schedule policy, virtual stages (train/pipeline.hpp, docs/pipeline.md).
+  pipeline_options pipeline{};
+};
+
+/// @brief What the first call decided (the same on every rank).
+struct plan_summary {
+  std::string policy;
+  double solver_seconds = 0;    ///< planning wall time on rank 0 (0 when the cache answered... as stored)
+  double predicted_us = 0;      ///< the plan's simulated step time
+  double sync_predicted_us = 0; ///< the `sync` policy's simulated step time on the same graph
+  bool cache_hit = false;
+  bool rewritten = false;       ///< the executed graph differs from the lowered one (split, buckets)
+  std::size_t tasks = 0, collectives = 0;
+  std::string baseline = "sync"; ///< what sync_predicted_us is: `sync`, or for a pipelined step `gpipe`
+  std::string pipeline;          ///< a pipelined step's stages, micro-batches and lower bound; empty otherwise
+  /// One line: "plan concerto: 212 tasks (58 collectives), solver 1.2 s, predicted 830 us vs sync 1020 us (1.23x), cache miss".
+  [[nodiscard]] std::string text() const {
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "plan %s: %zu tasks (%zu collectives)%s, solver %.2f s, predicted %.0f us vs %s %.0f us (%.2fx), cache %s",
+                  policy.c_str(), tasks, collectives, rewritten ? ", rewritten" : "", solver_seconds, predicted_us,
+                  baseline.c_str(), sync_predicted_us, predicted_us > 0 ? sync_predicted_us / predicted_us : 0.0,
+                  cache_hit ? "hit" : "miss");
+    return pipeline.empty() ? std::string(buf) : std::string(buf).append(", ").append(pipeline);
+  }
+};
+
+/// @brief A global tensor given to a step: f32 values or i64 ids, row-major.
+struct tensor {
+  std::vector<std::int64_t> shape;
+  std::vector<float> f32{};
+  std::vector<std::int64_t> i64{};
+};
+/// @brief Global inputs by leaf name.
+using batch = std::map<std::string, tensor>;
+
+/// @brief One rank's shard of an input, for a loader to fill (exactly one span is non-empty).
+struct shard_request {
+  std::string name;
+  std::vector<std::int64_t> global_shape, offset, local_shape;
+  std::span<float> f32;
+  std::span<std::int64_t> i64;
+};
+/// @brief Fills each input shard of this rank.
+using loader = std::function<void(const shard_request&)>;
+
+/// @brief What one step returns on every rank.
+struct step_result {
+  std::int64_t step = 0;        ///< counting from 1 (continues after a checkpoint load)
+  double loss = 0;              ///< the loss of the whole global batch
+  double step_us = 0;           ///< measured wall time of the executor's step on this rank
+  double exposed_comm_us = 0;   ///< compute idle while collectives were outstanding
+  int rank = 0;
+};
+
+/// @brief One mixture-of-experts layer's load-balancing loss in the last step
+/// (basic_step::moe_balance_losses).
+struct moe_balance {
+  std::string router;   ///< the layer's routing node, e.g. "layers.0.moe_route#23"
+  double balance = 0;   ///< experts·Σ_e f_e·P_e averaged over the step's groups: 1 when perfectly balanced, up to E
+  double weight = 0;    ///< the layer's balance loss weight (moe_config::aux_weight)
+  double loss = 0;      ///< weight · balance: the loss whose gradient the router's gets
+};
+
+} // namespace concerto::train
