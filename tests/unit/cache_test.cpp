@@ -459,7 +459,7 @@ TEST_CASE("get_or_plan plans once, then answers from the cache", "[cache]") {
   int calls = 0;
   const auto planner = [&] {
     ++calls;
-    return make_plan(g, m, "xla_lhs");
+    return make_plan(g, m, planner::policy::xla_lhs);
   };
   const auto key = cache::make_key(g, m, "mpi", "xla_lhs");
   bool hit = true;
@@ -510,7 +510,7 @@ TEST_CASE("load time of a plan of 4,000-5,000 tasks (llama-tp-sp, full depth and
   const int layers = GENERATE(0, 100); // 0: the model's 80
   const auto g = ir::make_workload("llama-tp-sp", {.layers = layers});
   const auto m = cost::model::preset("h100x64");
-  const auto p = make_plan(g, m, "xla_lhs");
+  const auto p = make_plan(g, m, planner::policy::xla_lhs);
   const auto key = cache::make_key(g, m, "nccl", "xla_lhs");
   cache::plan_cache cache(dir.path);
   cache.store(key, p);

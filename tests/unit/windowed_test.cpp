@@ -213,7 +213,7 @@ TEST_CASE("the windowed solver is never worse than its start on random graphs", 
     o.window_time_limit_s = 0.2;
     o.time_budget_s = 1.5;
     const auto best = planner::improve_schedule(m.g, start, m.d, slow, o, &rep);
-    INFO("trial " << trial << ", " << m.g.tasks.size() << " tasks, " << policy);
+    INFO("trial " << trial << ", " << m.g.tasks.size() << " tasks, " << planner::to_string(policy));
     require_complete_orders(best.graph, best.order);
     const double before = sim::simulate(m.g, start.order, m.d, slow).step_us;
     const double after = sim::simulate(best.graph, best.order, m.d, slow).step_us;
