@@ -1,5 +1,5 @@
 // CPU kernels of Llama-family blocks: RMSNorm, SiLU, the elementwise product, SwiGLU and rotary
-// position embedding. Forward kernels against double-precision loops written here, backward
+// position embedding; the pointwise sigmoid and tanh. Forward kernels against double-precision loops written here, backward
 // kernels against central differences of the float forward kernel (tolerances as in
 // kernels_test.cpp: h = 1e-2, rtol = atol = 2e-3).
 
@@ -188,6 +188,25 @@ TEST_CASE("rope rotates each head's lane pairs by position and its gradient rota
     CHECK_THROWS_WITH(cpu::rope(x, pos, y, rows, width, 5, theta), ContainsSubstring("rope: head_dim must be even"));
     CHECK_THROWS_WITH(cpu::rope(x, pos, y, rows, width, 16, theta), ContainsSubstring("not a multiple of head_dim 16"));
   }
+}
+
+TEST_CASE("tanh and its gradient from the output", "[cpu][kernels][tanh]") {
+  std::mt19937 rng(59);
+  auto x = random_floats(rng, 41, -6.0f, 6.0f);
+  x.push_back(0.0f);
+  x.push_back(12.0f); // past the approximation's clamp: exactly 1
+  std::vector<float> y(x.size());
+  cpu::tanh(x, y);
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(std::abs(y[i] - std::tanh(double(x[i]))) <= 1e-6);
+  CHECK(y.back() == 1.0f);
+  const auto w = random_floats(rng, x.size());
+  std::vector<float> dx(x.size());
+  cpu::tanh_grad(y, w, dx);
+  REQUIRE_CLOSE(dx, central_difference(x, [&] {
+                  cpu::tanh(x, y);
+                  return project(w, y);
+                }),
+                fd_tol, fd_tol);
 }
 
 TEST_CASE("sigmoid and its gradient from the output; the leading transpose and its inverse", "[cpu][kernels][dap]") {

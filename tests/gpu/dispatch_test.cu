@@ -226,6 +226,20 @@ TEST_CASE("axial attention's pieces match the CPU dispatch: attention without th
   CHECK(dispatch_testing::compare_written(tw, 1e-3f, 1e-4f) == 5);
 }
 
+TEST_CASE("tanh and its gradient match the CPU dispatch", "[gpu][dispatch][tanh]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t n = 1000;
+  ir::builder b("tanh");
+  const auto x = b.buffer("x", {n}), y = b.buffer("y", {n}), dy = b.buffer("dy", {n}), dx = b.buffer("dx", {n});
+  b.compute(op::tanh, "tanh", {x}, {y});
+  b.at(ir::phase::backward);
+  b.compute(op::tanh_grad, "tanh.grad", {y, dy}, {dx});
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 29);
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-6f) == 2);
+}
+
 TEST_CASE("losses over global counts with i64 targets match the CPU dispatch", "[gpu][dispatch][loss]") {
   CONCERTO_REQUIRE_GPU();
   const std::int64_t rows = 33, classes = 70, n = 1000;

@@ -2,7 +2,9 @@
 // on 1, 2 and 4 ranks with every mesh shape that divides (DP, TP, DP x TP): the loss of each step,
 // and the gradients and parameters after the last one, match the single-rank run within
 // train_testing::rel_tol (1e-5 relative); so do the sync, program_order and concerto plans, and a
-// repeated MLP whose input has no gradient matches the same stack with it.
+// repeated MLP whose input has no gradient matches the same stack with it. The tanh MLP (the op
+// added last, through its table entry and kernels alone) trains alike on every mesh, its gradients
+// the central differences of the loss.
 #include "train_testing.hpp"
 
 #include <concerto/concerto.hpp>
@@ -44,6 +46,11 @@ constexpr auto block = [](auto h) {
 constexpr auto stack = program(mse(repeat<"layers">(block, input<"x">(act)), input<"target">(act)), sgd{});
 constexpr auto frozen_stack = program(mse(repeat<"layers">(block, input<"x">(act, no_grad)), input<"target">(act)), sgd{});
 const shape_map stack_shapes{{"x", {B, K}}, {"target", {B, K}}, {"w1", {K, H}}, {"w2", {H, K}}};
+
+constexpr auto tanh_mlp = program(mse(matmul(tanh(matmul(input<"x">(act), param<"w1">(spec(replicate, shard(tp))))),
+                                             param<"w2">(spec(shard(tp), replicate))),
+                                      input<"target">(act)),
+                                  sgd{});
 
 tt::run_result run(MPI_Comm comm, int d, int t, planner::policy policy, int steps = 3,
                    std::function<ir::graph(const ir::graph&)> rewrite = {}) {
@@ -109,6 +116,28 @@ TEST_CASE("a decomposed plan gives the numbers of the undecomposed one", "[mpi][
   REQUIRE(split.summary.rewritten);
   CHECK(split.summary.tasks > plain.summary.tasks);
   tt::check_same(split, plain);
+}
+
+TEST_CASE("the tanh MLP trains to the single-rank numbers, its gradients the finite differences", "[mpi][train][mlp][tanh]") {
+  const auto trained = [](MPI_Comm comm, int d, int t) {
+    return tt::run(tanh_mlp, shapes, comm, {{"dp", d}, {"tp", t}}, data(), 3, {.sgd = {.lr = 0.2f}},
+                   {.policy = planner::policy::sync, .solver = {.progress = false}}, params);
+  };
+  const auto reference = trained(MPI_COMM_SELF, 1, 1);
+  CHECK(reference.loss.back() < reference.loss.front());
+  const int world = runtime::mpi::environment::world_size();
+  for (int ranks = 2; ranks <= world; ranks *= 2)
+    for (int t = 1; t <= ranks; t *= 2) {
+      tt::sub_world sub(ranks);
+      if (!sub.member()) continue;
+      CAPTURE(ranks, t);
+      tt::check_same(trained(sub.get(), ranks / t, t), reference);
+    }
+  auto step = train::compile(tanh_mlp, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), shapes, {.sgd = {.lr = 0.0f}},
+                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
+  const auto b = data();
+  step(b);
+  tt::check_gradients_by_differences(step, b, params, {});
 }
 
 CONCERTO_MPI_TEST_MAIN

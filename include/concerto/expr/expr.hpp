@@ -107,6 +107,9 @@ struct leaf_expr : expr_base<leaf_expr<Name, Kind, Spec, Storage, Init>> {
 /// @brief An op applied to sub-expressions; `Extra` carries a spec for `.to()`, else no_extra.
 template <op_code Op, class Extra, class... Args>
 struct node_expr : expr_base<node_expr<Op, Extra, Args...>> {
+  static_assert(ir::dsl_ready(Op, static_cast<int>(sizeof...(Args))),
+                "this op is not one a program can use: its ir/ops.hpp entry lacks the DSL arity, the sharding "
+                "rule or the backward recipe (ir::dsl_ready)");
   static constexpr op_code op = Op;
   static constexpr std::size_t size = (std::size_t{1} + ... + Args::size);
 };

@@ -113,6 +113,11 @@ template <expression X>
 [[nodiscard]] constexpr detail::op_t<op_code::sigmoid, X> sigmoid(X) noexcept {
   return {};
 }
+/// @brief The hyperbolic tangent, elementwise.
+template <expression X>
+[[nodiscard]] constexpr detail::op_t<op_code::tanh, X> tanh(X) noexcept {
+  return {};
+}
 /// @brief x `[a, b, ...]` as `[b, a, ...]`: the two leading dimensions swapped (column attention
 /// as row attention of the transposed pair representation). Each mesh axis follows its
 /// dimension: a split of a becomes a split of dimension 1.

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief Per-op sharding rules over indexed specs: given the input specs, the spec each input
+/// @brief The sharding rules (ir::sharding) over indexed specs: given the input specs, the spec each input
 /// must be brought to (the caller inserts the redistribution, see spec/redistribute.hpp) and
 /// the output spec, or the mistake that has no meaning.
 ///
@@ -164,6 +164,34 @@ struct labels {
   return v;
 }
 
+/// @brief The leading dimensions of `x` (all but the last), laid out as in `x`: rope's positions,
+/// cross-entropy's labels.
+[[nodiscard]] constexpr pspec leading_dims_of(const pspec& x, int axes) noexcept {
+  pspec v;
+  v.rank = static_cast<std::int8_t>(x.rank - 1);
+  for (int a = 0; a < axes; ++a)
+    if (const int s = x.state(a); s >= 0 && s < x.rank - 1) v.set_state(a, s);
+  return v;
+}
+/// @brief embedding(ids, table [vocab, hidden]): rows follow the ids; an axis splitting both the
+/// ids and the table leaves the table replicated over it; a vocabulary split alone gives a pending
+/// sum, a hidden split a split last dimension.
+[[nodiscard]] constexpr result embedding(const pspec& ids, const pspec& table, int axes) noexcept {
+  result r;
+  r.need[0] = ids;
+  r.need[1] = table.without_partial();
+  r.out.rank = static_cast<std::int8_t>(ids.rank + 1);
+  for (int a = 0; a < axes; ++a) {
+    const int si = ids.state(a), st = r.need[1].state(a);
+    if (si >= 0 && st >= 0) {
+      r.need[1].set_state(a, state_replicated);
+      r.out.set_state(a, si);
+    } else if (si >= 0) r.out.set_state(a, si);
+    else if (st == 0) r.out.set_state(a, state_partial);
+    else if (st == 1) r.out.set_state(a, ids.rank);
+  }
+  return r;
+}
 /// @brief The axes that split any of the given dimensions of `x` (first..last inclusive), as pending sums
 /// of a result that sums over those dimensions.
 [[nodiscard]] constexpr std::uint8_t axes_splitting(const pspec& x, int first, int last, int axes) noexcept {

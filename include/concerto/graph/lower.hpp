@@ -88,19 +88,67 @@ inline std::int64_t moe_capacity(const moe_config& c, const extents& logits) {
   return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(even - 1e-9)), 1, tokens);
 }
 
-// The shape of op node i from its operands' (`global`), checked; messages show the op as written.
+// Node j as a message names an operand: 'name' [dims].
+template <std::size_t N>
+std::string operand_text(const program<N>& p, const std::vector<extents>& global, int j) {
+  std::string text = "'"; // built by appending: g++ 12 warns (-Wrestrict) on "'" + std::string&&
+  text.append(p.name_of(j)).append("' ").append(dims_text(global[static_cast<std::size_t>(j)]));
+  return text;
+}
+
+// The shape of attention node i (q's), checked against k, v and the heads.
+template <std::size_t N>
+extents attention_shape(const program<N>& p, int i, const std::vector<extents>& global, const lower_options& options) {
+  const node& x = p.nodes[i];
+  const auto in = [&](int k) -> const extents& { return global[static_cast<std::size_t>(x.in[k])]; };
+  const auto what = [&] { return p.describe(i); };
+  const auto& q = in(0);
+  if (in(1) != in(2) || !std::equal(q.begin(), q.end() - 1, in(1).begin()))
+    fail(what() + ": k " + dims_text(in(1)) + " and v " + dims_text(in(2)) + " must have one shape, and q's " +
+         dims_text(q) + " but for the last dimension");
+  if (options.heads < 1)
+    fail(what() + ": " + std::to_string(options.heads) + " heads; attention needs at least one (lower_options::heads)");
+  if (q.back() % options.heads != 0)
+    fail(what() + ": hidden size " + std::to_string(q.back()) + " is not divisible by " + std::to_string(options.heads) +
+         " heads");
+  const auto head_dim = q.back() / options.heads;
+  if (in(1).back() < head_dim || in(1).back() % head_dim != 0 || options.heads % (in(1).back() / head_dim) != 0)
+    fail(what() + ": k and v hold " + std::to_string(in(1).back()) + " values per token, not a number of heads of " +
+         std::to_string(head_dim) + " (" + std::to_string(q.back()) + " / " + std::to_string(options.heads) +
+         " heads) that divides the " + std::to_string(options.heads) + " query heads");
+  return q;
+}
+
+// The shape of moe_dispatch / moe_combine node i, checked against its gates.
+template <std::size_t N>
+extents moe_shape(const program<N>& p, int i, const std::vector<extents>& global) {
+  const node& x = p.nodes[i];
+  const auto in = [&](int k) -> const extents& { return global[static_cast<std::size_t>(x.in[k])]; };
+  const auto what = [&] { return p.describe(i); };
+  const auto operand = [&](int k) { return operand_text(p, global, x.in[k]); };
+  const auto& gates = in(1);
+  const auto capacity = moe_capacity(p.nodes[route_of(p, x.in[1])].moe, gates);
+  if (x.op == op_code::moe_dispatch) {
+    if (in(0)[0] != gates[0] || in(0)[1] != gates[1])
+      fail(what() + ": the tokens " + operand(0) + " and the gates " + operand(1) + " differ in groups or tokens");
+    return {gates[2], gates[0] * capacity, in(0)[2]};
+  }
+  if (in(0)[0] != gates[2] || in(0)[1] != gates[0] * capacity)
+    fail(what() + ": the experts' output " + operand(0) + " is not [experts, groups·capacity, h] = [" +
+         std::to_string(gates[2]) + ", " + std::to_string(gates[0] * capacity) + ", h] for the gates " + operand(1));
+  return {gates[0], gates[1], in(0)[2]};
+}
+
+// The shape of node i from its operands' (`global`), checked; messages show the op as written.
+// Each sharding rule has its shape rule: the op's table entry decides which applies.
 template <std::size_t N>
 extents op_shape(const program<N>& p, int i, const std::vector<extents>& global, const lower_options& options) {
   const node& x = p.nodes[i];
   const auto in = [&](int k) -> const extents& { return global[static_cast<std::size_t>(x.in[k])]; };
   const auto what = [&] { return p.describe(i); };
-  const auto operand = [&](int k) {
-    std::string text = "'";  // built by appending: g++ 12 warns (-Wrestrict) on "'" + std::string&&
-    text.append(p.name_of(x.in[k])).append("' ").append(dims_text(in(k)));
-    return text;
-  };
-  switch (x.op) {
-  case op_code::matmul: {
+  const auto operand = [&](int k) { return operand_text(p, global, x.in[k]); };
+  switch (ir::info(x.op).rule) {
+  case ir::sharding::contract: {
     const auto &a = in(0), &b = in(1);
     if (a.back() != b[b.size() - 2]) fail(what() + ": contracted sizes differ, " + operand(0) + " and " + operand(1));
     if (b.size() == a.size() && !std::equal(a.begin(), a.end() - 2, b.begin()))
@@ -109,52 +157,53 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
     out.back() = b.back();
     return out;
   }
-  case op_code::add:
-  case op_code::mul:
-  case op_code::swiglu:
+  case ir::sharding::unify:
+  case ir::sharding::pointwise_two:
     if (in(0) != in(1)) fail(what() + ": shapes differ, " + operand(0) + " and " + operand(1));
     return in(0);
-  case op_code::rope:
+  case ir::sharding::pointwise: return in(0);
+  case ir::sharding::rope:
     if (in(1).size() + 1 != in(0).size() || !std::equal(in(1).begin(), in(1).end(), in(0).begin()))
       fail(what() + ": positions " + operand(1) + " do not match the leading dimensions of " + operand(0));
     return in(0);
-  case op_code::bias_add:
-  case op_code::layernorm:
-  case op_code::rmsnorm:
+  case ir::sharding::bias:
+  case ir::sharding::rowwise:
     for (int k = 1; k < x.n_in; ++k)
       if (in(k)[0] != in(0).back())
         fail(what() + ": '" + p.name_of(x.in[k]) + "' has " + std::to_string(in(k)[0]) + " entries but the last dimension of '" +
              p.name_of(x.in[0]) + "' is " + std::to_string(in(0).back()));
     return in(0);
-  case op_code::attention: {
-    const auto& q = in(0);
-    if (in(1) != in(2) || !std::equal(q.begin(), q.end() - 1, in(1).begin()))
-      fail(what() + ": k " + dims_text(in(1)) + " and v " + dims_text(in(2)) + " must have one shape, and q's " +
-           dims_text(q) + " but for the last dimension");
-    if (options.heads < 1)
-      fail(what() + ": " + std::to_string(options.heads) + " heads; attention needs at least one (lower_options::heads)");
-    if (q.back() % options.heads != 0)
-      fail(what() + ": hidden size " + std::to_string(q.back()) + " is not divisible by " + std::to_string(options.heads) +
-           " heads");
-    const auto head_dim = q.back() / options.heads;
-    if (in(1).back() < head_dim || in(1).back() % head_dim != 0 || options.heads % (in(1).back() / head_dim) != 0)
-      fail(what() + ": k and v hold " + std::to_string(in(1).back()) + " values per token, not a number of heads of " +
-           std::to_string(head_dim) + " (" + std::to_string(q.back()) + " / " + std::to_string(options.heads) +
-           " heads) that divides the " + std::to_string(options.heads) + " query heads");
-    return q;
-  }
-  case op_code::embedding: {
+  case ir::sharding::attention: return attention_shape(p, i, global, options);
+  case ir::sharding::embedding: {
     auto out = in(0);
     out.push_back(in(1)[1]);
     return out;
   }
-  case op_code::mse:
+  case ir::sharding::mse:
     if (in(0) != in(1)) fail(what() + ": prediction " + dims_text(in(0)) + " and target " + dims_text(in(1)) + " differ");
     return {};
-  case op_code::cross_entropy:
+  case ir::sharding::cross_entropy:
     if (!std::equal(in(1).begin(), in(1).end(), in(0).begin()))
       fail(what() + ": labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
     return {};
+  case ir::sharding::swap_leading: {
+    auto out = in(0);
+    std::swap(out[0], out[1]);
+    return out;
+  }
+  case ir::sharding::routing:
+    if (x.moe.top_k > in(0)[2])
+      fail(what() + ": top_k " + std::to_string(x.moe.top_k) + " is more than the " + std::to_string(in(0)[2]) +
+           " experts of " + operand(0) + " (logits [groups, tokens, experts])");
+    return in(0);
+  case ir::sharding::dispatch:
+  case ir::sharding::combine: return moe_shape(p, i, global);
+  case ir::sharding::none: break;
+  }
+  // Nodes the compiler makes: a redistribution or a repeat's bound keeps its value's shape; the
+  // vocab-parallel cross-entropy's pieces are rows of the logits.
+  if (is_redistribution(x.op) || x.op == op_code::repeat_in) return in(0);
+  switch (x.op) {
   case op_code::vocab_ce_max:
   case op_code::vocab_ce_sumexp: return extents(in(0).begin(), in(0).end() - 1);
   case op_code::vocab_ce_target:
@@ -162,31 +211,7 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
       fail(what() + ": labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
     return in(1);
   case op_code::vocab_ce_loss: return {};
-  case op_code::transpose: {
-    auto out = in(0);
-    std::swap(out[0], out[1]);
-    return out;
-  }
-  case op_code::moe_route:
-    if (x.moe.top_k > in(0)[2])
-      fail(what() + ": top_k " + std::to_string(x.moe.top_k) + " is more than the " + std::to_string(in(0)[2]) +
-           " experts of " + operand(0) + " (logits [groups, tokens, experts])");
-    return in(0);
-  case op_code::moe_dispatch:
-  case op_code::moe_combine: {
-    const auto& gates = in(1);
-    const auto capacity = moe_capacity(p.nodes[route_of(p, x.in[1])].moe, gates);
-    if (x.op == op_code::moe_dispatch) {
-      if (in(0)[0] != gates[0] || in(0)[1] != gates[1])
-        fail(what() + ": the tokens " + operand(0) + " and the gates " + operand(1) + " differ in groups or tokens");
-      return {gates[2], gates[0] * capacity, in(0)[2]};
-    }
-    if (in(0)[0] != gates[2] || in(0)[1] != gates[0] * capacity)
-      fail(what() + ": the experts' output " + operand(0) + " is not [experts, groups·capacity, h] = [" +
-           std::to_string(gates[2]) + ", " + std::to_string(gates[0] * capacity) + ", h] for the gates " + operand(1));
-    return {gates[0], gates[1], in(0)[2]};
-  }
-  default: return in(0);
+  default: fail("lowering: " + what() + " has op '" + std::string(ir::to_string(x.op)) + "', whose shape nothing gives");
   }
 }
 
@@ -555,27 +580,6 @@ private:
       return;
     }
     case op_code::matmul: return matmul(i, x);
-    case op_code::add:
-    case op_code::bias_add:
-    case op_code::gelu:
-    case op_code::relu:
-    case op_code::silu:
-    case op_code::sigmoid:
-    case op_code::sigmoid_grad:
-    case op_code::mul:
-    case op_code::swiglu:
-    case op_code::gelu_grad:
-    case op_code::relu_grad:
-    case op_code::silu_grad:
-    case op_code::layernorm:
-    case op_code::layernorm_grad:
-    case op_code::rmsnorm:
-    case op_code::rmsnorm_grad:
-    case op_code::softmax:
-    case op_code::softmax_grad: return compute(i, x.op, ins(x), shape_attrs(local_of(i)));
-    case op_code::bias_grad:
-    case op_code::layernorm_grad_gamma:
-    case op_code::rmsnorm_grad_gain: return compute(i, x.op, ins(x), shape_attrs(local_of(x.in[0])));
     case op_code::swiglu_grad:
       packed_buffer(i, 2 * elements(local_of(x.in[0]))); // dgate, dup
       return compute(i, x.op, ins(x), shape_attrs(local_of(x.in[0])));
@@ -615,7 +619,13 @@ private:
     case op_code::moe_dispatch:
     case op_code::moe_dispatch_grad:
     case op_code::moe_combine: return moe(i, x);
-    default: fail("lowering: node " + std::to_string(i) + " '" + name_ + "' has an op the lowering does not know");
+    default:
+      // An op whose table entry asks for no attrs (elementwise ops, norms, softmax, their
+      // gradients, the sums over rows of a vector's gradient): its kernel takes the shape of its
+      // first operand, whose rows it walks.
+      if (ir::is_compute(x.op) && ir::info(x.op).executable && ir::info(x.op).attrs[0].empty() && x.n_in > 0)
+        return compute(i, x.op, ins(x), shape_attrs(local_of(x.in[0])));
+      fail("lowering: node " + std::to_string(i) + " '" + name_ + "' has an op the lowering does not know");
     }
   }
 

@@ -14,16 +14,15 @@
 /// | operands | validation (counts), the typed decoding of a task (runtime/kernel_call.hpp), messages |
 /// | attrs | validation: the attributes a task of the op must carry |
 /// | flops | ir::builder (so the DSL lowering and the workloads price an op alike), the cost model |
-/// | arity, sharding rule | the DSL compiler (expr/rules.hpp implements each rule) |
-/// | backward | the DSL's autodiff (graph/detail/compiler.hpp builds each recipe) |
+/// | arity, sharding rule | expr::node_expr (ir::dsl_ready), the DSL compiler's propagation (a switch over the rules, expr/rules.hpp), the lowering's shapes |
+/// | backward | the DSL's autodiff (graph/detail/compiler.hpp interprets each recipe) |
 /// | accumulates | the pipeline split (a weight gradient summed over micro-batches in place) |
 ///
 /// Adding an op: its enumerator and entry below, its CPU and CUDA kernels with their dispatch
 /// cases (runtime/dispatch.hpp, runtime/cuda/dispatch.cuh, which switch over every op, so an op
 /// without a case there is a compile error) and typed decoding (runtime/kernel_call.hpp); a DSL
-/// op also its function (expr/ops.hpp), its rule and recipe in the compiler's propagation and
-/// autodiff (graph/detail/compiler.hpp) and its shape and task in the lowering (graph/lower.hpp).
-/// docs/architecture.md walks through one, file by file.
+/// op also its three-line function (expr/ops.hpp). Its rule and recipe are the entry's: the
+/// compiler and the lowering read them. docs/architecture.md walks through one (tanh), file by file.
 ///
 /// @code
 /// static_assert(ir::info(ir::op::rmsnorm).kind == ir::op_kind::norm);
@@ -90,11 +89,12 @@ enum class op : std::uint8_t {
   // forward
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
-  sigmoid, transpose,
+  sigmoid, transpose, tanh,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
   cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad, sigmoid_grad,
+  tanh_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates
@@ -159,10 +159,14 @@ enum class grad_spec : std::uint8_t {
   summed_over_ids,    ///< an embedding table's: pending over the axes splitting the ids
 };
 
+/// @brief One gradient task of a recipe: its op, its operands, its spec. `fn = none` with the
+/// single argument `dout` passes the output gradient on; `fn = none` without arguments: no gradient.
 struct grad_term {
   op fn = op::none;
   std::array<grad_arg, 4> args{grad_arg::none, grad_arg::none, grad_arg::none, grad_arg::none};
   grad_spec spec = grad_spec::of_operand;
+  /// backward::packed: the value whose shape the packed task's node takes (its buffer holds every part)
+  grad_arg shaped_as = grad_arg::none;
 };
 
 /// @brief How a task's FLOPs follow from its operands and attrs (ir::flops_of).
@@ -260,6 +264,12 @@ constexpr grad_term term(op fn, std::initializer_list<grad_arg> args, grad_spec 
   t.spec = spec;
   return t;
 }
+// A packed recipe's task, its node shaped as `shaped_as`.
+constexpr grad_term packed_term(op fn, std::initializer_list<grad_arg> args, grad_arg shaped_as) {
+  grad_term t = term(fn, args);
+  t.shaped_as = shaped_as;
+  return t;
+}
 using k = op_kind;
 using f = flops_rule;
 using r = sharding;
@@ -292,7 +302,7 @@ inline constexpr op_info table[op_count] = {
     dsl(compute(op::mul, "mul", k::elementwise, list({"a", "b"}), list({"out"}), f::per_output, 1), 2, r::pointwise_two,
         b::terms, {term(op::mul, {a::dout, a::in1}), term(op::mul, {a::dout, a::in0})}),
     dsl(compute(op::swiglu, "swiglu", k::elementwise, list({"gate", "up"}), list({"out"}), f::per_output, 5), 2,
-        r::pointwise_two, b::packed, {term(op::swiglu_grad, {a::in0, a::in1, a::dout})}),
+        r::pointwise_two, b::packed, {packed_term(op::swiglu_grad, {a::in0, a::in1, a::dout}, a::out)}),
     dsl(compute(op::layernorm, "layernorm", k::norm, list({"x", "gamma", "beta"}), list({"out"}), f::per_output, 8), 3,
         r::rowwise, b::terms,
         {term(op::layernorm_grad, {a::in0, a::regathered_in1, a::dout}),
@@ -306,7 +316,7 @@ inline constexpr op_info table[op_count] = {
         {term(op::softmax_grad, {a::out, a::dout})}),
     dsl(with_attrs(compute(op::attention, "attention", k::attention, list({"q", "k", "v"}), list({"out"}), f::attention, 0),
                    {"batch", "seq", "heads", "head_dim"}),
-        3, r::attention, b::packed, {term(op::attention_grad, {a::in0, a::in1, a::in2, a::dout})}),
+        3, r::attention, b::packed, {packed_term(op::attention_grad, {a::in0, a::in1, a::in2, a::dout}, a::out)}),
     dsl(with_attrs(compute(op::rope, "rope", k::elementwise, list({"x", "positions"}), list({"out"}), f::per_output, 6),
                    {"head_dim", "theta"}),
         2, r::rope, b::terms, {term(op::rope_grad, {a::dout, a::in1})}),
@@ -338,12 +348,14 @@ inline constexpr op_info table[op_count] = {
     dsl(with_attrs(compute(op::moe_combine, "moe_combine", k::elementwise, list({"y", "gates"}), list({"out"}),
                            f::per_output, 4),
                    {"experts", "group", "capacity"}),
-        2, r::combine, b::packed, {term(op::moe_combine_grad, {a::in0, a::in1, a::dout})}),
+        2, r::combine, b::packed, {packed_term(op::moe_combine_grad, {a::in0, a::in1, a::dout}, a::in0)}),
     dsl(compute(op::sigmoid, "sigmoid", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise,
         b::terms, {term(op::sigmoid_grad, {a::out, a::dout})}),
     dsl(with_attrs(compute(op::transpose, "transpose", k::copy, list({"x"}), list({"out"}), f::none, 0),
                    {"rows", "cols", "inner"}),
         1, r::swap_leading, b::terms, {term(op::transpose, {a::dout})}),
+    dsl(compute(op::tanh, "tanh", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise, b::terms,
+        {term(op::tanh_grad, {a::out, a::dout})}),
     // ---- backward ----
     accumulating(compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1)),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
@@ -386,6 +398,7 @@ inline constexpr op_info table[op_count] = {
                        list({"dy_dgates"}), f::per_input, 4),
                {"experts", "group", "capacity"}),
     compute(op::sigmoid_grad, "sigmoid_grad", k::elementwise, list({"y", "dout"}), list({"dx"}), f::per_output, 3),
+    compute(op::tanh_grad, "tanh_grad", k::elementwise, list({"y", "dout"}), list({"dx"}), f::per_output, 3),
     // ---- redistribution ----
     collective(op::all_reduce, "all_reduce", k::all_reduce, true),
     collective(op::all_gather, "all_gather", k::all_gather, true),
@@ -451,6 +464,15 @@ inline constexpr op_info table[op_count] = {
 [[nodiscard]] constexpr bool is_compute(op o) noexcept { return info(o).role == op_role::compute; }
 [[nodiscard]] constexpr bool is_reduction(op o) noexcept { return info(o).role == op_role::reduction; }
 
+/// @brief Whether a DSL node of op `o` with `operands` operands is one the compiler can build:
+/// the compiler's own structural nodes, or an op whose entry gives that arity, a sharding rule
+/// and a backward recipe (expr::node_expr asserts it, so an op missing either does not build).
+[[nodiscard]] constexpr bool dsl_ready(op o, int operands) noexcept {
+  const auto& i = info(o);
+  if (i.role == op_role::structural) return true;
+  return i.arity == operands && i.rule != sharding::none && i.grad != backward::none;
+}
+
 namespace detail::ops {
 constexpr bool table_in_order() {
   for (int i = 0; i < op_count; ++i)
@@ -467,6 +489,7 @@ constexpr bool names_unique() {
 constexpr bool recipes_complete() {
   for (const auto& i : table) {
     if (i.arity > 0 && i.role == op_role::compute && i.rule != sharding::none && i.grad == backward::none) return false;
+    if (i.grad == backward::packed && i.terms[0].shaped_as == grad_arg::none) return false;
     if (i.grad != backward::terms && i.grad != backward::packed) continue;
     for (const auto& t : i.terms) {
       if (t.fn == op::none) continue;
@@ -481,8 +504,9 @@ constexpr bool recipes_complete() {
 }
 static_assert(table_in_order(), "ir::op and the op table list the ops in different orders");
 static_assert(names_unique(), "two ops of the table share a name");
-static_assert(recipes_complete(), "a DSL op's backward recipe names an op that is no executable kernel, or gives it "
-                                  "another number of operands than the kernel reads");
+static_assert(recipes_complete(), "a DSL op's backward recipe names an op that is no executable kernel, gives it "
+                                  "another number of operands than the kernel reads, or packs gradients without "
+                                  "saying what the packed node is shaped as");
 } // namespace detail::ops
 
 } // namespace concerto::ir

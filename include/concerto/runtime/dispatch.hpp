@@ -400,6 +400,8 @@ inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_setti
   case op::silu: cpu::silu(f.in(0), f.out(0)); return;
   case op::sigmoid: cpu::sigmoid(f.in(0), f.out(0)); return;
   case op::sigmoid_grad: cpu::sigmoid_grad(f.in(0), f.in(1), f.out(0)); return;
+  case op::tanh: cpu::tanh(f.in(0), f.out(0)); return;
+  case op::tanh_grad: cpu::tanh_grad(f.in(0), f.in(1), f.out(0)); return;
   case op::transpose: cpu::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k); return;
   case op::silu_grad: cpu::silu_grad(f.in(0), f.in(1), f.out(0)); return;
   case op::mul: cpu::mul(f.in(0), f.in(1), f.out(0)); return;

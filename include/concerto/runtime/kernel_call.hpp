@@ -608,6 +608,8 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::silu_grad:
   case op::sigmoid:
   case op::sigmoid_grad:
+  case op::tanh:
+  case op::tanh_grad:
   case op::mul:
   case op::swiglu: detail::decode_same_size(r, c); break;
   case op::swiglu_grad: detail::decode_packed_pair(r, c); break;

@@ -343,24 +343,27 @@ struct work {
   }
 
   // ---- 2. propagate --------------------------------------------------------------------------------
-  constexpr int emit(op_code op, std::initializer_list<int> ins, const pspec& spec, ir::phase ph, role k,
+  constexpr int emit(op_code op, const int* ins, int count, const pspec& spec, ir::phase ph, role k,
                      std::uint8_t flags = 0, int of = -1) noexcept {
     node x;
     x.op = op;
     x.phase = ph;
     x.kind = k;
     x.flags = flags;
-    for (int i : ins) x.in[x.n_in++] = static_cast<std::int16_t>(i);
+    for (int i = 0; i < count; ++i) x.in[x.n_in++] = static_cast<std::int16_t>(ins[i]);
     x.spec = spec;
     x.of = static_cast<std::int16_t>(of);
     return add(x);
+  }
+  constexpr int emit(op_code op, std::initializer_list<int> ins, const pspec& spec, ir::phase ph, role k,
+                     std::uint8_t flags = 0, int of = -1) noexcept {
+    return emit(op, ins.begin(), static_cast<int>(ins.size()), spec, ph, k, flags, of);
   }
 
   [[nodiscard]] constexpr bool pinned(int i) const noexcept { return nodes[i].has(flag_pinned); }
   [[nodiscard]] constexpr const pspec& sp(int i) const noexcept { return nodes[i].spec; }
 
   constexpr void propagate() noexcept {
-    const int A = axes.count;
     for (int r = 0; r < raw_n && err == errc::none; ++r) {
       const node& x = raw[r];
       cur_block = x.block;
@@ -379,204 +382,191 @@ struct work {
         map[r] = static_cast<std::int16_t>(convert(li, x.use, ir::phase::forward));
         continue;
       }
-      rules::result rr;
-      int outputs = x.n_in;
-      const auto rank_error = [&] { failed(errc::rank_mismatch, r); };
-      switch (x.op) {
-      case op_code::matmul: {
-        const int ra = sp(in[0]).rank, rb = sp(in[1]).rank;
-        if (ra < 2 || rb < 2 || (rb != 2 && rb != ra)) { rank_error(); break; }
-        rr = rules::contract(sp(in[0]), rules::make_labels(ra, 'm', 'k'), sp(in[1]),
-                             rules::make_labels(rb, 'k', 'n'), rules::make_labels(ra, 'm', 'n'), A);
-        if (rr.err != errc::none) failed(rr.err, r);
-        break;
+      if (ir::info(x.op).role == ir::op_role::structural) {
+        propagate_structure(r, in[0]);
+        continue;
       }
-      case op_code::add:
-        rr = rules::unify(sp(in[0]), sp(in[1]), A);
-        if (rr.err != errc::none) failed(rr.err, r);
-        break;
-      case op_code::bias_add: {
-        if (sp(in[0]).rank < 1 || sp(in[1]).rank != 1) { rank_error(); break; }
-        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
-        rr.need[1] = rules::like_last_dim(rr.need[0], A);
-        if (rr.err != errc::none) failed(rr.err, r);
-        break;
-      }
-      case op_code::gelu:
-      case op_code::relu:
-      case op_code::silu:
-      case op_code::sigmoid:
-        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
-        if (rr.err != errc::none) failed(rr.err, r);
-        break;
-      case op_code::transpose: // linear: pending sums go through
-        if (sp(in[0]).rank < 2) { rank_error(); break; }
-        rr.need[0] = sp(in[0]);
-        rr.out = rules::swap_leading(sp(in[0]));
-        break;
-      case op_code::mul:
-      case op_code::swiglu: {
-        // Not linear in the pair: both operands whole (pending sums made) and laid out alike.
-        if (sp(in[0]).rank != sp(in[1]).rank) { rank_error(); break; }
-        if (pinned(in[1]) && sp(in[1]).has_partial()) { failed(errc::partial_into_nonlinear, r); break; }
-        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
-        if (rr.err != errc::none) { failed(rr.err, r); break; }
-        rr.need[1] = rr.need[0];
-        break;
-      }
-      case op_code::rope: {
-        // x [..., seq, heads·head_dim] rotated per position: any layout of x whose split of the
-        // last dimension keeps heads whole (checked when decoded); positions follow x's leading dims.
-        const int rk = sp(in[0]).rank;
-        if (rk < 2 || sp(in[1]).rank != rk - 1) { rank_error(); break; }
-        if (sp(in[1]).has_partial()) { failed(errc::partial_into_nonlinear, r); break; }
-        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
-        if (rr.err != errc::none) { failed(rr.err, r); break; }
-        rr.need[1] = pspec{};
-        rr.need[1].rank = static_cast<std::int8_t>(rk - 1);
-        for (int a = 0; a < A; ++a)
-          if (const int st = rr.need[0].state(a); st >= 0 && st < rk - 1) rr.need[1].set_state(a, st);
-        break;
-      }
-      case op_code::softmax:
-      case op_code::layernorm:
-      case op_code::rmsnorm: {
-        const int rk = sp(in[0]).rank;
-        if (rk < 1 || (x.op == op_code::layernorm && (sp(in[1]).rank != 1 || sp(in[2]).rank != 1)) ||
-            (x.op == op_code::rmsnorm && sp(in[1]).rank != 1)) { rank_error(); break; }
-        rr = rules::rowwise(sp(in[0]), pinned(in[0]), rk - 1, A);
-        if (rr.err != errc::none) { failed(rr.err, r); break; }
-        rr.need[1] = rr.need[2] = rules::like_last_dim(rr.need[0], A);
-        break;
-      }
-      case op_code::attention: {
-        if (sp(in[0]).rank != 3 || sp(in[1]).rank != 3 || sp(in[2]).rank != 3) { rank_error(); break; }
-        rr = rules::rowwise(sp(in[0]), pinned(in[0]), 1, A); // causal attention needs the whole sequence
-        if (rr.err != errc::none) { failed(rr.err, r); break; }
-        if (pinned(in[1]) || pinned(in[2])) { failed(errc::partial_into_nonlinear, r); break; }
-        rr.need[1] = rr.need[2] = rr.need[0];
-        break;
-      }
-      case op_code::embedding: {
-        const pspec ids = sp(in[0]), table = sp(in[1]);
-        if (table.rank != 2 || ids.rank < 1 || ids.rank > max_rank - 1) { rank_error(); break; }
-        if (ids.has_partial()) { failed(errc::partial_into_nonlinear, r); break; }
-        rr.need[0] = ids;
-        rr.need[1] = table.without_partial();
-        rr.out.rank = static_cast<std::int8_t>(ids.rank + 1);
-        for (int a = 0; a < A; ++a) {
-          const int si = ids.state(a), st = rr.need[1].state(a);
-          if (si >= 0 && st >= 0) { rr.need[1].set_state(a, state_replicated); rr.out.set_state(a, si); }
-          else if (si >= 0) rr.out.set_state(a, si);
-          else if (st == 0) rr.out.set_state(a, state_partial);
-          else if (st == 1) rr.out.set_state(a, ids.rank);
-        }
-        break;
-      }
-      case op_code::mse: {
-        if (sp(in[0]).rank != sp(in[1]).rank) { rank_error(); break; }
-        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
-        if (rr.err != errc::none) { failed(rr.err, r); break; }
-        rr.need[1] = rr.need[0];
-        rr.out = pspec{};
-        rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
-        break;
-      }
-      case op_code::cross_entropy: {
-        const int rk = sp(in[0]).rank;
-        if (rk < 2 || sp(in[1]).rank != rk - 1) { rank_error(); break; }
-        if (const auto vp = rules::nonlinear(sp(in[0]), pinned(in[0]));
-            vp.err == errc::none && vp.need[0].dims[rk - 1][0] >= 0 && vp.need[0].dims[rk - 1][1] < 0) {
-          map[r] = static_cast<std::int16_t>(vocab_parallel_ce(in[0], in[1], vp.need[0], ng));
-          outputs = -1;
-          break;
-        }
-        rr = rules::rowwise(sp(in[0]), pinned(in[0]), rk - 1, A);
-        if (rr.err != errc::none) { failed(rr.err, r); break; }
-        rr.need[1] = pspec{};
-        rr.need[1].rank = static_cast<std::int8_t>(rk - 1);
-        for (int a = 0; a < A; ++a)
-          if (const int s = rr.need[0].state(a); s >= 0 && s < rk - 1) rr.need[1].set_state(a, s);
-        rr.out = pspec{};
-        rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
-        break;
-      }
-      case op_code::moe_route: {
-        // A group's tokens share the experts' capacity, and a token's probabilities are one row:
-        // only the groups may be split.
-        if (sp(in[0]).rank != 3) { rank_error(); break; }
-        rr = rules::nonlinear(sp(in[0]), pinned(in[0]));
-        if (rr.err != errc::none) { failed(rr.err, r); break; }
-        rr.need[0] = rules::keep_dims(rr.need[0], 1, A);
-        rr.out = rr.need[0];
-        break;
-      }
-      case op_code::moe_dispatch:
-      case op_code::moe_combine: {
-        if (sp(in[0]).rank != 3 || sp(in[1]).rank != 3) { rank_error(); break; }
-        if (raw[x.in[1]].op != op_code::moe_route) { failed(errc::moe_gates, r); break; }
-        if (pinned(in[1]) && sp(in[1]).has_partial()) { failed(errc::partial_into_nonlinear, r); break; }
-        rr = x.op == op_code::moe_dispatch ? rules::dispatch(sp(in[0]), pinned(in[0]))
-                                           : rules::combine(sp(in[0]), sp(in[1]), pinned(in[0]), A);
-        if (rr.err != errc::none) failed(rr.err, r);
-        break;
-      }
-      case op_code::repeat_in: {
-        // A pending sum the program made (a vocab-parallel embedding's) is made once before the
-        // stack, not in every layer; the conversion belongs to the outside.
-        if (sp(in[0]).has_partial() && !pinned(in[0])) {
-          cur_block = -1;
-          in[0] = convert(in[0], sp(in[0]).without_partial(), ir::phase::forward);
-          cur_block = x.block;
-        }
-        node o;
-        o.op = op_code::repeat_in;
-        o.in[0] = static_cast<std::int16_t>(in[0]);
-        o.n_in = 1;
-        o.spec = sp(in[0]);
-        // Layers after the first read a value that depends on parameters, whatever the stack's input
-        // is. (Layer 0's input gradient, useless when the input has none, goes after lowering:
-        // ir::remove_dead_tasks.)
-        o.flags = static_cast<std::uint8_t>(flag_needs_grad | (nodes[in[0]].flags & flag_pinned));
-        map[r] = static_cast<std::int16_t>(add(o));
-        repeats[x.block].in = map[r];
-        outputs = -1;
-        break;
-      }
-      case op_code::repeat_out: {
-        auto& rep = repeats[x.block];
-        int o = in[0];
-        const pspec want = sp(rep.in);
-        // A pending sum the block made itself is made here, as any op would; other changes are the user's.
-        if (!(sp(o) == want) && !pinned(o) && sp(o).without_partial() == want) o = convert(o, want, ir::phase::forward);
-        if (!(sp(o) == want)) { failed(errc::repeat_spec_changed, r); break; }
-        rep.out = static_cast<std::int16_t>(o);
-        map[r] = static_cast<std::int16_t>(o);
-        outputs = -1;
-        break;
-      }
-      case op_code::to: {
-        if (x.use.rank != sp(in[0]).rank) { rank_error(); break; }
-        int res = convert(in[0], x.use, ir::phase::forward);
-        if (x.use.has_partial()) nodes[res].flags |= flag_pinned;
-        map[r] = static_cast<std::int16_t>(res);
-        outputs = -1;
-        break;
-      }
-      default: break;
-      }
-      if (err != errc::none || outputs < 0) continue;
+      bool emitted = false;
+      const rules::result rr = apply_rule(r, in, ng, emitted);
+      if (rr.err != errc::none) failed(rr.err, r);
+      if (err != errc::none || emitted) continue;
       int conv[4] = {-1, -1, -1, -1};
       for (int i = 0; i < x.n_in; ++i) conv[i] = convert(in[i], rr.need[i], ir::phase::forward);
       node o;
       o.op = x.op;
-      o.kind = x.op == op_code::mse || x.op == op_code::cross_entropy ? role::loss : role::activation;
+      o.kind = ir::info(x.op).kind == ir::op_kind::loss ? role::loss : role::activation;
       o.flags = static_cast<std::uint8_t>(ng | (x.flags & flag_bidirectional));
       o.moe = x.moe;
       for (int i = 0; i < x.n_in; ++i) o.in[o.n_in++] = static_cast<std::int16_t>(conv[i]);
       o.spec = rr.out;
       map[r] = static_cast<std::int16_t>(add(o));
     }
+  }
+
+  /// The compiler's own nodes: a repeated block's bounds and an explicit redistribution.
+  constexpr void propagate_structure(int r, int in) noexcept {
+    const node& x = raw[r];
+    if (x.op == op_code::repeat_in) {
+      // A pending sum the program made (a vocab-parallel embedding's) is made once before the
+      // stack, not in every layer; the conversion belongs to the outside.
+      if (sp(in).has_partial() && !pinned(in)) {
+        cur_block = -1;
+        in = convert(in, sp(in).without_partial(), ir::phase::forward);
+        cur_block = x.block;
+      }
+      node o;
+      o.op = op_code::repeat_in;
+      o.in[0] = static_cast<std::int16_t>(in);
+      o.n_in = 1;
+      o.spec = sp(in);
+      // Layers after the first read a value that depends on parameters, whatever the stack's input
+      // is. (Layer 0's input gradient, useless when the input has none, goes after lowering:
+      // ir::remove_dead_tasks.)
+      o.flags = static_cast<std::uint8_t>(flag_needs_grad | (nodes[in].flags & flag_pinned));
+      map[r] = static_cast<std::int16_t>(add(o));
+      repeats[x.block].in = map[r];
+    } else if (x.op == op_code::repeat_out) {
+      auto& rep = repeats[x.block];
+      int o = in;
+      const pspec want = sp(rep.in);
+      // A pending sum the block made itself is made here, as any op would; other changes are the user's.
+      if (!(sp(o) == want) && !pinned(o) && sp(o).without_partial() == want) o = convert(o, want, ir::phase::forward);
+      if (!(sp(o) == want)) {
+        failed(errc::repeat_spec_changed, r);
+        return;
+      }
+      rep.out = static_cast<std::int16_t>(o);
+      map[r] = static_cast<std::int16_t>(o);
+    } else if (x.op == op_code::to) {
+      if (x.use.rank != sp(in).rank) {
+        failed(errc::rank_mismatch, r);
+        return;
+      }
+      const int res = convert(in, x.use, ir::phase::forward);
+      if (x.use.has_partial()) nodes[res].flags |= flag_pinned;
+      map[r] = static_cast<std::int16_t>(res);
+    } else {
+      failed(errc::capacity, r); // a structural op the compiler does not build: unreachable from the DSL
+    }
+  }
+
+  /// The sharding rule of raw node r's op (its table entry's), over its operands `in`: the spec each
+  /// operand is brought to and the output's. A rule that builds its own nodes (the vocab-parallel
+  /// cross-entropy) sets `emitted`.
+  constexpr rules::result apply_rule(int r, const int* in, std::uint8_t ng, bool& emitted) noexcept {
+    const node& x = raw[r];
+    const int A = axes.count;
+    const auto rank = [&](int k) { return static_cast<int>(sp(in[k]).rank); };
+    const auto refuse = [](errc e) {
+      rules::result out;
+      out.err = e;
+      return out;
+    };
+    const auto lead = [&] { return rules::nonlinear(sp(in[0]), pinned(in[0])); };
+    // A second operand a nonlinear op reads whole: a pinned pending sum cannot be made for it.
+    const bool pinned_sum_1 = x.n_in > 1 && pinned(in[1]) && sp(in[1]).has_partial();
+    switch (ir::info(x.op).rule) {
+    case ir::sharding::contract: {
+      const int ra = rank(0), rb = rank(1);
+      if (ra < 2 || rb < 2 || (rb != 2 && rb != ra)) return refuse(errc::rank_mismatch);
+      return rules::contract(sp(in[0]), rules::make_labels(ra, 'm', 'k'), sp(in[1]), rules::make_labels(rb, 'k', 'n'),
+                             rules::make_labels(ra, 'm', 'n'), A);
+    }
+    case ir::sharding::unify: return rules::unify(sp(in[0]), sp(in[1]), A);
+    case ir::sharding::bias: {
+      if (rank(0) < 1 || rank(1) != 1) return refuse(errc::rank_mismatch);
+      auto rr = lead();
+      rr.need[1] = rules::like_last_dim(rr.need[0], A);
+      return rr;
+    }
+    case ir::sharding::pointwise: return lead();
+    case ir::sharding::swap_leading: { // linear: pending sums go through
+      if (rank(0) < 2) return refuse(errc::rank_mismatch);
+      rules::result rr;
+      rr.need[0] = sp(in[0]);
+      rr.out = rules::swap_leading(sp(in[0]));
+      return rr;
+    }
+    case ir::sharding::pointwise_two: {
+      // Not linear in the pair: both operands whole (pending sums made) and laid out alike.
+      if (rank(0) != rank(1)) return refuse(errc::rank_mismatch);
+      if (pinned_sum_1) return refuse(errc::partial_into_nonlinear);
+      auto rr = lead();
+      rr.need[1] = rr.need[0];
+      return rr;
+    }
+    case ir::sharding::rope: {
+      // x [..., seq, heads·head_dim] rotated per position: any layout of x whose split of the
+      // last dimension keeps heads whole (checked when decoded); positions follow x's leading dims.
+      const int rk = rank(0);
+      if (rk < 2 || rank(1) != rk - 1) return refuse(errc::rank_mismatch);
+      if (sp(in[1]).has_partial()) return refuse(errc::partial_into_nonlinear);
+      auto rr = lead();
+      rr.need[1] = rules::leading_dims_of(rr.need[0], A);
+      return rr;
+    }
+    case ir::sharding::rowwise: {
+      for (int k = 1; k < x.n_in; ++k)
+        if (rank(k) != 1) return refuse(errc::rank_mismatch);
+      if (rank(0) < 1) return refuse(errc::rank_mismatch);
+      auto rr = rules::rowwise(sp(in[0]), pinned(in[0]), rank(0) - 1, A);
+      rr.need[1] = rr.need[2] = rules::like_last_dim(rr.need[0], A);
+      return rr;
+    }
+    case ir::sharding::attention: {
+      if (rank(0) != 3 || rank(1) != 3 || rank(2) != 3) return refuse(errc::rank_mismatch);
+      auto rr = rules::rowwise(sp(in[0]), pinned(in[0]), 1, A); // causal attention needs the whole sequence
+      if (rr.err == errc::none && (pinned(in[1]) || pinned(in[2]))) return refuse(errc::partial_into_nonlinear);
+      rr.need[1] = rr.need[2] = rr.need[0];
+      return rr;
+    }
+    case ir::sharding::embedding: {
+      if (rank(1) != 2 || rank(0) < 1 || rank(0) > max_rank - 1) return refuse(errc::rank_mismatch);
+      if (sp(in[0]).has_partial()) return refuse(errc::partial_into_nonlinear);
+      return rules::embedding(sp(in[0]), sp(in[1]), A);
+    }
+    case ir::sharding::mse: {
+      if (rank(0) != rank(1)) return refuse(errc::rank_mismatch);
+      auto rr = lead();
+      rr.need[1] = rr.need[0];
+      rr.out = pspec{};
+      rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
+      return rr;
+    }
+    case ir::sharding::cross_entropy: {
+      const int rk = rank(0);
+      if (rk < 2 || rank(1) != rk - 1) return refuse(errc::rank_mismatch);
+      if (const auto vp = lead(); vp.err == errc::none && vp.need[0].dims[rk - 1][0] >= 0 && vp.need[0].dims[rk - 1][1] < 0) {
+        map[r] = static_cast<std::int16_t>(vocab_parallel_ce(in[0], in[1], vp.need[0], ng));
+        emitted = true;
+        return {};
+      }
+      auto rr = rules::rowwise(sp(in[0]), pinned(in[0]), rk - 1, A);
+      rr.need[1] = rules::leading_dims_of(rr.need[0], A);
+      rr.out = pspec{};
+      rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
+      return rr;
+    }
+    case ir::sharding::routing: {
+      // A group's tokens share the experts' capacity, and a token's probabilities are one row:
+      // only the groups may be split.
+      if (rank(0) != 3) return refuse(errc::rank_mismatch);
+      auto rr = lead();
+      rr.need[0] = rules::keep_dims(rr.need[0], 1, A);
+      rr.out = rr.need[0];
+      return rr;
+    }
+    case ir::sharding::dispatch:
+    case ir::sharding::combine: {
+      if (rank(0) != 3 || rank(1) != 3) return refuse(errc::rank_mismatch);
+      if (raw[x.in[1]].op != op_code::moe_route) return refuse(errc::moe_gates);
+      if (pinned_sum_1) return refuse(errc::partial_into_nonlinear);
+      return ir::info(x.op).rule == ir::sharding::dispatch ? rules::dispatch(sp(in[0]), pinned(in[0]))
+                                                           : rules::combine(sp(in[0]), sp(in[1]), pinned(in[0]), A);
+    }
+    case ir::sharding::none: break;
+    }
+    return refuse(errc::capacity); // an op without a rule: ir::dsl_ready refuses it where the program is written
   }
 
   /// Megatron-LM's vocab-parallel cross-entropy: the logits stay split over `axis` on the vocabulary;
@@ -643,18 +633,6 @@ struct work {
     return emit(op, ins, spec, ir::phase::backward, role::gradient, flags, of);
   }
 
-  /// A packed backward term: one task writes the gradients of operands a and b one after the
-  /// other; each operand that needs its gradient gets its part as a view.
-  constexpr void accumulate_parts(int packed, int a, int b) noexcept {
-    const int which[2] = {a, b};
-    for (int k = 0; k < 2; ++k)
-      if (needs_grad(which[k])) {
-        const int s = bwd(op_code::select, {packed}, sp(which[k]), which[k]);
-        nodes[s].dim = static_cast<std::int8_t>(k);
-        accumulate(which[k], s);
-      }
-  }
-
   /// An einsum-ruled backward matmul: converts its operands and emits it.
   constexpr int bwd_matmul(int a, const rules::labels& la, int b, const rules::labels& lb, const rules::labels& lo,
                            std::uint8_t flags, int of) noexcept {
@@ -669,7 +647,6 @@ struct work {
 
   constexpr void autodiff() noexcept {
     forward_end = n;
-    const int A = axes.count;
     // The loss may be a sum of scalar losses (cross-entropy + a balance loss): each term's
     // gradient is one, as the loss's; the kernels of a loss's gradient take it as such.
     unit[loss] = true;
@@ -713,131 +690,99 @@ struct work {
         continue;
       }
       const int g = unit[i] ? -1 : convert(acc[i], y.spec.without_partial(), ir::phase::backward);
-      const int a = y.in[0], b = y.in[1], c = y.in[2];
-      switch (y.op) {
-      case op_code::matmul: {
-        const int ra = sp(a).rank, rb = sp(b).rank;
-        const auto la = rules::make_labels(ra, 'm', 'k'), lb = rules::make_labels(rb, 'k', 'n'),
-                   lo = rules::make_labels(ra, 'm', 'n');
-        if (needs_grad(a)) accumulate(a, bwd_matmul(g, lo, regather(b), lb, la, flag_trans_b, a));
-        if (needs_grad(b)) accumulate(b, bwd_matmul(regather(a), la, g, lo, lb, flag_trans_a, b));
-        break;
-      }
-      case op_code::add:
-        if (needs_grad(a)) accumulate(a, g);
-        if (needs_grad(b)) accumulate(b, g);
-        break;
-      case op_code::bias_add: {
-        if (needs_grad(a)) accumulate(a, g);
-        if (needs_grad(b)) {
-          pspec s = rules::like_last_dim(sp(g), A);
-          s.partial = rules::axes_splitting(sp(g), 0, sp(g).rank - 2, A);
-          accumulate(b, bwd(op_code::bias_grad, {g}, s, b));
-        }
-        break;
-      }
-      case op_code::gelu:
-      case op_code::relu:
-      case op_code::silu:
-        if (needs_grad(a)) accumulate(a, bwd(ir::info(y.op).terms[0].fn, {a, g}, sp(a), a));
-        break;
-      case op_code::sigmoid: // from the output
-        if (needs_grad(a)) accumulate(a, bwd(op_code::sigmoid_grad, {i, g}, sp(a), a));
-        break;
-      case op_code::transpose:
-        if (needs_grad(a)) accumulate(a, bwd(op_code::transpose, {g}, rules::swap_leading(sp(g)), a));
-        break;
-      case op_code::mul:
-        if (needs_grad(a)) accumulate(a, bwd(op_code::mul, {g, b}, sp(a), a));
-        if (needs_grad(b)) accumulate(b, bwd(op_code::mul, {g, a}, sp(b), b));
-        break;
-      case op_code::swiglu: {
-        accumulate_parts(bwd(op_code::swiglu_grad, {a, b, g}, sp(a), i), a, b); // dgate, then dup
-        break;
-      }
-      case op_code::rope:
-        if (needs_grad(a)) accumulate(a, bwd(op_code::rope_grad, {g, b}, sp(a), a));
-        break;
-      case op_code::rmsnorm: {
-        if (needs_grad(a)) accumulate(a, bwd(op_code::rmsnorm_grad, {a, regather(b), g}, sp(a), a));
-        if (needs_grad(b)) {
-          pspec s = sp(b);
-          s.partial = rules::axes_splitting(sp(a), 0, sp(a).rank - 2, A);
-          accumulate(b, bwd(op_code::rmsnorm_grad_gain, {a, g}, s, b));
-        }
-        break;
-      }
-      case op_code::softmax:
-        if (needs_grad(a)) accumulate(a, bwd(op_code::softmax_grad, {i, g}, sp(a), a));
-        break;
-      case op_code::layernorm: {
-        if (needs_grad(a)) accumulate(a, bwd(op_code::layernorm_grad, {a, regather(b), g}, sp(a), a));
-        const auto sums = rules::axes_splitting(sp(a), 0, sp(a).rank - 2, A);
-        if (needs_grad(b)) {
-          pspec s = sp(b);
-          s.partial = sums;
-          accumulate(b, bwd(op_code::layernorm_grad_gamma, {a, g}, s, b));
-        }
-        if (needs_grad(c)) {
-          pspec s = sp(c);
-          s.partial = sums;
-          accumulate(c, bwd(op_code::bias_grad, {g}, s, c));
-        }
-        break;
-      }
-      case op_code::attention: {
-        const int packed = bwd(op_code::attention_grad, {a, b, c, g}, sp(a), i, y.flags & flag_bidirectional);
-        const int which[3] = {a, b, c};
-        for (int k = 0; k < 3; ++k)
-          if (needs_grad(which[k])) {
-            const int s = bwd(op_code::select, {packed}, sp(which[k]), which[k]);
-            nodes[s].dim = static_cast<std::int8_t>(k);
-            accumulate(which[k], s);
-          }
-        break;
-      }
-      case op_code::embedding:
-        if (needs_grad(b)) {
-          pspec s = sp(b);
-          s.partial = rules::axes_splitting(sp(a), 0, max_rank, A);
-          accumulate(b, bwd(op_code::embedding_grad, {a, g}, s, b));
-        }
-        break;
-      case op_code::mse:
-        if (needs_grad(a)) accumulate(a, bwd(op_code::mse_grad, {a, b}, sp(a), a));
-        break;
-      case op_code::cross_entropy:
-        if (needs_grad(a)) accumulate(a, bwd(op_code::cross_entropy_grad, {a, b}, sp(a), a));
-        break;
-      case op_code::moe_route:
-        if (needs_grad(a)) {
-          const int d = bwd(op_code::moe_route_grad, {a, i, g}, sp(a), a);
-          nodes[d].moe = y.moe; // the balance loss's settings
-          accumulate(a, d);
-        }
-        break;
-      case op_code::moe_dispatch: // the slots do not depend smoothly on the gates: x alone gets a gradient
-        if (needs_grad(a)) accumulate(a, bwd(op_code::moe_dispatch_grad, {g, b}, sp(a), a));
-        break;
-      case op_code::moe_combine: {
-        // dy, then dgates; the packed term is shaped as y, not as the output.
-        accumulate_parts(bwd(op_code::moe_combine_grad, {a, b, g}, sp(a), a), a, b);
-        break;
-      }
-      case op_code::vocab_ce_loss: {
-        const auto before = [&](int j) {
-          while (is_redistribution(nodes[j].op)) j = nodes[j].in[0];
-          return j;
-        };
-        const int sumexp = before(a), target = before(b);
-        const int logits = nodes[sumexp].in[0], labels = nodes[target].in[1], mx = nodes[sumexp].in[1];
-        if (needs_grad(logits))
-          accumulate(logits, bwd(op_code::vocab_ce_grad, {logits, labels, mx, a}, sp(logits), logits));
-        break;
-      }
-      default: break;
-      }
+      differentiate(i, g);
     }
+  }
+
+  /// The backward recipe of node i's op (its table entry's), given its output gradient g.
+  constexpr void differentiate(int i, int g) noexcept {
+    const node y = nodes[i];
+    const auto& recipe = ir::info(y.op);
+    switch (recipe.grad) {
+    case ir::backward::pass_through:
+      for (int k = 0; k < y.n_in; ++k)
+        if (needs_grad(y.in[k])) accumulate(y.in[k], g);
+      return;
+    case ir::backward::terms:
+      for (int k = 0; k < y.n_in; ++k) {
+        const auto& t = recipe.terms[static_cast<std::size_t>(k)];
+        const int x = y.in[k];
+        if (!needs_grad(x) || (t.fn == op_code::none && t.args[0] == ir::grad_arg::none)) continue;
+        accumulate(x, t.fn == op_code::none ? g : gradient_task(t, i, g, term_spec(t, y, k), x));
+      }
+      return;
+    case ir::backward::packed: {
+      // One task writes every operand's gradient, one after the other; each operand that needs
+      // its gradient gets its part as a view.
+      const auto& t = recipe.terms[0];
+      const int packed = gradient_task(t, i, g, sp(y.in[0]), grad_operand(t.shaped_as, i, g));
+      for (int k = 0; k < y.n_in; ++k)
+        if (needs_grad(y.in[k])) {
+          const int s = bwd(op_code::select, {packed}, sp(y.in[k]), y.in[k]);
+          nodes[s].dim = static_cast<std::int8_t>(k);
+          accumulate(y.in[k], s);
+        }
+      return;
+    }
+    case ir::backward::contract: {
+      const int a = y.in[0], b = y.in[1], ra = sp(a).rank, rb = sp(b).rank;
+      const auto la = rules::make_labels(ra, 'm', 'k'), lb = rules::make_labels(rb, 'k', 'n'),
+                 lo = rules::make_labels(ra, 'm', 'n');
+      if (needs_grad(a)) accumulate(a, bwd_matmul(g, lo, regather(b), lb, la, flag_trans_b, a));
+      if (needs_grad(b)) accumulate(b, bwd_matmul(regather(a), la, g, lo, lb, flag_trans_a, b));
+      return;
+    }
+    case ir::backward::vocab_ce: {
+      // The loss of the vocab-parallel cross-entropy: one task from the pieces its forward saved.
+      const auto before = [&](int j) {
+        while (is_redistribution(nodes[j].op)) j = nodes[j].in[0];
+        return j;
+      };
+      const int sumexp = before(y.in[0]), target = before(y.in[1]);
+      const int logits = nodes[sumexp].in[0], labels = nodes[target].in[1], mx = nodes[sumexp].in[1];
+      if (needs_grad(logits))
+        accumulate(logits, bwd(op_code::vocab_ce_grad, {logits, labels, mx, y.in[0]}, sp(logits), logits));
+      return;
+    }
+    case ir::backward::none: return;
+    }
+  }
+
+  /// The node a recipe's argument names, for forward node i with output gradient g.
+  constexpr int grad_operand(ir::grad_arg a, int i, int g) noexcept {
+    switch (a) {
+    case ir::grad_arg::in0:
+    case ir::grad_arg::in1:
+    case ir::grad_arg::in2:
+    case ir::grad_arg::in3: return nodes[i].in[static_cast<int>(a)];
+    case ir::grad_arg::out: return i;
+    case ir::grad_arg::dout: return g;
+    case ir::grad_arg::regathered_in1: return regather(nodes[i].in[1]);
+    case ir::grad_arg::none: break;
+    }
+    return -1;
+  }
+
+  /// The spec of the gradient term of operand k of node y (see ir::grad_spec).
+  [[nodiscard]] constexpr pspec term_spec(const ir::grad_term& t, const node& y, int k) const noexcept {
+    pspec s = sp(y.in[k]).without_partial();
+    const pspec& rows = sp(y.in[0]);
+    if (t.spec == ir::grad_spec::summed_over_rows) s.partial = rules::axes_splitting(rows, 0, rows.rank - 2, axes.count);
+    if (t.spec == ir::grad_spec::summed_over_ids) s.partial = rules::axes_splitting(rows, 0, max_rank, axes.count);
+    return s;
+  }
+
+  /// One task of a recipe for forward node i: its operands in the term's order (conversions they
+  /// need made first), the forward op's settings (an MoE routing's, a bidirectional attention's).
+  constexpr int gradient_task(const ir::grad_term& t, int i, int g, const pspec& spec, int of) noexcept {
+    int args[4] = {-1, -1, -1, -1};
+    int count = 0;
+    for (const auto a : t.args)
+      if (a != ir::grad_arg::none) args[count++] = grad_operand(a, i, g);
+    const int d = emit(t.fn, args, count, spec, ir::phase::backward, role::gradient,
+                       static_cast<std::uint8_t>(nodes[i].flags & flag_bidirectional), of);
+    nodes[d].moe = nodes[i].moe;
+    return d;
   }
 
   // ---- 4. optimizer ------------------------------------------------------------------------------------

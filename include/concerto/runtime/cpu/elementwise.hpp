@@ -191,6 +191,26 @@ inline void sigmoid_grad(std::span<const float> y, std::span<const float> dout, 
   for (std::size_t i = 0; i < n; ++i) pd[i] = pg[i] * py[i] * (1.0f - py[i]);
 }
 
+/// @brief The hyperbolic tangent, elementwise (detail::tanh_approx, which vectorises). out may alias x.
+inline void tanh(std::span<const float> x, std::span<float> out) {
+  detail::require_size(out, x.size(), "tanh", "out");
+  const float* px = x.data();
+  float* po = out.data();
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) po[i] = detail::tanh_approx(px[i]);
+}
+
+/// @brief `dx = dout·(1 - y²)` from the forward's output y. dx may alias dout.
+inline void tanh_grad(std::span<const float> y, std::span<const float> dout, std::span<float> dx) {
+  detail::require_size(dout, y.size(), "tanh_grad", "dout");
+  detail::require_size(dx, y.size(), "tanh_grad", "dx");
+  const float* py = y.data();
+  const float* pg = dout.data();
+  float* pd = dx.data();
+  const std::size_t n = y.size();
+  for (std::size_t i = 0; i < n; ++i) pd[i] = pg[i] * (1.0f - py[i] * py[i]);
+}
+
 /// @brief `out[c, r, :] = x[r, c, :]` for x `[rows, cols, inner]`: the two leading dimensions
 /// swapped (column attention as row attention of the transposed pair representation). Its
 /// gradient is the same function with rows and cols exchanged. out must not alias x.

@@ -420,6 +420,8 @@ inline void run_kernel(const kernel_call& c, const device_arena& mem, const kern
   case op::silu: silu(f.in(0), f.out(0), c.n, st); return;
   case op::sigmoid: sigmoid(f.in(0), f.out(0), c.n, st); return;
   case op::sigmoid_grad: sigmoid_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::tanh: tanh(f.in(0), f.out(0), c.n, st); return;
+  case op::tanh_grad: tanh_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::transpose: transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k, st); return;
   case op::silu_grad: silu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::mul: mul(f.in(0), f.in(1), f.out(0), c.n, st); return;

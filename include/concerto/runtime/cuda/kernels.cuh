@@ -620,6 +620,14 @@ template <int = 0>
 __global__ void sigmoid_grad_k(const float* y, const float* dout, float* dx, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) dx[i] = dout[i] * y[i] * (1.0f - y[i]);
 }
+template <int = 0>
+__global__ void tanh_k(const float* x, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = tanhf(x[i]);
+}
+template <int = 0>
+__global__ void tanh_grad_k(const float* y, const float* dout, float* dx, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) dx[i] = dout[i] * (1.0f - y[i] * y[i]);
+}
 // out[c, r, :] = x[r, c, :] over x [rows, cols, inner], one thread per value.
 template <int = 0>
 __global__ void transpose_leading_k(const float* x, float* out, std::size_t rows, std::size_t cols, std::size_t inner) {
@@ -819,6 +827,18 @@ inline void sigmoid_grad(const float* y, const float* dout, float* dx, std::size
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sigmoid_grad_k<>)(y, dout, dx, n);
   detail::launched("sigmoid_grad");
+}
+/// @brief The hyperbolic tangent, as cpu::tanh.
+inline void tanh(const float* x, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::tanh_k<>)(x, out, n);
+  detail::launched("tanh");
+}
+/// @brief `dx = dout·(1 - y²)`, as cpu::tanh_grad.
+inline void tanh_grad(const float* y, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::tanh_grad_k<>)(y, dout, dx, n);
+  detail::launched("tanh_grad");
 }
 /// @brief The two leading dimensions of x [rows, cols, inner] swapped, as cpu::transpose_leading.
 inline void transpose_leading(const float* x, float* out, std::size_t rows, std::size_t cols, std::size_t inner,
