@@ -60,8 +60,8 @@ TEST_CASE("the split puts the embedding first, the head last, and sums the gradi
   const auto g = gpt_graph(2, 2, 1);
   const auto s = pipeline::split(g, {.microbatches = 4});
   CHECK(s.chunk_layers == std::vector<int>{2, 2});
-  const auto chunk = [&](const std::string& name) { return s.chunk[static_cast<std::size_t>(named(g, name).id)]; };
-  const auto role = [&](const std::string& name) { return s.role[static_cast<std::size_t>(named(g, name).id)]; };
+  const auto chunk = [&](const std::string& name) { return s.task(named(g, name).id).chunk; };
+  const auto role = [&](const std::string& name) { return s.task(named(g, name).id).role; };
   CHECK(chunk("embedding#2") == 0);
   CHECK(chunk("layers.1.matmul#9") == 0);
   CHECK(chunk("layers.2.matmul#9") == 1);
@@ -71,14 +71,14 @@ TEST_CASE("the split puts the embedding first, the head last, and sums the gradi
   CHECK(role("layers.0.wq.grad") == pipeline::task_role::epilogue); // the data-parallel all-reduce
   CHECK(role("layers.0.matmul#9") == pipeline::task_role::microbatch);
   // The weight gradient's product is W; the input gradient's, which the previous chunk waits for, B.
-  const auto kind = [&](const std::string& name) { return s.kind[static_cast<std::size_t>(named(g, name).id)]; };
+  const auto kind = [&](const std::string& name) { return s.task(named(g, name).id).kind; };
   CHECK(kind("layers.2.matmul#82") == pipeline::pass::weight_grad);
   CHECK(kind("layers.2.matmul#80") == pipeline::pass::input_grad);
   CHECK(kind("layers.2.matmul#9") == pipeline::pass::forward);
   // One value forward and its gradient back cross the one boundary.
   CHECK(s.messages == 2);
   const auto local_grad = named(g, "layers.0.wq.grad").reads.at(0);
-  CHECK(s.accumulated[static_cast<std::size_t>(local_grad)]);
+  CHECK(s.buffer(local_grad).accumulated);
   CHECK(s.stage_of_buffer(g, named(g, "layers.3.wq.update").writes.at(0)) == 1);
 }
 
@@ -188,7 +188,7 @@ TEST_CASE("micro-batches scale the loss's row count and accumulate the weight gr
   }
   // Each weight gradient is written by micro-batch 0 and added to by the other two.
   int sinks = 0;
-  for (std::size_t b = 0; b < g.buffers.size(); ++b) sinks += s.accumulated[b] && g.buffers[b].role == ir::buffer_role::gradient;
+  for (std::size_t b = 0; b < g.buffers.size(); ++b) sinks += s.buffers[b].accumulated && g.buffers[b].role == ir::buffer_role::gradient;
   CHECK(accumulating + adds == 2 * (sinks + 1)); // + the loss, summed with an add
   CHECK(adds >= 2);
   // The inputs are one buffer of all micro-batches' rows.

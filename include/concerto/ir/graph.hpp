@@ -158,6 +158,9 @@ struct graph {
       if (axes[a].name == axis_name) return static_cast<int>(a);
     return std::nullopt;
   }
+  /// The task / buffer of an id (ids are indices).
+  [[nodiscard]] const ir::task& task_at(task_id t) const { return tasks[static_cast<std::size_t>(t)]; }
+  [[nodiscard]] const ir::buffer& buffer_at(buffer_id b) const { return buffers[static_cast<std::size_t>(b)]; }
   /// Root buffer of a view chain.
   [[nodiscard]] buffer_id root_of(buffer_id b) const {
     while (buffers.at(static_cast<std::size_t>(b)).view_of >= 0) b = buffers[static_cast<std::size_t>(b)].view_of;

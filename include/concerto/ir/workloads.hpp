@@ -937,6 +937,24 @@ inline void check_divides(i64 part, i64 whole, std::string_view what, std::strin
   return names;
 }
 
+namespace detail::workloads {
+// The entry of a workload, or a concerto::error listing the known names.
+inline const workload_entry& find_workload(std::string_view name) {
+  for (const auto& w : workload_table)
+    if (w.name == name) return w;
+  std::string known;
+  for (const auto& n : workload_names()) known += (known.empty() ? "" : ", ") + n;
+  fail("unknown workload '" + std::string(name) + "' (known: " + known + ")");
+}
+} // namespace detail::workloads
+
+/// @brief The values one sequence holds between two blocks of a workload's model (hidden × seq
+/// tokens): what a pipeline stage sends the next per sequence.
+[[nodiscard]] inline std::int64_t block_output_values(std::string_view name) {
+  const auto& m = detail::workloads::find_workload(name).model;
+  return m.hidden * m.seq;
+}
+
 /// @brief Generates one training step of a benchmark workload for one rank.
 ///
 /// Throws concerto::error for an unknown name (listing the known ones) or options that do not
@@ -946,16 +964,7 @@ inline void check_divides(i64 part, i64 whole, std::string_view what, std::strin
 /// @endcode
 [[nodiscard]] inline graph make_workload(std::string_view name, const workload_options& options = {}) {
   using namespace detail::workloads;
-  const workload_entry* entry = nullptr;
-  for (const auto& w : workload_table)
-    if (w.name == name)
-      entry = &w;
-  if (!entry) {
-    std::string known;
-    for (const auto& n : workload_names())
-      known += (known.empty() ? "" : ", ") + n;
-    fail("unknown workload '" + std::string(name) + "' (known: " + known + ")");
-  }
+  const workload_entry* entry = &find_workload(name);
   const auto where = [&](std::string_view field, int value) {
     return "workload '" + std::string(name) + "': workload_options." + std::string(field) + " = " +
            std::to_string(value);

@@ -61,6 +61,22 @@ struct chunk_cost {
   int layers = 0;               ///< transformer blocks in the chunk (embedding and head not counted)
 };
 
+/// @brief What a task of a pipelined step is priced as: work of one of a micro-batch's passes, or
+/// work done once per step (the data-parallel gradient reduction, the optimizer).
+enum class work : std::uint8_t { forward, input_grad, weight_grad, grad_sync, optimizer };
+
+/// @brief Charges `us` of work `w` to chunk `c`: the one pricing of pipelined work, which the
+/// stage split (problem_of) and the benchmark workloads (make_problem) both use.
+inline void charge(chunk_cost& c, work w, double us) {
+  switch (w) {
+  case work::forward: c.forward_us += us; return;
+  case work::input_grad: c.input_grad_us += us; return;
+  case work::weight_grad: c.weight_grad_us += us; return;
+  case work::grad_sync: c.grad_sync_us += us; return;
+  case work::optimizer: c.optimizer_us += us; return;
+  }
+}
+
 /// @brief One pipelined training step: stages, chunks and micro-batches with their costs.
 struct problem {
   std::string name;
@@ -139,6 +155,11 @@ struct timing {
 [[nodiscard]] inline std::size_t block_index(const problem& p, const block& b) {
   return (static_cast<std::size_t>(b.chunk) * static_cast<std::size_t>(p.microbatches) +
           static_cast<std::size_t>(b.microbatch)) * 3 + static_cast<std::size_t>(b.kind);
+}
+/// The block of an index (block_index's inverse).
+[[nodiscard]] inline block block_at(const problem& p, std::size_t index) {
+  const auto passes = static_cast<int>(index % 3), run = static_cast<int>(index / 3);
+  return {run / p.microbatches, run % p.microbatches, static_cast<pass>(passes)};
 }
 
 /// The duration of a block under a schedule (a fused B carries W's time).

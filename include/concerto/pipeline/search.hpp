@@ -93,8 +93,7 @@ inline std::vector<int> search_preds(const problem& p, const replay_graph& g, in
     out.push_back(g.sender[static_cast<std::size_t>(u)]);
     return out;
   }
-  const int c = bi / 3 / p.microbatches, m = bi / 3 % p.microbatches;
-  const auto kind = static_cast<pass>(bi % 3);
+  const auto [c, m, kind] = block_at(p, static_cast<std::size_t>(bi));
   const auto node = [&](int cc, int mm, pass k) { return g.node[block_index(p, {cc, mm, k})]; };
   if (g.message_to[static_cast<std::size_t>(bi)] >= 0) out.push_back(g.message_to[static_cast<std::size_t>(bi)]);
   if (kind == pass::input_grad) out.push_back(node(c, m, pass::forward));

@@ -81,48 +81,57 @@ struct task_origin {
   int microbatch = 0;
 };
 
+/// @brief Where one task of the micro-batch graph goes.
+struct task_place {
+  int chunk = -1;
+  task_role role = task_role::microbatch;
+  pass kind = pass::forward;          ///< a micro-batch task's pass: forward, input_grad or weight_grad
+  std::vector<ir::task_id> producers; ///< the tasks whose values it reads
+};
+
+/// @brief Where one buffer of the micro-batch graph goes (set on root buffers; views follow their root).
+struct buffer_place {
+  bool accumulated = false;     ///< summed over the micro-batches
+  bool per_microbatch = false;  ///< one copy per micro-batch
+  int owner = -1;               ///< the chunk that holds it (-1: none)
+  int message = -1;             ///< its index among the messages, or -1
+  int message_to = -1;          ///< with a message: the chunk that reads it
+  ir::task_id last_writer = -1; ///< its last micro-batch writer, or -1
+};
+
 /// @brief Where every task and buffer of a micro-batch's graph goes in the pipelined step.
 struct stage_split {
   int stages = 1, virtual_stages = 1, microbatches = 1;
-  int axis = -1;                  ///< the pipeline axis, an index into the graph's axes
-  std::vector<int> chunk_layers;  ///< layers per chunk
-  std::vector<int> chunk;         ///< per task
-  std::vector<task_role> role;    ///< per task
-  std::vector<pass> kind;         ///< per micro-batch task: forward, input_grad or weight_grad
-  std::vector<std::vector<ir::task_id>> producers; ///< per task: the tasks whose values it reads
-  std::vector<char> accumulated;  ///< per root buffer: summed over the micro-batches
-  std::vector<char> per_microbatch; ///< per root buffer: one copy per micro-batch
-  std::vector<int> message;       ///< per root buffer: its index among the messages, or -1
-  std::vector<int> message_to;    ///< per root buffer with a message: the chunk that reads it
-  std::vector<ir::task_id> last_writer; ///< per root buffer: its last micro-batch writer, or -1
-  std::vector<int> owner;         ///< per root buffer: the chunk that holds it (-1: none)
+  int axis = -1;                     ///< the pipeline axis, an index into the graph's axes
+  std::vector<int> chunk_layers;     ///< layers per chunk
+  std::vector<task_place> tasks;     ///< per task, by id
+  std::vector<buffer_place> buffers; ///< per buffer, by id
   int messages = 0;
 
   [[nodiscard]] int chunk_count() const noexcept { return stages * virtual_stages; }
   [[nodiscard]] int stage_of_chunk(int c) const noexcept { return c % stages; }
+  [[nodiscard]] const task_place& task(ir::task_id t) const { return tasks[static_cast<std::size_t>(t)]; }
+  [[nodiscard]] task_place& task(ir::task_id t) { return tasks[static_cast<std::size_t>(t)]; }
+  [[nodiscard]] const buffer_place& buffer(ir::buffer_id b) const { return buffers[static_cast<std::size_t>(b)]; }
+  [[nodiscard]] buffer_place& buffer(ir::buffer_id b) { return buffers[static_cast<std::size_t>(b)]; }
   /// The stage a named buffer of the micro-batch graph lives on, or -1 (read by no task).
   [[nodiscard]] int stage_of_buffer(const ir::graph& g, ir::buffer_id b) const {
-    const auto c = owner[static_cast<std::size_t>(g.root_of(b))];
+    const auto c = buffer(g.root_of(b)).owner;
     return c < 0 ? -1 : stage_of_chunk(c);
   }
 };
 
-/// @brief Places every task of a micro-batch's graph in the pipelined step; see the file
-/// comment. Throws concerto::error naming what cannot be pipelined: no `pp` axis, a collective
-/// over it, no repeat stack, fewer layers than chunks, a parameter read by two chunks, a value
-/// passed between chunks that are not neighbours, a gradient read inside a micro-batch after
-/// being summed over them.
-[[nodiscard]] inline stage_split split(const ir::graph& g, const stage_options& o) {
-  stage_split s;
-  const auto axis = g.axis_index(o.axis);
-  if (!axis) fail("pipeline: the mesh has no axis '" + o.axis + "' to place stages along");
-  s.axis = *axis;
-  s.stages = g.axes[static_cast<std::size_t>(s.axis)].size;
-  if (o.microbatches < 1) fail("pipeline: " + std::to_string(o.microbatches) + " micro-batches; at least 1");
-  if (o.virtual_stages < 1) fail("pipeline: " + std::to_string(o.virtual_stages) + " virtual stages; at least 1");
-  s.microbatches = o.microbatches;
-  s.virtual_stages = o.virtual_stages;
-  const auto n = g.tasks.size();
+namespace detail::splitting {
+
+inline std::string quoted(const ir::graph& g, ir::buffer_id b) { return "'" + g.buffer_at(b).name + "'"; }
+
+// Whether task t writes (a view of) root buffer r.
+inline bool writes_root(const ir::graph& g, const ir::task& t, ir::buffer_id r) {
+  return std::any_of(t.writes.begin(), t.writes.end(), [&](auto w) { return g.root_of(w) == r; });
+}
+
+// The layers of the repeat stack, after the checks that the graph can be pipelined on s's axis.
+inline int stack_layers(const ir::graph& g, const stage_options& o, const stage_split& s) {
   int layers = 0;
   for (const auto& t : g.tasks) {
     if (ir::is_collective(t.kind) && t.axis == s.axis)
@@ -137,159 +146,205 @@ struct stage_split {
     fail("pipeline: " + std::to_string(layers) + " layers cannot be split into " + std::to_string(s.chunk_count()) +
          " chunks (" + std::to_string(s.stages) + " stages x " + std::to_string(s.virtual_stages) +
          " virtual stages); each chunk needs at least one layer");
-  s.chunk_layers = split_layers(layers, s.chunk_count());
-  std::vector<int> chunk_of_layer;
-  for (int c = 0; c < s.chunk_count(); ++c) chunk_of_layer.insert(chunk_of_layer.end(), static_cast<std::size_t>(s.chunk_layers[static_cast<std::size_t>(c)]), c);
+  return layers;
+}
 
-  s.producers = ir::data_producers(g);
-  std::vector<std::vector<ir::task_id>> consumers(n);
-  for (std::size_t t = 0; t < n; ++t)
-    for (const auto p : s.producers[t]) consumers[static_cast<std::size_t>(p)].push_back(static_cast<ir::task_id>(t));
-  const auto root = [&](ir::buffer_id b) { return static_cast<std::size_t>(g.root_of(b)); };
-  const auto name_of = [&](std::size_t b) { return "'" + g.buffers[b].name + "'"; };
-
-  // Roles: the optimizer and the collectives on a gradient's way to it are the epilogue; what
-  // depends on no input is the prologue.
-  s.role.assign(n, task_role::microbatch);
-  s.accumulated.assign(g.buffers.size(), 0);
-  std::vector<char> from_input(n, 0);
+// Roles: the optimizer and the collectives on a gradient's way to it are the epilogue; what
+// depends on no input is the prologue.
+inline void assign_roles(const ir::graph& g, stage_split& s) {
+  std::vector<char> from_input(g.tasks.size(), 0);
   for (const auto& t : g.tasks) {
     auto& f = from_input[static_cast<std::size_t>(t.id)];
-    for (const auto b : t.reads) f |= g.buffers[root(b)].role == ir::buffer_role::input;
-    for (const auto p : s.producers[static_cast<std::size_t>(t.id)]) f |= from_input[static_cast<std::size_t>(p)];
+    for (const auto b : t.reads) f |= g.buffer_at(g.root_of(b)).role == ir::buffer_role::input;
+    for (const auto p : s.task(t.id).producers) f |= from_input[static_cast<std::size_t>(p)];
   }
   for (const auto& t : g.tasks) {
     if (t.step_phase != ir::phase::optimizer) continue;
-    s.role[static_cast<std::size_t>(t.id)] = task_role::epilogue;
-    std::vector<ir::task_id> walk = s.producers[static_cast<std::size_t>(t.id)];
+    s.task(t.id).role = task_role::epilogue;
+    std::vector<ir::task_id> walk = s.task(t.id).producers;
     while (!walk.empty()) {
       const auto w = walk.back();
       walk.pop_back();
-      const auto& wt = g.tasks[static_cast<std::size_t>(w)];
-      if (ir::is_collective(wt.kind) && from_input[static_cast<std::size_t>(w)]) {
-        s.role[static_cast<std::size_t>(w)] = task_role::epilogue;
-        for (const auto p : s.producers[static_cast<std::size_t>(w)]) walk.push_back(p);
-      }
+      if (!ir::is_collective(g.task_at(w).kind) || !from_input[static_cast<std::size_t>(w)]) continue;
+      s.task(w).role = task_role::epilogue;
+      for (const auto p : s.task(w).producers) walk.push_back(p);
     }
   }
   for (const auto& t : g.tasks) {
-    auto& r = s.role[static_cast<std::size_t>(t.id)];
+    auto& r = s.task(t.id).role;
     if (r != task_role::epilogue && !from_input[static_cast<std::size_t>(t.id)]) r = task_role::prologue;
   }
-  // What a micro-batch writes and the epilogue (or nobody) reads is summed over micro-batches.
+}
+
+// What a micro-batch writes and the epilogue (or nobody) reads is summed over the micro-batches;
+// the rest a micro-batch writes has a copy per micro-batch (inputs: one buffer of all of them).
+inline void mark_sums(const ir::graph& g, stage_split& s) {
   std::vector<char> read_at_all(g.buffers.size(), 0), written_by_microbatch(g.buffers.size(), 0);
   for (const auto& t : g.tasks) {
-    for (const auto b : t.reads) read_at_all[root(b)] = 1;
-    if (s.role[static_cast<std::size_t>(t.id)] == task_role::microbatch)
-      for (const auto b : t.writes) written_by_microbatch[root(b)] = 1;
+    for (const auto b : t.reads) read_at_all[static_cast<std::size_t>(g.root_of(b))] = 1;
+    if (s.task(t.id).role == task_role::microbatch)
+      for (const auto b : t.writes) written_by_microbatch[static_cast<std::size_t>(g.root_of(b))] = 1;
   }
   for (const auto& t : g.tasks) {
-    if (s.role[static_cast<std::size_t>(t.id)] != task_role::epilogue) continue;
-    for (const auto p : s.producers[static_cast<std::size_t>(t.id)])
-      if (s.role[static_cast<std::size_t>(p)] == task_role::microbatch)
-        for (const auto b : g.tasks[static_cast<std::size_t>(p)].writes) s.accumulated[root(b)] = 1;
+    if (s.task(t.id).role != task_role::epilogue) continue;
+    for (const auto p : s.task(t.id).producers)
+      if (s.task(p).role == task_role::microbatch)
+        for (const auto b : g.task_at(p).writes) s.buffer(g.root_of(b)).accumulated = true;
   }
-  for (std::size_t b = 0; b < g.buffers.size(); ++b)
-    if (written_by_microbatch[b] && !read_at_all[b] && g.buffers[b].view_of < 0) s.accumulated[b] = 1;
-  // The rest a micro-batch writes has a copy per micro-batch (inputs: one buffer of all of them).
-  s.per_microbatch.assign(g.buffers.size(), 0);
-  for (std::size_t b = 0; b < g.buffers.size(); ++b)
-    s.per_microbatch[b] = written_by_microbatch[b] && !s.accumulated[b] && g.buffers[b].role != ir::buffer_role::input;
+  for (const auto& b : g.buffers) {
+    const auto i = static_cast<std::size_t>(b.id);
+    auto& place = s.buffer(b.id);
+    if (written_by_microbatch[i] && !read_at_all[i] && b.view_of < 0) place.accumulated = true;
+    place.per_microbatch = written_by_microbatch[i] && !place.accumulated && b.role != ir::buffer_role::input;
+  }
   for (const auto& t : g.tasks) {
-    if (s.role[static_cast<std::size_t>(t.id)] != task_role::microbatch) continue;
+    if (s.task(t.id).role != task_role::microbatch) continue;
     for (const auto b : t.reads)
-      if (s.accumulated[root(b)] &&
-          std::none_of(t.writes.begin(), t.writes.end(), [&](auto w) { return root(w) == root(b); }))
-        fail("pipeline: task '" + t.name + "' reads " + name_of(root(b)) +
+      if (s.buffer(g.root_of(b)).accumulated && !writes_root(g, t, g.root_of(b)))
+        fail("pipeline: task '" + t.name + "' reads " + quoted(g, g.root_of(b)) +
              " inside a micro-batch, but that value is summed over the micro-batches for the step");
   }
+}
 
-  // Chunks: a layer's by its layer; others after what they read, or before their first reader.
-  s.chunk.assign(n, -1);
+// Chunks: a layer's by its layer; others after what they read, or before their first reader.
+inline void assign_chunks(const ir::graph& g, stage_split& s, const std::vector<std::vector<ir::task_id>>& consumers) {
+  std::vector<int> chunk_of_layer;
+  for (int c = 0; c < s.chunk_count(); ++c)
+    chunk_of_layer.insert(chunk_of_layer.end(), static_cast<std::size_t>(s.chunk_layers[static_cast<std::size_t>(c)]), c);
   for (const auto& t : g.tasks) {
-    auto& c = s.chunk[static_cast<std::size_t>(t.id)];
+    auto& c = s.task(t.id).chunk;
     if (t.layer >= 0) {
       c = chunk_of_layer[static_cast<std::size_t>(t.layer)];
       continue;
     }
-    for (const auto p : s.producers[static_cast<std::size_t>(t.id)]) c = std::max(c, s.chunk[static_cast<std::size_t>(p)]);
+    for (const auto p : s.task(t.id).producers) c = std::max(c, s.task(p).chunk);
   }
-  for (std::size_t t = n; t-- > 0;) {
-    if (s.chunk[t] >= 0) continue;
+  for (auto t = static_cast<ir::task_id>(g.tasks.size()); t-- > 0;) {
+    if (s.task(t).chunk >= 0) continue;
     int c = -1;
-    for (const auto u : consumers[t]) {
-      const auto cu = s.chunk[static_cast<std::size_t>(u)];
-      if (cu >= 0) c = c < 0 ? cu : std::min(c, cu);
-    }
-    s.chunk[t] = std::max(c, 0);
+    for (const auto u : consumers[static_cast<std::size_t>(t)])
+      if (const auto cu = s.task(u).chunk; cu >= 0) c = c < 0 ? cu : std::min(c, cu);
+    s.task(t).chunk = std::max(c, 0);
   }
+}
 
-  // Buffers: who holds them, which are per micro-batch, which cross chunks.
-  s.owner.assign(g.buffers.size(), -1);
-  s.message.assign(g.buffers.size(), -1);
-  s.message_to.assign(g.buffers.size(), -1);
-  s.last_writer.assign(g.buffers.size(), -1);
+// Buffers: the chunk that holds each, its last micro-batch writer; a parameter read by two chunks
+// is refused.
+inline void place_buffers(const ir::graph& g, stage_split& s) {
   for (const auto& t : g.tasks) {
-    const auto c = s.chunk[static_cast<std::size_t>(t.id)];
-    const bool mb = s.role[static_cast<std::size_t>(t.id)] == task_role::microbatch;
+    const auto c = s.task(t.id).chunk;
+    const bool mb = s.task(t.id).role == task_role::microbatch;
     for (const auto b : t.writes) {
-      const auto r = root(b);
-      if (s.owner[r] < 0) s.owner[r] = c;
-      if (mb) s.last_writer[r] = t.id;
+      auto& place = s.buffer(g.root_of(b));
+      if (place.owner < 0) place.owner = c;
+      if (mb) place.last_writer = t.id;
     }
     for (const auto b : t.reads) {
-      const auto r = root(b);
-      const auto role = g.buffers[r].role;
+      const auto r = g.root_of(b);
+      const auto role = g.buffer_at(r).role;
       if (role != ir::buffer_role::param && role != ir::buffer_role::optimizer_state) continue;
-      if (s.owner[r] >= 0 && s.owner[r] != c)
-        fail("pipeline: parameter " + name_of(r) + " is read by chunks " + std::to_string(s.owner[r]) + " and " +
-             std::to_string(c) + " (stages " + std::to_string(s.stage_of_chunk(s.owner[r])) + " and " +
+      auto& owner = s.buffer(r).owner;
+      if (owner >= 0 && owner != c)
+        fail("pipeline: parameter " + quoted(g, r) + " is read by chunks " + std::to_string(owner) + " and " +
+             std::to_string(c) + " (stages " + std::to_string(s.stage_of_chunk(owner)) + " and " +
              std::to_string(s.stage_of_chunk(c)) + "); weights shared between pipeline chunks are not supported, "
              "give each chunk its own parameter");
-      s.owner[r] = c;
+      owner = c;
     }
   }
+}
 
-  // Passes: backward work is W when only weight gradients need it.
-  s.kind.assign(n, pass::forward);
-  for (std::size_t t = n; t-- > 0;) {
-    if (s.role[t] != task_role::microbatch || g.tasks[t].step_phase != ir::phase::backward) continue;
+// Passes: backward work is W when only weight gradients need it.
+inline void assign_passes(const ir::graph& g, stage_split& s, const std::vector<std::vector<ir::task_id>>& consumers) {
+  for (auto t = static_cast<ir::task_id>(g.tasks.size()); t-- > 0;) {
+    auto& place = s.task(t);
+    if (place.role != task_role::microbatch || g.task_at(t).step_phase != ir::phase::backward) continue;
     bool weight_only = true;
-    for (const auto u : consumers[t]) {
-      const auto ui = static_cast<std::size_t>(u);
-      if (s.role[ui] == task_role::epilogue) continue;
-      if (s.role[ui] == task_role::microbatch && s.chunk[ui] == s.chunk[t] && s.kind[ui] == pass::weight_grad) continue;
+    for (const auto u : consumers[static_cast<std::size_t>(t)]) {
+      const auto& user = s.task(u);
+      if (user.role == task_role::epilogue) continue;
+      if (user.role == task_role::microbatch && user.chunk == place.chunk && user.kind == pass::weight_grad) continue;
       weight_only = false;
     }
-    s.kind[t] = weight_only ? pass::weight_grad : pass::input_grad;
+    place.kind = weight_only ? pass::weight_grad : pass::input_grad;
   }
+}
 
-  // Messages: forward values to the next chunk, input gradients to the previous one.
+// Messages: forward values to the next chunk, input gradients to the previous one.
+inline void find_messages(const ir::graph& g, stage_split& s) {
   for (const auto& t : g.tasks) {
-    const auto ti = static_cast<std::size_t>(t.id);
-    for (const auto p : s.producers[ti]) {
-      const auto pi = static_cast<std::size_t>(p);
-      if (s.chunk[pi] == s.chunk[ti] || s.role[ti] == task_role::epilogue) continue;
+    const auto& reader = s.task(t.id);
+    for (const auto p : reader.producers) {
+      const auto& writer = s.task(p);
+      if (writer.chunk == reader.chunk || reader.role == task_role::epilogue) continue;
       for (const auto b : t.reads) {
-        const auto r = root(b);
-        if (std::none_of(g.tasks[pi].writes.begin(), g.tasks[pi].writes.end(), [&](auto w) { return root(w) == r; }))
-          continue;
-        const int from = s.chunk[pi], to = s.chunk[ti];
-        const bool forward = s.role[pi] == task_role::microbatch && s.kind[pi] == pass::forward && to == from + 1;
-        const bool backward = s.role[pi] == task_role::microbatch && s.kind[pi] != pass::forward && to == from - 1;
+        const auto r = g.root_of(b);
+        if (!writes_root(g, g.task_at(p), r)) continue;
+        const int from = writer.chunk, to = reader.chunk;
+        const bool mb = writer.role == task_role::microbatch;
+        const bool forward = mb && writer.kind == pass::forward && to == from + 1;
+        const bool backward = mb && writer.kind != pass::forward && to == from - 1;
         if (!forward && !backward)
-          fail("pipeline: " + name_of(r) + ", computed by '" + g.tasks[pi].name + "' in chunk " + std::to_string(from) +
+          fail("pipeline: " + quoted(g, r) + ", computed by '" + g.task_at(p).name + "' in chunk " + std::to_string(from) +
                ", is read by '" + t.name + "' in chunk " + std::to_string(to) +
                "; chunks pass values forward to the next chunk and gradients back to the previous one only");
-        if (s.message_to[r] >= 0 && s.message_to[r] != to)
-          fail("pipeline: " + name_of(r) + " is read by chunks " + std::to_string(s.message_to[r]) + " and " +
+        auto& place = s.buffer(r);
+        if (place.message_to >= 0 && place.message_to != to)
+          fail("pipeline: " + quoted(g, r) + " is read by chunks " + std::to_string(place.message_to) + " and " +
                std::to_string(to) + "; a value goes to one other chunk only");
-        if (s.message[r] < 0) s.message[r] = s.messages++;
-        s.message_to[r] = to;
+        if (place.message < 0) place.message = s.messages++;
+        place.message_to = to;
       }
     }
   }
+}
+
+} // namespace detail::splitting
+
+/// @brief Places every task of a micro-batch's graph in the pipelined step; see the file
+/// comment. Throws concerto::error naming what cannot be pipelined: no `pp` axis, a collective
+/// over it, no repeat stack, fewer layers than chunks, a parameter read by two chunks, a value
+/// passed between chunks that are not neighbours, a gradient read inside a micro-batch after
+/// being summed over them.
+[[nodiscard]] inline stage_split split(const ir::graph& g, const stage_options& o) {
+  namespace step = detail::splitting;
+  stage_split s;
+  const auto axis = g.axis_index(o.axis);
+  if (!axis) fail("pipeline: the mesh has no axis '" + o.axis + "' to place stages along");
+  s.axis = *axis;
+  s.stages = g.axes[static_cast<std::size_t>(s.axis)].size;
+  if (o.microbatches < 1) fail("pipeline: " + std::to_string(o.microbatches) + " micro-batches; at least 1");
+  if (o.virtual_stages < 1) fail("pipeline: " + std::to_string(o.virtual_stages) + " virtual stages; at least 1");
+  s.microbatches = o.microbatches;
+  s.virtual_stages = o.virtual_stages;
+  s.chunk_layers = split_layers(step::stack_layers(g, o, s), s.chunk_count());
+  s.tasks.resize(g.tasks.size());
+  s.buffers.resize(g.buffers.size());
+  auto producers = ir::data_producers(g);
+  std::vector<std::vector<ir::task_id>> consumers(g.tasks.size());
+  for (const auto& t : g.tasks) {
+    for (const auto p : producers[static_cast<std::size_t>(t.id)]) consumers[static_cast<std::size_t>(p)].push_back(t.id);
+    s.task(t.id).producers = std::move(producers[static_cast<std::size_t>(t.id)]);
+  }
+  step::assign_roles(g, s);
+  step::mark_sums(g, s);
+  step::assign_chunks(g, s, consumers);
+  step::place_buffers(g, s);
+  step::assign_passes(g, s, consumers);
+  step::find_messages(g, s);
   return s;
+}
+
+/// @brief How a task the split placed is priced: its pass once per micro-batch; the epilogue's
+/// collectives as the gradient reduction and its kernels, like the prologue's, as the optimizer
+/// (once per step).
+[[nodiscard]] inline work work_of(const task_place& place, const ir::task& t) {
+  switch (place.role) {
+  case task_role::epilogue: return ir::is_collective(t.kind) ? work::grad_sync : work::optimizer;
+  case task_role::prologue: return work::optimizer;
+  case task_role::microbatch: break;
+  }
+  return place.kind == pass::forward ? work::forward : place.kind == pass::input_grad ? work::input_grad : work::weight_grad;
 }
 
 /// @brief The pipeline problem of a split step, priced by `model`: per chunk and micro-batch the
@@ -309,25 +364,20 @@ struct stage_split {
   std::vector<double> read_by_w(p.chunks.size(), 0);
   std::vector<std::vector<char>> w_reads(p.chunks.size(), std::vector<char>(g.buffers.size(), 0));
   for (const auto& t : g.tasks) {
-    const auto ti = static_cast<std::size_t>(t.id);
-    auto& k = p.chunks[static_cast<std::size_t>(s.chunk[ti])];
-    const double us = model.task_us(g, t);
-    if (s.role[ti] == task_role::epilogue) (ir::is_collective(t.kind) ? k.grad_sync_us : k.optimizer_us) += us;
-    else if (s.role[ti] == task_role::prologue) k.optimizer_us += us; // once per step, like the optimizer
-    else if (s.kind[ti] == pass::forward) k.forward_us += us;
-    else if (s.kind[ti] == pass::input_grad) k.input_grad_us += us;
-    else k.weight_grad_us += us;
-    if (s.role[ti] == task_role::microbatch && s.kind[ti] == pass::weight_grad)
-      for (const auto b : t.reads) w_reads[static_cast<std::size_t>(s.chunk[ti])][static_cast<std::size_t>(g.root_of(b))] = 1;
+    const auto& place = s.task(t.id);
+    const auto c = static_cast<std::size_t>(place.chunk);
+    charge(p.chunks[c], work_of(place, t), model.task_us(g, t));
+    if (place.role == task_role::microbatch && place.kind == pass::weight_grad)
+      for (const auto b : t.reads) w_reads[c][static_cast<std::size_t>(g.root_of(b))] = 1;
   }
   for (std::size_t b = 0; b < g.buffers.size(); ++b) {
-    if (!s.per_microbatch[b] || g.buffers[b].view_of >= 0) continue;
+    if (!s.buffers[b].per_microbatch || g.buffers[b].view_of >= 0) continue;
     const auto bytes = static_cast<double>(g.buffers[b].bytes);
-    const auto holder = s.owner[b];
+    const auto holder = s.buffers[b].owner;
     if (holder < 0) continue;
     p.chunks[static_cast<std::size_t>(holder)].activation_bytes += bytes;
     if (w_reads[static_cast<std::size_t>(holder)][b]) read_by_w[static_cast<std::size_t>(holder)] += bytes;
-    if (const auto to = s.message_to[b]; to >= 0) {
+    if (const auto to = s.buffers[b].message_to; to >= 0) {
       p.chunks[static_cast<std::size_t>(to)].activation_bytes += bytes;
       const auto boundary = static_cast<std::size_t>(std::min(holder, to));
       const auto& ax = g.axes[static_cast<std::size_t>(s.axis)];
@@ -365,13 +415,13 @@ public:
     std::vector<std::size_t> prologue;
     for (std::size_t t = 0; t < g_.tasks.size(); ++t) {
       if (!mine(t)) continue;
-      if (s_.role[t] == task_role::microbatch) chunk_tasks[static_cast<std::size_t>(s_.chunk[t])].push_back(t);
-      else (s_.role[t] == task_role::prologue ? prologue : epilogue_).push_back(t);
+      if (s_.tasks[t].role == task_role::microbatch) chunk_tasks[static_cast<std::size_t>(s_.tasks[t].chunk)].push_back(t);
+      else (s_.tasks[t].role == task_role::prologue ? prologue : epilogue_).push_back(t);
     }
     for (const auto t : prologue) emit(t, 0);
     for (const auto& blk : sched.order.at(static_cast<std::size_t>(stage_))) {
       for (const auto t : chunk_tasks[static_cast<std::size_t>(blk.chunk)]) {
-        const auto k = s_.kind[t];
+        const auto k = s_.tasks[t].kind;
         const bool in_block = k == blk.kind || (!sched.split_backward && blk.kind == pass::input_grad && k == pass::weight_grad);
         if (in_block) emit(t, blk.microbatch);
       }
@@ -395,13 +445,13 @@ public:
   [[nodiscard]] std::vector<task_origin> take_origins() && { return std::move(origins_); }
 
 private:
-  [[nodiscard]] bool mine(std::size_t t) const { return s_.stage_of_chunk(s_.chunk[t]) == stage_; }
+  [[nodiscard]] bool mine(std::size_t t) const { return s_.stage_of_chunk(s_.tasks[t].chunk) == stage_; }
   [[nodiscard]] std::size_t root(ir::buffer_id b) const { return static_cast<std::size_t>(g_.root_of(b)); }
 
   [[nodiscard]] bool ready(std::size_t t) const {
-    for (const auto p : s_.producers[t]) {
+    for (const auto p : s_.tasks[t].producers) {
       const auto pi = static_cast<std::size_t>(p);
-      const int need = s_.role[pi] == task_role::microbatch ? s_.microbatches : 1;
+      const int need = s_.tasks[pi].role == task_role::microbatch ? s_.microbatches : 1;
       if (emitted_[pi] < need) return false;
     }
     return true;
@@ -437,14 +487,14 @@ private:
     }
     last_use_.assign(g_.buffers.size(), pass::forward);
     for (std::size_t t = 0; t < g_.tasks.size(); ++t) {
-      if (!mine(t) || s_.role[t] != task_role::microbatch) continue;
+      if (!mine(t) || s_.tasks[t].role != task_role::microbatch) continue;
       for (const auto* list : {&g_.tasks[t].reads, &g_.tasks[t].writes})
-        for (const auto b : *list) last_use_[root(b)] = std::max(last_use_[root(b)], fused(s_.kind[t]));
+        for (const auto b : *list) last_use_[root(b)] = std::max(last_use_[root(b)], fused(s_.tasks[t].kind));
     }
   }
   [[nodiscard]] int copies_of(std::size_t r, int holder) const {
     const int k = in_flight_.at(static_cast<std::size_t>(holder))[static_cast<std::size_t>(last_use_[r])];
-    return s_.message[r] >= 0 ? std::max(k, std::min(2, s_.microbatches)) : k;
+    return s_.buffers[r].message >= 0 ? std::max(k, std::min(2, s_.microbatches)) : k;
   }
 
   // The stage's buffer for buffer b of the micro-batch graph in micro-batch m.
@@ -452,9 +502,9 @@ private:
     const auto r = root(b);
     const auto& rb = g_.buffers[r];
     const bool input = rb.role == ir::buffer_role::input;
-    const bool copies = s_.per_microbatch[r] != 0;
+    const bool copies = s_.buffers[r].per_microbatch;
     if (copies) { // the chunk of this stage that holds it: its writer's, or for a message its reader's
-      const auto holder = s_.stage_of_chunk(s_.owner[r]) == stage_ ? s_.owner[r] : s_.message_to[r];
+      const auto holder = s_.stage_of_chunk(s_.buffers[r].owner) == stage_ ? s_.buffers[r].owner : s_.buffers[r].message_to;
       m %= copies_of(r, holder);
     }
     const auto slot = static_cast<std::size_t>(copies || input ? m + 1 : 0);
@@ -486,16 +536,16 @@ private:
 
   void emit(std::size_t t, int m) {
     const auto& src = g_.tasks[t];
-    const bool mb = s_.role[t] == task_role::microbatch;
+    const bool mb = s_.tasks[t].role == task_role::microbatch;
     // Values from a chunk on another stage arrive first.
     if (mb)
       for (const auto rb : src.reads) {
         const auto r = root(rb);
-        if (s_.message[r] < 0 || s_.message_to[r] != s_.chunk[t] || received_[r][static_cast<std::size_t>(m)]) continue;
-        if (s_.stage_of_chunk(s_.owner[r]) == stage_) continue; // same stage: shared, no message
+        if (s_.buffers[r].message < 0 || s_.buffers[r].message_to != s_.tasks[t].chunk || received_[r][static_cast<std::size_t>(m)]) continue;
+        if (s_.stage_of_chunk(s_.buffers[r].owner) == stage_) continue; // same stage: shared, no message
         received_[r][static_cast<std::size_t>(m)] = 1;
         b_.at(src.step_phase, src.layer);
-        message(ir::op_kind::recv, r, m, peer_of_chunk(s_.owner[r]));
+        message(ir::op_kind::recv, r, m, peer_of_chunk(s_.buffers[r].owner));
       }
     std::vector<ir::buffer_id> reads, writes;
     for (const auto b : src.reads) reads.push_back(buffer(b, m));
@@ -510,7 +560,7 @@ private:
     for (const auto b : src.writes) {
       auto w = buffer(b, m);
       const auto r = root(b);
-      if (mb && s_.accumulated[r]) {
+      if (mb && s_.buffers[r].accumulated) {
         if (written_once_[r]) {
           if (ir::info(src.fn).accumulates && src.writes.size() == 1) {
             attrs["accumulate"] = 1;
@@ -545,9 +595,9 @@ private:
     if (mb)
       for (const auto wb : src.writes) {
         const auto r = root(wb);
-        if (s_.message[r] < 0 || s_.last_writer[r] != static_cast<ir::task_id>(t)) continue;
-        if (s_.stage_of_chunk(s_.message_to[r]) == stage_) continue;
-        message(ir::op_kind::send, r, m, peer_of_chunk(s_.message_to[r]));
+        if (s_.buffers[r].message < 0 || s_.buffers[r].last_writer != static_cast<ir::task_id>(t)) continue;
+        if (s_.stage_of_chunk(s_.buffers[r].message_to) == stage_) continue;
+        message(ir::op_kind::send, r, m, peer_of_chunk(s_.buffers[r].message_to));
       }
   }
 
@@ -566,14 +616,14 @@ private:
                                       std::to_string(peer),
                                   s_.axis, b, b);
     attrs_.emplace_back(id, ir::attr_map{{"peer", peer},
-                                         {"tag", static_cast<std::int64_t>(s_.message[r]) * s_.microbatches + m},
+                                         {"tag", static_cast<std::int64_t>(s_.buffers[r].message) * s_.microbatches + m},
                                          {"microbatch", m}});
     if (gradient(r)) b_.on_lane(id, gradient_lane_);
   }
 
   // A message whose value a backward pass computed (it goes to the previous chunk).
   [[nodiscard]] bool gradient(std::size_t r) const {
-    return s_.kind[static_cast<std::size_t>(s_.last_writer[r])] != pass::forward;
+    return s_.task(s_.buffers[r].last_writer).kind != pass::forward;
   }
 
 
@@ -624,14 +674,14 @@ private:
   std::int64_t microbatch = 0, pass_rank = 0;
   if (o.source >= 0) {
     const auto t = static_cast<std::size_t>(o.source);
-    const std::int64_t c = s.chunk[t];
-    switch (s.role[t]) {
+    const std::int64_t c = s.tasks[t].chunk;
+    switch (s.tasks[t].role) {
     case task_role::prologue: break;
     case task_role::epilogue: microbatch = s.microbatches + 1; break;
     case task_role::microbatch:
       microbatch = o.microbatch + 1;
-      pass_rank = s.kind[t] == pass::forward      ? c
-                  : s.kind[t] == pass::input_grad ? chunks + (chunks - 1 - c)
+      pass_rank = s.tasks[t].kind == pass::forward      ? c
+                  : s.tasks[t].kind == pass::input_grad ? chunks + (chunks - 1 - c)
                                                   : 2 * chunks + (chunks - 1 - c);
       break;
     }

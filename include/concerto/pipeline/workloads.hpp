@@ -44,6 +44,25 @@ struct workload_layout {
 /// @brief The pipelined workloads and the model each is made from.
 [[nodiscard]] inline std::vector<std::string> workload_names() { return {"gpt-ptd", "llama-ptd"}; }
 
+namespace detail {
+// A pipelined workload's name with its layout: `gpt-ptd pp4x2 tp8 dp1 m8`.
+inline std::string layout_name(std::string_view workload, const workload_layout& layout) {
+  return std::string(workload) + " pp" + std::to_string(layout.stages) +
+         (layout.virtual_stages > 1 ? "x" + std::to_string(layout.virtual_stages) : "") + " tp" +
+         std::to_string(layout.tensor_parallel) + " dp" + std::to_string(layout.data_parallel) + " m" +
+         std::to_string(layout.microbatches);
+}
+// Adds `times` a part's costs (a block's, the embedding's, the head's) to a chunk's.
+inline void add_times(chunk_cost& k, const chunk_cost& part, double times) {
+  k.forward_us += times * part.forward_us;
+  k.input_grad_us += times * part.input_grad_us;
+  k.weight_grad_us += times * part.weight_grad_us;
+  k.grad_sync_us += times * part.grad_sync_us;
+  k.optimizer_us += times * part.optimizer_us;
+  k.activation_bytes += times * part.activation_bytes;
+}
+} // namespace detail
+
 /// @brief The pipeline problem of a workload under a layout, priced by `model`. Throws
 /// concerto::error naming the workload or the field that does not fit.
 [[nodiscard]] inline problem make_problem(std::string_view workload, const cost::model& model,
@@ -111,13 +130,13 @@ struct workload_layout {
     const int part = part_of(t);
     if (part < 0) continue;
     auto& c = parts[part];
-    const double us = d[static_cast<std::size_t>(t.id)];
     const bool collective = ir::is_collective(t.kind);
-    if (t.step_phase == ir::phase::optimizer) c.optimizer_us += us;
-    else if (collective && t.axis != tp_axis) c.grad_sync_us += us;
-    else if (t.step_phase == ir::phase::forward) c.forward_us += us;
-    else if (!collective && writes_gradient(t)) c.weight_grad_us += us;
-    else c.input_grad_us += us;
+    const auto w = t.step_phase == ir::phase::optimizer        ? work::optimizer
+                   : collective && t.axis != tp_axis            ? work::grad_sync
+                   : t.step_phase == ir::phase::forward         ? work::forward
+                   : !collective && writes_gradient(t)          ? work::weight_grad
+                                                                : work::input_grad;
+    charge(c, w, d[static_cast<std::size_t>(t.id)]);
     if (t.step_phase != ir::phase::forward) continue;
     for (const auto b : t.writes) {
       const auto root = g.root_of(b);
@@ -131,10 +150,7 @@ struct workload_layout {
   }
 
   problem p;
-  p.name = std::string(workload) + " pp" + std::to_string(layout.stages) +
-           (layout.virtual_stages > 1 ? "x" + std::to_string(layout.virtual_stages) : "") + " tp" +
-           std::to_string(layout.tensor_parallel) + " dp" + std::to_string(layout.data_parallel) + " m" +
-           std::to_string(layout.microbatches);
+  p.name = detail::layout_name(workload, layout);
   p.stages = layout.stages;
   p.virtual_stages = layout.virtual_stages;
   p.microbatches = layout.microbatches;
@@ -142,13 +158,7 @@ struct workload_layout {
     chunk_cost k;
     double w_bytes = 0;
     const auto add = [&](int part, double times) {
-      const auto& x = parts[part];
-      k.forward_us += times * x.forward_us;
-      k.input_grad_us += times * x.input_grad_us;
-      k.weight_grad_us += times * x.weight_grad_us;
-      k.grad_sync_us += times * x.grad_sync_us;
-      k.optimizer_us += times * x.optimizer_us;
-      k.activation_bytes += times * x.activation_bytes;
+      detail::add_times(k, parts[part], times);
       w_bytes += times * weight_grad_bytes[part];
     };
     add(block, per_chunk[static_cast<std::size_t>(c)]);
@@ -159,11 +169,8 @@ struct workload_layout {
     p.chunks.push_back(k);
   }
   const auto& hw = model.hw();
-  const ir::detail::workloads::model_spec* spec = nullptr;
-  for (const auto& w : ir::detail::workloads::workload_table)
-    if (w.name == base) spec = &w.model;
-  const double message = static_cast<double>(spec->hidden * spec->seq) * layout.micro_batch / layout.tensor_parallel *
-                         static_cast<double>(ir::size_of(wo.type));
+  const double message = static_cast<double>(ir::block_output_values(base)) * layout.micro_batch /
+                         layout.tensor_parallel * static_cast<double>(ir::size_of(wo.type));
   const auto link = layout.stages > 1 && hw.ranks_per_node <= layout.tensor_parallel * layout.data_parallel
                         ? ir::link_class::inter_node
                         : ir::link_class::intra_node;

@@ -27,6 +27,7 @@
 
 #include <concerto/cost/model.hpp>
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/task_attrs.hpp>
 #include <concerto/planner/detail/evaluate.hpp>
 #include <concerto/planner/detail/parallel.hpp>
 #include <concerto/planner/detail/progress.hpp>
@@ -70,8 +71,8 @@ struct decomposition {
 /// block, which the rewrite assumes; a collective along an inner dimension (the sequence
 /// dimension of [batch, seq, hidden] under sequence parallelism) is left whole.
 [[nodiscard]] inline bool splits_outer_dimension(const ir::graph& g, const ir::task& c) {
-  for (const char* key : {"dim", "from_dim", "to_dim"}) {
-    const auto dim = c.attr(key, 0);
+  for (const auto key : ir::layout_dim_attrs) {
+    const auto dim = ir::layout_dim(c, key);
     for (const auto* list : {&c.reads, &c.writes})
       for (auto b : *list) {
         const auto& shape = g.buffers.at(static_cast<std::size_t>(b)).shape;
@@ -136,15 +137,16 @@ inline std::optional<match_info> match(const ir::graph& g, const rewrite::progra
   const auto bytes_of = [&](ir::buffer_id b) { return g.buffers[static_cast<std::size_t>(b)].bytes; };
   if (chunks < 2) return why = "chunks = " + std::to_string(chunks) + " must be at least 2", std::nullopt;
   if (t.kind != ir::op_kind::matmul) return why = "the compute task is not a matmul", std::nullopt;
-  if (t.attr("batch", 1) != 1) return why = "batched matmuls are not split", std::nullopt;
-  if (t.attr("accumulate") != 0) return why = "an accumulating matmul is not split", std::nullopt;
+  const auto mm = ir::matmul_attrs::of(t);
+  if (mm.batch != 1) return why = "batched matmuls are not split", std::nullopt;
+  if (mm.accumulate) return why = "an accumulating matmul is not split", std::nullopt;
   if (t.reads.size() != 2 || t.writes.size() != 1) return why = "the matmul must read A, B and write C", std::nullopt;
   if (c.reads.size() != 1 || c.writes.size() != 1) return why = "the collective must read and write one buffer", std::nullopt;
   match_info info{};
-  info.m = t.attr("m");
-  info.n = t.attr("n");
-  info.k = t.attr("k");
-  info.trans_a = t.attr("trans_a") != 0;
+  info.m = mm.m;
+  info.n = mm.n;
+  info.k = mm.k;
+  info.trans_a = mm.trans_a;
   if (info.m <= 0 || info.n <= 0 || info.k <= 0) return why = "the matmul lacks m, n, k attributes", std::nullopt;
   const auto a = t.reads[0], y = t.writes[0];
   const auto es_a = static_cast<std::int64_t>(ir::size_of(g.buffers[static_cast<std::size_t>(a)].type));
@@ -285,7 +287,7 @@ inline std::optional<expert_region> match_region(const ir::graph& g, const rewri
   const auto& d = g[dispatch];
   if (d.fn != ir::op::moe_dispatch || d.reads.size() != 2 || d.writes.size() != 1)
     return why = "the task is not a moe_dispatch", std::nullopt;
-  if (d.attr("slot_chunks", 1) != 1) return why = "the slots are already chunk-major", std::nullopt;
+  if (ir::moe_attrs::of(d).slot_chunks != 1) return why = "the slots are already chunk-major", std::nullopt;
   expert_region r;
   r.dispatch = dispatch;
   const auto gates = d.reads[1];
@@ -297,7 +299,7 @@ inline std::optional<expert_region> match_region(const ir::graph& g, const rewri
   }
   if (r.combine < 0 || r.combine_grad < 0 || r.dispatch_grad < 0)
     return why = "the layer's combine, combine gradient or dispatch gradient is missing (a forward-only graph)", std::nullopt;
-  const auto experts = d.attr("experts", 0);
+  const auto experts = ir::moe_attrs::of(d).experts;
   const auto token_bytes = g.buffers[static_cast<std::size_t>(d.writes[0])].bytes;
   // The exchange that reads (side = input) or writes a buffer: its only such all_to_all.
   const auto exchange_of = [&](ir::buffer_id b, bool reads) -> ir::task_id {
@@ -365,9 +367,9 @@ inline std::optional<expert_region> match_region(const ir::graph& g, const rewri
   // the exchanged rows.
   const auto plain_over = [&](ir::task_id u, ir::buffer_id rows_buffer, bool as_a) {
     const auto& t = g[u];
-    if (t.kind != ir::op_kind::matmul || t.attr("batch", 1) != 1 || t.attr("trans_a", 0) != 0 || t.attr("accumulate", 0) != 0)
-      return false;
-    const auto rows = t.attr("m", 0);
+    const auto mm = ir::matmul_attrs::of(t);
+    if (t.kind != ir::op_kind::matmul || !mm.plain() || mm.trans_a) return false;
+    const auto rows = mm.m;
     if (rows <= 0 || rows % (experts * chunks) != 0) return false;
     return as_a ? t.reads[0] == rows_buffer : (t.writes.size() == 1 && t.writes[0] == rows_buffer);
   };
@@ -530,14 +532,12 @@ private:
     t.reads = {in};
     t.writes = {out};
     t.bytes = s.coll.bytes / static_cast<double>(s.k);
-    t.attrs["chunk"] = j;
-    t.attrs["chunks"] = s.k;
+    ir::mark_chunk(t, j, s.k);
     // The layout attrs index the shape of the collective's buffers. The chunk buffers are
     // [rows, columns] with the rank blocks along the rows (splits_outer_dimension admits only
     // collectives with nothing but 1s before their dim), so an inherited dim = 1 of a
     // [1, seq, hidden] original would make a backend interleave the chunk's columns.
-    for (const char* key : {"dim", "from_dim", "to_dim"})
-      if (t.attrs.contains(key)) t.attrs[key] = 0;
+    ir::reset_layout_dims(t);
     replacement_[s.coll.id].push_back(std::move(t));
   }
   void chunk_matmul(const chunks& s, std::int64_t j, ir::buffer_id in_a, ir::buffer_id out) {
@@ -547,9 +547,8 @@ private:
     t.writes = {out};
     t.flops = s.mm.flops / static_cast<double>(s.k);
     t.bytes = s.mm.bytes / static_cast<double>(s.k);
-    t.attrs["m"] = s.q * s.c;
-    t.attrs["chunk"] = j;
-    t.attrs["chunks"] = s.k;
+    ir::set_matmul_rows(t, s.q * s.c);
+    ir::mark_chunk(t, j, s.k);
     replacement_[s.mm.id].push_back(std::move(t));
   }
   // The interleaved rows {r·m/q + j·c + i} of the matmul's row-major [m, inner] A (or of the
@@ -692,7 +691,7 @@ private:
     for (auto id : {r->dispatch, r->combine, r->combine_grad, r->dispatch_grad}) {
       claim(id, what);
       ir::task t = g_[id];
-      t.attrs["slot_chunks"] = k;
+      ir::set_slot_chunks(t, k);
       replacement_[id].push_back(std::move(t));
     }
     // Row chunk j of a buffer whose whole is `rows` rows: a 2-D view.
@@ -702,7 +701,7 @@ private:
       return new_buffer(rewrite::indexed(w.name + ".c", j), {rows / k, w.bytes / (rows * static_cast<std::int64_t>(ir::size_of(w.type)))},
                         part, w, whole, j * part);
     };
-    const auto rows = r->slots * g_[r->dispatch].attr("experts", 1); // of each exchanged buffer
+    const auto rows = r->slots * ir::moe_attrs::of(g_[r->dispatch]).experts; // of each exchanged buffer
     for (std::size_t i = 0; i < 4; ++i) {
       const auto& x = g_[r->exchange[i]];
       claim(x.id, what);
@@ -716,16 +715,14 @@ private:
         t.reads = {ins.back()};
         t.writes = {outs.back()};
         t.bytes = x.bytes / static_cast<double>(k);
-        t.attrs["chunk"] = j;
-        t.attrs["chunks"] = k;
+        ir::mark_chunk(t, j, k);
         // Every chunk is [experts·slots/k, hidden] rows: one expert (and one rank) per block.
-        for (const char* key : {"dim", "from_dim", "to_dim"})
-          if (t.attrs.contains(key)) t.attrs[key] = 0;
+        ir::reset_layout_dims(t);
         replacement_[x.id].push_back(std::move(t));
       }
       for (auto m : r->matmuls[i]) {
         const auto& mm = g_[m];
-        const auto mrows = mm.attr("m", 0);
+        const auto mrows = ir::matmul_attrs::of(mm).m;
         for (std::int64_t j = 0; j < k; ++j) {
           ir::task t = mm;
           t.name = rewrite::indexed(mm.name + ".chunk", j);
@@ -733,9 +730,8 @@ private:
           t.writes = {r->expert_side_is_output[i] ? rows_view(mm.writes[0], mrows, j) : ins[static_cast<std::size_t>(j)]};
           t.flops = mm.flops / static_cast<double>(k);
           t.bytes = mm.bytes / static_cast<double>(k);
-          t.attrs["m"] = mrows / k;
-          t.attrs["chunk"] = j;
-          t.attrs["chunks"] = k;
+          ir::set_matmul_rows(t, mrows / k);
+          ir::mark_chunk(t, j, k);
           replacement_[m].push_back(std::move(t));
         }
       }

@@ -27,6 +27,7 @@
 /// @endcode
 
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/task_attrs.hpp>
 #include <concerto/cost/model.hpp>
 #include <concerto/planner/bucket.hpp>
 #include <concerto/planner/decompose.hpp>
@@ -181,7 +182,7 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
       continue;
     }
     if (fw::reduces_gradient(g, t) && f.gradients_overlap) continue;
-    if (f.split_tensor_parallel && t.attrs.count("chunks")) continue; // a chunk of a split: overlapped
+    if (f.split_tensor_parallel && ir::is_chunk(t)) continue; // a chunk of a split: overlapped
     // Synchronous: issued after the compute before it, and the compute after it waits.
     const auto at = pos[static_cast<std::size_t>(id)];
     if (const auto before = compute_before[at]; before >= 0) fw::add_dep(g, before, id);

@@ -145,26 +145,14 @@ struct refit_result {
   }
 };
 
-/// @brief The model's parameters refitted to what plan `p` measured (see the file comment).
-/// Throws concerto::error when the observation is not of `p`'s graph.
-[[nodiscard]] inline refit_result refit(const plan::plan& p, const cost::model& prior, const observation& seen) {
-  using namespace detail::refitting;
-  const auto& g = p.graph;
-  if (seen.tasks.size() != g.tasks.size())
-    fail("refit: the observation has " + std::to_string(seen.tasks.size()) + " tasks, graph '" + g.name + "' has " +
-         std::to_string(g.tasks.size()));
-  auto hw = prior.hw();
-  const auto replay = [&](const cost::model& m) {
-    return sim::simulate(p, m.durations_us(g), {m.overlap_slowdown(), m.comm_overlap_slowdown()}).step_us;
-  };
-  refit_result out{prior, seen.step_us, replay(prior), 0, {}, 0};
-  if (seen.steps == 0) {
-    out.predicted_after_us = out.predicted_before_us;
-    return out;
-  }
-  constexpr double overlapped_enough = 0.25; // a task overlapped this much tells about contention
+namespace detail::refitting {
 
-  // Compute: kernel factors and the compute slowdown, alternated until they settle.
+constexpr double overlapped_enough = 0.25; // a task overlapped this much tells about contention
+
+// Compute: kernel factors and the compute slowdown, alternated until they settle. Returns each
+// fitted kernel's factor over its prior one.
+inline std::map<std::string, double, std::less<>> fit_compute(const ir::graph& g, const observation& seen, cost::hardware& hw) {
+  std::map<std::string, double, std::less<>> changes;
   std::map<std::string, std::vector<std::size_t>, std::less<>> by_kernel;
   for (const auto& t : g.tasks)
     if (!ir::is_collective(t.kind) && seen.tasks[static_cast<std::size_t>(t.id)].duration_us > 0)
@@ -197,74 +185,106 @@ struct refit_result {
   }
   for (const auto& kernel : fitted) {
     const auto it = old_scale.find(kernel);
-    out.kernel_factor_change[kernel] = hw.kernel_scale.at(kernel) / (it == old_scale.end() ? 1.0 : it->second);
+    changes[kernel] = hw.kernel_scale.at(kernel) / (it == old_scale.end() ? 1.0 : it->second);
   }
+  return changes;
+}
 
-  // Collectives. A measured duration mixes the link's speed with what slowed the collective down
-  // (kernels on the cores the network stack needs, a rank that arrived late, a CPU executor that
-  // progresses MPI only between kernels). So each link class is fitted on the collectives that
-  // ran mostly while compute was idle (all of them where fewer than two did), by least squares of
-  // d = steps × alpha + bytes / bandwidth; and the collectives' overlap slowdown is then the one
-  // that makes the replay of the measured plan take the measured step.
+// Collectives. A measured duration mixes the link's speed with what slowed the collective down
+// (kernels on the cores the network stack needs, a rank that arrived late, a CPU executor that
+// progresses MPI only between kernels). So each link class is fitted on the collectives that
+// ran mostly while compute was idle (all of them where fewer than two did), by least squares of
+// d = steps × alpha + bytes / bandwidth (fit_link, which says whether it refitted the class); and
+// the collectives' overlap slowdown is then the one that makes the replay of the measured plan
+// take the measured step (fit_comm_slowdown).
+// `linkless` is the model before any link is refitted (it picks each collective's algorithm).
+inline bool fit_link(const ir::graph& g, const observation& seen, const cost::model& linkless, cost::hardware& hw,
+                     ir::link_class link) {
+  struct sample {
+    double latency_steps, bytes, duration;
+  };
+  std::vector<sample> alone, all;
+  for (const auto& t : g.tasks) {
+    if (!ir::is_collective(t.kind) || t.axis < 0) continue;
+    const auto& axis = g.axes[static_cast<std::size_t>(t.axis)];
+    const auto& o = seen.tasks[static_cast<std::size_t>(t.id)];
+    if (axis.link != link || axis.size <= 1 || o.duration_us <= 0) continue;
+    const auto terms = cost::model::collective_terms(t.kind, t.bytes, axis.size,
+                                                     linkless.algorithm_for(t.kind, t.bytes, axis.size, link));
+    const sample x{terms.latency_steps, terms.bytes_sent, o.duration_us};
+    all.push_back(x);
+    if (o.overlapped < overlapped_enough) alone.push_back(x);
+  }
+  const auto& used = alone.size() >= 2 ? alone : all;
+  if (used.empty()) return false;
+  double saa = 0, sab = 0, sbb = 0, sad = 0, sbd = 0, sd = 0, latency_steps = 0, bytes = 0;
+  for (const auto& [a, b, d] : used) {
+    saa += a * a, sab += a * b, sbb += b * b, sad += a * d, sbd += b * d, sd += d;
+    latency_steps += a, bytes += b;
+  }
+  auto& l = link == ir::link_class::intra_node ? hw.intra_node : hw.inter_node;
+  const double det = saa * sbb - sab * sab;
+  double alpha = -1, per_byte = -1;
+  if (det > 1e-9 * saa * sbb) {
+    alpha = (sad * sbb - sbd * sab) / det;
+    per_byte = (saa * sbd - sab * sad) / det;
+  }
+  if (alpha < 0 || per_byte <= 0) {
+    // One size, or a fit that would make a parameter negative: keep the alpha, and take the
+    // bandwidth that makes these collectives last what they lasted in total.
+    alpha = l.alpha_us;
+    if (bytes <= 0 || sd <= latency_steps * alpha) return false; // nothing to say about the bandwidth
+    per_byte = (sd - latency_steps * alpha) / bytes;
+  }
+  l.alpha_us = alpha;
+  l.bandwidth_gbps = 1 / (per_byte * 1e3);
+  return true;
+}
+
+// The collectives' overlap slowdown that makes `replay` of the measured plan take `step_us`.
+template <class Replay>
+double fit_comm_slowdown(const cost::hardware& hw, double step_us, const Replay& replay) {
+  // The replayed step grows with the slowdown: bisection between none and 20 times.
+  const auto step_at = [&](double slowdown) {
+    auto trial = hw;
+    trial.comm_overlap_slowdown = slowdown;
+    return replay(cost::model(std::move(trial)));
+  };
+  double low = 1, high = 20;
+  if (step_at(low) >= step_us) {
+    high = low;
+  } else if (step_at(high) <= step_us) {
+    low = high;
+  } else {
+    for (int i = 0; i < 40 && high - low > 1e-4; ++i) (step_at((low + high) / 2) < step_us ? low : high) = (low + high) / 2;
+  }
+  return (low + high) / 2;
+}
+
+} // namespace detail::refitting
+
+/// @brief The model's parameters refitted to what plan `p` measured (see the file comment).
+/// Throws concerto::error when the observation is not of `p`'s graph.
+[[nodiscard]] inline refit_result refit(const plan::plan& p, const cost::model& prior, const observation& seen) {
+  using namespace detail::refitting;
+  const auto& g = p.graph;
+  if (seen.tasks.size() != g.tasks.size())
+    fail("refit: the observation has " + std::to_string(seen.tasks.size()) + " tasks, graph '" + g.name + "' has " +
+         std::to_string(g.tasks.size()));
+  auto hw = prior.hw();
+  const auto replay = [&](const cost::model& m) {
+    return sim::simulate(p, m.durations_us(g), {m.overlap_slowdown(), m.comm_overlap_slowdown()}).step_us;
+  };
+  refit_result out{prior, seen.step_us, replay(prior), 0, {}, 0};
+  if (seen.steps == 0) {
+    out.predicted_after_us = out.predicted_before_us;
+    return out;
+  }
+  out.kernel_factor_change = fit_compute(g, seen, hw);
   const cost::model linkless(hw);
-  for (const auto link : {ir::link_class::intra_node, ir::link_class::inter_node}) {
-    struct sample {
-      double latency_steps, bytes, duration;
-    };
-    std::vector<sample> alone, all;
-    for (const auto& t : g.tasks) {
-      if (!ir::is_collective(t.kind) || t.axis < 0) continue;
-      const auto& axis = g.axes[static_cast<std::size_t>(t.axis)];
-      const auto& o = seen.tasks[static_cast<std::size_t>(t.id)];
-      if (axis.link != link || axis.size <= 1 || o.duration_us <= 0) continue;
-      const auto terms = cost::model::collective_terms(t.kind, t.bytes, axis.size,
-                                                       linkless.algorithm_for(t.kind, t.bytes, axis.size, link));
-      const sample x{terms.latency_steps, terms.bytes_sent, o.duration_us};
-      all.push_back(x);
-      if (o.overlapped < overlapped_enough) alone.push_back(x);
-    }
-    const auto& used = alone.size() >= 2 ? alone : all;
-    if (used.empty()) continue;
-    double saa = 0, sab = 0, sbb = 0, sad = 0, sbd = 0, sd = 0, latency_steps = 0, bytes = 0;
-    for (const auto& [a, b, d] : used) {
-      saa += a * a, sab += a * b, sbb += b * b, sad += a * d, sbd += b * d, sd += d;
-      latency_steps += a, bytes += b;
-    }
-    auto& l = link == ir::link_class::intra_node ? hw.intra_node : hw.inter_node;
-    const double det = saa * sbb - sab * sab;
-    double alpha = -1, per_byte = -1;
-    if (det > 1e-9 * saa * sbb) {
-      alpha = (sad * sbb - sbd * sab) / det;
-      per_byte = (saa * sbd - sab * sad) / det;
-    }
-    if (alpha < 0 || per_byte <= 0) {
-      // One size, or a fit that would make a parameter negative: keep the alpha, and take the
-      // bandwidth that makes these collectives last what they lasted in total.
-      alpha = l.alpha_us;
-      if (bytes <= 0 || sd <= latency_steps * alpha) continue; // nothing to say about the bandwidth
-      per_byte = (sd - latency_steps * alpha) / bytes;
-    }
-    l.alpha_us = alpha;
-    l.bandwidth_gbps = 1 / (per_byte * 1e3);
-    ++out.links_refitted;
-  }
-  if (seen.step_us > 0) {
-    // The replayed step grows with the slowdown: bisection between none and 20 times.
-    const auto step_at = [&](double slowdown) {
-      auto trial = hw;
-      trial.comm_overlap_slowdown = slowdown;
-      return replay(cost::model(std::move(trial)));
-    };
-    double low = 1, high = 20;
-    if (step_at(low) >= seen.step_us) {
-      high = low;
-    } else if (step_at(high) <= seen.step_us) {
-      low = high;
-    } else {
-      for (int i = 0; i < 40 && high - low > 1e-4; ++i) (step_at((low + high) / 2) < seen.step_us ? low : high) = (low + high) / 2;
-    }
-    hw.comm_overlap_slowdown = (low + high) / 2;
-  }
+  for (const auto link : {ir::link_class::intra_node, ir::link_class::inter_node})
+    out.links_refitted += fit_link(g, seen, linkless, hw, link) ? 1 : 0;
+  if (seen.step_us > 0) hw.comm_overlap_slowdown = fit_comm_slowdown(hw, seen.step_us, replay);
   if (!hw.name.ends_with(" (refit)")) hw.name += " (refit)";
   out.model = cost::model(hw);
   out.predicted_after_us = replay(out.model);

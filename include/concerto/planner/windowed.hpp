@@ -188,6 +188,39 @@ inline std::uint64_t problem_key(const window_cut& cut) {
   return h.value();
 }
 
+// The inputs improve_schedule refuses, with what to change.
+inline void check_improvable(const ir::graph& g, const schedule& start, std::span<const double> durations,
+                             const windowed_options& options) {
+  if (start.graph.tasks.size() != g.tasks.size())
+    fail("improve_schedule of graph '" + g.name + "': the start schedule has " + std::to_string(start.graph.tasks.size()) +
+         " tasks, the graph " + std::to_string(g.tasks.size()));
+  if (durations.size() != g.tasks.size())
+    fail("improve_schedule of graph '" + g.name + "': " + std::to_string(durations.size()) + " durations for " +
+         std::to_string(g.tasks.size()) + " tasks");
+  if (options.window < 2) fail("windowed_options.window must be at least 2, not " + std::to_string(options.window));
+  if (options.rounds < 0) fail("windowed_options.rounds must not be negative");
+  if (options.parallel_windows < 1)
+    fail("windowed_options.parallel_windows must be at least 1, not " + std::to_string(options.parallel_windows));
+}
+
+// The windows of a round over n tasks in start order: w tasks each, the first one `shift` long
+// when the round shifts the boundaries.
+inline std::vector<std::pair<std::size_t, std::size_t>> window_ranges(std::size_t n, std::size_t w, std::size_t shift) {
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (std::size_t begin = 0; begin < n;) {
+    const std::size_t end = std::min(n, begin == 0 && shift > 0 ? shift : begin + w);
+    ranges.emplace_back(begin, end);
+    begin = end;
+  }
+  return ranges;
+}
+
+inline void print_progress(const std::string& graph, int round, int rounds, const windowed_report& rep, double step_us) {
+  std::fprintf(stderr, "concerto: planning '%s': round %d/%d, %d windows (%d proven), step %.1f us (start %.1f), gap to bound %.1f%%\n",
+               graph.c_str(), round + 1, rounds, rep.windows_total, rep.windows_optimal, step_us, rep.start_step_us,
+               rep.lower_bound_us > 0 ? 100.0 * (step_us / rep.lower_bound_us - 1) : 0.0);
+}
+
 } // namespace detail
 
 /// @brief Improves `start` window by window with Z3; the result is never slower than `start`.
@@ -215,14 +248,7 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   if (start.graph.tasks.empty()) start.graph = g;
   const ir::graph& graph = g;
-  if (start.graph.tasks.size() != g.tasks.size())
-    fail("improve_schedule of graph '" + g.name + "': the start schedule has " + std::to_string(start.graph.tasks.size()) +
-         " tasks, the graph " + std::to_string(g.tasks.size()));
-  if (durations.size() != graph.tasks.size())
-    fail("improve_schedule of graph '" + graph.name + "': " + std::to_string(durations.size()) +
-         " durations for " + std::to_string(graph.tasks.size()) + " tasks");
-  if (options.window < 2) fail("windowed_options.window must be at least 2, not " + std::to_string(options.window));
-  if (options.rounds < 0) fail("windowed_options.rounds must not be negative");
+  detail::check_improvable(g, start, durations, options);
 
   // The start as it stands (with any edges of its own), and its orders on the user's graph.
   const double start_step = sim::simulate(start.graph, start.order, durations, overlap_slowdown).step_us;
@@ -238,8 +264,6 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
   const auto after = detail::work_after(graph, durations);
   const auto n = graph.tasks.size();
   const auto largest = static_cast<std::size_t>(options.window);
-  if (options.parallel_windows < 1)
-    fail("windowed_options.parallel_windows must be at least 1, not " + std::to_string(options.parallel_windows));
   const bool deterministic = options.window_work_limit > 0;
   const auto batch = static_cast<std::size_t>(options.parallel_windows);
   std::vector<std::unique_ptr<z3::context>> contexts; // one per window of a batch: Z3 contexts are not shared across threads
@@ -260,13 +284,7 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
     const double full_limit = options.window_time_limit_s * size_share;
     window_options limits;
     limits.work_limit = static_cast<std::uint64_t>(static_cast<double>(options.window_work_limit) * size_share);
-    const std::size_t shift = round % 2 == 0 ? 0 : w / 2;
-    std::vector<std::pair<std::size_t, std::size_t>> ranges;
-    for (std::size_t begin = 0; begin < n;) {
-      const std::size_t end = std::min(n, begin == 0 && shift > 0 ? shift : begin + w);
-      ranges.emplace_back(begin, end);
-      begin = end;
-    }
+    const auto ranges = detail::window_ranges(n, w, round % 2 == 0 ? 0 : w / 2);
     auto list = detail::by_start(best_sim, topo_rank);
     for (std::size_t first = 0; first < ranges.size(); first += batch) {
       const double left = options.time_budget_s - elapsed();
@@ -315,10 +333,7 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
       const double now = elapsed();
       if (now > 1.0 && now - last_progress >= 1.0) {
         last_progress = now;
-        std::fprintf(stderr, "concerto: planning '%s': round %d/%d, %d windows (%d proven), step %.1f us (start %.1f), gap to bound %.1f%%\n",
-                     graph.name.c_str(), round + 1, options.rounds, rep.windows_total, rep.windows_optimal,
-                     best_sim.step_us, rep.start_step_us,
-                     rep.lower_bound_us > 0 ? 100.0 * (best_sim.step_us / rep.lower_bound_us - 1) : 0.0);
+        detail::print_progress(graph.name, round, options.rounds, rep, best_sim.step_us);
       }
     }
   }

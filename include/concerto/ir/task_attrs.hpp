@@ -1,0 +1,73 @@
+#pragma once
+/// @file
+/// @brief Typed views of the task attributes the planner's rewrites read and write: a matmul's
+/// shape, an MoE layer's layout, a collective's layout dimensions, and which chunk of a split task
+/// a task is. The names are the op table's (ir/ops.hpp lists the attrs each op carries); code
+/// outside the executors' decoding reads them here, not by key.
+///
+/// @code
+/// const auto mm = ir::matmul_attrs::of(t);
+/// if (mm.plain()) { ir::task part = t; ir::set_matmul_rows(part, mm.m / 2); ir::mark_chunk(part, 0, 2); }
+/// @endcode
+
+#include <concerto/ir/graph.hpp>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace concerto::ir {
+
+/// @brief A matmul task's shape: C[m, n] = op(A)[m, k] · op(B)[k, n], `batch` of them, C summed
+/// into when `accumulate`.
+struct matmul_attrs {
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  bool trans_a = false, trans_b = false, accumulate = false;
+
+  [[nodiscard]] static matmul_attrs of(const task& t) {
+    return {t.attr("m"),           t.attr("n"),           t.attr("k"),           t.attr("batch", 1),
+            t.attr("trans_a") != 0, t.attr("trans_b") != 0, t.attr("accumulate") != 0};
+  }
+  /// One product (not batched) that overwrites its output: what a row split can cut.
+  [[nodiscard]] bool plain() const noexcept { return batch == 1 && !accumulate; }
+};
+
+/// @brief Sets a matmul task's row count (a chunk of its rows).
+inline void set_matmul_rows(task& t, std::int64_t m) { t.attrs["m"] = m; }
+
+/// @brief The layout of an MoE task (moe_dispatch, moe_combine and their gradients): experts, a
+/// group's tokens, slots per expert and group, and the chunks its slots are laid out in.
+struct moe_attrs {
+  std::int64_t experts = 0, group = 0, capacity = 0, slot_chunks = 1;
+  [[nodiscard]] static moe_attrs of(const task& t) {
+    return {t.attr("experts"), t.attr("group"), t.attr("capacity"), t.attr("slot_chunks", 1)};
+  }
+};
+
+/// @brief Lays an MoE task's slots out chunk-major in k chunks (the exchange split's layout).
+inline void set_slot_chunks(task& t, std::int64_t k) { t.attrs["slot_chunks"] = k; }
+
+/// @brief The attrs that name a collective's layout dimension: which dimension it gathers or
+/// scatters along, or exchanges from and to.
+inline constexpr std::array<std::string_view, 3> layout_dim_attrs{"dim", "from_dim", "to_dim"};
+
+/// @brief The dimension layout attr `which` of a collective names (0 when it has none).
+[[nodiscard]] inline std::int64_t layout_dim(const task& t, std::string_view which) { return t.attr(which, 0); }
+
+/// @brief A chunk's collective works along dimension 0 of its [rows, columns] buffers: the layout
+/// attrs it has are set to 0.
+inline void reset_layout_dims(task& t) {
+  for (const auto key : layout_dim_attrs)
+    if (const auto it = t.attrs.find(std::string(key)); it != t.attrs.end()) it->second = 0;
+}
+
+/// @brief Marks a task as chunk j of the k a task was split into.
+inline void mark_chunk(task& t, std::int64_t j, std::int64_t k) {
+  t.attrs["chunk"] = j;
+  t.attrs["chunks"] = k;
+}
+/// @brief Whether a task is a chunk of a split one.
+[[nodiscard]] inline bool is_chunk(const task& t) { return t.attrs.contains("chunks"); }
+
+} // namespace concerto::ir
