@@ -189,7 +189,7 @@ ir::graph mlp_graph(mlp_ids* ids = nullptr) {
   return std::move(b).finish();
 }
 
-plan::plan make_plan(const planner::schedule& s, const char* policy) {
+plan::plan make_plan(const planner::ordering& s, const char* policy) {
   std::vector<double> d(s.graph.tasks.size(), 1.0);
   auto p = sim::to_plan(s.graph, s.order, d, 1.0, policy, "test");
   plan::verify(p);
@@ -212,7 +212,7 @@ plan::plan random_plan(const ir::graph& g, std::mt19937& rng) {
     for (const auto s : succ[static_cast<std::size_t>(id)])
       if (--indeg[static_cast<std::size_t>(s)] == 0) ready.push_back(s);
   }
-  planner::schedule s{g, std::vector<std::vector<ir::task_id>>(g.streams.size())};
+  planner::ordering s{g, std::vector<std::vector<ir::task_id>>(g.streams.size())};
   for (const auto id : order) s.order[static_cast<std::size_t>(g[id].stream)].push_back(id);
   return make_plan(s, "random");
 }

@@ -66,7 +66,7 @@ ir::graph mlp(ids& id) {
   return std::move(b).finish();
 }
 
-plan::plan unit_plan(const planner::schedule& s, const char* policy) {
+plan::plan unit_plan(const planner::ordering& s, const char* policy) {
   std::vector<double> d(s.graph.tasks.size(), 1.0);
   auto p = sim::to_plan(s.graph, s.order, d, 1.0, policy, "test");
   plan::verify(p);

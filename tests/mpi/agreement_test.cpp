@@ -19,7 +19,7 @@ using Catch::Matchers::ContainsSubstring;
 namespace {
 
 // Two independent gradient all-reduces on the dp lane: either order is a valid plan.
-planner::schedule two_reductions(int ranks) {
+planner::ordering two_reductions(int ranks) {
   ir::builder b("agree");
   const int dp = b.axis("dp", ranks);
   const auto a = b.buffer("a.grad", {32}, ir::buffer_role::gradient);

@@ -12,7 +12,7 @@
 
 namespace mpi_testing {
 
-inline concerto::plan::plan unit_plan(const concerto::planner::schedule& s, const char* policy) {
+inline concerto::plan::plan unit_plan(const concerto::planner::ordering& s, const char* policy) {
   std::vector<double> d(s.graph.tasks.size(), 1.0);
   auto p = concerto::sim::to_plan(s.graph, s.order, d, 1.0, policy, "test");
   concerto::plan::verify(p);

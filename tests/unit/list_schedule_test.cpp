@@ -31,7 +31,7 @@ struct replay_result {
 
 // Runs each stream's order as soon as the stream is free and the dependencies have finished;
 // nullopt when the heads of all streams wait on each other (a deadlock).
-std::optional<replay_result> replay(const planner::schedule& s, const std::vector<double>& durations) {
+std::optional<replay_result> replay(const planner::ordering& s, const std::vector<double>& durations) {
   const auto n = s.graph.tasks.size();
   replay_result r{std::vector<double>(n, -1), std::vector<double>(n, -1)};
   std::vector<std::size_t> head(s.order.size(), 0);
@@ -64,7 +64,7 @@ std::optional<replay_result> replay(const planner::schedule& s, const std::vecto
 }
 
 // The properties every list schedule has, whatever the policy.
-void check_schedule(const planner::schedule& s, const ir::graph& original) {
+void check_schedule(const planner::ordering& s, const ir::graph& original) {
   REQUIRE(s.graph.tasks.size() == original.tasks.size());
   REQUIRE(s.order.size() == original.streams.size());
   std::vector<int> seen(original.tasks.size(), 0);
@@ -137,8 +137,8 @@ std::vector<double> random_durations(std::size_t n, std::uint32_t seed) {
   return d;
 }
 
-std::vector<planner::schedule> all_policies(const ir::graph& g, const std::vector<double>& durations) {
-  std::vector<planner::schedule> out;
+std::vector<planner::ordering> all_policies(const ir::graph& g, const std::vector<double>& durations) {
+  std::vector<planner::ordering> out;
   for (const auto p : planner::policies_of(planner::policy_family::list))
     out.push_back(planner::list_schedule(p, g, durations));
   return out;

@@ -153,9 +153,9 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
 /// program order, with the edges that make the framework's synchronous collectives block the
 /// compute stream and hold its parameter all-gathers to its prefetch distance. The edges follow
 /// program order, so the schedule stays consistent with one topological order.
-[[nodiscard]] inline schedule framework_edges(const framework& f, ir::graph rewritten) {
+[[nodiscard]] inline ordering framework_edges(const framework& f, ir::graph rewritten) {
   namespace fw = detail::frameworks;
-  schedule s{std::move(rewritten), {}};
+  ordering s{std::move(rewritten), {}};
   ir::graph& g = s.graph;
   const auto order = detail::program_order(g);
   const auto pos = ir::positions(order);
@@ -216,7 +216,7 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
 }
 
 /// @brief The schedule `f` gives `g`: framework_rewrite, then framework_edges.
-[[nodiscard]] inline schedule framework_schedule(const framework& f, const ir::graph& g, const cost::model& model) {
+[[nodiscard]] inline ordering framework_schedule(const framework& f, const ir::graph& g, const cost::model& model) {
   return framework_edges(f, framework_rewrite(f, g, model));
 }
 
@@ -243,7 +243,7 @@ inline void add_dep(ir::graph& g, ir::task_id from, ir::task_id to) {
 }
 
 /// @brief The schedule of the framework policy `p` for `g`.
-[[nodiscard]] inline schedule framework_schedule(policy p, const ir::graph& g, const cost::model& model) {
+[[nodiscard]] inline ordering framework_schedule(policy p, const ir::graph& g, const cost::model& model) {
   return framework_schedule(framework_of(p, g), g, model);
 }
 

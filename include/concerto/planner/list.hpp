@@ -2,15 +2,15 @@
 /// @file
 /// @brief The baseline list schedulers of BENCHMARKS.md: `sync`, `program_order`, `xla_lhs`.
 ///
-/// Each returns a schedule: the graph (with ordering edges added where the policy needs them)
+/// Each returns an `ordering`: the graph (with ordering edges added where the policy needs them)
 /// and one task order per stream. Every order respects the dependencies, and all the orders
-/// of a schedule are consistent with one global topological order, so any executor that runs
+/// of one are consistent with one global topological order, so any executor that runs
 /// each stream's order and waits on cross-stream dependencies replays it without deadlock.
 ///
 /// @code
 /// auto g = ir::make_workload("gpt-zero3", {.layers = 2});
 /// std::vector<double> us = model.durations_us(g);
-/// planner::schedule s = planner::list_schedule(planner::policy::xla_lhs, g, us);
+/// planner::ordering s = planner::list_schedule(planner::policy::xla_lhs, g, us);
 /// for (auto id : s.order[ir::compute_stream]) std::cout << s.graph[id].name << '\n';
 /// @endcode
 
@@ -28,8 +28,10 @@
 
 namespace concerto::planner {
 
-/// @brief A graph and, per stream, the order its tasks run in.
-struct schedule {
+/// @brief A graph and, per stream, the order its tasks run in: what the planner's schedulers
+/// produce and improve (a plan adds each task's times; a *schedule* is the pipeline's order of
+/// blocks per stage, pipeline::schedule).
+struct ordering {
   ir::graph graph;
   std::vector<std::vector<ir::task_id>> order;
 };
@@ -79,8 +81,8 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
 ///
 /// The returned graph chains all tasks in program order with extra dependency edges, so the
 /// schedule stays synchronous whatever executes or simulates it.
-[[nodiscard]] inline schedule sync_schedule(const ir::graph& g) {
-  schedule s{g, {}};
+[[nodiscard]] inline ordering sync_schedule(const ir::graph& g) {
+  ordering s{g, {}};
   const auto order = detail::program_order(g);
   for (std::size_t i = 1; i < order.size(); ++i) {
     auto& deps = s.graph.tasks[static_cast<std::size_t>(order[i])].deps;
@@ -93,8 +95,8 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
 
 /// @brief Eager PyTorch / DDP without buckets: each stream runs its tasks in program order;
 /// a collective is asynchronous and waited on only by the tasks that consume it.
-[[nodiscard]] inline schedule program_order_schedule(const ir::graph& g) {
-  schedule s{g, {}};
+[[nodiscard]] inline ordering program_order_schedule(const ir::graph& g) {
+  ordering s{g, {}};
   s.order = detail::split_by_stream(g, detail::program_order(g));
   return s;
 }
@@ -109,7 +111,7 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
 /// @code
 /// auto s = planner::xla_lhs_schedule(g, durations, /*max_in_flight=*/2);
 /// @endcode
-[[nodiscard]] inline schedule xla_lhs_schedule(const ir::graph& g, std::span<const double> durations_us,
+[[nodiscard]] inline ordering xla_lhs_schedule(const ir::graph& g, std::span<const double> durations_us,
                                                int max_in_flight = 2) {
   detail::check_durations(g, durations_us, "xla_lhs");
   if (max_in_flight < 1)
@@ -150,7 +152,7 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
     return id;
   };
 
-  schedule s{g, std::vector<std::vector<ir::task_id>>(g.streams.size())};
+  ordering s{g, std::vector<std::vector<ir::task_id>>(g.streams.size())};
   using event = std::pair<double, ir::task_id>; // finish time, task
   std::priority_queue<event, std::vector<event>, std::greater<>> running;
   std::vector<char> busy(g.streams.size(), 0);
@@ -217,7 +219,7 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
 
 /// @brief Runs the list policy `p` (policy_family::list); durations are used by xla_lhs only.
 /// Throws concerto::error naming the policy when it is not a list policy.
-[[nodiscard]] inline schedule list_schedule(policy p, const ir::graph& g, std::span<const double> durations_us) {
+[[nodiscard]] inline ordering list_schedule(policy p, const ir::graph& g, std::span<const double> durations_us) {
   switch (p) {
   case policy::sync: return sync_schedule(g);
   case policy::program_order: return program_order_schedule(g);

@@ -63,8 +63,8 @@ inline std::uint64_t hash(const plan_options& o) {
 }
 
 /// @brief The list schedule with the smallest simulated step time: the solver's warm start.
-inline schedule best_list_schedule(const ir::graph& g, std::span<const double> durations, sim::contention slowdown) {
-  schedule best;
+inline ordering best_list_schedule(const ir::graph& g, std::span<const double> durations, sim::contention slowdown) {
+  ordering best;
   double best_step = std::numeric_limits<double>::infinity();
   for (const auto p : policies_of(policy_family::list)) {
     auto candidate = list_schedule(p, g, durations);
@@ -86,7 +86,7 @@ inline plan::plan make_plan(const ir::graph& given, const cost::model& model, co
   // dependency the graph's author left out would otherwise be a race under the baselines and a
   // constraint only under concerto's rewrites.
   const ir::graph g = ir::with_buffer_hazards(given);
-  schedule chosen;
+  ordering chosen;
   windowed_report report{};
   switch (family(options.policy)) {
   case policy_family::search: {

@@ -189,7 +189,7 @@ inline std::uint64_t problem_key(const window_cut& cut) {
 }
 
 // The inputs improve_schedule refuses, with what to change.
-inline void check_improvable(const ir::graph& g, const schedule& start, std::span<const double> durations,
+inline void check_improvable(const ir::graph& g, const ordering& start, std::span<const double> durations,
                              const windowed_options& options) {
   if (start.graph.tasks.size() != g.tasks.size())
     fail("improve_schedule of graph '" + g.name + "': the start schedule has " + std::to_string(start.graph.tasks.size()) +
@@ -240,7 +240,7 @@ inline void print_progress(const std::string& graph, int round, int rounds, cons
 /// auto best = planner::improve_schedule(g, start, durations, 1.2, {.time_budget_s = 10}, &rep);
 /// std::printf("%.1f -> %.1f us (bound %.1f)\n", rep.start_step_us, rep.final_step_us, rep.lower_bound_us);
 /// @endcode
-inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<const double> durations,
+inline ordering improve_schedule(const ir::graph& g, ordering start, std::span<const double> durations,
                                  sim::contention overlap_slowdown, const windowed_options& options,
                                  windowed_report* report = nullptr,
                                  const std::function<void(double step_us)>& on_improvement = {}) {
@@ -253,7 +253,7 @@ inline schedule improve_schedule(const ir::graph& g, schedule start, std::span<c
   // The start as it stands (with any edges of its own), and its orders on the user's graph.
   const double start_step = sim::simulate(start.graph, start.order, durations, overlap_slowdown).step_us;
   auto best_sim = sim::simulate(graph, start.order, durations, overlap_slowdown);
-  schedule best{graph, start.order};
+  ordering best{graph, start.order};
   windowed_report rep;
   rep.start_step_us = start_step;
   rep.lower_bound_us = plan::compute_lower_bound(graph, durations).value;

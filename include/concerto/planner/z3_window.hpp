@@ -148,14 +148,14 @@ inline window_index check_and_index(const window_problem& p) {
 }
 
 // Times in one unit system (real or scaled integers, both held as double here).
-struct timing {
+struct window_times {
   std::vector<double> dur, ready, tail; // ready = max(release, stream free)
 };
 
 // Each task as early as its predecessors and its stream order allow; nullopt when the stream
 // orders contradict the precedence (a cycle).
 inline std::optional<std::vector<double>> left_shift(const window_problem& p, const window_index& ix,
-                                                     const timing& tm,
+                                                     const window_times& tm,
                                                      const std::vector<std::vector<int>>& stream_order) {
   const auto n = p.tasks.size();
   std::vector<int> indeg(n, 0), next_on_stream(n, -1);
@@ -206,7 +206,7 @@ inline std::vector<std::vector<int>> orders_by_start(const window_problem& p, co
 
 // Serial list schedule: the ready task that can start first, longest remaining work on ties.
 inline std::vector<std::vector<int>> greedy_orders(const window_problem& p, const window_index& ix,
-                                                   const timing& tm) {
+                                                   const window_times& tm) {
   const auto n = p.tasks.size();
   std::vector<int> missing(n);
   for (std::size_t i = 0; i < n; ++i) missing[i] = static_cast<int>(p.tasks[i].preds.size());
@@ -239,7 +239,7 @@ inline std::vector<std::vector<int>> greedy_orders(const window_problem& p, cons
   return ord;
 }
 
-inline double makespan_of(const timing& tm, const std::vector<double>& start) {
+inline double makespan_of(const window_times& tm, const std::vector<double>& start) {
   double m = 0;
   for (std::size_t i = 0; i < start.size(); ++i) m = std::max(m, start[i] + tm.dur[i] + tm.tail[i]);
   return m;
@@ -251,7 +251,7 @@ struct heads_tails {
   std::vector<double> head, tail;
 };
 
-inline heads_tails heads_and_tails(const window_index& ix, const timing& tm) {
+inline heads_tails heads_and_tails(const window_index& ix, const window_times& tm) {
   heads_tails ht{tm.ready, tm.tail};
   for (int i : ix.topo) {
     const auto u = static_cast<std::size_t>(i);
@@ -271,7 +271,7 @@ inline heads_tails heads_and_tails(const window_index& ix, const timing& tm) {
 // Per stream, Jackson's preemptive schedule with heads and tails: the optimum of the one-stream
 // relaxation that may interrupt tasks, computed in O(n^2). It subsumes "the stream's work" and
 // "the critical path", and is what lets the lower-bound probe close most windows at once.
-inline double own_lower_bound(const window_problem& p, const window_index& ix, const timing& tm) {
+inline double own_lower_bound(const window_problem& p, const window_index& ix, const window_times& tm) {
   const auto n = p.tasks.size();
   const auto ht = heads_and_tails(ix, tm);
   double lb = 0;
@@ -312,8 +312,8 @@ inline double own_lower_bound(const window_problem& p, const window_index& ix, c
   return lb;
 }
 
-inline timing real_timing(const window_problem& p) {
-  timing tm;
+inline window_times real_timing(const window_problem& p) {
+  window_times tm;
   for (const auto& t : p.tasks) {
     tm.dur.push_back(t.duration);
     const double fr = p.stream_free.empty() ? 0.0 : p.stream_free[static_cast<std::size_t>(t.stream)];
@@ -324,8 +324,8 @@ inline timing real_timing(const window_problem& p) {
 }
 
 // Rounded up so that an integer schedule stays feasible with the real numbers.
-inline timing scaled_timing(const timing& real, double unit) {
-  timing tm;
+inline window_times scaled_timing(const window_times& real, double unit) {
+  window_times tm;
   const auto up = [unit](double x) { return x <= 0 ? 0.0 : std::ceil(x / unit - 1e-9); };
   for (std::size_t i = 0; i < real.dur.size(); ++i) {
     tm.dur.push_back(up(real.dur[i]));
@@ -345,7 +345,7 @@ inline std::string z3_name(const char* prefix, std::size_t a, std::size_t b = SI
 
 class window_model {
 public:
-  window_model(z3::context& ctx, const window_problem& p, const window_index& ix, const timing& tm,
+  window_model(z3::context& ctx, const window_problem& p, const window_index& ix, const window_times& tm,
                const std::vector<std::vector<int>>& incumbent_order)
       : ctx_(ctx), m_(ctx.int_const("makespan")), asms_(ctx) {
     const auto n = p.tasks.size();

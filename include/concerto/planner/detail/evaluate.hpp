@@ -42,7 +42,7 @@ using plan_fn = std::function<plan::plan(const ir::graph&)>;
 [[nodiscard]] inline plan::plan list_plan(const ir::graph& g, const cost::model& model) {
   const auto durations = model.durations_us(g);
   const sim::contention slowdown{model.overlap_slowdown(), model.comm_overlap_slowdown()};
-  schedule best;
+  ordering best;
   double best_step = std::numeric_limits<double>::infinity();
   policy best_policy = policy::program_order;
   for (const auto candidate : {policy::program_order, policy::xla_lhs}) {
