@@ -37,7 +37,6 @@
 #include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/mpi/control.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
-#include <concerto/trace/chrome_trace.hpp>
 #include <concerto/train/agreement.hpp>
 #include <concerto/train/backend_select.hpp>
 #include <concerto/train/choice.hpp>
@@ -346,17 +345,8 @@ private:
     chooser_.switched(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
 
-  // A trace that cannot be written is reported, not thrown: one rank throwing here would leave the
-  // others waiting in the step's loss reduction.
-  void write_trace(const char* kind, const sim::result& r) {
-    const auto& g = ex_->plan().graph;
-    const auto name =
-        g.name + "." + std::string(planner::to_string(options_.policy)) + "." + kind + ".rank" + std::to_string(rank_) + ".json";
-    try {
-      write_file_atomically(options_.trace_dir / name, trace::chrome_trace(g, r, "rank " + std::to_string(rank_)));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "concerto: rank %d could not write a trace (%s)\n", rank_, e.what());
-    }
+  void write_trace(const char* kind, const sim::result& r) const {
+    detail::write_trace(options_.trace_dir, ex_->plan().graph, options_.policy, kind, rank_, r);
   }
 
   detail::program_facts facts_;

@@ -1,20 +1,26 @@
 #pragma once
 /// @file
-/// @brief A training step's debugging aids: where a loss that is not finite began (the first
+/// @brief A training step's debugging aids: its traces, where a loss that is not finite began (the first
 /// kernel over all ranks that wrote such a value, executor_options::find_non_finite), and whether
 /// the copies of each parameter block still hold the same bits (step_options::check_replicas_every).
 
 #include <concerto/core/error.hpp>
+#include <concerto/core/file.hpp>
 #include <concerto/core/hash.hpp>
 #include <concerto/ir/ops.hpp>
 #include <concerto/pipeline/stages.hpp>
+#include <concerto/planner/policy.hpp>
 #include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/mpi/control.hpp>
+#include <concerto/trace/chrome_trace.hpp>
 #include <concerto/train/program_facts.hpp>
 #include <concerto/train/tensors.hpp>
 
 #include <bit>
+#include <cstdio>
 #include <cstdint>
+#include <exception>
+#include <filesystem>
 #include <limits>
 #include <span>
 #include <string>
@@ -112,6 +118,19 @@ void check_replicas(std::int64_t step, const tensor_index& tensors, Backend& bac
     fail_on_every_rank("train step: after step " + std::to_string(step) + " of graph '" + graph_name +
                        "', copies of the same parameter block differ: " + differences +
                        " (step_options::check_replicas_every)");
+}
+
+// Writes rank `rank`'s trace of `kind` ("planned", "measured") into `dir`. A trace that cannot
+// be written is reported, not thrown: one rank throwing here would leave the others waiting in the
+// step's loss reduction.
+inline void write_trace(const std::filesystem::path& dir, const ir::graph& g, planner::policy policy, const char* kind,
+                        int rank, const sim::result& r) {
+  const auto name = g.name + "." + std::string(planner::to_string(policy)) + "." + kind + ".rank" + std::to_string(rank) + ".json";
+  try {
+    write_file_atomically(dir / name, trace::chrome_trace(g, r, "rank " + std::to_string(rank)));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "concerto: rank %d could not write a trace (%s)\n", rank, e.what());
+  }
 }
 
 } // namespace concerto::train::detail
