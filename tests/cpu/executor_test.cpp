@@ -578,3 +578,14 @@ TEST_CASE("the graph's own kernels are timed and priced against the roofline", "
                       Catch::Matchers::ContainsSubstring("graph 'mlp'"));
   }
 }
+
+TEST_CASE("a backend refuses a plan made for another number of ranks, naming both", "[executor][mesh]") {
+  ir::builder b("wide");
+  b.axis("dp", 4);
+  b.axis("tp", 2);
+  const auto g = std::move(b).finish();
+  CHECK(runtime::mesh_of_plan(g, 8).rank_count() == 8);
+  CHECK_THROWS_WITH(runtime::mesh_of_plan(g, 2),
+                    Catch::Matchers::ContainsSubstring("graph 'wide' is for a mesh of 8 ranks (dp=4xtp=2)") &&
+                        Catch::Matchers::ContainsSubstring("the MPI world has 2"));
+}

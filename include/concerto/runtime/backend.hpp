@@ -21,6 +21,7 @@
 
 #include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
+#include <concerto/mesh/mesh.hpp>
 #include <concerto/plan/plan.hpp>
 #include <concerto/runtime/deadline.hpp>
 
@@ -130,6 +131,19 @@ void stop_together(std::string problem, Group& group, std::string_view what) {
     out.append(g.streams[s].name).append("@").append(axis.name).append(":").append(std::to_string(axis.size)).append(";");
   }
   return out;
+}
+
+/// @brief The mesh a plan's graph is for, checked against the world a backend runs on: a plan made
+/// for another number of ranks is refused, naming both.
+[[nodiscard]] inline concerto::mesh mesh_of_plan(const ir::graph& g, int world_size) {
+  concerto::mesh m(g.axes);
+  if (m.rank_count() != world_size) {
+    std::string dims;
+    for (const auto& a : g.axes) dims += (dims.empty() ? "" : "x") + a.name + "=" + std::to_string(a.size);
+    fail("the plan of graph '" + g.name + "' is for a mesh of " + std::to_string(m.rank_count()) + " ranks (" +
+         (dims.empty() ? "no axes" : dims) + ") but the MPI world has " + std::to_string(world_size));
+  }
+  return m;
 }
 
 } // namespace concerto::runtime

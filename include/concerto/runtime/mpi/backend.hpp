@@ -131,13 +131,7 @@ public:
   void prepare(const plan::plan& p) {
     graph_ = &p.graph;
     const auto& g = p.graph;
-    mesh_ = concerto::mesh(g.axes);
-    if (mesh_.rank_count() != size_) {
-      std::string dims;
-      for (const auto& a : g.axes) dims += (dims.empty() ? "" : "x") + a.name + "=" + std::to_string(a.size);
-      fail("the plan of graph '" + g.name + "' is for a mesh of " + std::to_string(mesh_.rank_count()) + " ranks (" +
-           (dims.empty() ? "no axes" : dims) + ") but the MPI world has " + std::to_string(size_));
-    }
+    mesh_ = mesh_of_plan(g, size_);
     coords_ = mesh_.coords(rank_);
     options_.kernels.coords = coords_;
     runtime::cpu::init_blas_threads(options_.blas_threads);

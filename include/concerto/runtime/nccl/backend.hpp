@@ -220,13 +220,7 @@ public:
     eager_steps_ = 0;
     graph_ptr_ = &p.graph;
     const auto& g = p.graph;
-    mesh_ = concerto::mesh(g.axes);
-    if (mesh_.rank_count() != size_) {
-      std::string dims;
-      for (const auto& a : g.axes) dims += (dims.empty() ? "" : "x") + a.name + "=" + std::to_string(a.size);
-      fail("the plan of graph '" + g.name + "' is for a mesh of " + std::to_string(mesh_.rank_count()) + " ranks (" +
-           (dims.empty() ? "no axes" : dims) + ") but the MPI world has " + std::to_string(size_));
-    }
+    mesh_ = mesh_of_plan(g, size_);
     coords_ = mesh_.coords(rank_);
     options_.kernels.coords = coords_; // as on MPI: kernels that take the rank's shard read it here
     // A plan with the lanes of the last one prepared (the plan choice switches between plans of
