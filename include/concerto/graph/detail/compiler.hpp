@@ -573,10 +573,7 @@ struct work {
   /// the row max is all-reduced (max), then the target logit and the sum of exponentials (sums).
   constexpr int vocab_parallel_ce(int logits, int labels, const pspec& lspec, std::uint8_t ng) noexcept {
     const int rk = lspec.rank, axis = lspec.dims[rk - 1][0];
-    pspec rows;
-    rows.rank = static_cast<std::int8_t>(rk - 1);
-    for (int a = 0; a < axes.count; ++a)
-      if (const int s = lspec.state(a); s >= 0 && s < rk - 1) rows.set_state(a, s);
+    const pspec rows = rules::leading_dims_of(lspec, axes.count);
     const int lg = convert(logits, lspec, ir::phase::forward), lb = convert(labels, rows, ir::phase::forward);
     const auto fwd = ir::phase::forward;
     const int local_max = emit(op_code::vocab_ce_max, {lg}, rows, fwd, role::activation);
