@@ -66,6 +66,12 @@ struct observation {
   int steps = 0;      ///< how many steps it summarises
 };
 
+/// @brief A plan's step time under `model`: its orders replayed with the model's durations and
+/// contention (its own start times may come from another model).
+[[nodiscard]] inline double replayed_us(const plan::plan& p, const cost::model& model) {
+  return sim::simulate(p, model.durations_us(p.graph), {model.overlap_slowdown(), model.comm_overlap_slowdown()}).step_us;
+}
+
 namespace detail::refitting {
 
 /// The compute slowdown that makes a task of work `w` that was overlapped a share `f` of its
@@ -272,9 +278,7 @@ double fit_comm_slowdown(const cost::hardware& hw, double step_us, const Replay&
     fail("refit: the observation has " + std::to_string(seen.tasks.size()) + " tasks, graph '" + g.name + "' has " +
          std::to_string(g.tasks.size()));
   auto hw = prior.hw();
-  const auto replay = [&](const cost::model& m) {
-    return sim::simulate(p, m.durations_us(g), {m.overlap_slowdown(), m.comm_overlap_slowdown()}).step_us;
-  };
+  const auto replay = [&](const cost::model& m) { return replayed_us(p, m); };
   refit_result out{prior, seen.step_us, replay(prior), 0, {}, 0};
   if (seen.steps == 0) {
     out.predicted_after_us = out.predicted_before_us;

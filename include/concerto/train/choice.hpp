@@ -48,10 +48,7 @@
 
 namespace concerto::train::detail {
 
-/// A plan's step time under `model` (its own start times may come from another model).
-[[nodiscard]] inline double replayed_us(const plan::plan& p, const cost::model& model) {
-  return sim::simulate(p, model.durations_us(p.graph), {model.overlap_slowdown(), model.comm_overlap_slowdown()}).step_us;
-}
+using planner::replayed_us;
 
 /// @brief What the plan choice plans and measures with.
 struct choice_setup {
