@@ -31,6 +31,7 @@ enum class errc : std::uint8_t {
   repeat_nested,          ///< a repeat inside a repeated block
   moe_gates,              ///< moe_dispatch / moe_combine given gates that are not a moe_route's
   axis_order,             ///< a redistribution that would need one dimension's axes in another order
+  unbuildable_op,         ///< a node of an op the compiler has no rule or construction for (a bug of concerto's)
 };
 
 namespace rules {

@@ -566,67 +566,40 @@ private:
     const node& x = p_.nodes[i];
     name_ = full_name(i);
     b_.at(x.phase, cur_block_ >= 0 ? layout_.first_layer[static_cast<std::size_t>(cur_block_)] + cur_layer_ : -1);
-    switch (x.op) {
-    case op_code::input:
-    case op_code::param:
-    case op_code::state: new_buffer(i); return;
-    case op_code::data:
-      if (buf_[static_cast<std::size_t>(i)] < 0) new_buffer(i);
+    // A packed gradient's buffer holds the gradients of its first operands, one after the other.
+    if (const int parts = ir::packed_parts(x.op); parts > 0) {
+      std::int64_t size = 0;
+      for (int k = 0; k < parts; ++k) size += elements(local_of(x.in[k]));
+      packed_buffer(i, size);
+    }
+    switch (ir::info(x.op).form) {
+    case ir::task_form::leaf:
+      if (slot(i) < 0) new_buffer(i); // a stack's data is one buffer for every layer
       return;
-    case op_code::repeat_in: {
-      // No task: layer 0 reads the stack's input, layer i the output of layer i-1.
+    case ir::task_form::layer_input: {
       const auto& r = p_.repeats[x.block];
       slot(i) = cur_layer_ == 0 ? in(x, 0) : layer_buf_[static_cast<std::size_t>(r.out)][static_cast<std::size_t>(cur_layer_ - 1)];
       return;
     }
-    case op_code::matmul: return matmul(i, x);
-    case op_code::swiglu_grad:
-      packed_buffer(i, 2 * elements(local_of(x.in[0]))); // dgate, dup
-      return compute(i, x.op, ins(x), shape_attrs(local_of(x.in[0])));
-    case op_code::rope:
-    case op_code::rope_grad: return rope(i, x);
-    case op_code::attention:
-    case op_code::attention_grad: return attention(i, x);
-    case op_code::select: return select(i, x);
-    case op_code::transpose: {
+    case ir::task_form::view: return select(i, x);
+    case ir::task_form::rows: return compute(i, x.op, ins(x), shape_attrs(local_of(x.in[0])));
+    case ir::task_form::matmul: return matmul(i, x);
+    case ir::task_form::rope: return rope(i, x);
+    case ir::task_form::attention: return attention(i, x);
+    case ir::task_form::transpose: {
       const auto& s = local_of(x.in[0]);
       return compute(i, x.op, ins(x), {{"rows", s[0]}, {"cols", s[1]}, {"inner", elements(s) / (s[0] * s[1])}});
     }
-    case op_code::embedding:
-    case op_code::embedding_grad: return embedding(i, x);
-    case op_code::mse:
-    case op_code::mse_grad:
-    case op_code::cross_entropy:
-    case op_code::cross_entropy_grad:
-    case op_code::vocab_ce_max:
-    case op_code::vocab_ce_target:
-    case op_code::vocab_ce_sumexp:
-    case op_code::vocab_ce_loss:
-    case op_code::vocab_ce_grad: return loss(i, x);
-    case op_code::shard_slice:
-    case op_code::keep_one: return local_redistribution(i, x);
-    case op_code::all_reduce:
-    case op_code::all_gather:
-    case op_code::reduce_scatter:
-    case op_code::all_to_all: return collective(i, x);
-    case op_code::sgd:
-    case op_code::adamw: return update(i, x);
-    case op_code::moe_combine_grad:
-      packed_buffer(i, elements(local_of(x.in[0])) + elements(local_of(x.in[1]))); // dy, dgates
-      return moe(i, x);
-    case op_code::moe_route:
-    case op_code::moe_route_grad:
-    case op_code::moe_dispatch:
-    case op_code::moe_dispatch_grad:
-    case op_code::moe_combine: return moe(i, x);
-    default:
-      // An op whose table entry asks for no attrs (elementwise ops, norms, softmax, their
-      // gradients, the sums over rows of a vector's gradient): its kernel takes the shape of its
-      // first operand, whose rows it walks.
-      if (ir::is_compute(x.op) && ir::info(x.op).executable && ir::info(x.op).attrs[0].empty() && x.n_in > 0)
-        return compute(i, x.op, ins(x), shape_attrs(local_of(x.in[0])));
-      fail("lowering: node " + std::to_string(i) + " '" + name_ + "' has an op the lowering does not know");
+    case ir::task_form::embedding: return embedding(i, x);
+    case ir::task_form::loss: return loss(i, x);
+    case ir::task_form::moe: return moe(i, x);
+    case ir::task_form::update: return update(i, x);
+    case ir::task_form::shard: return local_redistribution(i, x);
+    case ir::task_form::collective: return collective(i, x);
+    case ir::task_form::none: break;
     }
+    fail("lowering: node " + std::to_string(i) + " '" + name_ + "' has op '" + std::string(ir::to_string(x.op)) +
+         "', whose task the lowering does not make (its table entry has no task_form)");
   }
 
   // Operands as 2-D (or batched 2-D) matrices; the backward ones read a transposed operand.
@@ -668,7 +641,6 @@ private:
            " ranks): every rank needs whole heads; make that number of ranks divide both head counts (or change the "
            "heads, lower_options::heads)");
     }
-    if (x.op == op_code::attention_grad) packed_buffer(i, elements(q) + 2 * elements(k)); // dq, dk, dv
     compute(i, x.op, ins(x),
             {{"batch", q[0]}, {"seq", q[1]}, {"heads", heads}, {"kv_heads", kv_heads}, {"group", heads / kv_heads},
              {"head_dim", head_dim_}, {"causal", x.has(flag_bidirectional) ? 0 : 1}});
@@ -693,21 +665,16 @@ private:
             {{"tokens", elements(local_of(x.in[0]))}, {"vocab", table[0]}, {"hidden", table[1]}, {"vocab_axis", vocab_axis}});
   }
 
-  // Losses and their gradients: the local rows or values, and the global count the mean divides by.
+  // Losses and their gradients: the local rows or values, and what the entry's loss_attrs name:
+  // the global count the mean divides by (the prediction's elements, the labels' rows; a labels
+  // operand is the second) and the axis splitting the logits' vocabulary.
   void loss(int i, const node& x) {
     auto extra = shape_attrs(local_of(x.in[0]));
-    switch (x.op) {
-    case op_code::mse:
-    case op_code::mse_grad: extra["global_n"] = elements(global_of(x.in[0])); break;
-    case op_code::cross_entropy:
-    case op_code::cross_entropy_grad: extra["global_rows"] = elements(global_of(x.in[1])); break;
-    case op_code::vocab_ce_target: extra["vocab_axis"] = vocab_axis_of(x.in[0]); break;
-    case op_code::vocab_ce_loss: extra["global_rows"] = elements(global_of(x.in[0])); break;
-    case op_code::vocab_ce_grad:
-      extra["vocab_axis"] = vocab_axis_of(x.in[0]);
-      extra["global_rows"] = elements(global_of(x.in[1]));
-      break;
-    default: break;
+    for (const auto name : ir::info(x.op).loss_attrs) {
+      if (name == "global_n") extra["global_n"] = elements(global_of(x.in[0]));
+      else if (name == "global_rows") extra["global_rows"] = elements(global_of(x.in[1]));
+      else if (name == "vocab_axis") extra["vocab_axis"] = vocab_axis_of(x.in[0]);
+      else if (!name.empty()) fail("lowering: loss attr '" + std::string(name) + "' of " + p_.describe(i) + " is not one it derives");
     }
     compute(i, x.op, ins(x), std::move(extra));
   }
@@ -731,10 +698,7 @@ private:
   }
 
   void collective(int i, const node& x) {
-    const auto kind = x.op == op_code::all_reduce   ? ir::op_kind::all_reduce
-                      : x.op == op_code::all_gather ? ir::op_kind::all_gather
-                      : x.op == op_code::reduce_scatter ? ir::op_kind::reduce_scatter
-                                                        : ir::op_kind::all_to_all;
+    const auto kind = ir::info(x.op).kind;
     // An update's gather (ZeRO) writes the parameter itself.
     const auto out = x.has(flag_writes_param) ? (slot(i) = resolve(x.of)) : new_buffer(i);
     const auto pad = padding_of(i, x);

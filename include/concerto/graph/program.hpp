@@ -372,6 +372,9 @@ struct diagnose {
                 "the order the redistribution keeps");
   static_assert(E != errc::capacity, "concerto: the program exceeds its node capacity (48 leaves); use repeat(...) for "
                                      "stacks of identical blocks");
+  static_assert(E != errc::unbuildable_op,
+                "concerto: internal error: the compiler met a node of an op it has no rule or construction for (an op "
+                "missing from ir/ops.hpp's table); please report it with the program");
   static constexpr bool ok = true; // the asserts above speak; a second, silent one would only add noise
 };
 

@@ -148,6 +148,27 @@ enum class backward : std::uint8_t {
   vocab_ce,     ///< the vocab-parallel cross-entropy's loss: one task from the saved pieces
 };
 
+/// @brief How the DSL's lowering (graph/lower.hpp) makes an op's task: which attrs it derives
+/// for the kernel and which buffer the task writes. Most compute ops take the rows of their
+/// first operand; an op whose kernel reads attrs of its own names the form that derives them.
+enum class task_form : std::uint8_t {
+  none,        ///< the lowering never makes it (kernels of graphs made without the DSL, cost-only ops, .to())
+  leaf,        ///< input, data, param, state: a buffer, no task
+  layer_input, ///< a repeat's input: layer 0 reads the stack's input, layer i layer i-1's output
+  view,        ///< one part of a packed gradient: a view, no task
+  rows,        ///< n, rows, cols of the first operand (elementwise ops, norms, softmax, their gradients)
+  matmul,      ///< m, n, k, batch and the transposes
+  rope,        ///< its rows, head_dim (from the program's attention) and theta
+  attention,   ///< batch, seq, heads, kv_heads, group, head_dim, causal (whole heads per rank, checked)
+  transpose,   ///< rows, cols and the inner size of its operand
+  embedding,   ///< tokens, vocab, hidden, and the mesh axis splitting the table's vocabulary
+  loss,        ///< rows of the first operand and the entry's `loss_attrs`
+  moe,         ///< experts, group, capacity (and top_k, the balance loss's weight) from the routing
+  update,      ///< in place on the parameter (or its shard) and the optimizer state
+  shard,       ///< shard_slice, keep_one: this rank's part or one copy, moving no data between ranks
+  collective,  ///< a collective task on the mesh axis of the node
+};
+
 /// @brief An argument of a gradient task: a forward operand, the forward output, or the output's gradient.
 /// `regathered_*` is a forward operand gathered again for backward instead of being kept.
 enum class grad_arg : std::int8_t { none = -1, in0, in1, in2, in3, out, dout, regathered_in1 };
@@ -206,6 +227,11 @@ struct op_info {
   backward grad = backward::none;
   std::array<grad_term, 3> terms{}; ///< backward::terms: one per operand (none: no gradient);
                                     ///< backward::packed: terms[0] is the task, the parts follow the operands
+  task_form form = task_form::none; ///< how the lowering makes its task
+  /// task_form::loss: the optional attrs its kernel scales or offsets by, which the lowering sets
+  /// (global_n: the prediction's elements; global_rows: the labels' rows; vocab_axis: the mesh
+  /// axis splitting the logits' vocabulary)
+  std::array<std::string_view, 2> loss_attrs{};
   /// Its kernel adds to its output when the task says so (attr `accumulate`): the weight-gradient
   /// kernels, which a pipelined step runs once per micro-batch into one sum.
   bool accumulates = false;
@@ -221,13 +247,16 @@ constexpr operand_list list(std::initializer_list<std::string_view> names, int o
   l.variadic = variadic;
   return l;
 }
-constexpr op_info structural(op id, std::string_view name, int arity) {
-  return {id, name, op_role::structural, op_kind::elementwise, false, static_cast<std::int8_t>(arity)};
+constexpr op_info structural(op id, std::string_view name, int arity, task_form form = task_form::none) {
+  op_info i{id, name, op_role::structural, op_kind::elementwise, false, static_cast<std::int8_t>(arity)};
+  i.form = form;
+  return i;
 }
 constexpr op_info collective(op id, std::string_view name, op_kind kind, bool dsl) {
   op_info i{id, name, op_role::collective, kind, true, static_cast<std::int8_t>(dsl ? 1 : -1)};
   i.reads = list({"in"});
   i.writes = list({"out"});
+  i.form = dsl ? task_form::collective : task_form::none;
   return i;
 }
 constexpr op_info reduction(op id, std::string_view name) { return {id, name, op_role::reduction, op_kind::all_reduce}; }
@@ -239,6 +268,7 @@ constexpr op_info compute(op id, std::string_view name, op_kind kind, operand_li
   i.writes = writes;
   i.flops = flops;
   i.flops_per_element = per_element;
+  i.form = executable ? task_form::rows : task_form::none;
   return i;
 }
 constexpr op_info dsl(op_info i, int arity, sharding rule, backward grad, std::array<grad_term, 3> terms = {}) {
@@ -252,6 +282,17 @@ constexpr op_info with_attrs(op_info i, std::array<std::string_view, 5> attrs) {
   i.attrs = attrs;
   return i;
 }
+constexpr op_info formed(task_form form, op_info i) {
+  i.form = form;
+  return i;
+}
+constexpr op_info loss(op_info i, std::array<std::string_view, 2> attrs) {
+  i.form = task_form::loss;
+  i.loss_attrs = attrs;
+  return i;
+}
+// A kernel the DSL's lowering never makes (ir::builder, the planner's rewrites).
+constexpr op_info outside_dsl(op_info i) { return formed(task_form::none, i); }
 constexpr op_info accumulating(op_info i) {
   i.accumulates = true;
   return i;
@@ -277,17 +318,18 @@ using b = backward;
 
 inline constexpr op_info table[op_count] = {
     structural(op::none, "none", -1),
-    structural(op::input, "input", 0),
-    structural(op::data, "data", 0),
-    structural(op::param, "param", 0),
-    structural(op::state, "state", 0),
+    structural(op::input, "input", 0, task_form::leaf),
+    structural(op::data, "data", 0, task_form::leaf),
+    structural(op::param, "param", 0, task_form::leaf),
+    structural(op::state, "state", 0, task_form::leaf),
     structural(op::to, "to", 1),
-    structural(op::repeat_in, "repeat_in", 1),
+    structural(op::repeat_in, "repeat_in", 1, task_form::layer_input),
     structural(op::repeat_out, "repeat_out", 1),
-    structural(op::select, "select", 1),
+    structural(op::select, "select", 1, task_form::view),
     // ---- forward ----
-    accumulating(dsl(with_attrs(compute(op::matmul, "matmul", k::matmul, list({"a", "b", "c"}, 1), list({"c"}), f::gemm, 0),
-                                {"m", "n", "k"}),
+    accumulating(dsl(formed(task_form::matmul, with_attrs(compute(op::matmul, "matmul", k::matmul, list({"a", "b", "c"}, 1),
+                                                                  list({"c"}), f::gemm, 0),
+                                                          {"m", "n", "k"})),
                      2, r::contract, b::contract)),
     dsl(compute(op::add, "add", k::elementwise, list({"a", "b"}), list({"out"}), f::per_output, 1), 2, r::unify,
         b::pass_through),
@@ -314,45 +356,59 @@ inline constexpr op_info table[op_count] = {
          term(op::rmsnorm_grad_gain, {a::in0, a::dout}, s::summed_over_rows)}),
     dsl(compute(op::softmax, "softmax", k::softmax, list({"x"}), list({"out"}), f::per_output, 5), 1, r::rowwise, b::terms,
         {term(op::softmax_grad, {a::out, a::dout})}),
-    dsl(with_attrs(compute(op::attention, "attention", k::attention, list({"q", "k", "v"}), list({"out"}), f::attention, 0),
-                   {"batch", "seq", "heads", "head_dim"}),
+    dsl(formed(task_form::attention, with_attrs(compute(op::attention, "attention", k::attention, list({"q", "k", "v"}),
+                                                        list({"out"}), f::attention, 0),
+                                                {"batch", "seq", "heads", "head_dim"})),
         3, r::attention, b::packed, {packed_term(op::attention_grad, {a::in0, a::in1, a::in2, a::dout}, a::out)}),
-    dsl(with_attrs(compute(op::rope, "rope", k::elementwise, list({"x", "positions"}), list({"out"}), f::per_output, 6),
-                   {"head_dim", "theta"}),
+    dsl(formed(task_form::rope, with_attrs(compute(op::rope, "rope", k::elementwise, list({"x", "positions"}), list({"out"}),
+                                                   f::per_output, 6),
+                                           {"head_dim", "theta"})),
         2, r::rope, b::terms, {term(op::rope_grad, {a::dout, a::in1})}),
-    dsl(compute(op::embedding, "embedding", k::elementwise, list({"ids", "table"}), list({"out"}), f::none, 0), 2,
-        r::embedding, b::terms, {term(op::none, {}), term(op::embedding_grad, {a::in0, a::dout}, s::summed_over_ids)}),
-    dsl(compute(op::mse, "mse", k::loss, list({"pred", "target"}), list({"loss"}), f::per_input, 3), 2, r::mse, b::terms,
+    dsl(formed(task_form::embedding,
+               compute(op::embedding, "embedding", k::elementwise, list({"ids", "table"}), list({"out"}), f::none, 0)),
+        2, r::embedding, b::terms, {term(op::none, {}), term(op::embedding_grad, {a::in0, a::dout}, s::summed_over_ids)}),
+    dsl(loss(compute(op::mse, "mse", k::loss, list({"pred", "target"}), list({"loss"}), f::per_input, 3), {"global_n"}), 2,
+        r::mse, b::terms,
         {term(op::mse_grad, {a::in0, a::in1})}),
-    dsl(compute(op::cross_entropy, "cross_entropy", k::loss, list({"logits", "targets"}), list({"loss"}), f::per_input, 5),
+    dsl(loss(compute(op::cross_entropy, "cross_entropy", k::loss, list({"logits", "targets"}), list({"loss"}), f::per_input,
+                     5),
+             {"global_rows"}),
         2, r::cross_entropy, b::terms, {term(op::cross_entropy_grad, {a::in0, a::in1})}),
-    with_attrs(compute(op::vocab_ce_max, "vocab_ce_max", k::loss, list({"logits"}), list({"max"}), f::per_input, 1),
-               {"cols"}),
-    with_attrs(compute(op::vocab_ce_target, "vocab_ce_target", k::loss, list({"logits", "labels", "max"}), list({"target"}),
-                       f::per_output, 1),
-               {"cols"}),
-    with_attrs(compute(op::vocab_ce_sumexp, "vocab_ce_sumexp", k::loss, list({"logits", "max"}), list({"sumexp"}),
-                       f::per_input, 3),
-               {"cols"}),
-    dsl(compute(op::vocab_ce_loss, "vocab_ce_loss", k::loss, list({"sumexp", "target"}), list({"loss"}), f::per_input, 2), 2,
-        r::none, b::vocab_ce),
+    loss(with_attrs(compute(op::vocab_ce_max, "vocab_ce_max", k::loss, list({"logits"}), list({"max"}), f::per_input, 1),
+                    {"cols"}),
+         {}),
+    loss(with_attrs(compute(op::vocab_ce_target, "vocab_ce_target", k::loss, list({"logits", "labels", "max"}),
+                            list({"target"}), f::per_output, 1),
+                    {"cols"}),
+         {"vocab_axis"}),
+    loss(with_attrs(compute(op::vocab_ce_sumexp, "vocab_ce_sumexp", k::loss, list({"logits", "max"}), list({"sumexp"}),
+                            f::per_input, 3),
+                    {"cols"}),
+         {}),
+    dsl(loss(compute(op::vocab_ce_loss, "vocab_ce_loss", k::loss, list({"sumexp", "target"}), list({"loss"}), f::per_input,
+                     2),
+             {"global_rows"}),
+        2, r::none, b::vocab_ce),
     // Mixture of experts (runtime/cpu/moe.hpp): the gates are dense [tokens, experts], zero where a
     // token is not routed or was dropped over capacity; a slot is a token's rank among its
     // group's tokens routed to the expert, so every kernel finds it from the gates alone.
-    dsl(with_attrs(compute(op::moe_route, "moe_route", k::softmax, list({"logits"}), list({"gates"}), f::per_input, 8),
-                   {"experts", "group", "top_k", "capacity"}),
+    dsl(formed(task_form::moe, with_attrs(compute(op::moe_route, "moe_route", k::softmax, list({"logits"}), list({"gates"}),
+                                                  f::per_input, 8),
+                                          {"experts", "group", "top_k", "capacity"})),
         1, r::routing, b::terms, {term(op::moe_route_grad, {a::in0, a::out, a::dout})}),
-    dsl(with_attrs(compute(op::moe_dispatch, "moe_dispatch", k::copy, list({"x", "gates"}), list({"out"}), f::none, 0),
-                   {"experts", "group", "capacity"}),
+    dsl(formed(task_form::moe, with_attrs(compute(op::moe_dispatch, "moe_dispatch", k::copy, list({"x", "gates"}),
+                                                  list({"out"}), f::none, 0),
+                                          {"experts", "group", "capacity"})),
         2, r::dispatch, b::terms, {term(op::moe_dispatch_grad, {a::dout, a::in1}), term(op::none, {})}),
-    dsl(with_attrs(compute(op::moe_combine, "moe_combine", k::elementwise, list({"y", "gates"}), list({"out"}),
-                           f::per_output, 4),
-                   {"experts", "group", "capacity"}),
+    dsl(formed(task_form::moe, with_attrs(compute(op::moe_combine, "moe_combine", k::elementwise, list({"y", "gates"}),
+                                                  list({"out"}), f::per_output, 4),
+                                          {"experts", "group", "capacity"})),
         2, r::combine, b::packed, {packed_term(op::moe_combine_grad, {a::in0, a::in1, a::dout}, a::in0)}),
     dsl(compute(op::sigmoid, "sigmoid", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise,
         b::terms, {term(op::sigmoid_grad, {a::out, a::dout})}),
-    dsl(with_attrs(compute(op::transpose, "transpose", k::copy, list({"x"}), list({"out"}), f::none, 0),
-                   {"rows", "cols", "inner"}),
+    dsl(formed(task_form::transpose, with_attrs(compute(op::transpose, "transpose", k::copy, list({"x"}), list({"out"}),
+                                                        f::none, 0),
+                                                {"rows", "cols", "inner"})),
         1, r::swap_leading, b::terms, {term(op::transpose, {a::dout})}),
     dsl(compute(op::tanh, "tanh", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise, b::terms,
         {term(op::tanh_grad, {a::out, a::dout})}),
@@ -370,33 +426,35 @@ inline constexpr op_info table[op_count] = {
     accumulating(compute(op::rmsnorm_grad_gain, "rmsnorm_grad_gain", k::norm, list({"x", "dout"}), list({"dgain"}),
                          f::per_input, 4)),
     compute(op::softmax_grad, "softmax_grad", k::softmax, list({"y", "dout"}), list({"dx"}), f::per_output, 4),
-    with_attrs(compute(op::attention_grad, "attention_grad", k::attention, list({"q", "k", "v", "dout"}), list({"dqkv"}),
-                       f::attention_grad, 0),
-               {"batch", "seq", "heads", "head_dim"}),
-    with_attrs(compute(op::rope_grad, "rope_grad", k::elementwise, list({"dout", "positions"}), list({"dx"}), f::per_output,
-                       6),
-               {"head_dim", "theta"}),
+    formed(task_form::attention, with_attrs(compute(op::attention_grad, "attention_grad", k::attention,
+                                                    list({"q", "k", "v", "dout"}), list({"dqkv"}), f::attention_grad, 0),
+                                            {"batch", "seq", "heads", "head_dim"})),
+    formed(task_form::rope, with_attrs(compute(op::rope_grad, "rope_grad", k::elementwise, list({"dout", "positions"}),
+                                               list({"dx"}), f::per_output, 6),
+                                       {"head_dim", "theta"})),
     [] {
       auto i = compute(op::embedding_grad, "embedding_grad", k::elementwise, list({"ids", "dout"}), list({"dtable"}),
                        f::per_input, 1);
       i.flops_read = 1; // the gradient rows, not the ids
-      return accumulating(i);
+      return accumulating(formed(task_form::embedding, i));
     }(),
-    compute(op::mse_grad, "mse_grad", k::loss, list({"pred", "target"}), list({"dpred"}), f::per_input, 3),
-    compute(op::cross_entropy_grad, "cross_entropy_grad", k::loss, list({"logits", "targets"}), list({"dlogits"}),
-            f::per_input, 5),
-    with_attrs(compute(op::vocab_ce_grad, "vocab_ce_grad", k::loss, list({"logits", "labels", "max", "sumexp"}),
-                       list({"dlogits"}), f::per_output, 4),
-               {"cols"}),
-    with_attrs(compute(op::moe_route_grad, "moe_route_grad", k::softmax, list({"logits", "gates", "dgates"}),
-                       list({"dlogits"}), f::per_input, 12),
-               {"experts", "group", "top_k", "weight_num", "weight_den"}),
-    with_attrs(compute(op::moe_dispatch_grad, "moe_dispatch_grad", k::copy, list({"dout", "gates"}), list({"dx"}),
-                       f::per_output, 2),
-               {"experts", "group", "capacity"}),
-    with_attrs(compute(op::moe_combine_grad, "moe_combine_grad", k::elementwise, list({"y", "gates", "dout"}),
-                       list({"dy_dgates"}), f::per_input, 4),
-               {"experts", "group", "capacity"}),
+    loss(compute(op::mse_grad, "mse_grad", k::loss, list({"pred", "target"}), list({"dpred"}), f::per_input, 3), {"global_n"}),
+    loss(compute(op::cross_entropy_grad, "cross_entropy_grad", k::loss, list({"logits", "targets"}), list({"dlogits"}),
+                 f::per_input, 5),
+         {"global_rows"}),
+    loss(with_attrs(compute(op::vocab_ce_grad, "vocab_ce_grad", k::loss, list({"logits", "labels", "max", "sumexp"}),
+                            list({"dlogits"}), f::per_output, 4),
+                    {"cols"}),
+         {"vocab_axis", "global_rows"}),
+    formed(task_form::moe, with_attrs(compute(op::moe_route_grad, "moe_route_grad", k::softmax,
+                                              list({"logits", "gates", "dgates"}), list({"dlogits"}), f::per_input, 12),
+                                      {"experts", "group", "top_k", "weight_num", "weight_den"})),
+    formed(task_form::moe, with_attrs(compute(op::moe_dispatch_grad, "moe_dispatch_grad", k::copy, list({"dout", "gates"}),
+                                              list({"dx"}), f::per_output, 2),
+                                      {"experts", "group", "capacity"})),
+    formed(task_form::moe, with_attrs(compute(op::moe_combine_grad, "moe_combine_grad", k::elementwise,
+                                              list({"y", "gates", "dout"}), list({"dy_dgates"}), f::per_input, 4),
+                                      {"experts", "group", "capacity"})),
     compute(op::sigmoid_grad, "sigmoid_grad", k::elementwise, list({"y", "dout"}), list({"dx"}), f::per_output, 3),
     compute(op::tanh_grad, "tanh_grad", k::elementwise, list({"y", "dout"}), list({"dx"}), f::per_output, 3),
     // ---- redistribution ----
@@ -404,28 +462,31 @@ inline constexpr op_info table[op_count] = {
     collective(op::all_gather, "all_gather", k::all_gather, true),
     collective(op::reduce_scatter, "reduce_scatter", k::reduce_scatter, true),
     collective(op::all_to_all, "all_to_all", k::all_to_all, true),
-    dsl(with_attrs(compute(op::shard_slice, "shard_slice", k::slice, list({"src"}), list({"dst"}), f::none, 0),
-                   {"dim", "parts", "mesh_axis"}),
+    dsl(formed(task_form::shard, with_attrs(compute(op::shard_slice, "shard_slice", k::slice, list({"src"}), list({"dst"}),
+                                                    f::none, 0),
+                                            {"dim", "parts", "mesh_axis"})),
         1, r::none, b::none),
-    dsl(with_attrs(compute(op::keep_one, "keep_one", k::elementwise, list({"src"}), list({"dst"}), f::none, 0),
-                   {"mesh_axis"}),
+    dsl(formed(task_form::shard, with_attrs(compute(op::keep_one, "keep_one", k::elementwise, list({"src"}), list({"dst"}),
+                                                    f::none, 0),
+                                            {"mesh_axis"})),
         1, r::none, b::none),
     // ---- optimizer ----
-    dsl(compute(op::sgd, "sgd", k::optimizer_update, list({"param", "grad"}), list({"param", "momentum"}, 1),
-                f::per_output, 2),
+    dsl(formed(task_form::update, compute(op::sgd, "sgd", k::optimizer_update, list({"param", "grad"}),
+                                          list({"param", "momentum"}, 1), f::per_output, 2)),
         2, r::none, b::none),
-    dsl(compute(op::adamw, "adamw", k::optimizer_update, list({"param", "grad", "m", "v"}), list({"param", "m", "v"}),
-                f::per_output, 12),
+    dsl(formed(task_form::update, compute(op::adamw, "adamw", k::optimizer_update, list({"param", "grad", "m", "v"}),
+                                          list({"param", "m", "v"}), f::per_output, 12)),
         4, r::none, b::none),
     // ---- kernels for graphs made without the DSL ----
-    compute(op::add_inplace, "add_inplace", k::elementwise, list({"acc", "x"}), list({"acc"}), f::per_output, 1),
-    with_attrs(compute(op::scale, "scale", k::elementwise, list({"x"}), list({"out"}), f::per_output, 1), {"num", "den"}),
-    compute(op::zero, "zero", k::elementwise, list({}), list({"out"}, 0, true), f::none, 0),
-    compute(op::copy, "copy", k::copy, list({"src"}), list({"dst"}), f::none, 0),
-    with_attrs(compute(op::slice, "slice", k::slice, list({"src"}), list({"dst"}), f::none, 0),
-               {"outer", "extent", "inner", "length", "offset"}),
-    with_attrs(compute(op::concat, "concat", k::concat, list({"part"}, 0, true), list({"dst"}), f::none, 0),
-               {"outer", "inner", "length"}),
+    outside_dsl(compute(op::add_inplace, "add_inplace", k::elementwise, list({"acc", "x"}), list({"acc"}), f::per_output, 1)),
+    outside_dsl(
+        with_attrs(compute(op::scale, "scale", k::elementwise, list({"x"}), list({"out"}), f::per_output, 1), {"num", "den"})),
+    outside_dsl(compute(op::zero, "zero", k::elementwise, list({}), list({"out"}, 0, true), f::none, 0)),
+    outside_dsl(compute(op::copy, "copy", k::copy, list({"src"}), list({"dst"}), f::none, 0)),
+    outside_dsl(with_attrs(compute(op::slice, "slice", k::slice, list({"src"}), list({"dst"}), f::none, 0),
+                           {"outer", "extent", "inner", "length", "offset"})),
+    outside_dsl(with_attrs(compute(op::concat, "concat", k::concat, list({"part"}, 0, true), list({"dst"}), f::none, 0),
+                           {"outer", "inner", "length"})),
     collective(op::send, "send", k::send, false),
     collective(op::recv, "recv", k::recv, false),
     collective(op::broadcast, "broadcast", k::broadcast, false),
@@ -473,6 +534,15 @@ inline constexpr op_info table[op_count] = {
   return i.arity == operands && i.rule != sharding::none && i.grad != backward::none;
 }
 
+/// @brief How many parts the packed gradient task `o` writes: the operands of the forward op
+/// whose packed recipe names it (their gradients, one after the other, each its operand's size;
+/// they are the task's first operands), or 0 when no recipe packs into `o`.
+[[nodiscard]] constexpr int packed_parts(op o) noexcept {
+  for (const auto& i : detail::ops::table)
+    if (i.grad == backward::packed && i.terms[0].fn == o) return i.arity;
+  return 0;
+}
+
 namespace detail::ops {
 constexpr bool table_in_order() {
   for (int i = 0; i < op_count; ++i)
@@ -502,11 +572,26 @@ constexpr bool recipes_complete() {
   }
   return true;
 }
+// Every op a DSL program can hold (a user's op, a recipe's gradient task, an inserted
+// collective) says how the lowering makes its task, and one taking only its operand's rows
+// requires no other attrs.
+constexpr bool forms_complete() {
+  const auto formed = [](op o) { return o == op::none || table[static_cast<int>(o)].form != task_form::none; };
+  for (const auto& i : table) {
+    if (i.form == task_form::rows && !i.attrs[0].empty()) return false;
+    if (i.arity > 0 && i.role != op_role::structural && !formed(i.id)) return false;
+    for (const auto& t : i.terms)
+      if (!formed(t.fn)) return false;
+  }
+  return true;
+}
 static_assert(table_in_order(), "ir::op and the op table list the ops in different orders");
 static_assert(names_unique(), "two ops of the table share a name");
 static_assert(recipes_complete(), "a DSL op's backward recipe names an op that is no executable kernel, gives it "
                                   "another number of operands than the kernel reads, or packs gradients without "
                                   "saying what the packed node is shaped as");
+static_assert(forms_complete(), "an op a DSL program can hold has no task_form (how graph/lower.hpp makes its task), "
+                                "or takes its operand's rows while its kernel requires attrs of its own");
 } // namespace detail::ops
 
 } // namespace concerto::ir

@@ -50,6 +50,7 @@
 #include <concerto/ir/builder.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/ir/hazards.hpp>
+#include <concerto/pipeline/passes.hpp>
 #include <concerto/pipeline/schedule.hpp>
 #include <concerto/plan/plan.hpp>
 #include <concerto/sim/simulate.hpp>
@@ -254,20 +255,19 @@ inline void place_buffers(const ir::graph& g, stage_split& s) {
   }
 }
 
-// Passes: backward work is W when only weight gradients need it.
+// Passes: a micro-batch's backward work is W when only weight gradients need it (passes.hpp),
+// the epilogue running once per step and a W reader in the same chunk.
 inline void assign_passes(const ir::graph& g, stage_split& s, const std::vector<std::vector<ir::task_id>>& consumers) {
-  for (auto t = static_cast<ir::task_id>(g.tasks.size()); t-- > 0;) {
-    auto& place = s.task(t);
-    if (place.role != task_role::microbatch || g.task_at(t).step_phase != ir::phase::backward) continue;
-    bool weight_only = true;
-    for (const auto u : consumers[static_cast<std::size_t>(t)]) {
-      const auto& user = s.task(u);
-      if (user.role == task_role::epilogue) continue;
-      if (user.role == task_role::microbatch && user.chunk == place.chunk && user.kind == pass::weight_grad) continue;
-      weight_only = false;
-    }
-    place.kind = weight_only ? pass::weight_grad : pass::input_grad;
-  }
+  const auto backward = [&](ir::task_id t) {
+    return s.task(t).role == task_role::microbatch && g.task_at(t).step_phase == ir::phase::backward;
+  };
+  const auto once_per_step = [&](ir::task_id u) { return s.task(u).role == task_role::epilogue; };
+  const auto together = [&](ir::task_id t, ir::task_id u) {
+    return s.task(u).role == task_role::microbatch && s.task(u).chunk == s.task(t).chunk;
+  };
+  const auto w = weight_grad_tasks(g, consumers, backward, once_per_step, together);
+  for (const auto& t : g.tasks)
+    if (backward(t.id)) s.task(t.id).kind = w[static_cast<std::size_t>(t.id)] ? pass::weight_grad : pass::input_grad;
 }
 
 // Messages: forward values to the next chunk, input gradients to the previous one.
@@ -321,11 +321,8 @@ inline void find_messages(const ir::graph& g, stage_split& s) {
   s.tasks.resize(g.tasks.size());
   s.buffers.resize(g.buffers.size());
   auto producers = ir::data_producers(g);
-  std::vector<std::vector<ir::task_id>> consumers(g.tasks.size());
-  for (const auto& t : g.tasks) {
-    for (const auto p : producers[static_cast<std::size_t>(t.id)]) consumers[static_cast<std::size_t>(p)].push_back(t.id);
-    s.task(t.id).producers = std::move(producers[static_cast<std::size_t>(t.id)]);
-  }
+  const auto consumers = consumers_of(producers);
+  for (const auto& t : g.tasks) s.task(t.id).producers = std::move(producers[static_cast<std::size_t>(t.id)]);
   step::assign_roles(g, s);
   step::mark_sums(g, s);
   step::assign_chunks(g, s, consumers);

@@ -9,8 +9,8 @@
 /// - F: a block's forward kernels and its tensor-parallel collectives (synchronous, as
 ///   Megatron-LM runs them by default), plus the embedding on the first chunk and the head and
 ///   loss on the last;
-/// - W: the backward kernels that write a weight's gradient; B: the other backward kernels and
-///   tensor-parallel collectives;
+/// - W and B: the backward kernels and tensor-parallel collectives, W those only weight
+///   gradients need (pipeline/passes.hpp, the classification the stage split uses);
 /// - the data-parallel gradient collectives (once per step, after the chunk's last backward) and
 ///   the optimizer;
 /// - activations: the bytes of the forward's activation buffers that the backward reads, and
@@ -20,7 +20,9 @@
 /// The layers are split with split_layers (uneven counts give the first and last chunk fewer).
 
 #include <concerto/cost/model.hpp>
+#include <concerto/ir/hazards.hpp>
 #include <concerto/ir/workloads.hpp>
+#include <concerto/pipeline/passes.hpp>
 #include <concerto/pipeline/schedule.hpp>
 
 #include <set>
@@ -108,21 +110,27 @@ inline void add_times(chunk_cost& k, const chunk_cost& part, double times) {
     return embedding; // the embedding's and final norm's optimizer steps go with the first stage
   };
   const int tp_axis = g.axis_index("tp").value_or(-1);
+  // Once per step: the optimizer and the data-parallel gradient collectives; the rest of the
+  // backward is B or W by data flow (passes.hpp), as the stage split classifies it.
+  const auto once_per_step = [&](ir::task_id u) {
+    const auto& t = g.task_at(u);
+    return t.step_phase == ir::phase::optimizer || (ir::is_collective(t.kind) && t.axis != tp_axis);
+  };
+  const auto backward = [&](ir::task_id t) { return g.task_at(t).step_phase == ir::phase::backward && !once_per_step(t); };
+  // A W reader counts in the same part of the model only (the split: the same chunk), so a block's
+  // input gradient, which the previous block (or stage) waits for, stays B.
+  const auto section = [&](ir::task_id t) { return g.task_at(t).layer >= 0 ? 3 + g.task_at(t).layer : part_of(g.task_at(t)); };
+  const auto is_w = weight_grad_tasks(g, consumers_of(ir::data_producers(g)), backward, once_per_step,
+                                      [&](ir::task_id t, ir::task_id u) { return section(t) == section(u); });
   // Each part's costs; its weight_grad_share is found per chunk from the bytes W reads.
   chunk_cost parts[3];
   double weight_grad_bytes[3] = {0, 0, 0};
   std::vector<char> read_by_backward(g.buffers.size(), 0), read_by_weight_grad(g.buffers.size(), 0);
-  const auto writes_gradient = [&](const ir::task& t) {
-    for (const auto b : t.writes)
-      if (g.buffers[static_cast<std::size_t>(g.root_of(b))].role == ir::buffer_role::gradient) return true;
-    return false;
-  };
   for (const auto& t : g.tasks) {
     if (t.step_phase != ir::phase::backward) continue;
-    const bool w = !ir::is_collective(t.kind) && writes_gradient(t);
     for (const auto b : t.reads) {
       read_by_backward[static_cast<std::size_t>(g.root_of(b))] = 1;
-      if (w) read_by_weight_grad[static_cast<std::size_t>(g.root_of(b))] = 1;
+      if (is_w[static_cast<std::size_t>(t.id)]) read_by_weight_grad[static_cast<std::size_t>(g.root_of(b))] = 1;
     }
   }
   std::set<ir::buffer_id> counted;
@@ -130,12 +138,11 @@ inline void add_times(chunk_cost& k, const chunk_cost& part, double times) {
     const int part = part_of(t);
     if (part < 0) continue;
     auto& c = parts[part];
-    const bool collective = ir::is_collective(t.kind);
-    const auto w = t.step_phase == ir::phase::optimizer        ? work::optimizer
-                   : collective && t.axis != tp_axis            ? work::grad_sync
-                   : t.step_phase == ir::phase::forward         ? work::forward
-                   : !collective && writes_gradient(t)          ? work::weight_grad
-                                                                : work::input_grad;
+    const auto w = t.step_phase == ir::phase::optimizer ? work::optimizer
+                   : once_per_step(t.id)                ? work::grad_sync
+                   : t.step_phase == ir::phase::forward  ? work::forward
+                   : is_w[static_cast<std::size_t>(t.id)] ? work::weight_grad
+                                                          : work::input_grad;
     charge(c, w, d[static_cast<std::size_t>(t.id)]);
     if (t.step_phase != ir::phase::forward) continue;
     for (const auto b : t.writes) {

@@ -138,6 +138,12 @@ template <class AddressOf>
   const auto need_disjoint = [&] {
     if (g.overlap(in, out)) fail(who + ": input '" + bin.name + "' and output '" + bout.name + "' overlap");
   };
+  // A gather's output, a scatter's input: `group` shards.
+  const auto need_shards = [&](const ir::buffer& whole, const char* whole_is, const ir::buffer& shard, const char* shard_is) {
+    if (whole.bytes != shard.bytes * group)
+      fail(who + ": " + whole_is + " '" + whole.name + "' holds " + std::to_string(whole.bytes) + " bytes, expected " +
+           std::to_string(group) + " x " + shard_is + " '" + shard.name + "' (" + std::to_string(shard.bytes) + ")");
+  };
   switch (t.kind) {
   case ir::op_kind::all_reduce:
     if (bin.bytes != bout.bytes) fail(who + ": input and output sizes differ");
@@ -146,9 +152,7 @@ template <class AddressOf>
     l.count = count(bin.bytes, "the buffer");
     break;
   case ir::op_kind::all_gather:
-    if (bout.bytes != bin.bytes * group)
-      fail(who + ": output '" + bout.name + "' holds " + std::to_string(bout.bytes) + " bytes, expected " +
-           std::to_string(group) + " x the shard '" + bin.name + "' (" + std::to_string(bin.bytes) + ")");
+    need_shards(bout, "output", bin, "the shard");
     l.unpack = detail::split_of(bout, t.attr("dim", 0), group, who);
     if (l.unpack.outer > 0) { // gathered along an inner dimension: receive blocks, then interleave
       need_disjoint();
@@ -162,9 +166,7 @@ template <class AddressOf>
     l.count = count(bin.bytes, "the shard");
     break;
   case ir::op_kind::reduce_scatter:
-    if (bin.bytes != bout.bytes * group)
-      fail(who + ": input '" + bin.name + "' holds " + std::to_string(bin.bytes) + " bytes, expected " +
-           std::to_string(group) + " x the output shard '" + bout.name + "' (" + std::to_string(bout.bytes) + ")");
+    need_shards(bin, "input", bout, "the output shard");
     l.pack = detail::split_of(bin, t.attr("dim", 0), group, who);
     if (l.pack.outer > 0) { // scattered along an inner dimension: make each rank's part contiguous first
       need_disjoint();

@@ -446,7 +446,7 @@ struct work {
       if (x.use.has_partial()) nodes[res].flags |= flag_pinned;
       map[r] = static_cast<std::int16_t>(res);
     } else {
-      failed(errc::capacity, r); // a structural op the compiler does not build: unreachable from the DSL
+      failed(errc::unbuildable_op, r); // a structural op the compiler does not build: unreachable from the DSL
     }
   }
 
@@ -566,7 +566,7 @@ struct work {
     }
     case ir::sharding::none: break;
     }
-    return refuse(errc::capacity); // an op without a rule: ir::dsl_ready refuses it where the program is written
+    return refuse(errc::unbuildable_op); // an op without a rule: ir::dsl_ready refuses it where the program is written
   }
 
   /// Megatron-LM's vocab-parallel cross-entropy: the logits stay split over `axis` on the vocabulary;

@@ -80,6 +80,21 @@ inline void check_attention_args(const char* kernel, const attention_shape& s, s
                                             " floats, batch·heads·seq = " + std::to_string(s.lse_floats()));
 }
 
+inline void require_workspace(const char* kernel, std::size_t have, std::size_t need) {
+  CONCERTO_CHECK(have >= need, std::string(kernel) + ": `workspace` holds " + std::to_string(have) + " floats, " + kernel +
+                                   "_workspace_floats() = " + std::to_string(need));
+}
+
+// The sizes both kernels walk q, k and v with: sequence, head size, the row strides of q and of
+// k/v, and the softmax's 1/√head_dim.
+struct attention_walk {
+  std::size_t seq, head_dim, q_stride, kv_stride;
+  float scale;
+};
+inline attention_walk walk_of(const attention_shape& s) {
+  return {s.seq, s.head_dim, s.heads * s.head_dim, s.kv() * s.head_dim, 1.0f / std::sqrt(static_cast<float>(s.head_dim))};
+}
+
 } // namespace detail
 
 /// @brief `out = softmax(q·kᵀ/√head_dim + causal mask)·v` per batch and head (without the mask
@@ -97,14 +112,8 @@ inline void causal_attention(std::span<const float> q, std::span<const float> k,
                              std::span<float> workspace, const attention_shape& shape) {
   detail::check_attention_args("causal_attention", shape, q.size(), k.size(), v.size(), lse.size());
   detail::require_size(out, shape.q_floats(), "causal_attention", "out");
-  const std::size_t ws_need = causal_attention_workspace_floats(shape);
-  CONCERTO_CHECK(workspace.size() >= ws_need,
-                 "causal_attention: `workspace` holds " + std::to_string(workspace.size()) +
-                     " floats, causal_attention_workspace_floats() = " + std::to_string(ws_need));
-  const std::size_t T = shape.seq;
-  const std::size_t D = shape.head_dim;
-  const std::size_t ld = shape.heads * D, ldkv = shape.kv() * D;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  detail::require_workspace("causal_attention", workspace.size(), causal_attention_workspace_floats(shape));
+  const auto [T, D, ld, ldkv, scale] = detail::walk_of(shape);
   float* p = workspace.data();
   for (std::size_t b = 0; b < shape.batch; ++b) {
     for (std::size_t h = 0; h < shape.heads; ++h) {
@@ -150,14 +159,8 @@ inline void causal_attention_grad(std::span<const float> q, std::span<const floa
   detail::require_size(dq, n, "causal_attention_grad", "dq");
   detail::require_size(dk, nkv, "causal_attention_grad", "dk");
   detail::require_size(dv, nkv, "causal_attention_grad", "dv");
-  const std::size_t ws_need = causal_attention_grad_workspace_floats(shape);
-  CONCERTO_CHECK(workspace.size() >= ws_need,
-                 "causal_attention_grad: `workspace` holds " + std::to_string(workspace.size()) +
-                     " floats, causal_attention_grad_workspace_floats() = " + std::to_string(ws_need));
-  const std::size_t T = shape.seq;
-  const std::size_t D = shape.head_dim;
-  const std::size_t ld = shape.heads * D, ldkv = shape.kv() * D;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  detail::require_workspace("causal_attention_grad", workspace.size(), causal_attention_grad_workspace_floats(shape));
+  const auto [T, D, ld, ldkv, scale] = detail::walk_of(shape);
   float* p = workspace.data();
   float* dp = workspace.data() + T * T;
   // A kv head's gradient sums over the q heads of its group (and, on a rank holding every kv
