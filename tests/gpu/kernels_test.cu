@@ -263,15 +263,20 @@ TEST_CASE("optimizer updates match the CPU kernels over several steps", "[gpu][k
   const std::size_t n = 3000;
   auto p = random(n, 51), m = std::vector<float>(n, 0.0f), v = std::vector<float>(n, 0.0f);
   dev<float> dp(p), dm(m), dv(v);
+  // The rate follows a schedule computed on the device from the device's step counter.
+  const concerto::runtime::lr_schedule schedule{.decay = concerto::runtime::lr_decay::cosine, .warmup_steps = 1, .decay_steps = 4,
+                                      .min_ratio = 0.1f};
+  dev<std::int64_t> step(1);
   SECTION("AdamW reads the step from device memory") {
     const cpu::adamw_config cfg{.lr = 1e-2f, .weight_decay = 0.1f};
-    dev<std::int64_t> step(1);
     for (std::int64_t t = 1; t <= 3; ++t) {
       const auto g = random(n, 52 + static_cast<std::uint32_t>(t));
       dev<float> dg(g);
       cu::check(cudaMemcpy(step.p(), &t, sizeof t, cudaMemcpyHostToDevice), "cudaMemcpy");
-      cu::adamw_update(dp.p(), dg.p(), dm.p(), dv.p(), n, cfg, step.p(), s.get());
-      cpu::adamw_update(p, g, m, v, cfg, t);
+      cu::adamw_update(dp.p(), dg.p(), dm.p(), dv.p(), n, cfg, schedule, step.p(), s.get());
+      auto scheduled = cfg;
+      scheduled.lr = concerto::runtime::lr_at(schedule, cfg.lr, t);
+      cpu::adamw_update(p, g, m, v, scheduled, t);
       s.synchronize();
     }
     check_close(dp.get(), p, 1e-5f, 1e-6f);
@@ -280,11 +285,14 @@ TEST_CASE("optimizer updates match the CPU kernels over several steps", "[gpu][k
   }
   SECTION("SGD with momentum and weight decay") {
     const cpu::sgd_config cfg{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
-    for (int t = 0; t < 3; ++t) {
+    for (std::int64_t t = 1; t <= 3; ++t) {
       const auto g = random(n, 60 + static_cast<std::uint32_t>(t));
       dev<float> dg(g);
-      cu::sgd_update(dp.p(), dg.p(), dm.p(), n, cfg, s.get());
-      cpu::sgd_update(p, g, m, cfg);
+      cu::check(cudaMemcpy(step.p(), &t, sizeof t, cudaMemcpyHostToDevice), "cudaMemcpy");
+      cu::sgd_update(dp.p(), dg.p(), dm.p(), n, cfg, schedule, step.p(), s.get());
+      auto scheduled = cfg;
+      scheduled.lr = concerto::runtime::lr_at(schedule, cfg.lr, t);
+      cpu::sgd_update(p, g, m, scheduled);
       s.synchronize();
     }
     check_close(dp.get(), p, 1e-5f, 1e-6f);

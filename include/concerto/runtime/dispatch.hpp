@@ -247,10 +247,17 @@ inline void run_embedding(cpu_frame& f) {
   else cpu::embedding_grad(ids, f.in(1), f.out(0), c.cols, c.accumulate, c.first, policy);
 }
 
-inline void run_adamw(cpu_frame& f) { cpu::adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.s.adamw, f.s.step); }
+// The optimizers at this step's scheduled rate.
+inline void run_adamw(cpu_frame& f) {
+  auto cfg = f.s.adamw;
+  cfg.lr = lr_at(f.s.schedule, cfg.lr, f.s.step);
+  cpu::adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), cfg, f.s.step);
+}
 
 inline void run_sgd(cpu_frame& f) {
-  cpu::sgd_update(f.out(0), f.in(1), f.c.n_out > 1 ? f.out(1) : std::span<float>{}, f.s.sgd);
+  auto cfg = f.s.sgd;
+  cfg.lr = lr_at(f.s.schedule, cfg.lr, f.s.step);
+  cpu::sgd_update(f.out(0), f.in(1), f.c.n_out > 1 ? f.out(1) : std::span<float>{}, cfg);
 }
 
 // slice copies its part out of the whole buffer's rows; concat places each part after the previous one.

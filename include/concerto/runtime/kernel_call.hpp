@@ -21,6 +21,7 @@
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/moe.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
+#include <concerto/runtime/lr_schedule.hpp>
 
 #include <algorithm>
 #include <array>
@@ -36,6 +37,7 @@ namespace concerto::runtime {
 struct kernel_settings {
   runtime::cpu::sgd_config sgd{};
   runtime::cpu::adamw_config adamw{};
+  lr_schedule schedule{}; ///< the rate of each step from sgd.lr or adamw.lr (lr_schedule.hpp)
   float layernorm_eps = 1e-5f;
   float rmsnorm_eps = 1e-6f;
   std::int64_t step = 1; ///< optimizer step, counting from 1 (AdamW bias correction); the executor sets it

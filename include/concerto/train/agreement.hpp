@@ -125,6 +125,10 @@ inline void check_agreement(const settings_record& mine, const runtime::mpi::con
                          {"adamw.beta2", number(settings.adamw.beta2)},
                          {"adamw.eps", number(settings.adamw.eps)},
                          {"adamw.weight_decay", number(settings.adamw.weight_decay)},
+                         {"lr_schedule", std::string(runtime::to_string(settings.schedule.decay)) + " warmup " +
+                                             std::to_string(settings.schedule.warmup_steps) + " decay_steps " +
+                                             std::to_string(settings.schedule.decay_steps) + " min_ratio " +
+                                             number(settings.schedule.min_ratio)},
                          {"stop_on_non_finite_loss", flag(options.stop_on_non_finite_loss)},
                          {"check_replicas_every", std::to_string(options.check_replicas_every)},
                          {"allow_tf32", flag(options.allow_tf32)},

@@ -264,12 +264,13 @@ inline void run_sgd(device_frame& f) {
     if (f.c.n_out < 2) fail(call_ref(f.c) + ": SGD with momentum needs a momentum buffer as its second write");
     momentum = f.out(1);
   }
-  sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.st);
+  CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for SGD's scheduled rate");
+  sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.s.schedule, f.ctx.step, f.st);
 }
 
 inline void run_adamw(device_frame& f) {
   CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for AdamW");
-  adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.ctx.step, f.st);
+  adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.s.schedule, f.ctx.step, f.st);
 }
 
 // slice and shard_slice copy their part out of the whole buffer's rows; concat places each part.

@@ -31,6 +31,7 @@
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
 #include <concerto/runtime/cuda/check.hpp>
+#include <concerto/runtime/lr_schedule.hpp>
 
 #include <cuda_runtime.h>
 
@@ -480,8 +481,12 @@ __global__ void embedding_grad_k(const std::int32_t* ids, const float* dout, flo
 }
 
 // ---- optimizers -----------------------------------------------------------------------------
+// The step (and with it the scheduled rate) is read from device memory, so that a captured CUDA
+// graph replays with the current step.
 template <int = 0>
-__global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, float lr, float momentum, float wd) {
+__global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, cpu::sgd_config cfg, lr_schedule schedule,
+                      const std::int64_t* step) {
+  const float lr = lr_at(schedule, cfg.lr, *step), momentum = cfg.momentum, wd = cfg.weight_decay;
   CONCERTO_GRID_STRIDE(i, n) {
     const float gi = g[i] + wd * p[i];
     if (buf == nullptr) {
@@ -492,10 +497,10 @@ __global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, float
     }
   }
 }
-// The step is read from device memory, so that a captured CUDA graph replays with the current step.
 template <int = 0>
 __global__ void adamw_k(float* p, const float* g, float* m, float* v, std::size_t n, cpu::adamw_config cfg,
-                        const std::int64_t* step) {
+                        lr_schedule schedule, const std::int64_t* step) {
+  cfg.lr = lr_at(schedule, cfg.lr, *step);
   const double t = static_cast<double>(*step);
   const double bc1 = 1.0 - pow(static_cast<double>(cfg.beta1), t);
   const double bc2 = 1.0 - pow(static_cast<double>(cfg.beta2), t);
@@ -1006,21 +1011,22 @@ inline void embedding_grad(const std::int32_t* ids, const float* dout, float* dt
                                                                                table_rows, reject, status, code);
   detail::launched("embedding_grad");
 }
-/// @brief SGD update in place (as cpu::sgd_update); `momentum_buf` may be null when momentum is 0.
+/// @brief SGD update in place (as cpu::sgd_update) at the rate `schedule` gives the device's step
+/// counter `step` (from 1, read when the kernel runs); `momentum_buf` may be null when momentum is 0.
 inline void sgd_update(float* params, const float* grads, float* momentum_buf, std::size_t n, const cpu::sgd_config& cfg,
-                       cudaStream_t s) {
+                       const lr_schedule& schedule, const std::int64_t* step, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CHECK(cfg.momentum == 0.0f || momentum_buf != nullptr, "sgd_update: momentum needs a momentum buffer");
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sgd_k<>)(params, grads, cfg.momentum == 0.0f ? nullptr : momentum_buf,
-                                                              n, cfg.lr, cfg.momentum, cfg.weight_decay);
+                                                              n, cfg, schedule, step);
   detail::launched("sgd_update");
 }
-/// @brief AdamW update in place (as cpu::adamw_update); `step` points to the device's step
-/// counter (from 1), read when the kernel runs.
+/// @brief AdamW update in place (as cpu::adamw_update) at the rate `schedule` gives; `step` points
+/// to the device's step counter (from 1), read when the kernel runs.
 inline void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n, const cpu::adamw_config& cfg,
-                         const std::int64_t* step, cudaStream_t s) {
+                         const lr_schedule& schedule, const std::int64_t* step, cudaStream_t s) {
   if (n == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::adamw_k<>)(params, grads, m, v, n, cfg, step);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::adamw_k<>)(params, grads, m, v, n, cfg, schedule, step);
   detail::launched("adamw_update");
 }
 
