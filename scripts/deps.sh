@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages concerto needs, only those that are missing.
 set -euo pipefail
 packages=(g++ cmake make pkg-config libz3-dev libopenmpi-dev openmpi-bin librange-v3-dev
-          libopenblas-dev nlohmann-json3-dev libcatch2-dev libcli11-dev)
+          libopenblas-dev nlohmann-json3-dev libcatch2-dev libcli11-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -45,6 +45,15 @@ inline void add_text_model_options(CLI::App& app, text_model_settings& s, const 
   app.add_option("--seq", s.seq, "sequence length")->check(positive)->capture_default_str();
   app.add_option("--batch", s.batch, "global batch (sequences per step)")->check(positive)->capture_default_str();
   app.add_option("--lr", s.lr, "AdamW learning rate")->check(positive)->capture_default_str();
+  app.add_option("--lr-schedule", s.lr_schedule, "decay after the warmup, to --min-lr-ratio at the last step")
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}))
+      ->capture_default_str();
+  app.add_option("--warmup", s.warmup, "steps of linear learning-rate warmup")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--min-lr-ratio", s.min_lr_ratio, "the decay's floor as a share of --lr")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--export", s.export_path, "write the trained parameters to this safetensors file");
+  app.add_option("--export-dtype", s.export_dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
       ->check(names_list("policy"))
       ->capture_default_str();

@@ -23,6 +23,7 @@
 // predicted time, lower bound, every step's time) as one JSON array. --help lists every option.
 #include "../common/command_line.hpp"
 #include "../common/corpus.hpp"
+#include "../common/optimizer.hpp"
 #include "../common/policy_runs.hpp"
 #include "model.hpp"
 
@@ -63,7 +64,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
       axes.insert(axes.begin(), axis_request{"pp", s.pp, ir::link_class::inter_node});
       o.pipeline = {.microbatches = s.microbatches, .schedule = name, .virtual_stages = s.virtual_stages};
     }
-    return train::compile(model, mesh::from_world(world, axes), shapes, {.adamw = {.lr = s.lr}}, std::move(o));
+    return train::compile(model, mesh::from_world(world, axes), shapes, examples::optimizer_of(s), std::move(o));
   };
   std::vector<decltype(make(""))> runs;
   runs.reserve(policies.size());
@@ -107,8 +108,9 @@ int train_on(const graph::program<N>& model, const settings& s) {
       }
       if (root && k == 1) {
         const int width = 30, done = (i + 1) * width / s.steps;
-        std::printf("step %4lld/%d  loss %.4f  (avg %.4f)  %7.0f us  [%s%s]\n", static_cast<long long>(r.step), s.steps,
-                    r.loss, last[p], r.step_us, std::string(static_cast<std::size_t>(done), '#').c_str(),
+        std::printf("step %4lld/%d  loss %.4f  (avg %.4f)  lr %.2e  %7.0f us  [%s%s]\n", static_cast<long long>(r.step),
+                    s.steps, r.loss, last[p], static_cast<double>(r.lr), r.step_us,
+                    std::string(static_cast<std::size_t>(done), '#').c_str(),
                     std::string(static_cast<std::size_t>(width - done), '.').c_str());
         std::fflush(stdout);
       }
@@ -126,6 +128,11 @@ int train_on(const graph::program<N>& model, const settings& s) {
                            times[p], exposed[p]));
   }
   if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
+  if (!s.export_path.empty()) { // the first policy's model (each trains the same one, up to rounding)
+    runs.front().export_safetensors(s.export_path, s.export_dtype == "bf16" ? train::safetensors::dtype::bf16
+                                                                            : train::safetensors::dtype::f32);
+    if (root) std::printf("parameters written to %s (safetensors, %s)\n", s.export_path.c_str(), s.export_dtype.c_str());
+  }
   if (root) std::fflush(stdout);
   for (std::size_t p = 0; p < k; ++p)
     if (!(last[p] < first[p])) fail("the loss did not fall (" + policies[p] + " plan)");

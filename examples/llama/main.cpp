@@ -16,6 +16,7 @@
 // time, predicted time, lower bound) as one JSON array. --help lists every option (flags.cpp). It is built
 // in concerto's separately compiled mode (CMake: concerto::mpi_compiled; docs/training.md).
 #include "../common/corpus.hpp"
+#include "../common/optimizer.hpp"
 #include "../common/policy_runs.hpp"
 #include "model.hpp"
 #include "settings.hpp"
@@ -61,7 +62,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
   runs.reserve(policies.size());
   for (const auto& policy : policies)
     runs.push_back(train::compile(model, mesh::from_world(world, axes), shapes,
-                                  {.adamw = {.lr = s.lr}},
+                                  examples::optimizer_of(s),
                                   {.policy = policy,
                                    .lower = {.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
                                              .depth = {{"layers", s.layers}}},
@@ -117,8 +118,9 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
       }
       if (root && k == 1) {
         const int width = 30, done = (i + 1) * width / s.steps;
-        std::printf("step %4lld/%d  loss %.4f  (avg %.4f)  %7.0f us  [%s%s]\n", static_cast<long long>(r.step), s.steps,
-                    r.loss, last[p], r.step_us, std::string(static_cast<std::size_t>(done), '#').c_str(),
+        std::printf("step %4lld/%d  loss %.4f  (avg %.4f)  lr %.2e  %7.0f us  [%s%s]\n", static_cast<long long>(r.step),
+                    s.steps, r.loss, last[p], static_cast<double>(r.lr), r.step_us,
+                    std::string(static_cast<std::size_t>(done), '#').c_str(),
                     std::string(static_cast<std::size_t>(width - done), '.').c_str());
         std::fflush(stdout);
       }
@@ -137,6 +139,11 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
         times[p], exposed[p]));
   }
   if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
+  if (!s.export_path.empty()) { // the first policy's model (each trains the same one, up to rounding)
+    runs.front().export_safetensors(s.export_path, s.export_dtype == "bf16" ? train::safetensors::dtype::bf16
+                                                                            : train::safetensors::dtype::f32);
+    if (root) std::printf("parameters written to %s (safetensors, %s)\n", s.export_path.c_str(), s.export_dtype.c_str());
+  }
   if (s.experts > 0) print_load_balance(runs.front(), s);
   if (root) std::fflush(stdout);
   for (std::size_t p = 0; p < k; ++p)

@@ -4,6 +4,8 @@
 #include "gpt_program.hpp"
 #include "train_testing.hpp"
 
+#include <catch2/matchers/catch_matchers_string.hpp>
+
 #include <unistd.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -80,6 +83,132 @@ TEST_CASE("a checkpoint saved on one mesh shape continues on another like an uni
     }
   }
   CHECK(straight[3] < straight[0]);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a learning-rate schedule gives each step its rate, and a resumed run continues it", "[mpi][train][schedule]") {
+  const int world = runtime::mpi::environment::world_size();
+  const auto dir = shared_temp_dir();
+  const float base = 1e-2f;
+  const runtime::lr_schedule schedule{.decay = runtime::lr_decay::cosine, .warmup_steps = 2, .decay_steps = 5,
+                                      .min_ratio = 0.2f};
+  const auto compile_with = [&](MPI_Comm comm, int d, int t, float lr, runtime::lr_schedule sch) {
+    int n = 0;
+    MPI_Comm_size(comm, &n);
+    return train::compile(gt::gpt_sp, mesh::from_world(n, {{"dp", d}, {"tp", t}}), shapes,
+                          {.adamw = {.lr = lr}, .schedule = sch}, options(comm));
+  };
+  // Scheduled, on the whole world as dp x tp; saved after two steps.
+  std::vector<double> scheduled;
+  {
+    auto s = compile_with(MPI_COMM_WORLD, world / 2, 2, base, schedule);
+    for (int i = 0; i < 4; ++i) {
+      const auto r = s(data(i));
+      CHECK(r.lr == runtime::lr_at(schedule, base, i + 1));
+      scheduled.push_back(r.loss);
+      if (i == 1) s.save(dir / "scheduled.ckpt");
+    }
+  }
+  CHECK(runtime::lr_at(schedule, base, 1) == 0.5f * base); // the schedule moves the rate
+  // The same steps on one rank, each at a constant rate equal to the schedule's for that step,
+  // carried from step to step by checkpoints (AdamW's moments and step count with them).
+  {
+    tt::sub_world one(1);
+    if (one.member()) {
+      for (int i = 0; i < 4; ++i) {
+        auto s = compile_with(one.get(), 1, 1, runtime::lr_at(schedule, base, i + 1), {});
+        if (i > 0) s.load(dir / "chain.ckpt");
+        const auto r = s(data(i));
+        CAPTURE(i, r.loss, scheduled[static_cast<std::size_t>(i)]);
+        CHECK(std::abs(r.loss - scheduled[static_cast<std::size_t>(i)]) <= tt::rel_tol * scheduled[0]);
+        s.save(dir / "chain.ckpt");
+      }
+    }
+  }
+  // Resumed from step 2 with the schedule: steps 3 and 4 as the uninterrupted run's.
+  {
+    auto s = compile_with(MPI_COMM_WORLD, world, 1, base, schedule);
+    s.load(dir / "scheduled.ckpt");
+    for (int i = 2; i < 4; ++i) {
+      const auto r = s(data(i));
+      CHECK(r.lr == runtime::lr_at(schedule, base, i + 1));
+      CHECK(std::abs(r.loss - scheduled[static_cast<std::size_t>(i)]) <= tt::rel_tol * scheduled[0]);
+    }
+  }
+  CHECK_THROWS_WITH(compile_with(MPI_COMM_WORLD, world, 1, base, {.decay = runtime::lr_decay::linear, .decay_steps = 0}),
+                    Catch::Matchers::ContainsSubstring("linear decay ends at step 0"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("parameters exported as safetensors on one mesh import on another, in f32 and bf16", "[mpi][train][safetensors]") {
+  namespace st = train::safetensors;
+  const int world = runtime::mpi::environment::world_size();
+  const auto dir = shared_temp_dir();
+  std::vector<double> straight;
+  std::map<std::string, std::vector<float>> trained;
+  {
+    auto s = compile_on(MPI_COMM_WORLD, world / 2, 2);
+    for (int i = 0; i < 2; ++i) (void)s(data(i));
+    s.export_safetensors(dir / "f32.safetensors");
+    s.export_safetensors(dir / "bf16.safetensors", st::dtype::bf16);
+    for (const auto& name : s.parameter_names()) trained[name] = s.parameter(name);
+    for (int i = 2; i < 4; ++i) straight.push_back(s(data(i)).loss);
+  }
+  // The file holds exactly the parameters, global and named as the program names them.
+  const auto f32 = st::read(dir / "f32.safetensors"), bf16 = st::read(dir / "bf16.safetensors");
+  CHECK(f32.tensors.size() == trained.size());
+  CHECK(f32.metadata.at("format") == "pt");
+  for (const auto& [name, values] : trained) {
+    CAPTURE(name);
+    CHECK(f32.values(name) == values);
+    CHECK(bf16.tensors.at(name).type == st::dtype::bf16);
+    const auto rounded = bf16.values(name);
+    for (std::size_t i = 0; i < values.size(); ++i) REQUIRE(rounded[i] == st::from_bf16(st::to_bf16(values[i])));
+  }
+  // Imported on another mesh (pure data parallelism): the parameters are the exporter's, so the
+  // first loss, computed before the update, is the exporter's next one (the optimizer's moments
+  // are not in the file, so later losses would differ).
+  {
+    tt::sub_world half(world / 2);
+    if (half.member()) {
+      auto a = compile_on(half.get(), world / 2, 1);
+      a.import_safetensors(dir / "f32.safetensors");
+      for (const auto& [name, values] : trained) REQUIRE(a.parameter(name) == values);
+      auto b = compile_on(half.get(), world / 2, 1);
+      b.import_safetensors(dir / "bf16.safetensors");
+      for (const auto& [name, values] : trained) REQUIRE(b.parameter(name) == bf16.values(name));
+      const double la = a(data(2)).loss, lb = b(data(2)).loss;
+      CHECK(std::abs(la - straight[0]) <= tt::rel_tol * straight[0]); // the loss of the same parameters
+      CHECK(std::abs(lb - la) <= 1e-2 * la);                          // bf16's rounding, not another model
+    }
+  }
+  // A file that is not this program's parameters is refused before a value changes.
+  {
+    auto s = compile_on(MPI_COMM_WORLD, world, 1);
+    const auto before = s.parameter("wte");
+    if (runtime::mpi::environment::world_rank() == 0) {
+      st::writer missing, extra, misshapen;
+      for (const auto& [name, values] : trained) {
+        if (name != "wte") missing.add(name, s.global_shape(name), values);
+        extra.add(name, s.global_shape(name), values);
+        misshapen.add(name, name == "wte" ? std::vector<std::int64_t>{static_cast<std::int64_t>(values.size())} : s.global_shape(name), values);
+      }
+      extra.add("lm_head.bias", {3}, std::vector<float>{1, 2, 3});
+      write_file_atomically(dir / "missing.safetensors", std::move(missing).finish());
+      write_file_atomically(dir / "extra.safetensors", std::move(extra).finish());
+      write_file_atomically(dir / "misshapen.safetensors", std::move(misshapen).finish());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    using Catch::Matchers::ContainsSubstring;
+    CHECK_THROWS_WITH(s.import_safetensors(dir / "missing.safetensors"), ContainsSubstring("has no tensor 'wte'"));
+    CHECK_THROWS_WITH(s.import_safetensors(dir / "extra.safetensors"),
+                      ContainsSubstring("'lm_head.bias', which is no parameter of the program"));
+    CHECK_THROWS_WITH(s.import_safetensors(dir / "misshapen.safetensors"),
+                      ContainsSubstring("tensor 'wte' has shape") && ContainsSubstring("the program expects [32,16]"));
+    CHECK(s.parameter("wte") == before);
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   if (runtime::mpi::environment::world_rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -15,14 +15,17 @@
 #include <concerto/planner/policy.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
 #include <concerto/runtime/executor.hpp>
+#include <concerto/runtime/lr_schedule.hpp>
 #include <concerto/train/pipeline.hpp>
 #include <concerto/train/plan_choice.hpp>
 
 #include <mpi.h>
 
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -34,10 +37,14 @@
 
 namespace concerto::train {
 
-/// @brief Optimizer hyperparameters (the program chose sgd or adamw).
+/// @brief Optimizer hyperparameters (the program chose sgd or adamw), and the schedule of the
+/// rate: `schedule` gives step t the rate `runtime::lr_at(schedule, lr, t)` (warmup, then
+/// constant, linear or cosine decay to a floor; runtime/lr_schedule.hpp). Weight decay is the
+/// optimizer's `weight_decay` (decoupled for AdamW, scaled by the scheduled rate).
 struct optimizer_settings {
   runtime::cpu::sgd_config sgd{};
   runtime::cpu::adamw_config adamw{};
+  runtime::lr_schedule schedule{};
 };
 
 namespace detail {
@@ -152,6 +159,7 @@ struct step_result {
   double step_us = 0;           ///< measured wall time of the executor's step on this rank
   double exposed_comm_us = 0;   ///< compute idle while collectives were outstanding
   int rank = 0;
+  float lr = 0;                 ///< the rate this step's optimizer used (optimizer_settings::schedule)
 };
 
 /// @brief One mixture-of-experts layer's load-balancing loss in the last step
@@ -162,5 +170,33 @@ struct moe_balance {
   double weight = 0;    ///< the layer's balance loss weight (moe_config::aux_weight)
   double loss = 0;      ///< weight · balance: the loss whose gradient the router's gets
 };
+
+namespace detail {
+
+/// CONCERTO_CHECK_REPLICAS, CONCERTO_CHOOSE_PLAN and CONCERTO_TF32 override their options.
+inline void read_environment(step_options& o) {
+  if (const char* every = std::getenv("CONCERTO_CHECK_REPLICAS"); every != nullptr && *every != '\0') {
+    const auto [end, ec] = std::from_chars(every, every + std::strlen(every), o.check_replicas_every);
+    if (ec != std::errc() || *end != '\0' || o.check_replicas_every < 0)
+      fail(std::string("CONCERTO_CHECK_REPLICAS='") + every + "' is not a number of steps (0: never)");
+  }
+  if (const auto on = env_flag("CONCERTO_CHOOSE_PLAN", "keep the first plan", "choose by measuring")) o.choice.enabled = *on;
+  if (const auto on = env_flag("CONCERTO_TF32", "fp32 products", "TF32 tensor cores on the GPU")) o.allow_tf32 = *on;
+}
+
+/// Throws concerto::error naming the first option (or the schedule's field) that cannot be.
+inline void check_options(const step_options& o, const runtime::lr_schedule& schedule) {
+  schedule.check();
+  if (o.check_replicas_every < 0) fail("train step: check_replicas_every must not be negative");
+  if (const auto& c = o.choice; c.warmup_steps < 0 || c.profile_steps < 1 || c.trial_steps < 1 || c.rounds < 1)
+    fail("train step: plan choice needs warmup_steps >= 0, profile_steps >= 1, trial_steps >= 1 and rounds >= 1 (got " +
+         std::to_string(c.warmup_steps) + ", " + std::to_string(c.profile_steps) + ", " + std::to_string(c.trial_steps) +
+         ", " + std::to_string(c.rounds) + ")");
+  if (!(o.choice.confirm_within >= 1))
+    fail("train step: plan choice needs confirm_within >= 1 (got " + std::to_string(o.choice.confirm_within) +
+         "; 1 trusts an earlier run's pick)");
+}
+
+} // namespace detail
 
 } // namespace concerto::train

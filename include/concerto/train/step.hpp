@@ -85,13 +85,15 @@ public:
         graph_(std::move(lowered.graph)) {
     settings_.sgd = opt.sgd;
     settings_.adamw = opt.adamw;
+    settings_.schedule = opt.schedule;
+    for (const auto& t : graph_.tasks) uses_adamw_ = uses_adamw_ || t.fn == ir::op::adamw;
     MPI_Comm_rank(options_.world, &rank_);
     MPI_Comm_size(options_.world, &size_);
     if (mesh_.rank_count() != size_)
       fail("train::compile: the mesh has " + std::to_string(mesh_.rank_count()) + " ranks but the communicator has " +
            std::to_string(size_));
-    read_environment();
-    check_options();
+    detail::read_environment(options_);
+    detail::check_options(options_, settings_.schedule);
     if (const auto& pp = options_.pipeline; const auto axis = mesh_.index_of(pp.axis)) {
       detail::check_pipeline_options(pp, mesh_.axes()[static_cast<std::size_t>(*axis)].size);
       // Checked here, on every rank, rather than at the first step.
@@ -103,6 +105,12 @@ public:
     }
     control_.emplace(options_.world, runtime::detail::resolve_timeout_s(options_.executor.timeout_s,
                                                                         options_.executor.timeout_from_env, "train step"));
+  }
+
+  /// @brief The rate the optimizer uses at step `step` (from 1): the schedule's for the
+  /// program's optimizer (optimizer_settings).
+  [[nodiscard]] float learning_rate(std::int64_t step) const {
+    return runtime::lr_at(settings_.schedule, uses_adamw_ ? settings_.adamw.lr : settings_.sgd.lr, step);
   }
 
   /// @brief The lowered graph (before planning).
@@ -177,7 +185,8 @@ public:
                          "helps; step_options::stop_on_non_finite_loss = false goes on)");
     if (options_.check_replicas_every > 0 && rep.step % options_.check_replicas_every == 0)
       detail::check_replicas(rep.step, tensors_, *backend_, *control_, graph_.name);
-    const step_result out{rep.step, loss, rep.measured.step_us, rep.measured.exposed_comm_us, rank_};
+    const step_result out{rep.step,   loss,  rep.measured.step_us, rep.measured.exposed_comm_us,
+                          rank_,      learning_rate(rep.step)};
     if (chooser_.active())
       chooser_.advance(rep, *control_, *backend_, ex_->plan(), [&] { return detail::planner_input(options_, graph_); });
     return out;
@@ -246,34 +255,25 @@ public:
     ex_->set_completed_steps(tensors_.load(*backend_, *control_, path));
   }
 
+  /// @brief Writes the parameters, gathered to their global shapes and named as the program names
+  /// them, to `path` in the safetensors format (F32 or BF16), which PyTorch and Hugging Face code
+  /// load (rank 0 writes, atomically). Collective. Format and checks: train/safetensors.hpp.
+  void export_safetensors(const std::filesystem::path& path, safetensors::dtype type = safetensors::dtype::f32) {
+    prepare();
+    tensors_.export_safetensors(*backend_, *control_, path, type);
+  }
+  /// @brief Sets every parameter from a safetensors file (F32, BF16 or F16; written here on any
+  /// mesh, or by another framework) holding exactly the program's parameters. Collective: a file
+  /// that fails a check on any rank makes every rank throw, naming it, before a value changes.
+  void import_safetensors(const std::filesystem::path& path) {
+    prepare();
+    tensors_.import_safetensors(*backend_, *control_, path);
+  }
+
   /// @brief Steps run so far (including those before a loaded checkpoint).
   [[nodiscard]] std::int64_t completed_steps() const noexcept { return ex_ ? ex_->completed_steps() : 0; }
 
 private:
-  // CONCERTO_CHECK_REPLICAS, CONCERTO_CHOOSE_PLAN and CONCERTO_TF32 override their options.
-  void read_environment() {
-    if (const char* every = std::getenv("CONCERTO_CHECK_REPLICAS"); every != nullptr && *every != '\0') {
-      const auto [end, ec] = std::from_chars(every, every + std::strlen(every), options_.check_replicas_every);
-      if (ec != std::errc() || *end != '\0' || options_.check_replicas_every < 0)
-        fail(std::string("CONCERTO_CHECK_REPLICAS='") + every + "' is not a number of steps (0: never)");
-    }
-    if (const auto on = detail::env_flag("CONCERTO_CHOOSE_PLAN", "keep the first plan", "choose by measuring"))
-      options_.choice.enabled = *on;
-    if (const auto on = detail::env_flag("CONCERTO_TF32", "fp32 products", "TF32 tensor cores on the GPU"))
-      options_.allow_tf32 = *on;
-  }
-
-  void check_options() const {
-    if (options_.check_replicas_every < 0) fail("train step: check_replicas_every must not be negative");
-    if (const auto& c = options_.choice; c.warmup_steps < 0 || c.profile_steps < 1 || c.trial_steps < 1 || c.rounds < 1)
-      fail("train step: plan choice needs warmup_steps >= 0, profile_steps >= 1, trial_steps >= 1 and rounds >= 1 (got " +
-           std::to_string(c.warmup_steps) + ", " + std::to_string(c.profile_steps) + ", " + std::to_string(c.trial_steps) +
-           ", " + std::to_string(c.rounds) + ")");
-    if (!(options_.choice.confirm_within >= 1))
-      fail("train step: plan choice needs confirm_within >= 1 (got " + std::to_string(options_.choice.confirm_within) +
-           "; 1 trusts an earlier run's pick)");
-  }
-
   [[nodiscard]] bool chooses() const { return options_.policy == planner::policy::concerto && options_.choice.enabled; }
 
   [[nodiscard]] detail::choice_store choice_store() const {
@@ -354,6 +354,7 @@ private:
   shape_map shapes_;
   step_options options_;
   runtime::kernel_settings settings_;
+  bool uses_adamw_ = false; // the program's optimizer: AdamW, else SGD
   int rank_ = 0, size_ = 1;
   ir::graph graph_;
   std::optional<runtime::mpi::control> control_; ///< the step's own collectives, with deadlines

@@ -29,6 +29,7 @@
 #include <concerto/train/detail/shard.hpp>
 #include <concerto/train/options.hpp>
 #include <concerto/train/program_facts.hpp>
+#include <concerto/train/safetensors.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +37,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -215,37 +217,76 @@ public:
   template <class Backend>
   [[nodiscard]] std::int64_t load(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path) const {
     checkpoint::contents file;
-    std::string problem;
-    try {
+    read_together(control, "checkpoint '" + path.string() + "'", [&](const std::string& what) {
       file = checkpoint::read(path);
       for (const auto& name : state_names()) {
         const auto it = file.tensors.find(name);
-        if (it == file.tensors.end()) fail("checkpoint '" + path.string() + "' has no tensor '" + name + "'");
-        if (const auto& want = info(name).blk.global; it->second.shape != want)
-          fail("checkpoint '" + path.string() + "': tensor '" + name + "' has shape " +
-               graph::detail::dims_text(it->second.shape) + ", the program expects " + graph::detail::dims_text(want));
+        if (it == file.tensors.end()) fail(what + " has no tensor '" + name + "'");
+        check_shape(what, name, it->second.shape);
       }
+    });
+    for (const auto& name : state_names()) {
+      const auto values = file.values(name);
+      set(backend, name, values);
+    }
+    return file.step;
+  }
+
+  /// Writes every parameter (not the optimizer state), gathered, to `path` in the safetensors
+  /// format as `type`, named as the program names them (rank 0 writes, atomically). Collective.
+  template <class Backend>
+  void export_safetensors(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path,
+                          safetensors::dtype type) const {
+    safetensors::writer file;
+    for (const auto& name : params_) file.add(name, info(name).blk.global, gather(backend, control, name), type);
+    if (control.rank() == 0) write_file_atomically(path, std::move(file).finish({{"format", "pt"}, {"written_by", "concerto"}}));
+    control.barrier("the end of exporting '" + path.string() + "'");
+  }
+
+  /// Reads every parameter from a safetensors file (F32, BF16 or F16; from any mesh or
+  /// framework) into this rank's shards. The file holds exactly the program's parameters with
+  /// their shapes; when it does not, or fails a check, on any rank, every rank throws naming it
+  /// before a value is written. Collective.
+  template <class Backend>
+  void import_safetensors(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path) const {
+    std::optional<safetensors::contents> file;
+    read_together(control, "safetensors '" + path.string() + "'", [&](const std::string& what) {
+      file = safetensors::read(path);
+      for (const auto& name : params_) {
+        const auto it = file->tensors.find(name);
+        if (it == file->tensors.end()) fail(what + " has no tensor '" + name + "', a parameter of the program");
+        check_shape(what, name, it->second.shape);
+      }
+      for (const auto& [name, e] : file->tensors)
+        if (std::find(params_.begin(), params_.end(), name) == params_.end())
+          fail(what + " holds tensor '" + name + "', which is no parameter of the program (rename it, or drop it from the file)");
+    });
+    for (const auto& name : params_) set(backend, name, file->values(name));
+  }
+
+private:
+  // Runs `read` (which throws concerto::error saying what is wrong, `what` naming the file) on
+  // every rank: each reads the file itself (a shared file system may show one rank another
+  // file), and all go on, or all stop with the first rank's message, before a value is written.
+  template <class Read>
+  static void read_together(const runtime::mpi::control& control, const std::string& what, Read&& read) {
+    std::string problem;
+    try {
+      read(what);
     } catch (const error& e) {
       std::string_view why = e.what();
       if (why.starts_with("concerto: ")) why.remove_prefix(10);
       if (control.rank() != 0) problem = "on rank " + std::to_string(control.rank()) + ": ";
       problem += why;
     }
-    // Every rank reads the file itself (a shared file system may show one rank another file):
-    // all go on, or all stop, before the first value is written.
-    runtime::stop_together(std::move(problem), control, "loading checkpoint '" + path.string() + "'");
-    for (const auto& name : state_names()) {
-      const auto& t = info(name);
-      if (t.id < 0) continue; // another pipeline stage holds it
-      std::vector<float> local(static_cast<std::size_t>(count(t.blk.local)));
-      copy_block(t.blk, sizeof(float), const_cast<std::byte*>(file.bytes(name).data()), reinterpret_cast<std::byte*>(local.data()),
-                 true);
-      backend.write(t.id, std::as_bytes(std::span(local)));
-    }
-    return file.step;
+    runtime::stop_together(std::move(problem), control, "loading " + what);
+  }
+  void check_shape(const std::string& what, const std::string& name, const std::vector<std::int64_t>& shape) const {
+    if (const auto& want = info(name).blk.global; shape != want)
+      fail(what + ": tensor '" + name + "' has shape " + graph::detail::dims_text(shape) + ", the program expects " +
+           graph::detail::dims_text(want));
   }
 
-private:
   // The names a node goes by: its own, or one per layer of its repeat.
   static std::vector<std::string> names_of(const program_facts::node& x, const std::map<std::string, int>& depths) {
     if (x.repeat.empty()) return {x.name};

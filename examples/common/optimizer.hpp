@@ -1,0 +1,21 @@
+#pragma once
+// The text-trained examples' optimizer: AdamW and its learning-rate schedule from the shared
+// command line (common/settings.hpp).
+#include "settings.hpp"
+
+#include <concerto/runtime/lr_schedule.hpp>
+#include <concerto/train/options.hpp>
+
+namespace examples {
+
+/// AdamW at --lr with the schedule of --lr-schedule, --warmup and --min-lr-ratio over --steps (a
+/// decay with no steps after the warmup is refused by train::compile, naming the fields).
+inline concerto::train::optimizer_settings optimizer_of(const text_model_settings& s) {
+  return {.adamw = {.lr = s.lr},
+          .schedule = {.decay = concerto::runtime::parse_lr_decay(s.lr_schedule),
+                       .warmup_steps = s.warmup,
+                       .decay_steps = s.steps,
+                       .min_ratio = s.min_lr_ratio}};
+}
+
+} // namespace examples
