@@ -561,7 +561,7 @@ private:
     b_.compute(fn, name_, std::move(reads), {out}, std::move(extra));
   }
 
-  // ---- per op ----
+  // ---- per task form (ir::task_form, the op's table entry) ----
   void emit(int i) {
     const node& x = p_.nodes[i];
     name_ = full_name(i);
