@@ -223,8 +223,9 @@ inline entry entry_of(const nlohmann::json& j, const std::string& where, std::si
     fail(where + ": the header is not JSON (" + e.what() + ")");
   }
   if (!header.is_object()) fail(where + ": the header is not a JSON object");
-  contents c(source, file.substr(8 + n));
   const auto data_bytes = file.size() - 8 - n;
+  file.erase(0, 8 + n); // the data, kept without a second copy of the file
+  contents c(source, std::move(file));
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       if (!value.is_object()) fail(where + ": __metadata__ is not an object of strings");

@@ -150,11 +150,7 @@ public:
     if (global.size() != static_cast<std::size_t>(count(t.blk.global)))
       fail("train step: '" + name + "' has " + std::to_string(count(t.blk.global)) + " values, got " +
            std::to_string(global.size()));
-    if (t.id < 0) return; // another pipeline stage holds it
-    std::vector<float> local(static_cast<std::size_t>(count(t.blk.local)));
-    copy_block(t.blk, sizeof(float), reinterpret_cast<std::byte*>(const_cast<float*>(global.data())),
-               reinterpret_cast<std::byte*>(local.data()), true);
-    backend.write(t.id, std::as_bytes(std::span(local)));
+    write_block(backend, t, std::as_bytes(global).data());
   }
 
   /// Every parameter by its leaf's initialiser, from a seed per global element: the same model
@@ -225,10 +221,8 @@ public:
         check_shape(what, name, it->second.shape);
       }
     });
-    for (const auto& name : state_names()) {
-      const auto values = file.values(name);
-      set(backend, name, values);
-    }
+    // Straight from the file's bytes (checked above), without a copy of the global tensor.
+    for (const auto& name : state_names()) write_block(backend, info(name), file.bytes(name).data());
     return file.step;
   }
 
@@ -280,6 +274,15 @@ private:
       problem += why;
     }
     runtime::stop_together(std::move(problem), control, "loading " + what);
+  }
+  // This rank's block of a global f32 tensor (bytes, maybe unaligned), written to its buffer;
+  // nothing where another pipeline stage holds the tensor.
+  template <class Backend>
+  static void write_block(Backend& backend, const tensor_info& t, const std::byte* global) {
+    if (t.id < 0) return;
+    std::vector<float> local(static_cast<std::size_t>(count(t.blk.local)));
+    copy_block(t.blk, sizeof(float), const_cast<std::byte*>(global), reinterpret_cast<std::byte*>(local.data()), true);
+    backend.write(t.id, std::as_bytes(std::span(local)));
   }
   void check_shape(const std::string& what, const std::string& name, const std::vector<std::int64_t>& shape) const {
     if (const auto& want = info(name).blk.global; shape != want)
