@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
     kernel_row("bias_add_grad (8192 x 4096)", time_ms(s, 10, [&] { cu::bias_add_grad(f(0), f(1), rows, ffn, false, s); }));
     kernel_row("add (8192 x 1024)", time_ms(s, 10, [&] { cu::add(f(0), f(1), f(2), rows * width, s); }));
     kernel_row("adamw_update (one block, 12.6M)", time_ms(s, 10, [&] {
-                 cu::adamw_update(f(0), f(1), f(2), f(3), 12 * width * width, {}, {}, step.as<std::int64_t>(), s);
+                 cu::adamw_update(f(0), f(1), f(2), f(3), 12 * width * width, {}, {}, step.as<std::int64_t>(), nullptr, 0.0f, s);
                }));
     kernel_row("cross_entropy (8192 x 80)", time_ms(s, 10, [&] {
                  cu::cross_entropy(f(0), targets.as<std::int32_t>(), f(1), f(2), rows, vocab, status.as<int>(), 1, s);

@@ -52,6 +52,27 @@ inline void add_text_model_options(CLI::App& app, text_model_settings& s, const 
   app.add_option("--min-lr-ratio", s.min_lr_ratio, "the decay's floor as a share of --lr")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  app.add_option("--clip", s.clip, "clip the gradients' global norm to this (0: no clipping)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  auto* data = app.add_option("--data", s.data, "train on token shards DIR/train*.bin (examples/shards writes them) instead of --text");
+  app.add_option("--vocab", s.vocab, "with --data: the vocabulary, above every token id (256: byte-level)")
+      ->check(positive)
+      ->capture_default_str()
+      ->needs(data);
+  app.add_option("--seed", s.seed, "with --data: the order of the training windows")->capture_default_str()->needs(data);
+  auto* val = app.add_option("--val-every", s.val_every, "validation loss on DIR/val*.bin every N steps")
+                  ->check(positive)
+                  ->needs(data);
+  app.add_option("--val-batches", s.val_batches, "validation batches (the first, always the same)")
+      ->check(positive)
+      ->capture_default_str()
+      ->needs(val);
+  auto* save = app.add_option("--save", s.save, "write a checkpoint (parameters, optimizer, data position) here at the end");
+  app.add_option("--save-every", s.save_every, "and every N steps")->check(positive)->needs(save);
+  app.add_option("--resume", s.resume, "continue from this checkpoint (the exact next batch)");
+  app.add_option("--metrics", s.metrics, "append one JSON record per step to this file (JSONL)");
+  app.add_option("--log-every", s.log_every, "a progress line every N steps")->check(positive)->capture_default_str();
   app.add_option("--export", s.export_path, "write the trained parameters to this safetensors file");
   app.add_option("--export-dtype", s.export_dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
@@ -61,6 +82,14 @@ inline void add_text_model_options(CLI::App& app, text_model_settings& s, const 
   app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
       ->capture_default_str();
   app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
+  // The trainer's options train one plan; several plans compared run the text loop alone.
+  // (parse_complete_callback: the pipeline options and the Llama's checks take final_callback.)
+  app.parse_complete_callback([&app, &s] {
+    if (s.policy.find(',') == std::string::npos && s.schedule.find(',') == std::string::npos) return;
+    for (const char* name : {"--data", "--val-every", "--save", "--resume", "--metrics"})
+      if (app.count(name) > 0)
+        throw CLI::ValidationError(name, "trains one plan: give one --policy (and one --schedule) to use it");
+  });
 }
 
 /// Adds the pipeline options (--pp, --microbatches, --schedule, --virtual-stages) and refuses,

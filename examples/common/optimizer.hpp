@@ -9,13 +9,15 @@
 namespace examples {
 
 /// AdamW at --lr with the schedule of --lr-schedule, --warmup and --min-lr-ratio over --steps (a
-/// decay with no steps after the warmup is refused by train::compile, naming the fields).
+/// decay with no steps after the warmup is refused by train::compile, naming the fields), and
+/// global-norm clipping at --clip.
 inline concerto::train::optimizer_settings optimizer_of(const text_model_settings& s) {
   return {.adamw = {.lr = s.lr},
           .schedule = {.decay = concerto::runtime::parse_lr_decay(s.lr_schedule),
                        .warmup_steps = s.warmup,
                        .decay_steps = s.steps,
-                       .min_ratio = s.min_lr_ratio}};
+                       .min_ratio = s.min_lr_ratio},
+          .clip_norm = s.clip};
 }
 
 } // namespace examples

@@ -1,6 +1,7 @@
 #pragma once
 // What the text-trained decoder examples (GPT, Llama) share on their command lines, without the
 // parser (common/command_line.hpp), so that a trainer's model file need not compile CLI11.
+#include <cstdint>
 #include <string>
 
 namespace examples {
@@ -14,6 +15,15 @@ struct text_model_settings {
   std::string lr_schedule = "constant"; ///< constant, linear or cosine decay over the run's steps
   int warmup = 0;                       ///< steps of linear warmup
   float min_lr_ratio = 0.1f;            ///< the decay's floor as a share of --lr
+  float clip = 0.0f;                    ///< global-norm gradient clipping's max norm (0: none)
+  std::string data;                     ///< token shards: DIR/train*.bin and DIR/val*.bin (else --text)
+  int vocab = 256;                      ///< with --data: above every token id (256: byte-level shards)
+  std::uint64_t seed = 1;               ///< with --data: the order of the training windows
+  int val_every = 0, val_batches = 4;   ///< validation loss every N steps on the first M val batches
+  std::string save, resume;             ///< checkpoint written (at the end, and every --save-every), and read first
+  int save_every = 0;
+  std::string metrics;                  ///< one JSON record per step
+  int log_every = 10;                   ///< a progress line every N steps
   std::string export_path;              ///< write the trained parameters here (safetensors)
   std::string export_dtype = "f32";     ///< f32 or bf16
   std::string schedule = "1f1b"; ///< pipeline schedule, or a comma-separated list

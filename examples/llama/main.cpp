@@ -9,15 +9,19 @@
 //   examples/llama/run.sh --tp 2 --sp --zero 1 --policy sync,concerto --json results.json
 //   examples/llama/run.sh --experts 4 --ep 4 --tp 1       # 4 ranks: ep=4, one expert each
 //
-// It prints the plan summary, the loss per step, and the median measured step time; it exits
-// with status 1 if the loss did not fall. A comma-separated --policy compiles one step per policy
+// It prints the plan summary, a progress line every --log-every steps, and the median measured
+// step time; it exits with status 1 if the loss did not fall. One plan trains with the trainer of
+// examples/common/trainer.hpp: token shards (--data DIR, written by examples/shards), validation
+// (--val-every), clipping (--clip), checkpoints that resume with the exact next batch (--save,
+// --save-every, --resume), JSONL metrics (--metrics), safetensors (--export; reference.py
+// computes the same validation loss in PyTorch). A comma-separated --policy compiles one step per policy
 // on the same ranks and runs them in turn, step by step (the order rotating each round); each
 // prints its median measured step, and --json FILE writes every result (median measured step
 // time, predicted time, lower bound) as one JSON array. --help lists every option (flags.cpp). It is built
 // in concerto's separately compiled mode (CMake: concerto::mpi_compiled; docs/training.md).
-#include "../common/corpus.hpp"
 #include "../common/optimizer.hpp"
 #include "../common/policy_runs.hpp"
+#include "../common/trainer.hpp"
 #include "model.hpp"
 #include "settings.hpp"
 
@@ -40,46 +44,39 @@ using llama_example::settings;
 // Llama's feed-forward width: 2/3 of 4·hidden, rounded up to a multiple of 8 (so that it splits).
 int default_ffn(int hidden) { return (8 * hidden / 3 + 7) / 8 * 8; }
 
-// Trains the compiled steps in turn. Everything after compiling is the same code for every
-// variant of the model: a train::basic_step holds no trace of the program's size.
-int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const examples::corpus& corpus, int ffn,
+// Trains the compiled steps: one with the trainer (examples/common/trainer.hpp), several in
+// turn on the same batches. Everything after compiling is the same code for every variant of the
+// model: a train::basic_step holds no trace of the program's size.
+int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, examples::batch_source& source, int ffn,
                int world, const std::vector<planner::policy>& policies);
 void print_load_balance(train::basic_step<>& step, const settings& s);
 
 template <std::size_t N>
 int train_on(const graph::program<N>& model, const settings& s) {
-  const auto corpus = examples::read_corpus(s.text, s.seq);
   const int ffn = s.ffn > 0 ? s.ffn : default_ffn(s.hidden);
   const bool moe = s.experts > 0;
-  const shape_map shapes = moe ? llama_model::moe_shapes(s.batch, s.seq, corpus.vocab, s.hidden, s.heads, s.kv_heads,
-                                                         s.experts, ffn)
-                               : llama_model::shapes(s.batch, s.seq, corpus.vocab, s.hidden, s.heads, s.kv_heads, ffn);
   const int world = runtime::mpi::environment::world_size();
-  const auto policies = examples::plan_policies(s.policy);
   const auto axes = moe ? std::vector<axis_request>{{"dp", -1}, {"ep", s.ep}, {"tp", s.tp}}
                         : std::vector<axis_request>{{"dp", -1}, {"tp", s.tp}};
+  const auto m = mesh::from_world(world, axes);
+  // The tokens' rows split over dp (and ep): each rank reads its own.
+  examples::batch_source source(s, examples::slice_of(m, runtime::mpi::environment::world_rank(),
+                                                      moe ? std::vector<std::string>{"dp", "ep"} : std::vector<std::string>{"dp"}));
+  const auto vocab = source.vocab();
+  const shape_map shapes = moe ? llama_model::moe_shapes(s.batch, s.seq, vocab, s.hidden, s.heads, s.kv_heads, s.experts, ffn)
+                               : llama_model::shapes(s.batch, s.seq, vocab, s.hidden, s.heads, s.kv_heads, ffn);
+  const auto policies = examples::plan_policies(s.policy);
   std::vector<train::basic_step<>> runs;
   runs.reserve(policies.size());
   for (const auto& policy : policies)
-    runs.push_back(train::compile(model, mesh::from_world(world, axes), shapes,
-                                  examples::optimizer_of(s),
+    runs.push_back(train::compile(model, m, shapes, examples::optimizer_of(s),
                                   {.policy = policy,
                                    .lower = {.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
                                              .depth = {{"layers", s.layers}}},
                                    .cost_preset = s.cost_preset}));
-  return train_runs(runs, s, corpus, ffn, world, policies);
-}
-
-int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const examples::corpus& corpus, int ffn,
-               int world, const std::vector<planner::policy>& policies) {
-  const auto& text = corpus.text;
-  const auto& id_of = corpus.id_of;
-  const auto vocab = corpus.vocab;
-  const bool root = runs.front().rank() == 0;
-  if (root) {
-    std::printf("llama: %d layers, hidden %d, %d heads (%d k/v heads), ffn %d, seq %d, batch %d, vocab %lld, %zu chars of %s\n",
-                s.layers, s.hidden, s.heads, s.kv_heads, ffn, s.seq, s.batch, static_cast<long long>(vocab), text.size(),
-                s.text.c_str());
+  if (runs.front().rank() == 0) {
+    std::printf("llama: %d layers, hidden %d, %d heads (%d k/v heads), ffn %d, seq %d, batch %d, vocab %lld, %s\n", s.layers,
+                s.hidden, s.heads, s.kv_heads, ffn, s.seq, s.batch, static_cast<long long>(vocab), source.describe().c_str());
     if (s.experts > 0)
       std::printf("experts: %d SwiGLU experts per layer, top-%d routing, capacity factor 1.25, balance loss weight 0.01\n",
                   s.experts, s.top_k);
@@ -87,56 +84,26 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
                 s.experts > 0 ? ("ep=" + std::to_string(s.ep) + " x ").c_str() : "", s.tp, s.sp ? " (sequence parallel)" : "",
                 s.zero_stage > 0 ? (" ZeRO-" + std::to_string(s.zero_stage)).c_str() : "", world, s.cost_preset.c_str());
   }
+  return train_runs(runs, s, source, ffn, world, policies);
+}
+
+int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, examples::batch_source& source, int ffn,
+               int world, const std::vector<planner::policy>& policies) {
+  const bool root = runs.front().rank() == 0;
   examples::announce_plans(runs, root);
-  // Every rank draws the same global batch (a fixed seed) and keeps its shard.
-  std::uint64_t state = 12345;
-  const auto next = [&] {
-    state = train::detail::mix(state);
-    return state;
-  };
   const std::size_t k = runs.size();
-  std::vector<double> first(k), last(k);
-  std::vector<std::vector<double>> times(k), exposed(k);
-  for (int i = 0; i < s.steps; ++i) {
-    train::tensor ids{{s.batch, s.seq}}, labels{{s.batch, s.seq}}, positions{{s.batch, s.seq}};
-    for (int b = 0; b < s.batch; ++b) {
-      const auto at = next() % (text.size() - static_cast<std::size_t>(s.seq) - 1);
-      for (int t = 0; t < s.seq; ++t) {
-        ids.i64.push_back(id_of[static_cast<unsigned char>(text[at + static_cast<std::size_t>(t)])]);
-        labels.i64.push_back(id_of[static_cast<unsigned char>(text[at + static_cast<std::size_t>(t) + 1])]);
-        positions.i64.push_back(t);
-      }
-    }
-    for (std::size_t j = 0; j < k; ++j) {
-      const std::size_t p = (j + static_cast<std::size_t>(i)) % k; // rotate who goes first
-      const auto r = runs[p]({{"ids", ids}, {"labels", labels}, {"positions", positions}});
-      if (i == 0) first[p] = r.loss;
-      last[p] = 0.9 * (i == 0 ? r.loss : last[p]) + 0.1 * r.loss;
-      if (i > 0) { // the first step also warms caches
-        times[p].push_back(r.step_us);
-        exposed[p].push_back(r.exposed_comm_us);
-      }
-      if (root && k == 1) {
-        const int width = 30, done = (i + 1) * width / s.steps;
-        std::printf("step %4lld/%d  loss %.4f  (avg %.4f)  lr %.2e  %7.0f us  [%s%s]\n", static_cast<long long>(r.step),
-                    s.steps, r.loss, last[p], static_cast<double>(r.lr), r.step_us,
-                    std::string(static_cast<std::size_t>(done), '#').c_str(),
-                    std::string(static_cast<std::size_t>(width - done), '.').c_str());
-        std::fflush(stdout);
-      }
-    }
-  }
+  const auto stats = examples::train_all(runs, s, source, s.layers, s.hidden);
   nlohmann::json results = nlohmann::json::array();
   for (std::size_t p = 0; root && p < k; ++p) {
-    std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", first[p], last[p],
-                concerto::median(times[p]), runs[p].summary().policy.c_str());
+    std::printf("loss %.4f -> %.4f (moving average); median step %.0f us (measured, %s plan)\n", stats[p].first, stats[p].last,
+                concerto::median(stats[p].step_us), runs[p].summary().policy.c_str());
     results.push_back(examples::result_of(
         runs[p],
         {{"example", "llama"}, {"world", world}, {"tp", s.tp}, {"sp", s.sp}, {"zero", s.zero_stage}, {"layers", s.layers},
          {"hidden", s.hidden}, {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"ffn", ffn}, {"seq", s.seq},
          {"batch", s.batch}, {"experts", s.experts}, {"ep", s.ep}, {"top_k", s.top_k}, {"cost_preset", s.cost_preset},
-         {"loss_first", first[p]}, {"loss_last", last[p]}},
-        times[p], exposed[p]));
+         {"loss_first", stats[p].first}, {"loss_last", stats[p].last}},
+        stats[p].step_us, stats[p].exposed_us));
   }
   if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
   if (!s.export_path.empty()) { // the first policy's model (each trains the same one, up to rounding)
@@ -146,8 +113,10 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, const 
   }
   if (s.experts > 0) print_load_balance(runs.front(), s);
   if (root) std::fflush(stdout);
-  for (std::size_t p = 0; p < k; ++p)
-    if (!(last[p] < first[p])) fail("the loss did not fall (" + std::string(planner::to_string(policies[p])) + " plan)");
+  // A resumed run's first loss is of a trained model: it need not fall further in a few steps.
+  for (std::size_t p = 0; p < k && s.resume.empty(); ++p)
+    if (!(stats[p].last < stats[p].first))
+      fail("the loss did not fall (" + std::string(planner::to_string(policies[p])) + " plan)");
   return 0;
 }
 

@@ -20,14 +20,14 @@ namespace {
 
 // Writes `tokens` as shards `prefix_000.bin`, ... of at most `per_shard` tokens; returns how many.
 int write_split(const std::filesystem::path& out, const std::string& prefix, const std::vector<std::uint32_t>& tokens,
-                std::size_t per_shard, data::token_width width) {
+                std::size_t per_shard, dataset::token_width width) {
   int count = 0;
   for (std::size_t first = 0; first < tokens.size(); first += per_shard, ++count) {
     const auto n = std::min(per_shard, tokens.size() - first);
     char name[64];
     std::snprintf(name, sizeof name, "%s_%03d.bin", prefix.c_str(), count);
-    data::write_shard(out / name, std::span(tokens).subspan(first, n), width);
-    const data::shard check(out / name); // read back: the header and size as a reader will see them
+    dataset::write_shard(out / name, std::span(tokens).subspan(first, n), width);
+    const dataset::shard check(out / name); // read back: the header and size as a reader will see them
     if (check.size() != n) fail(std::string(name) + ": wrote " + std::to_string(n) + " tokens, read " + std::to_string(check.size()));
   }
   return count;
@@ -61,7 +61,7 @@ int main(int argc, char** argv) try {
   }
   if (train.empty()) fail("the texts hold no bytes");
   std::filesystem::create_directories(out);
-  const auto width = width_name == "u32" ? data::token_width::u32 : data::token_width::u16;
+  const auto width = width_name == "u32" ? dataset::token_width::u32 : dataset::token_width::u16;
   const int train_shards = write_split(out, "train", train, per_shard, width);
   const int val_shards = val.empty() ? 0 : write_split(out, "val", val, per_shard, width);
   std::printf("%zu training tokens in %d shard(s), %zu validation tokens in %d shard(s), vocabulary 256 (bytes), in %s\n",

@@ -7,6 +7,7 @@
 #include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/stream.hpp>
 
+#include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 
 #include <cstdint>
@@ -273,7 +274,7 @@ TEST_CASE("optimizer updates match the CPU kernels over several steps", "[gpu][k
       const auto g = random(n, 52 + static_cast<std::uint32_t>(t));
       dev<float> dg(g);
       cu::check(cudaMemcpy(step.p(), &t, sizeof t, cudaMemcpyHostToDevice), "cudaMemcpy");
-      cu::adamw_update(dp.p(), dg.p(), dm.p(), dv.p(), n, cfg, schedule, step.p(), s.get());
+      cu::adamw_update(dp.p(), dg.p(), dm.p(), dv.p(), n, cfg, schedule, step.p(), nullptr, 0.0f, s.get());
       auto scheduled = cfg;
       scheduled.lr = concerto::runtime::lr_at(schedule, cfg.lr, t);
       cpu::adamw_update(p, g, m, v, scheduled, t);
@@ -283,13 +284,34 @@ TEST_CASE("optimizer updates match the CPU kernels over several steps", "[gpu][k
     check_close(dm.get(), m, 1e-5f, 1e-7f);
     check_close(dv.get(), v, 1e-5f, 1e-8f);
   }
+  SECTION("AdamW with global-norm clipping: the norm computed on the device, the factor in the kernel") {
+    const cpu::adamw_config cfg{.lr = 1e-2f, .weight_decay = 0.1f};
+    const float max_norm = 0.5f; // below the random gradient's norm: the factor is active
+    for (std::int64_t t = 1; t <= 2; ++t) {
+      const auto g = random(n, 70 + static_cast<std::uint32_t>(t));
+      dev<float> dg(g), norm_sq(std::vector<float>(1, 0.0f));
+      cu::check(cudaMemcpy(step.p(), &t, sizeof t, cudaMemcpyHostToDevice), "cudaMemcpy");
+      cu::grad_sq_norm(dg.p(), n, 2, norm_sq.p(), s.get()); // two ranks would hold this shard: half each
+      cu::adamw_update(dp.p(), dg.p(), dm.p(), dv.p(), n, cfg, schedule, step.p(), norm_sq.p(), max_norm, s.get());
+      s.synchronize();
+      const float host_sq = cpu::sum_of_squares(g, 2);
+      CHECK(norm_sq.get()[0] == Catch::Approx(host_sq).epsilon(1e-6));
+      auto scheduled = cfg;
+      scheduled.lr = concerto::runtime::lr_at(schedule, cfg.lr, t);
+      const float factor = concerto::runtime::clip_factor(max_norm, host_sq);
+      CHECK(factor < 1.0f);
+      cpu::adamw_update(p, g, m, v, scheduled, t, factor);
+    }
+    check_close(dp.get(), p, 1e-5f, 1e-6f);
+    check_close(dm.get(), m, 1e-5f, 1e-7f);
+  }
   SECTION("SGD with momentum and weight decay") {
     const cpu::sgd_config cfg{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
     for (std::int64_t t = 1; t <= 3; ++t) {
       const auto g = random(n, 60 + static_cast<std::uint32_t>(t));
       dev<float> dg(g);
       cu::check(cudaMemcpy(step.p(), &t, sizeof t, cudaMemcpyHostToDevice), "cudaMemcpy");
-      cu::sgd_update(dp.p(), dg.p(), dm.p(), n, cfg, schedule, step.p(), s.get());
+      cu::sgd_update(dp.p(), dg.p(), dm.p(), n, cfg, schedule, step.p(), nullptr, 0.0f, s.get());
       auto scheduled = cfg;
       scheduled.lr = concerto::runtime::lr_at(schedule, cfg.lr, t);
       cpu::sgd_update(p, g, m, scheduled);

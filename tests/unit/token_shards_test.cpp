@@ -42,7 +42,7 @@ void put_bytes(const std::filesystem::path& p, const std::string& b) {
 }
 
 // Every (ids, labels) pair of a batch as the window's first token: windows start at multiples of seq.
-std::vector<std::int64_t> firsts(const data::batch& b) {
+std::vector<std::int64_t> firsts(const dataset::batch& b) {
   std::vector<std::int64_t> out;
   for (int r = 0; r < b.rows; ++r) out.push_back(b.ids[static_cast<std::size_t>(r * b.seq)]);
   return out;
@@ -53,11 +53,11 @@ std::vector<std::int64_t> firsts(const data::batch& b) {
 TEST_CASE("a shard reads back in both layouts, in llm.c's header") {
   scratch s;
   const auto small = counting(1000), big = counting(300, 70000);
-  data::write_shard(s.dir / "a.bin", small, data::token_width::u16);
-  data::write_shard(s.dir / "b.bin", big, data::token_width::u32);
-  const data::shard a(s.dir / "a.bin"), b(s.dir / "b.bin");
-  CHECK(a.width() == data::token_width::u16);
-  CHECK(b.width() == data::token_width::u32);
+  dataset::write_shard(s.dir / "a.bin", small, dataset::token_width::u16);
+  dataset::write_shard(s.dir / "b.bin", big, dataset::token_width::u32);
+  const dataset::shard a(s.dir / "a.bin"), b(s.dir / "b.bin");
+  CHECK(a.width() == dataset::token_width::u16);
+  CHECK(b.width() == dataset::token_width::u32);
   REQUIRE(a.size() == 1000);
   REQUIRE(b.size() == 300);
   for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(a[i] == small[i]);
@@ -71,45 +71,45 @@ TEST_CASE("a shard reads back in both layouts, in llm.c's header") {
   CHECK(h[1] == 1);
   CHECK(h[2] == 1000);
   CHECK(h[3] == 0);
-  CHECK_THROWS_WITH(data::write_shard(s.dir / "c.bin", big, data::token_width::u16),
+  CHECK_THROWS_WITH(dataset::write_shard(s.dir / "c.bin", big, dataset::token_width::u16),
                     ContainsSubstring("does not fit uint16") && ContainsSubstring("token_width::u32"));
 }
 
 TEST_CASE("a damaged shard is refused with its file and the byte offset") {
   scratch s;
   const auto path = s.dir / "train_000.bin";
-  data::write_shard(path, counting(100), data::token_width::u16);
+  dataset::write_shard(path, counting(100), dataset::token_width::u16);
   const auto good = bytes_of(path);
 
   put_bytes(path, good.substr(0, good.size() - 3));
-  CHECK_THROWS_WITH(data::shard(path), ContainsSubstring("train_000.bin") && ContainsSubstring("at byte 1221") &&
+  CHECK_THROWS_WITH(dataset::shard(path), ContainsSubstring("train_000.bin") && ContainsSubstring("at byte 1221") &&
                                            ContainsSubstring("truncated"));
   put_bytes(path, good.substr(0, 500));
-  CHECK_THROWS_WITH(data::shard(path), ContainsSubstring("at byte 500") && ContainsSubstring("inside the 1024-byte header"));
+  CHECK_THROWS_WITH(dataset::shard(path), ContainsSubstring("at byte 500") && ContainsSubstring("inside the 1024-byte header"));
   auto wrong = good;
   wrong[0] = 'x';
   put_bytes(path, wrong);
-  CHECK_THROWS_WITH(data::shard(path), ContainsSubstring("at byte 0") && ContainsSubstring("magic") &&
+  CHECK_THROWS_WITH(dataset::shard(path), ContainsSubstring("at byte 0") && ContainsSubstring("magic") &&
                                            ContainsSubstring("not a token shard"));
   wrong = good;
   wrong[4] = 2;
   put_bytes(path, wrong);
-  CHECK_THROWS_WITH(data::shard(path), ContainsSubstring("at byte 4") && ContainsSubstring("version 2"));
+  CHECK_THROWS_WITH(dataset::shard(path), ContainsSubstring("at byte 4") && ContainsSubstring("version 2"));
   put_bytes(path, good + "zz");
-  CHECK_THROWS_WITH(data::shard(path), ContainsSubstring("longer than its header says"));
-  CHECK_THROWS_WITH(data::shard(s.dir / "missing.bin"), ContainsSubstring("missing.bin") && ContainsSubstring("cannot open"));
-  CHECK_THROWS_WITH(data::shards_in(s.dir, "val"), ContainsSubstring("no shard 'val*.bin'"));
+  CHECK_THROWS_WITH(dataset::shard(path), ContainsSubstring("longer than its header says"));
+  CHECK_THROWS_WITH(dataset::shard(s.dir / "missing.bin"), ContainsSubstring("missing.bin") && ContainsSubstring("cannot open"));
+  CHECK_THROWS_WITH(dataset::shards_in(s.dir, "val"), ContainsSubstring("no shard 'val*.bin'"));
 }
 
 TEST_CASE("the global batch is the same on 1, 2 and 4 data-parallel ranks") {
   scratch s;
-  data::write_shard(s.dir / "train_000.bin", counting(16 * 40 + 1), data::token_width::u16);
-  data::write_shard(s.dir / "train_001.bin", counting(16 * 25 + 5, 5000), data::token_width::u32);
-  const auto files = data::shards_in(s.dir, "train");
+  dataset::write_shard(s.dir / "train_000.bin", counting(16 * 40 + 1), dataset::token_width::u16);
+  dataset::write_shard(s.dir / "train_001.bin", counting(16 * 25 + 5, 5000), dataset::token_width::u32);
+  const auto files = dataset::shards_in(s.dir, "train");
   REQUIRE(files.size() == 2);
-  const data::loader_options o{.files = files, .batch = 8, .seq = 16, .seed = 7};
+  const dataset::loader_options o{.files = files, .batch = 8, .seq = 16, .seed = 7};
 
-  data::token_loader one(o, {});
+  dataset::token_loader one(o, {});
   CHECK(one.windows() == 40 + 25);
   CHECK(one.batches_per_epoch() == 8);
   for (int step = 0; step < 12; ++step) { // past the end of an epoch
@@ -122,7 +122,7 @@ TEST_CASE("the global batch is the same on 1, 2 and 4 data-parallel ranks") {
     for (const int ranks : {2, 4}) {
       std::vector<std::int64_t> joined;
       for (int r = 0; r < ranks; ++r) {
-        data::token_loader part(o, {.rank = r, .ranks = ranks});
+        dataset::token_loader part(o, {.rank = r, .ranks = ranks});
         part.seek(whole.at);
         const auto b = part.next();
         REQUIRE(b.rows == 8 / ranks);
@@ -131,14 +131,14 @@ TEST_CASE("the global batch is the same on 1, 2 and 4 data-parallel ranks") {
       REQUIRE(joined == whole.ids);
     }
   }
-  CHECK_THROWS_WITH(data::token_loader(o, {.rank = 0, .ranks = 3}), ContainsSubstring("does not split over 3"));
+  CHECK_THROWS_WITH(dataset::token_loader(o, {.rank = 0, .ranks = 3}), ContainsSubstring("does not split over 3"));
 }
 
 TEST_CASE("an epoch serves every window once, in an order the seed fixes") {
   scratch s;
-  data::write_shard(s.dir / "train_000.bin", counting(8 * 64 + 1), data::token_width::u16);
-  const data::loader_options o{.files = data::shards_in(s.dir, "train"), .batch = 4, .seq = 8, .seed = 3};
-  const auto epoch = [&](data::token_loader& l) {
+  dataset::write_shard(s.dir / "train_000.bin", counting(8 * 64 + 1), dataset::token_width::u16);
+  const dataset::loader_options o{.files = dataset::shards_in(s.dir, "train"), .batch = 4, .seq = 8, .seed = 3};
+  const auto epoch = [&](dataset::token_loader& l) {
     std::vector<std::int64_t> all;
     for (std::uint64_t b = 0; b < l.batches_per_epoch(); ++b) {
       const auto f = firsts(l.next());
@@ -146,7 +146,7 @@ TEST_CASE("an epoch serves every window once, in an order the seed fixes") {
     }
     return all;
   };
-  data::token_loader a(o, {}), b(o, {});
+  dataset::token_loader a(o, {}), b(o, {});
   const auto first = epoch(a);
   REQUIRE(first.size() == 64);
   CHECK(std::set<std::int64_t>(first.begin(), first.end()).size() == 64);
@@ -156,27 +156,27 @@ TEST_CASE("an epoch serves every window once, in an order the seed fixes") {
   CHECK(std::set<std::int64_t>(second.begin(), second.end()) == std::set<std::int64_t>(first.begin(), first.end()));
   auto other = o;
   other.seed = 4;
-  data::token_loader c(other, {});
+  dataset::token_loader c(other, {});
   CHECK(epoch(c) != first);
   auto in_order = o;
   in_order.shuffle = false;
-  data::token_loader d(in_order, {});
+  dataset::token_loader d(in_order, {});
   const auto ordered = epoch(d);
   for (std::size_t i = 0; i < ordered.size(); ++i) REQUIRE(ordered[i] == static_cast<std::int64_t>(i * 8));
 }
 
 TEST_CASE("a loader moved to a saved position serves what an uninterrupted one serves next") {
   scratch s;
-  data::write_shard(s.dir / "train_000.bin", counting(10 * 30 + 1), data::token_width::u16);
-  const data::loader_options o{.files = data::shards_in(s.dir, "train"), .batch = 4, .seq = 10, .seed = 11};
-  data::token_loader run(o, {.rank = 1, .ranks = 2});
-  data::position saved;
+  dataset::write_shard(s.dir / "train_000.bin", counting(10 * 30 + 1), dataset::token_width::u16);
+  const dataset::loader_options o{.files = dataset::shards_in(s.dir, "train"), .batch = 4, .seq = 10, .seed = 11};
+  dataset::token_loader run(o, {.rank = 1, .ranks = 2});
+  dataset::position saved;
   for (int step = 0; step < 9; ++step) {
     if (step == 5) saved = run.where();
     (void)run.next();
   }
-  CHECK(saved == data::position{0, 5});
-  data::token_loader resumed(o, {.rank = 1, .ranks = 2}), replay(o, {.rank = 1, .ranks = 2});
+  CHECK(saved == dataset::position{0, 5});
+  dataset::token_loader resumed(o, {.rank = 1, .ranks = 2}), replay(o, {.rank = 1, .ranks = 2});
   resumed.seek(saved);
   for (int step = 0; step < 5; ++step) (void)replay.next();
   for (int step = 0; step < 10; ++step) { // across the epoch's end (7 batches an epoch)
@@ -186,6 +186,6 @@ TEST_CASE("a loader moved to a saved position serves what an uninterrupted one s
     REQUIRE(a.labels == b.labels);
   }
   CHECK_THROWS_WITH(resumed.seek({0, 7}), ContainsSubstring("an epoch has 7 batches"));
-  CHECK_THROWS_WITH(data::token_loader({.files = o.files, .batch = 64, .seq = 10}, {}),
+  CHECK_THROWS_WITH(dataset::token_loader({.files = o.files, .batch = 64, .seq = 10}, {}),
                     ContainsSubstring("fewer than one global batch"));
 }

@@ -25,8 +25,8 @@
 /// the loader serves exactly the batch the run would have served next.
 ///
 /// @code
-/// data::write_shard("train_000.bin", tokens, data::token_width::u16);
-/// data::token_loader train({.files = data::shards_in("data", "train"), .batch = 8, .seq = 64,
+/// dataset::write_shard("train_000.bin", tokens, dataset::token_width::u16);
+/// dataset::token_loader train({.files = dataset::shards_in("data", "train"), .batch = 8, .seq = 64,
 ///                           .seed = 1},
 ///                          {.rank = dp_coord, .ranks = dp_size});
 /// const auto b = train.next();      // this rank's rows: b.ids, b.labels ([rows, seq] each)
@@ -55,7 +55,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace concerto::data {
+namespace concerto::dataset {
 
 static_assert(std::endian::native == std::endian::little, "shards hold little-endian integers, read as the host's");
 
@@ -337,4 +337,4 @@ private:
   position at_{};
 };
 
-} // namespace concerto::data
+} // namespace concerto::dataset

@@ -37,6 +37,16 @@ struct lower_options {
   ir::dtype type = ir::dtype::f32;
   /// Depth of each `repeat<"name">` of the program, by name: its block is emitted that many times.
   std::map<std::string, int> depth = {};
+  /// Global-norm gradient clipping (train::optimizer_settings::clip_norm sets it): tasks that sum
+  /// the squared norm of every gradient over every rank before the first update, which each
+  /// update reads (`grad_norm_sq`).
+  bool clip_gradients = false;
+  /// The mesh axis a pipelined step splits the layers over, if any: each stage holds only its own
+  /// parameters, so no gradient is held twice along it.
+  std::string pipeline_axis = {};
+  /// The forward pass alone, up to the loss (evaluation: train::basic_step::evaluate): no
+  /// gradient, no update.
+  bool forward_only = false;
 };
 
 namespace graph::detail {
@@ -377,27 +387,23 @@ public:
 
   // Nodes in order; a run of one block's nodes in one phase is emitted once per layer (backward
   // from the last layer down), so the layers chain through repeat_in and grad_in.
+  // With clipping, the nodes up to the updates first (the gradients' shards complete), then the
+  // global norm, then the updates and what follows them (ZeRO's gathers of the updated shards).
   ir::graph run() && {
-    for (int i = 0; i < p_.size;) {
-      const int k = p_.nodes[i].block;
-      if (k < 0) {
-        emit(i++);
-        continue;
-      }
-      int end = i;
-      while (end < p_.size && p_.nodes[end].block == k && p_.nodes[end].phase == p_.nodes[i].phase) ++end;
-      const bool down = p_.nodes[i].phase == ir::phase::backward;
-      cur_block_ = k;
-      for (int l = 0; l < depth(k); ++l) {
-        cur_layer_ = down ? depth(k) - 1 - l : l;
-        for (int j = i; j < end; ++j) emit(j);
-      }
-      cur_block_ = cur_layer_ = -1;
-      i = end;
+    if (options_.forward_only) {
+      emit_nodes([&](int j) { return p_.nodes[j].phase == ir::phase::forward; });
+    } else if (!options_.clip_gradients) {
+      emit_nodes([](int) { return true; });
+    } else {
+      const auto after = after_updates();
+      emit_nodes([&](int j) { return !after[static_cast<std::size_t>(j)]; });
+      emit_global_grad_norm();
+      emit_nodes([&](int j) { return after[static_cast<std::size_t>(j)]; });
     }
     auto g = std::move(b_).finish();
     for (auto& [t, extra] : collective_attrs_)
       for (auto& [key, v] : extra) g.tasks[static_cast<std::size_t>(t)].attrs[key] = v;
+    if (options_.forward_only) return ir::remove_dead_tasks(g, {buf_[static_cast<std::size_t>(p_.loss)]});
     // Only what the step exposes is computed: the loss, the leaves' gradients ("x.grad",
     // train::step::gradient) and the parameters and optimizer state (kept by their buffer role).
     // What goes is a repeat's layer-0 input gradient, with its collectives, when the stack's input
@@ -414,6 +420,113 @@ public:
   }
 
 private:
+  template <class Want>
+  void emit_nodes(const Want& want) {
+    for (int i = 0; i < p_.size;) {
+      const int k = p_.nodes[i].block;
+      if (k < 0) {
+        if (want(i)) emit(i);
+        ++i;
+        continue;
+      }
+      int end = i;
+      while (end < p_.size && p_.nodes[end].block == k && p_.nodes[end].phase == p_.nodes[i].phase) ++end;
+      const bool down = p_.nodes[i].phase == ir::phase::backward;
+      cur_block_ = k;
+      for (int l = 0; l < depth(k); ++l) {
+        cur_layer_ = down ? depth(k) - 1 - l : l;
+        for (int j = i; j < end; ++j)
+          if (want(j)) emit(j);
+      }
+      cur_block_ = cur_layer_ = -1;
+      i = end;
+    }
+  }
+
+  // ---- global-norm clipping ----
+  [[nodiscard]] static bool is_update(const node& x) { return ir::info(x.op).form == ir::task_form::update; }
+  // The updates and every node that reads one (nodes are in dependency order).
+  [[nodiscard]] std::vector<bool> after_updates() const {
+    std::vector<bool> after(static_cast<std::size_t>(p_.size), false);
+    for (int i = 0; i < p_.size; ++i) {
+      const node& x = p_.nodes[i];
+      bool a = is_update(x);
+      for (int k = 0; k < x.n_in && !a; ++k) a = x.in[k] >= 0 && after[static_cast<std::size_t>(x.in[k])];
+      after[static_cast<std::size_t>(i)] = a;
+    }
+    return after;
+  }
+  // The ranks holding the same values of node j's shard: the product of the mesh axes that
+  // neither split it nor (the pipeline's) hold other parameters.
+  [[nodiscard]] std::int64_t replicas_of(int j) const {
+    const pspec& spec = p_.nodes[j].spec;
+    std::int64_t r = 1;
+    for (std::size_t a = 0; a < m_.axes().size(); ++a) {
+      const auto& axis = m_.axes()[a];
+      if (axis.name == options_.pipeline_axis) continue;
+      int state = state_replicated;
+      for (std::size_t pa = 0; pa < axis_of_.size(); ++pa)
+        if (axis_of_[pa] == static_cast<int>(a)) state = spec.state(static_cast<int>(pa));
+      if (state == state_partial)
+        fail("global-norm clipping: the gradient '" + p_.name_of(j) + "' an update reads is still a pending sum over '" +
+             axis.name + "'");
+      if (state == state_replicated) r *= axis.size;
+    }
+    return r;
+  }
+  // Each update's gradient shard: Σ g² / replicas into its own slot of one buffer (so each runs
+  // as soon as its gradient is complete), their sum, then the sum over every mesh axis: ‖g‖²,
+  // which every update reads. On pipeline stages each stage runs the sum and the all-reduces
+  // (pipeline/stages.hpp) over its own slots, the others zeroed first, and the sum over the
+  // pipeline axis adds the stages' parts.
+  void emit_global_grad_norm() {
+    struct part {
+      int node, block, layer;
+    };
+    std::vector<part> parts;
+    for (int i = 0; i < p_.size; ++i) {
+      if (!is_update(p_.nodes[i])) continue;
+      const int k = p_.nodes[i].block;
+      if (k < 0) parts.push_back({i, -1, -1});
+      else
+        for (int l = 0; l < depth(k); ++l) parts.push_back({i, k, l});
+    }
+    if (parts.empty()) return;
+    const auto count = static_cast<std::int64_t>(parts.size());
+    const auto all = b_.buffer("grad_norm.parts", {count}, ir::buffer_role::activation, ir::dtype::f32);
+    if (!options_.pipeline_axis.empty()) {
+      b_.at(ir::phase::optimizer, -1);
+      b_.compute(ir::op::zero, "grad_norm.zero", {}, {all}, {});
+    }
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const auto& [i, block, layer] = parts[k];
+      cur_block_ = block;
+      cur_layer_ = layer;
+      const node& u = p_.nodes[i];
+      name_ = full_name(u.in[1]);
+      b_.at(ir::phase::optimizer, block >= 0 ? layout_.first_layer[static_cast<std::size_t>(block)] + layer : -1);
+      const auto slot = b_.view(name_ + ".sq", all, static_cast<std::int64_t>(k * sizeof(float)), sizeof(float), {1});
+      b_.compute(ir::op::grad_sq_norm, name_ + ".sq", {in(u, 1)}, {slot}, {{"replicas", replicas_of(u.in[1])}});
+    }
+    cur_block_ = cur_layer_ = -1;
+    b_.at(ir::phase::optimizer, -1);
+    std::vector<int> axes;
+    for (std::size_t a = 0; a < m_.axes().size(); ++a)
+      if (m_.axes()[a].size > 1) axes.push_back(static_cast<int>(a));
+    auto total = b_.buffer(std::string(axes.empty() ? ir::grad_norm_sq_buffer : "grad_norm.local"), {1},
+                           ir::buffer_role::activation, ir::dtype::f32);
+    b_.compute(ir::op::bias_grad, "grad_norm.sum", {all}, {total}, {}); // the column sum of [parts, 1]
+    for (std::size_t n = 0; n < axes.size(); ++n) {
+      const auto& axis = m_.axes()[static_cast<std::size_t>(axes[n])];
+      const auto summed = b_.buffer(n + 1 == axes.size() ? std::string(ir::grad_norm_sq_buffer) : "grad_norm.over_" + axis.name, {1},
+                                    ir::buffer_role::activation, ir::dtype::f32);
+      b_.collective(ir::op_kind::all_reduce, "grad_norm.all_reduce." + axis.name, axes[static_cast<std::size_t>(n)], total,
+                    summed);
+      total = summed;
+    }
+    grad_norm_sq_ = total;
+  }
+
   // ---- buffers ----
   [[nodiscard]] int depth(int block) const { return layout_.depth[static_cast<std::size_t>(block)]; }
   [[nodiscard]] bool per_layer(int j) const { return p_.nodes[j].block >= 0 && p_.nodes[j].op != op_code::data; }
@@ -749,6 +862,7 @@ private:
       reads.insert(reads.end(), {in(x, 2), in(x, 3)});
       writes.insert(writes.end(), {in(x, 2), in(x, 3)});
     }
+    if (grad_norm_sq_ >= 0) reads.push_back(grad_norm_sq_); // the clipping factor's norm
     b_.compute(x.op, name_, reads, writes, {{"n", elements(local_of(i))}});
   }
 
@@ -765,6 +879,7 @@ private:
   int cur_block_ = -1, cur_layer_ = -1;              // what is being emitted
   std::string name_;                                  // the task being emitted
   std::int64_t head_dim_ = 0;
+  ir::buffer_id grad_norm_sq_ = -1;                   // with clipping: what every update reads
   std::vector<std::pair<ir::task_id, attrs>> collective_attrs_;
   std::vector<padding> want_padded_;                  // per node: plan_padded_roots
   struct padded_root {

@@ -92,6 +92,11 @@ struct buffer {
   friend bool operator==(const buffer&, const buffer&) = default;
 };
 
+/// @brief The buffer global-norm gradient clipping leaves the step's squared gradient norm in
+/// (graph/lower.hpp makes it): every update reads it, the pipeline's stage split runs the tasks
+/// that sum it on every stage, the training step reports it.
+inline constexpr std::string_view grad_norm_sq_buffer = "grad_norm_sq";
+
 /// @brief One task: a kernel on the compute stream or a collective on a comm lane.
 struct task {
   task_id id = -1;

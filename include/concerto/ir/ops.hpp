@@ -97,8 +97,8 @@ enum class op : std::uint8_t {
   tanh_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
-  // optimizer updates
-  sgd, adamw,
+  // optimizer updates, and the global gradient norm that clipping scales them by
+  sgd, adamw, grad_sq_norm,
   // kernels only graphs made without the DSL use (ir::builder, the planner's rewrites)
   add_inplace, scale, zero, copy, slice, concat,
   // collectives the DSL does not insert
@@ -471,12 +471,21 @@ inline constexpr op_info table[op_count] = {
                                             {"mesh_axis"})),
         1, r::none, b::none),
     // ---- optimizer ----
-    dsl(formed(task_form::update, compute(op::sgd, "sgd", k::optimizer_update, list({"param", "grad"}),
+    // An update with global-norm clipping also reads the step's squared gradient norm (one value,
+    // summed over every rank: graph/lower.hpp) and scales its gradient by runtime::clip_factor.
+    dsl(formed(task_form::update, compute(op::sgd, "sgd", k::optimizer_update, list({"param", "grad", "grad_norm_sq"}, 1),
                                           list({"param", "momentum"}, 1), f::per_output, 2)),
         2, r::none, b::none),
-    dsl(formed(task_form::update, compute(op::adamw, "adamw", k::optimizer_update, list({"param", "grad", "m", "v"}),
-                                          list({"param", "m", "v"}), f::per_output, 12)),
+    dsl(formed(task_form::update, compute(op::adamw, "adamw", k::optimizer_update,
+                                          list({"param", "grad", "m", "v", "grad_norm_sq"}, 1), list({"param", "m", "v"}),
+                                          f::per_output, 12)),
         4, r::none, b::none),
+    // This rank's share of the squared norm: Σ grad² / replicas, the ranks holding the same shard
+    // (so that a sum over every rank counts each gradient value once). No node of a program holds
+    // it: the lowering makes it beside the updates it feeds (no task_form).
+    formed(task_form::none, with_attrs(compute(op::grad_sq_norm, "grad_sq_norm", k::elementwise, list({"grad"}),
+                                               list({"sq"}), f::per_input, 2),
+                                       {"replicas"})),
     // ---- kernels for graphs made without the DSL ----
     outside_dsl(compute(op::add_inplace, "add_inplace", k::elementwise, list({"acc", "x"}), list({"acc"}), f::per_output, 1)),
     outside_dsl(

@@ -28,6 +28,10 @@
 ///   `send` after its last writer, a `recv` before its first reader, on the `pp` lane, with tag
 ///   `message × microbatches + m`.
 ///
+/// Global-norm gradient clipping's reduction (the tasks from the norm's parts to
+/// ir::grad_norm_sq_buffer, graph/lower.hpp) runs on *every* stage, over the parts of its own
+/// gradients, and sums over the pipeline axis too: the one collective over it besides the messages.
+///
 /// `stage_graph` emits one stage's graph in the order the pipeline schedule runs its blocks
 /// (the prologue first; each epilogue collective as soon as the last micro-batch's gradient it
 /// reduces exists, so the data-parallel reduction overlaps the cool-down; the optimizer last),
@@ -84,7 +88,8 @@ struct task_origin {
 
 /// @brief Where one task of the micro-batch graph goes.
 struct task_place {
-  int chunk = -1;
+  int chunk = -1;                     ///< -1 with every_stage
+  bool every_stage = false;           ///< global-norm clipping's reduction: on every stage, once per step
   task_role role = task_role::microbatch;
   pass kind = pass::forward;          ///< a micro-batch task's pass: forward, input_grad or weight_grad
   std::vector<ir::task_id> producers; ///< the tasks whose values it reads
@@ -131,11 +136,28 @@ inline bool writes_root(const ir::graph& g, const ir::task& t, ir::buffer_id r) 
   return std::any_of(t.writes.begin(), t.writes.end(), [&](auto w) { return g.root_of(w) == r; });
 }
 
+// Global-norm clipping's reduction: the tasks the norm's buffer comes from, back to the parts
+// of each gradient (which run with their gradient's chunk).
+inline void mark_every_stage(const ir::graph& g, stage_split& s) {
+  std::vector<ir::task_id> walk;
+  for (const auto& t : g.tasks)
+    for (const auto b : t.writes)
+      if (g.buffer_at(g.root_of(b)).name == ir::grad_norm_sq_buffer) walk.push_back(t.id);
+  while (!walk.empty()) {
+    auto& place = s.task(walk.back());
+    walk.pop_back();
+    if (place.every_stage) continue;
+    place.every_stage = true;
+    for (const auto p : place.producers)
+      if (g.task_at(p).fn != ir::op::grad_sq_norm) walk.push_back(p);
+  }
+}
+
 // The layers of the repeat stack, after the checks that the graph can be pipelined on s's axis.
 inline int stack_layers(const ir::graph& g, const stage_options& o, const stage_split& s) {
   int layers = 0;
   for (const auto& t : g.tasks) {
-    if (ir::is_collective(t.kind) && t.axis == s.axis)
+    if (ir::is_collective(t.kind) && t.axis == s.axis && !s.task(t.id).every_stage)
       fail("pipeline: task '" + t.name + "' is a " + std::string(ir::to_string(t.kind)) + " over the pipeline axis '" +
            o.axis + "'; a pipelined program must neither split nor sum over it");
     layers = std::max(layers, t.layer + 1);
@@ -214,6 +236,7 @@ inline void assign_chunks(const ir::graph& g, stage_split& s, const std::vector<
     chunk_of_layer.insert(chunk_of_layer.end(), static_cast<std::size_t>(s.chunk_layers[static_cast<std::size_t>(c)]), c);
   for (const auto& t : g.tasks) {
     auto& c = s.task(t.id).chunk;
+    if (s.task(t.id).every_stage) continue;
     if (t.layer >= 0) {
       c = chunk_of_layer[static_cast<std::size_t>(t.layer)];
       continue;
@@ -221,7 +244,7 @@ inline void assign_chunks(const ir::graph& g, stage_split& s, const std::vector<
     for (const auto p : s.task(t.id).producers) c = std::max(c, s.task(p).chunk);
   }
   for (auto t = static_cast<ir::task_id>(g.tasks.size()); t-- > 0;) {
-    if (s.task(t).chunk >= 0) continue;
+    if (s.task(t).chunk >= 0 || s.task(t).every_stage) continue;
     int c = -1;
     for (const auto u : consumers[static_cast<std::size_t>(t)])
       if (const auto cu = s.task(u).chunk; cu >= 0) c = c < 0 ? cu : std::min(c, cu);
@@ -317,12 +340,13 @@ inline void find_messages(const ir::graph& g, stage_split& s) {
   if (o.virtual_stages < 1) fail("pipeline: " + std::to_string(o.virtual_stages) + " virtual stages; at least 1");
   s.microbatches = o.microbatches;
   s.virtual_stages = o.virtual_stages;
-  s.chunk_layers = split_layers(step::stack_layers(g, o, s), s.chunk_count());
   s.tasks.resize(g.tasks.size());
   s.buffers.resize(g.buffers.size());
   auto producers = ir::data_producers(g);
   const auto consumers = consumers_of(producers);
   for (const auto& t : g.tasks) s.task(t.id).producers = std::move(producers[static_cast<std::size_t>(t.id)]);
+  step::mark_every_stage(g, s);
+  s.chunk_layers = split_layers(step::stack_layers(g, o, s), s.chunk_count());
   step::assign_roles(g, s);
   step::mark_sums(g, s);
   step::assign_chunks(g, s, consumers);
@@ -362,6 +386,11 @@ inline void find_messages(const ir::graph& g, stage_split& s) {
   std::vector<std::vector<char>> w_reads(p.chunks.size(), std::vector<char>(g.buffers.size(), 0));
   for (const auto& t : g.tasks) {
     const auto& place = s.task(t.id);
+    if (place.every_stage) { // once per stage: with its first chunk
+      for (int stage = 0; stage < s.stages; ++stage)
+        charge(p.chunks[static_cast<std::size_t>(stage)], work_of(place, t), model.task_us(g, t));
+      continue;
+    }
     const auto c = static_cast<std::size_t>(place.chunk);
     charge(p.chunks[c], work_of(place, t), model.task_us(g, t));
     if (place.role == task_role::microbatch && place.kind == pass::weight_grad)
@@ -442,12 +471,15 @@ public:
   [[nodiscard]] std::vector<task_origin> take_origins() && { return std::move(origins_); }
 
 private:
-  [[nodiscard]] bool mine(std::size_t t) const { return s_.stage_of_chunk(s_.tasks[t].chunk) == stage_; }
+  [[nodiscard]] bool mine(std::size_t t) const {
+    return s_.tasks[t].every_stage || s_.stage_of_chunk(s_.tasks[t].chunk) == stage_;
+  }
   [[nodiscard]] std::size_t root(ir::buffer_id b) const { return static_cast<std::size_t>(g_.root_of(b)); }
 
   [[nodiscard]] bool ready(std::size_t t) const {
     for (const auto p : s_.tasks[t].producers) {
       const auto pi = static_cast<std::size_t>(p);
+      if (!mine(pi)) continue; // the norm's parts of another stage's gradients (mark_every_stage)
       const int need = s_.tasks[pi].role == task_role::microbatch ? s_.microbatches : 1;
       if (emitted_[pi] < need) return false;
     }

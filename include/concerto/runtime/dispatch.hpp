@@ -21,6 +21,7 @@
 #include <concerto/ir/graph.hpp>
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/cpu/kernels.hpp>
+#include <concerto/runtime/grad_clip.hpp>
 #include <concerto/runtime/kernel_call.hpp>
 
 #include <algorithm>
@@ -90,6 +91,7 @@ public:
   std::span<std::byte> in_bytes(std::size_t i) const { return mem_.bytes(c.in[i]); }
   std::span<std::byte> out_bytes(std::size_t i) const { return mem_.bytes(c.out[i]); }
   std::span<std::byte> bytes(ir::buffer_id b) const { return mem_.bytes(b); }
+  std::span<const float> floats(ir::buffer_id b) const { return mem_.f32(b); }
 
   /// `n` floats of scratch after the pieces taken so far; running past the region (sized by
   /// another graph's workspace_bytes) is an error naming the task, never a write past the arena.
@@ -247,17 +249,22 @@ inline void run_embedding(cpu_frame& f) {
   else cpu::embedding_grad(ids, f.in(1), f.out(0), c.cols, c.accumulate, c.first, policy);
 }
 
-// The optimizers at this step's scheduled rate.
+// The optimizers at this step's scheduled rate, their gradient scaled by the clipping factor
+// when the update reads the global norm.
+inline float grad_scale(cpu_frame& f) {
+  return f.c.grad_norm_sq < 0 ? 1.0f : clip_factor(f.s.clip_norm, f.floats(f.c.grad_norm_sq)[0]);
+}
+
 inline void run_adamw(cpu_frame& f) {
   auto cfg = f.s.adamw;
   cfg.lr = lr_at(f.s.schedule, cfg.lr, f.s.step);
-  cpu::adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), cfg, f.s.step);
+  cpu::adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), cfg, f.s.step, grad_scale(f));
 }
 
 inline void run_sgd(cpu_frame& f) {
   auto cfg = f.s.sgd;
   cfg.lr = lr_at(f.s.schedule, cfg.lr, f.s.step);
-  cpu::sgd_update(f.out(0), f.in(1), f.c.n_out > 1 ? f.out(1) : std::span<float>{}, cfg);
+  cpu::sgd_update(f.out(0), f.in(1), f.c.n_out > 1 ? f.out(1) : std::span<float>{}, cfg, grad_scale(f));
 }
 
 // slice copies its part out of the whole buffer's rows; concat places each part after the previous one.
@@ -388,6 +395,7 @@ inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_setti
   case op::embedding_grad: detail::run_embedding(f); return;
   case op::sgd: detail::run_sgd(f); return;
   case op::adamw: detail::run_adamw(f); return;
+  case op::grad_sq_norm: f.out(0)[0] = cpu::sum_of_squares(f.in(0), c.replicas); return;
   case op::copy:
     if (f.in_bytes(0).data() != f.out_bytes(0).data()) std::memmove(f.out_bytes(0).data(), f.in_bytes(0).data(), c.n);
     return;

@@ -38,6 +38,7 @@ struct kernel_settings {
   runtime::cpu::sgd_config sgd{};
   runtime::cpu::adamw_config adamw{};
   lr_schedule schedule{}; ///< the rate of each step from sgd.lr or adamw.lr (lr_schedule.hpp)
+  float clip_norm = 0.0f; ///< global-norm gradient clipping's max_norm (grad_clip.hpp), 0: none
   float layernorm_eps = 1e-5f;
   float rmsnorm_eps = 1e-6f;
   std::int64_t step = 1; ///< optimizer step, counting from 1 (AdamW bias correction); the executor sets it
@@ -88,6 +89,8 @@ struct kernel_call {
   std::int64_t first = 0;
   bool reject_outside = false;   ///< embedding: an id outside the table is an error (an unsplit table)
   std::size_t ids = 0;           ///< integer values read (ids, targets, labels, positions)
+  std::int64_t replicas = 1;     ///< grad_sq_norm: ranks holding the same gradient values
+  ir::buffer_id grad_norm_sq = -1; ///< an update with global-norm clipping: the step's squared gradient norm
   float scale = 1.0f;            ///< scale's factor; a loss's share of the global mean (times dloss for a gradient)
   bool keep = true;              ///< keep_one: this rank keeps the value (others hold zero)
   std::vector<rows_in_whole> parts; ///< slice / concat / shard_slice: the parts' geometry (bytes)
@@ -473,7 +476,13 @@ inline void decode_update(const call_reader& r, kernel_call& c) {
   for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
   c.n = r.count(c.in[0]);
-  for (std::size_t i = 1; i < c.n_in; ++i) r.need_count(c, i, false, c.n, "the parameter's values");
+  // The optional last read: the squared global gradient norm that clipping scales by.
+  std::size_t values = c.n_in;
+  if (c.n_in == static_cast<std::size_t>(ir::info(c.fn).reads.count)) {
+    c.grad_norm_sq = c.in[--values];
+    r.need_count(c, values, false, 1, "one value (the squared gradient norm)");
+  }
+  for (std::size_t i = 1; i < values; ++i) r.need_count(c, i, false, c.n, "the parameter's values");
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_count(c, i, true, c.n, "the parameter's values");
   if (c.out[0] != c.in[0]) r.bad("updates `param` in place: it must be its first read and its first write");
   if (c.fn == ir::op::adamw && (c.out[1] != c.in[2] || c.out[2] != c.in[3]))
@@ -600,6 +609,13 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::vocab_ce_grad: detail::decode_vocab_ce(r, c); break;
   case op::sgd:
   case op::adamw: detail::decode_update(r, c); break;
+  case op::grad_sq_norm:
+    r.need_float(c, 0, false);
+    r.need_float(c, 0, true);
+    c.n = r.count(c.in[0]);
+    r.need_count(c, 0, true, 1, "one value");
+    c.replicas = static_cast<std::int64_t>(r.positive_attr("replicas"));
+    break;
   case op::zero: break;
   case op::copy:
   case op::keep_one: detail::decode_copy(r, c); break;

@@ -129,6 +129,7 @@ inline void check_agreement(const settings_record& mine, const runtime::mpi::con
                                              std::to_string(settings.schedule.warmup_steps) + " decay_steps " +
                                              std::to_string(settings.schedule.decay_steps) + " min_ratio " +
                                              number(settings.schedule.min_ratio)},
+                         {"clip_norm", number(settings.clip_norm)},
                          {"stop_on_non_finite_loss", flag(options.stop_on_non_finite_loss)},
                          {"check_replicas_every", std::to_string(options.check_replicas_every)},
                          {"allow_tf32", flag(options.allow_tf32)},

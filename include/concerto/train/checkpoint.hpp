@@ -6,7 +6,11 @@
 ///
 ///     concerto-checkpoint <format version> <index bytes> <index checksum hex>\n
 ///     {"step": 40, "payload_bytes": N,
-///      "tensors": [{"name": "wte", "shape": [32, 16], "offset": 0, "checksum": "<hex>"}, ...]}
+///      "tensors": [{"name": "wte", "shape": [32, 16], "offset": 0, "checksum": "<hex>"}, ...],
+///      "trainer": {...}}
+///
+/// `trainer` (optional) is the trainer's own state, kept with the model so that a resumed run
+/// continues exactly: the examples keep their data loader's position there.
 ///     <payload: each tensor's little-endian f32 values, at its offset>
 ///
 /// Checksums are FNV-1a (core/hash.hpp) over the index bytes and over each tensor's bytes: they
@@ -71,9 +75,12 @@ public:
   }
 
   /// The whole file: header, index and payload.
-  [[nodiscard]] std::string finish(std::int64_t step) && {
-    const auto index =
-        nlohmann::json{{"step", step}, {"payload_bytes", payload_.size()}, {"tensors", std::move(tensors_)}}.dump();
+  /// `trainer`: the trainer's own state (a JSON object), or null for none.
+  [[nodiscard]] std::string finish(std::int64_t step, nlohmann::json trainer = nullptr) && {
+    if (!trainer.is_null() && !trainer.is_object()) fail("checkpoint: the trainer's state must be a JSON object");
+    nlohmann::json fields{{"step", step}, {"payload_bytes", payload_.size()}, {"tensors", std::move(tensors_)}};
+    if (!trainer.is_null()) fields["trainer"] = std::move(trainer);
+    const auto index = fields.dump();
     std::string out(magic);
     out += ' ';
     out += std::to_string(format_version);
@@ -106,6 +113,7 @@ public:
 
   std::int64_t step = 0;
   std::map<std::string, entry> tensors;
+  nlohmann::json trainer; ///< the trainer's own state (writer::finish), null when none was saved
 
   /// The raw bytes of a tensor (unaligned: copy before reading as floats).
   [[nodiscard]] std::span<const std::byte> bytes(const std::string& name) const {
@@ -217,6 +225,7 @@ inline entry check_tensor(const nlohmann::json& t, std::string_view payload, std
       !index.contains("payload_bytes") || !index["payload_bytes"].is_number_unsigned() || !index.contains("tensors") ||
       !index["tensors"].is_array())
     bad("the index lacks 'step', 'payload_bytes' or 'tensors'");
+  if (index.contains("trainer") && !index["trainer"].is_object()) bad("its trainer state is not a JSON object");
   const auto payload = rest.substr(index_bytes);
   if (const auto promised = index["payload_bytes"].get<std::size_t>(); promised != payload.size())
     bad((payload.size() < promised ? "truncated: the index promises " : "size mismatch: the index promises ") +
@@ -232,6 +241,7 @@ inline entry check_tensor(const nlohmann::json& t, std::string_view payload, std
   contents c(std::move(file));
   c.step = index["step"].get<std::int64_t>();
   c.tensors = std::move(tensors);
+  if (index.contains("trainer")) c.trainer = std::move(index["trainer"]);
   return c;
 }
 

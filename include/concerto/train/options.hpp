@@ -15,6 +15,7 @@
 #include <concerto/planner/policy.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
 #include <concerto/runtime/executor.hpp>
+#include <concerto/runtime/kernel_call.hpp>
 #include <concerto/runtime/lr_schedule.hpp>
 #include <concerto/train/pipeline.hpp>
 #include <concerto/train/plan_choice.hpp>
@@ -22,12 +23,14 @@
 #include <mpi.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -45,6 +48,10 @@ struct optimizer_settings {
   runtime::cpu::sgd_config sgd{};
   runtime::cpu::adamw_config adamw{};
   runtime::lr_schedule schedule{};
+  /// Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_'s max_norm): every update
+  /// scales its gradient by min(1, clip_norm / (‖g‖ + 1e-6)), ‖g‖ the norm of all the gradients
+  /// of the step. 0: none. Its tasks are part of the step graph (graph/lower.hpp).
+  float clip_norm = 0.0f;
 };
 
 namespace detail {
@@ -160,6 +167,9 @@ struct step_result {
   double exposed_comm_us = 0;   ///< compute idle while collectives were outstanding
   int rank = 0;
   float lr = 0;                 ///< the rate this step's optimizer used (optimizer_settings::schedule)
+  /// With clipping (optimizer_settings::clip_norm): the global gradient norm before clipping;
+  /// NaN without (the step computes no norm then).
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
 };
 
 /// @brief One mixture-of-experts layer's load-balancing loss in the last step
@@ -185,8 +195,20 @@ inline void read_environment(step_options& o) {
 }
 
 /// Throws concerto::error naming the first option (or the schedule's field) that cannot be.
-inline void check_options(const step_options& o, const runtime::lr_schedule& schedule) {
-  schedule.check();
+/// What the step lowers with: the user's options, and what the optimizer settings and the
+/// mesh imply (clipping's tasks, the pipeline's axis).
+inline lower_options lowering_options(const step_options& o, const optimizer_settings& opt, const mesh& m) {
+  auto out = o.lower;
+  out.clip_gradients = opt.clip_norm > 0.0f;
+  if (m.index_of(o.pipeline.axis)) out.pipeline_axis = o.pipeline.axis;
+  return out;
+}
+
+inline void check_options(const step_options& o, const runtime::kernel_settings& settings) {
+  settings.schedule.check();
+  if (!(settings.clip_norm >= 0.0f) || !std::isfinite(settings.clip_norm))
+    fail("train step: optimizer_settings::clip_norm " + std::to_string(settings.clip_norm) +
+         " must be a finite norm above 0 (or 0: no clipping)");
   if (o.check_replicas_every < 0) fail("train step: check_replicas_every must not be negative");
   if (const auto& c = o.choice; c.warmup_steps < 0 || c.profile_steps < 1 || c.trial_steps < 1 || c.rounds < 1)
     fail("train step: plan choice needs warmup_steps >= 0, profile_steps >= 1, trial_steps >= 1 and rounds >= 1 (got " +

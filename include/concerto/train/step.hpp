@@ -52,6 +52,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -60,6 +61,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -79,13 +81,16 @@ namespace concerto::train {
 template <class Backend = default_backend>
 class basic_step {
 public:
-  basic_step(detail::lowered_program lowered, concerto::mesh m, shape_map shapes, optimizer_settings opt,
+  /// `forward`: the program's forward pass alone on the whole batch (lower_options::forward_only),
+  /// which evaluate() plans and runs.
+  basic_step(detail::lowered_program lowered, ir::graph forward, concerto::mesh m, shape_map shapes, optimizer_settings opt,
              step_options o)
       : facts_(std::move(lowered.facts)), mesh_(std::move(m)), shapes_(std::move(shapes)), options_(std::move(o)),
-        graph_(std::move(lowered.graph)) {
+        graph_(std::move(lowered.graph)), forward_graph_(std::move(forward)) {
     settings_.sgd = opt.sgd;
     settings_.adamw = opt.adamw;
     settings_.schedule = opt.schedule;
+    settings_.clip_norm = opt.clip_norm;
     for (const auto& t : graph_.tasks) uses_adamw_ = uses_adamw_ || t.fn == ir::op::adamw;
     MPI_Comm_rank(options_.world, &rank_);
     MPI_Comm_size(options_.world, &size_);
@@ -93,7 +98,7 @@ public:
       fail("train::compile: the mesh has " + std::to_string(mesh_.rank_count()) + " ranks but the communicator has " +
            std::to_string(size_));
     detail::read_environment(options_);
-    detail::check_options(options_, settings_.schedule);
+    detail::check_options(options_, settings_);
     if (const auto& pp = options_.pipeline; const auto axis = mesh_.index_of(pp.axis)) {
       detail::check_pipeline_options(pp, mesh_.axes()[static_cast<std::size_t>(*axis)].size);
       // Checked here, on every rank, rather than at the first step.
@@ -125,7 +130,8 @@ public:
     // with its own numbers, or wait in a collective the others never start.
     check_agreement(settings_record_of(options_, settings_, shapes_, graph_), *control_);
     backend_ = make_backend(options_.world, settings_, control_->timeout_s(), options_.allow_tf32);
-    const auto model = detail::planning_model(options_, graph_, settings_, *control_, *backend_);
+    model_ = detail::planning_model(options_, graph_, settings_, *control_, *backend_);
+    const auto& model = *model_;
     if (split_) {
       auto stage = detail::plan_stage(options_.pipeline, graph_, *split_, mesh_, model, *backend_, *control_);
       summary_ = std::move(stage.summary);
@@ -185,11 +191,54 @@ public:
                          "helps; step_options::stop_on_non_finite_loss = false goes on)");
     if (options_.check_replicas_every > 0 && rep.step % options_.check_replicas_every == 0)
       detail::check_replicas(rep.step, tensors_, *backend_, *control_, graph_.name);
-    const step_result out{rep.step,   loss,  rep.measured.step_us, rep.measured.exposed_comm_us,
-                          rank_,      learning_rate(rep.step)};
+    const step_result out{rep.step, loss, rep.measured.step_us, rep.measured.exposed_comm_us,
+                          rank_,    learning_rate(rep.step), grad_norm()};
     if (chooser_.active())
       chooser_.advance(rep, *control_, *backend_, ex_->plan(), [&] { return detail::planner_input(options_, graph_); });
     return out;
+  }
+
+  /// @brief The loss of the global batch under the current parameters, by the forward pass
+  /// alone: no gradient, no update, the step count unchanged (validation). Its plan is made at
+  /// the first call (rank 0, through the plan cache: a forward-only graph is an entry of its
+  /// own) and runs on a backend of its own, to which each call copies the parameters (a
+  /// pipelined step gathers them: evaluation runs the whole forward pass on every rank, without
+  /// stages). Collective.
+  /// @code
+  /// if (step.completed_steps() % 100 == 0) std::printf("val loss %.4f\n", step.evaluate(val_batch));
+  /// @endcode
+  [[nodiscard]] double evaluate(const batch& b) { return evaluate(detail::loader_of(b)); }
+  /// @brief As above, the inputs filled by a loader, shard by shard, on each rank.
+  [[nodiscard]] double evaluate(const loader& load) {
+    prepare();
+    prepare_evaluation();
+    auto& e = *eval_;
+    // The parameters as training left them: a rank's own shard where both graphs shard alike.
+    for (const auto& name : tensors_.params()) {
+      const auto& from = tensors_.info(name);
+      const auto& to = e.tensors.info(name);
+      const auto bytes = from.id >= 0 ? static_cast<std::size_t>(ex_->plan().graph.buffer_at(from.id).bytes) : 0;
+      if (!split_ && from.id >= 0 && to.id >= 0 && from.blk.local == to.blk.local && from.blk.offset == to.blk.offset &&
+          bytes == static_cast<std::size_t>(e.ex->plan().graph.buffer_at(to.id).bytes)) {
+        if (e.staging.size() < bytes) e.staging.resize(bytes);
+        const auto staged = std::span(e.staging).first(bytes);
+        backend_->read(from.id, staged);
+        e.backend->write(to.id, staged);
+      } else {
+        e.tensors.set(*e.backend, name, gather(name));
+      }
+    }
+    e.tensors.write_inputs(*e.backend, load);
+    e.ex->run_step();
+    return control_->sum_all(e.tensors.local_loss(*e.backend), "the evaluation loss after step " +
+                                                                   std::to_string(completed_steps())) /
+           e.tensors.loss_copies();
+  }
+  /// @brief What the evaluation's first call decided (after a first evaluate).
+  [[nodiscard]] const plan_summary& evaluation_summary() {
+    prepare();
+    prepare_evaluation();
+    return eval_->summary;
   }
 
   /// @brief What the plan choice measured and kept (train/plan_choice.hpp); `decided()` is false
@@ -239,20 +288,24 @@ public:
 
   /// @brief Writes every parameter and optimizer state, gathered to global tensors, and the step
   /// count to `path` (rank 0 writes, atomically); loadable on any mesh the shapes divide over.
-  /// Collective. Format and checks: train/checkpoint.hpp.
-  void save(const std::filesystem::path& path) {
+  /// `trainer`: the trainer's own state (a JSON object: a data loader's position, ...), which
+  /// load() returns. Collective. Format and checks: train/checkpoint.hpp.
+  void save(const std::filesystem::path& path, const nlohmann::json& trainer = nullptr) {
     prepare();
-    tensors_.save(*backend_, *control_, path, completed_steps());
+    tensors_.save(*backend_, *control_, path, completed_steps(), trainer);
   }
 
   /// @brief Reads a checkpoint written by `save` (on any mesh): each rank keeps its shards;
   /// the step count continues from the checkpoint's. Collective: when the file fails a check on
   /// any rank, every rank throws (concerto::collective_error) naming the file and what is wrong:
   /// a damaged header, index or tensor (checksums, train/checkpoint.hpp), a missing or misshapen
-  /// tensor. A refused checkpoint leaves the step as it was.
-  void load(const std::filesystem::path& path) {
+  /// tensor. A refused checkpoint leaves the step as it was. Returns the trainer state saved with
+  /// it (null when none was).
+  nlohmann::json load(const std::filesystem::path& path) {
     prepare();
-    ex_->set_completed_steps(tensors_.load(*backend_, *control_, path));
+    auto [steps, trainer] = tensors_.load(*backend_, *control_, path);
+    ex_->set_completed_steps(steps);
+    return std::move(trainer);
   }
 
   /// @brief Writes the parameters, gathered to their global shapes and named as the program names
@@ -274,11 +327,37 @@ public:
   [[nodiscard]] std::int64_t completed_steps() const noexcept { return ex_ ? ex_->completed_steps() : 0; }
 
 private:
+  // The forward pass's plan (rank 0 plans it, or the cache has it), its backend, executor and
+  // named tensors. Collective.
+  void prepare_evaluation() {
+    if (eval_) return;
+    auto o = options_;
+    o.rewrite = nullptr; // the user's rewrite is of the training graph
+    evaluation e;
+    e.backend = make_backend(options_.world, settings_, control_->timeout_s(), options_.allow_tf32);
+    auto first = detail::plan_first(o, forward_graph_, *model_, *e.backend, choice_store(), false);
+    e.summary = std::move(first.summary);
+    e.ex = std::make_unique<runtime::executor<Backend>>(std::move(first.plan), *e.backend, options_.executor);
+    e.tensors.build(e.ex->plan().graph, forward_graph_, nullptr, facts_, mesh_, options_.lower.depth, rank_);
+    eval_ = std::move(e);
+  }
+
   [[nodiscard]] bool chooses() const { return options_.policy == planner::policy::concerto && options_.choice.enabled; }
 
   [[nodiscard]] detail::choice_store choice_store() const {
     return {options_.cache_dir, std::string(planner::to_string(options_.policy)),
             planner::hash(detail::planning_options(options_)), options_.choice.confirm_within};
+  }
+
+  // The global gradient norm the last step clipped by (the tasks of graph/lower.hpp leave its
+  // square in `grad_norm_sq`, the same on every rank); NaN when the step does not clip.
+  [[nodiscard]] double grad_norm() {
+    const auto& buffers = ex_->plan().graph.buffers;
+    const auto it = std::find_if(buffers.begin(), buffers.end(), [](const ir::buffer& b) { return b.name == ir::grad_norm_sq_buffer; });
+    if (it == buffers.end()) return std::numeric_limits<double>::quiet_NaN();
+    float sq = 0;
+    backend_->read(it->id, std::as_writable_bytes(std::span(&sq, 1)));
+    return std::sqrt(static_cast<double>(sq));
   }
 
   // The executor's step; a message names tasks by the lowering's names, and says what the
@@ -357,6 +436,16 @@ private:
   bool uses_adamw_ = false; // the program's optimizer: AdamW, else SGD
   int rank_ = 0, size_ = 1;
   ir::graph graph_;
+  ir::graph forward_graph_; ///< the forward pass alone, for evaluate
+  struct evaluation {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<runtime::executor<Backend>> ex;
+    detail::tensor_index tensors;
+    plan_summary summary;
+    std::vector<std::byte> staging; ///< a parameter on its way from the training backend
+  };
+  std::optional<evaluation> eval_;
+  std::optional<cost::model> model_; ///< what the training step was planned with
   std::optional<runtime::mpi::control> control_; ///< the step's own collectives, with deadlines
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<runtime::executor<Backend>> ex_;
@@ -380,7 +469,15 @@ public:
                                 p,
                                 [&](const auto& sized) {
                                   return detail::lower_for_step(
-                                      sized, detail::microbatch_shapes(sized, shapes, o.pipeline.microbatches), m, o.lower);
+                                      sized, detail::microbatch_shapes(sized, shapes, o.pipeline.microbatches), m,
+                                      detail::lowering_options(o, opt, m));
+                                }),
+                            graph::detail::at_lowering_size(
+                                p,
+                                [&](const auto& sized) {
+                                  auto forward = o.lower;
+                                  forward.forward_only = true;
+                                  return graph::detail::lower_sized(sized, shapes, m, forward);
                                 }),
                             m, shapes, opt, o) {}
 };

@@ -200,18 +200,20 @@ public:
   /// Writes every parameter and optimizer state, gathered, and `steps` to `path` (rank 0 writes,
   /// atomically). Collective. Format and checks: train/checkpoint.hpp.
   template <class Backend>
-  void save(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path, std::int64_t steps) const {
+  void save(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path, std::int64_t steps,
+            const nlohmann::json& trainer) const {
     checkpoint::writer file;
     for (const auto& name : state_names()) file.add(name, info(name).blk.global, gather(backend, control, name));
-    if (control.rank() == 0) write_file_atomically(path, std::move(file).finish(steps));
+    if (control.rank() == 0) write_file_atomically(path, std::move(file).finish(steps, trainer));
     control.barrier("the end of saving checkpoint '" + path.string() + "'");
   }
 
   /// Reads a checkpoint written by `save` (on any mesh) into this rank's shards and returns its
-  /// step count; when the file fails a check on any rank, every rank throws naming it before a
-  /// value is written. Collective.
+  /// step count and trainer state; when the file fails a check on any rank, every rank throws
+  /// naming it before a value is written. Collective.
   template <class Backend>
-  [[nodiscard]] std::int64_t load(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path) const {
+  [[nodiscard]] std::pair<std::int64_t, nlohmann::json> load(Backend& backend, const runtime::mpi::control& control,
+                                                             const std::filesystem::path& path) const {
     checkpoint::contents file;
     read_together(control, "checkpoint '" + path.string() + "'", [&](const std::string& what) {
       file = checkpoint::read(path);
@@ -223,7 +225,7 @@ public:
     });
     // Straight from the file's bytes (checked above), without a copy of the global tensor.
     for (const auto& name : state_names()) write_block(backend, info(name), file.bytes(name).data());
-    return file.step;
+    return {file.step, std::move(file.trainer)};
   }
 
   /// Writes every parameter (not the optimizer state), gathered, to `path` in the safetensors

@@ -25,12 +25,13 @@ struct sgd_config {
 /// @brief `g = grad + wd·p; buf = momentum·buf + g; p -= lr·buf` (without momentum: `p -= lr·g`).
 ///
 /// `momentum_buf` starts zeroed (so the first step sets it to g) and may be empty when
-/// `momentum == 0`.
+/// `momentum == 0`. `grad_scale` multiplies the gradient first (global-norm clipping's factor,
+/// runtime/grad_clip.hpp).
 /// @code
 /// cpu::sgd_update(w, dw, w_momentum, {.lr = 0.1f, .momentum = 0.9f});
 /// @endcode
 inline void sgd_update(std::span<float> params, std::span<const float> grads,
-                       std::span<float> momentum_buf, const sgd_config& cfg) {
+                       std::span<float> momentum_buf, const sgd_config& cfg, float grad_scale = 1.0f) {
   detail::require_size(grads, params.size(), "sgd_update", "grads");
   if (cfg.momentum != 0.0f) detail::require_size(momentum_buf, params.size(), "sgd_update", "momentum_buf");
   float* p = params.data();
@@ -39,13 +40,13 @@ inline void sgd_update(std::span<float> params, std::span<const float> grads,
   const float lr = cfg.lr;
   const float wd = cfg.weight_decay;
   if (cfg.momentum == 0.0f) {
-    for (std::size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    for (std::size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * grad_scale + wd * p[i]);
     return;
   }
   float* buf = momentum_buf.data();
   const float mu = cfg.momentum;
   for (std::size_t i = 0; i < n; ++i) {
-    buf[i] = mu * buf[i] + (g[i] + wd * p[i]);
+    buf[i] = mu * buf[i] + (g[i] * grad_scale + wd * p[i]);
     p[i] -= lr * buf[i];
   }
 }
@@ -63,12 +64,13 @@ struct adamw_config {
 /// `p *= 1 - lr·wd; m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²;`
 /// `p -= lr·(m/(1-β1^step)) / (√(v/(1-β2^step)) + eps)`.
 ///
-/// m and v start zeroed and are updated in place.
+/// m and v start zeroed and are updated in place; `grad_scale` multiplies the gradient first
+/// (global-norm clipping's factor, runtime/grad_clip.hpp).
 /// @code
 /// for (std::int64_t t = 1; t <= steps; ++t) cpu::adamw_update(w, dw, m, v, {.lr = 3e-4f}, t);
 /// @endcode
 inline void adamw_update(std::span<float> params, std::span<const float> grads, std::span<float> m,
-                         std::span<float> v, const adamw_config& cfg, std::int64_t step) {
+                         std::span<float> v, const adamw_config& cfg, std::int64_t step, float grad_scale = 1.0f) {
   detail::require_size(grads, params.size(), "adamw_update", "grads");
   detail::require_size(m, params.size(), "adamw_update", "m");
   detail::require_size(v, params.size(), "adamw_update", "v");
@@ -88,10 +90,20 @@ inline void adamw_update(std::span<float> params, std::span<const float> grads, 
   float* pv = v.data();
   const std::size_t n = params.size();
   for (std::size_t i = 0; i < n; ++i) {
-    pm[i] = b1 * pm[i] + (1.0f - b1) * g[i];
-    pv[i] = b2 * pv[i] + (1.0f - b2) * g[i] * g[i];
+    const float gi = g[i] * grad_scale;
+    pm[i] = b1 * pm[i] + (1.0f - b1) * gi;
+    pv[i] = b2 * pv[i] + (1.0f - b2) * gi * gi;
     p[i] = p[i] * decay - step_size * pm[i] / (std::sqrt(pv[i]) * inv_sqrt_bc2 + eps);
   }
+}
+
+/// @brief Σ x² / replicas in double (a rank's share of the squared global gradient norm, when
+/// `replicas` ranks hold the same values), rounded once to float.
+[[nodiscard]] inline float sum_of_squares(std::span<const float> x, std::int64_t replicas = 1) {
+  CONCERTO_CHECK(replicas >= 1, "sum_of_squares: replicas " + std::to_string(replicas) + " must be at least 1");
+  double sum = 0;
+  for (const float v : x) sum += static_cast<double>(v) * static_cast<double>(v);
+  return static_cast<float>(sum / static_cast<double>(replicas));
 }
 
 } // namespace concerto::runtime::cpu

@@ -258,6 +258,11 @@ inline void run_embedding(device_frame& f) {
                    f.code, f.st);
 }
 
+// The squared global gradient norm an update with clipping reads (in device memory), or null.
+inline const float* grad_norm_sq(device_frame& f) {
+  return f.c.grad_norm_sq < 0 ? nullptr : reinterpret_cast<const float*>(f.ptr(f.c.grad_norm_sq));
+}
+
 inline void run_sgd(device_frame& f) {
   float* momentum = nullptr;
   if (f.s.sgd.momentum != 0.0f) {
@@ -265,12 +270,13 @@ inline void run_sgd(device_frame& f) {
     momentum = f.out(1);
   }
   CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for SGD's scheduled rate");
-  sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.s.schedule, f.ctx.step, f.st);
+  sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.s.schedule, f.ctx.step, grad_norm_sq(f), f.s.clip_norm, f.st);
 }
 
 inline void run_adamw(device_frame& f) {
   CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for AdamW");
-  adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.s.schedule, f.ctx.step, f.st);
+  adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.s.schedule, f.ctx.step, grad_norm_sq(f),
+               f.s.clip_norm, f.st);
 }
 
 // slice and shard_slice copy their part out of the whole buffer's rows; concat places each part.
@@ -399,6 +405,7 @@ inline void run_kernel(const kernel_call& c, const device_arena& mem, const kern
   case op::embedding_grad: detail::run_embedding(f); return;
   case op::sgd: detail::run_sgd(f); return;
   case op::adamw: detail::run_adamw(f); return;
+  case op::grad_sq_norm: grad_sq_norm(f.in(0), f.c.n, f.c.replicas, f.out(0), f.st); return;
   case op::copy:
     if (f.ptr(c.in[0]) != f.ptr(c.out[0]) && c.n > 0)
       check(cudaMemcpyAsync(f.ptr(c.out[0]), f.ptr(c.in[0]), c.n, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");

@@ -31,6 +31,7 @@
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
 #include <concerto/runtime/cuda/check.hpp>
+#include <concerto/runtime/grad_clip.hpp>
 #include <concerto/runtime/lr_schedule.hpp>
 
 #include <cuda_runtime.h>
@@ -485,10 +486,11 @@ __global__ void embedding_grad_k(const std::int32_t* ids, const float* dout, flo
 // graph replays with the current step.
 template <int = 0>
 __global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, cpu::sgd_config cfg, lr_schedule schedule,
-                      const std::int64_t* step) {
+                      const std::int64_t* step, const float* norm_sq, float max_norm) {
   const float lr = lr_at(schedule, cfg.lr, *step), momentum = cfg.momentum, wd = cfg.weight_decay;
+  const float scale = norm_sq == nullptr ? 1.0f : clip_factor(max_norm, *norm_sq);
   CONCERTO_GRID_STRIDE(i, n) {
-    const float gi = g[i] + wd * p[i];
+    const float gi = g[i] * scale + wd * p[i];
     if (buf == nullptr) {
       p[i] -= lr * gi;
     } else {
@@ -499,8 +501,9 @@ __global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, cpu::
 }
 template <int = 0>
 __global__ void adamw_k(float* p, const float* g, float* m, float* v, std::size_t n, cpu::adamw_config cfg,
-                        lr_schedule schedule, const std::int64_t* step) {
+                        lr_schedule schedule, const std::int64_t* step, const float* norm_sq, float max_norm) {
   cfg.lr = lr_at(schedule, cfg.lr, *step);
+  const float scale = norm_sq == nullptr ? 1.0f : clip_factor(max_norm, *norm_sq);
   const double t = static_cast<double>(*step);
   const double bc1 = 1.0 - pow(static_cast<double>(cfg.beta1), t);
   const double bc2 = 1.0 - pow(static_cast<double>(cfg.beta2), t);
@@ -508,11 +511,22 @@ __global__ void adamw_k(float* p, const float* g, float* m, float* v, std::size_
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / sqrt(bc2));
   const float decay = 1.0f - cfg.lr * cfg.weight_decay;
   CONCERTO_GRID_STRIDE(i, n) {
-    const float gi = g[i];
+    const float gi = g[i] * scale;
     m[i] = cfg.beta1 * m[i] + (1.0f - cfg.beta1) * gi;
     v[i] = cfg.beta2 * v[i] + (1.0f - cfg.beta2) * gi * gi;
     p[i] = p[i] * decay - step_size * m[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + cfg.eps);
   }
+}
+
+// One block: Σ x² in double (as cpu::sum_of_squares), over a fixed order of additions, so the
+// norm does not vary run to run; divided by the ranks holding the same values.
+template <int = 0>
+__global__ void grad_sq_norm_k(const float* x, std::size_t n, double replicas, float* out) {
+  __shared__ double red[32];
+  double sum = 0;
+  for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  sum = block_reduce(sum, sum_op{}, red);
+  if (threadIdx.x == 0) *out = static_cast<float>(sum / replicas);
 }
 
 // ---- the DSL's forms and the vocabulary-parallel cross-entropy -------------------------------
@@ -1014,20 +1028,28 @@ inline void embedding_grad(const std::int32_t* ids, const float* dout, float* dt
 /// @brief SGD update in place (as cpu::sgd_update) at the rate `schedule` gives the device's step
 /// counter `step` (from 1, read when the kernel runs); `momentum_buf` may be null when momentum is 0.
 inline void sgd_update(float* params, const float* grads, float* momentum_buf, std::size_t n, const cpu::sgd_config& cfg,
-                       const lr_schedule& schedule, const std::int64_t* step, cudaStream_t s) {
+                       const lr_schedule& schedule, const std::int64_t* step, const float* norm_sq, float max_norm,
+                       cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CHECK(cfg.momentum == 0.0f || momentum_buf != nullptr, "sgd_update: momentum needs a momentum buffer");
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sgd_k<>)(params, grads, cfg.momentum == 0.0f ? nullptr : momentum_buf,
-                                                              n, cfg, schedule, step);
+                                                              n, cfg, schedule, step, norm_sq, max_norm);
   detail::launched("sgd_update");
 }
 /// @brief AdamW update in place (as cpu::adamw_update) at the rate `schedule` gives; `step` points
 /// to the device's step counter (from 1), read when the kernel runs.
 inline void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n, const cpu::adamw_config& cfg,
-                         const lr_schedule& schedule, const std::int64_t* step, cudaStream_t s) {
+                         const lr_schedule& schedule, const std::int64_t* step, const float* norm_sq, float max_norm,
+                         cudaStream_t s) {
   if (n == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::adamw_k<>)(params, grads, m, v, n, cfg, schedule, step);
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::adamw_k<>)(params, grads, m, v, n, cfg, schedule, step,
+                                                                                    norm_sq, max_norm);
   detail::launched("adamw_update");
+}
+/// @brief `*out = Σ x² / replicas` over n values (cpu::sum_of_squares), one block.
+inline void grad_sq_norm(const float* x, std::size_t n, std::int64_t replicas, float* out, cudaStream_t s) {
+  CONCERTO_CUDA_LAUNCH(1, 1024, 0, s, detail::grad_sq_norm_k<>)(x, n, static_cast<double>(replicas), out);
+  detail::launched("grad_sq_norm");
 }
 
 /// @brief i64 ids into i32 (`out` holds n values); a value outside 32 bits becomes INT32_MIN and
