@@ -294,4 +294,16 @@ std::vector<run_stats> train_all(std::vector<Step>& runs, const text_model_setti
   return stats;
 }
 
+/// After training: every plan's result to --json (rank 0), the first plan's parameters to
+/// --export (each plan trains the same model, up to rounding). Collective.
+template <class Step>
+void write_results(std::vector<Step>& runs, const text_model_settings& s, const nlohmann::json& results) {
+  const bool root = runs.front().rank() == 0;
+  if (root && !s.json.empty()) concerto::write_file_atomically(s.json, results.dump(2) + "\n");
+  if (s.export_path.empty()) return;
+  runs.front().export_safetensors(s.export_path, s.export_dtype == "bf16" ? concerto::train::safetensors::dtype::bf16
+                                                                          : concerto::train::safetensors::dtype::f32);
+  if (root) std::printf("parameters written to %s (safetensors, %s)\n", s.export_path.c_str(), s.export_dtype.c_str());
+}
+
 } // namespace examples

@@ -90,12 +90,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
                             {"cost_preset", s.cost_preset}},
                            stats[p].step_us, stats[p].exposed_us));
   }
-  if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
-  if (!s.export_path.empty()) { // the first policy's model (each trains the same one, up to rounding)
-    runs.front().export_safetensors(s.export_path, s.export_dtype == "bf16" ? train::safetensors::dtype::bf16
-                                                                            : train::safetensors::dtype::f32);
-    if (root) std::printf("parameters written to %s (safetensors, %s)\n", s.export_path.c_str(), s.export_dtype.c_str());
-  }
+  examples::write_results(runs, s, results);
   if (root) std::fflush(stdout);
   // A resumed run's first loss is of a trained model: it need not fall further in a few steps.
   for (std::size_t p = 0; p < k && s.resume.empty(); ++p)

@@ -39,12 +39,7 @@ int train_runs(std::vector<train::basic_step<>>& runs, const settings& s, exampl
          {"loss_first", stats[p].first}, {"loss_last", stats[p].last}},
         stats[p].step_us, stats[p].exposed_us));
   }
-  if (root && !s.json.empty()) write_file_atomically(s.json, results.dump(2) + "\n");
-  if (!s.export_path.empty()) { // the first policy's model (each trains the same one, up to rounding)
-    runs.front().export_safetensors(s.export_path, s.export_dtype == "bf16" ? train::safetensors::dtype::bf16
-                                                                            : train::safetensors::dtype::f32);
-    if (root) std::printf("parameters written to %s (safetensors, %s)\n", s.export_path.c_str(), s.export_dtype.c_str());
-  }
+  examples::write_results(runs, s, results);
   if (s.experts > 0) print_load_balance(runs.front(), s);
   if (root) std::fflush(stdout);
   // A resumed run's first loss is of a trained model: it need not fall further in a few steps.
