@@ -44,7 +44,10 @@ command_for "$work/killed.jsonl" --save "$work/run.ckpt" --save-every 10
 "${cmd[@]}" &
 job=$!
 while kill -0 $job 2>/dev/null && [ "$(lines "$work/killed.jsonl")" -lt 20 ]; do sleep 0.02; done
-pkill -KILL -P $job 2>/dev/null || true # the ranks die at once, as on a lost node; mpirun then ends
+# The ranks (mpirun's children) die at once, as on a lost node; mpirun then ends. /proc, not
+# pkill: a minimal Debian has no procps.
+ranks=$(cat /proc/$job/task/*/children 2>/dev/null || true)
+[ -z "$ranks" ] || kill -KILL $ranks 2>/dev/null || true
 wait $job 2>/dev/null || true
 [ -f "$work/run.ckpt" ] || { echo "no checkpoint was written before the kill"; exit 1; }
 echo "killed after $(lines "$work/killed.jsonl") steps"
@@ -59,6 +62,8 @@ def records(name):
     with open(f"{work}/{name}") as f:
         return {r["step"]: r for r in map(json.loads, f)}
 whole, resumed = records("whole.jsonl"), records("resumed.jsonl")
+if not resumed:
+    sys.exit("the second run ended before it was killed: nothing was resumed")
 first = min(resumed)
 assert first > 1 and (first - 1) % 10 == 0, f"the resumed run began at step {first}, not after a checkpoint (every 10 steps)"
 worst = 0.0
