@@ -25,6 +25,16 @@ inline const CLI::Validator positive(
     },
     "POSITIVE");
 
+/// A weight or threshold that may be zero but not negative: `--clip -1` is refused by name.
+inline const CLI::Validator non_negative(
+    [](std::string& text) {
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(v >= 0)) return "must be 0 or a positive number, not '" + text + "'";
+      return std::string();
+    },
+    "NON-NEGATIVE");
+
 /// A comma-separated list that names at least one thing (`what`): `--schedule ""` is refused by name.
 inline CLI::Validator names_list(const std::string& what) {
   return CLI::Validator(
@@ -48,12 +58,15 @@ inline void add_text_model_options(CLI::App& app, text_model_settings& s, const 
   app.add_option("--lr-schedule", s.lr_schedule, "decay after the warmup, to --min-lr-ratio at the last step")
       ->check(CLI::IsMember({"constant", "linear", "cosine"}))
       ->capture_default_str();
-  app.add_option("--warmup", s.warmup, "steps of linear learning-rate warmup")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--warmup", s.warmup, "steps of linear learning-rate warmup")->check(non_negative)->capture_default_str();
   app.add_option("--min-lr-ratio", s.min_lr_ratio, "the decay's floor as a share of --lr")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  app.add_option("--weight-decay", s.weight_decay, "AdamW's decoupled weight decay")
+      ->check(non_negative)
+      ->capture_default_str();
   app.add_option("--clip", s.clip, "clip the gradients' global norm to this (0: no clipping)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative)
       ->capture_default_str();
   auto* data = app.add_option("--data", s.data, "train on token shards DIR/train*.bin (examples/shards writes them) instead of --text");
   app.add_option("--vocab", s.vocab, "with --data: the vocabulary, above every token id (256: byte-level)")

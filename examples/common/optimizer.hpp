@@ -8,11 +8,11 @@
 
 namespace examples {
 
-/// AdamW at --lr with the schedule of --lr-schedule, --warmup and --min-lr-ratio over --steps (a
+/// AdamW at --lr and --weight-decay with the schedule of --lr-schedule, --warmup and --min-lr-ratio over --steps (a
 /// decay with no steps after the warmup is refused by train::compile, naming the fields), and
 /// global-norm clipping at --clip.
 inline concerto::train::optimizer_settings optimizer_of(const text_model_settings& s) {
-  return {.adamw = {.lr = s.lr},
+  return {.adamw = {.lr = s.lr, .weight_decay = s.weight_decay},
           .schedule = {.decay = concerto::runtime::parse_lr_decay(s.lr_schedule),
                        .warmup_steps = s.warmup,
                        .decay_steps = s.steps,

@@ -15,6 +15,7 @@ struct text_model_settings {
   std::string lr_schedule = "constant"; ///< constant, linear or cosine decay over the run's steps
   int warmup = 0;                       ///< steps of linear warmup
   float min_lr_ratio = 0.1f;            ///< the decay's floor as a share of --lr
+  float weight_decay = 0.01f;           ///< AdamW's decoupled weight decay (torch.optim.AdamW's default)
   float clip = 0.0f;                    ///< global-norm gradient clipping's max norm (0: none)
   std::string data;                     ///< token shards: DIR/train*.bin and DIR/val*.bin (else --text)
   int vocab = 256;                      ///< with --data: above every token id (256: byte-level shards)
