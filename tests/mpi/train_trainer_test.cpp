@@ -8,8 +8,8 @@
 // train_testing::rel_tol after 3 steps; a bad threshold is refused.
 //
 // Evaluation (basic_step::evaluate): the forward-only plan's loss is the loss the next training
-// step reports on the same batch, on every mesh (ZeRO-3 and pipeline stages included), and it
-// changes neither the parameters nor the step count.
+// step reports on the same batch, on every mesh (ZeRO-3 and pipeline stages included), it
+// changes neither the parameters nor the step count, and it sees every change of the parameters.
 #include "llama_program.hpp"
 #include "train_testing.hpp"
 
@@ -151,7 +151,11 @@ double evaluated(const graph::program<N>& p, MPI_Comm comm, std::vector<axis_req
   const double trained = step(other_data()).loss;
   CAPTURE(loss, trained);
   CHECK(std::abs(loss - trained) <= 1e-6 * std::abs(trained));
-  CHECK(step.evaluate(other_data()) < loss); // after a step on that batch
+  const double after_step = step.evaluate(other_data());
+  CHECK(after_step < loss); // after a step on that batch
+  CHECK(step.evaluate(other_data()) == after_step); // nothing changed: the same parameters, not copied again
+  step.set_parameter("layers.1.wq", before);        // one tensor as before the step: evaluate sees it
+  CHECK(step.evaluate(other_data()) != after_step);
   return loss;
 }
 

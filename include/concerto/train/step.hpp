@@ -177,6 +177,7 @@ public:
     prepare();
     start_pending_plan();
     tensors_.write_inputs(*backend_, load);
+    ++parameters_version_;
     const auto& rep = run_step();
     if (!options_.trace_dir.empty()) write_trace("measured", rep.measured);
     const double loss = control_->sum_all(tensors_.local_loss(*backend_), "the loss of step " + std::to_string(rep.step)) /
@@ -201,9 +202,9 @@ public:
   /// @brief The loss of the global batch under the current parameters, by the forward pass
   /// alone: no gradient, no update, the step count unchanged (validation). Its plan is made at
   /// the first call (rank 0, through the plan cache: a forward-only graph is an entry of its
-  /// own) and runs on a backend of its own, to which each call copies the parameters (a
-  /// pipelined step gathers them: evaluation runs the whole forward pass on every rank, without
-  /// stages). Collective.
+  /// own) and runs on a backend of its own, to which a call copies the parameters when they
+  /// changed since the last (a pipelined step gathers them: evaluation runs the whole forward
+  /// pass on every rank, without stages). Collective.
   /// @code
   /// if (step.completed_steps() % 100 == 0) std::printf("val loss %.4f\n", step.evaluate(val_batch));
   /// @endcode
@@ -213,20 +214,24 @@ public:
     prepare();
     prepare_evaluation();
     auto& e = *eval_;
-    // The parameters as training left them: a rank's own shard where both graphs shard alike.
-    for (const auto& name : tensors_.params()) {
-      const auto& from = tensors_.info(name);
-      const auto& to = e.tensors.info(name);
-      const auto bytes = from.id >= 0 ? static_cast<std::size_t>(ex_->plan().graph.buffer_at(from.id).bytes) : 0;
-      if (!split_ && from.id >= 0 && to.id >= 0 && from.blk.local == to.blk.local && from.blk.offset == to.blk.offset &&
-          bytes == static_cast<std::size_t>(e.ex->plan().graph.buffer_at(to.id).bytes)) {
-        if (e.staging.size() < bytes) e.staging.resize(bytes);
-        const auto staged = std::span(e.staging).first(bytes);
-        backend_->read(from.id, staged);
-        e.backend->write(to.id, staged);
-      } else {
-        e.tensors.set(*e.backend, name, gather(name));
+    // The parameters as training left them, once per change (validating on several batches
+    // copies them once): a rank's own shard where both graphs shard alike.
+    if (e.copied != parameters_version_) {
+      for (const auto& name : tensors_.params()) {
+        const auto& from = tensors_.info(name);
+        const auto& to = e.tensors.info(name);
+        const auto bytes = from.id >= 0 ? static_cast<std::size_t>(ex_->plan().graph.buffer_at(from.id).bytes) : 0;
+        if (!split_ && from.id >= 0 && to.id >= 0 && from.blk.local == to.blk.local && from.blk.offset == to.blk.offset &&
+            bytes == static_cast<std::size_t>(e.ex->plan().graph.buffer_at(to.id).bytes)) {
+          if (e.staging.size() < bytes) e.staging.resize(bytes);
+          const auto staged = std::span(e.staging).first(bytes);
+          backend_->read(from.id, staged);
+          e.backend->write(to.id, staged);
+        } else {
+          e.tensors.set(*e.backend, name, gather(name));
+        }
       }
+      e.copied = parameters_version_;
     }
     e.tensors.write_inputs(*e.backend, load);
     e.ex->run_step();
@@ -258,6 +263,7 @@ public:
   void set_parameter(const std::string& name, std::span<const float> global) {
     prepare();
     tensors_.set(*backend_, name, global);
+    ++parameters_version_;
   }
   /// @brief The global shape of a named tensor of the graph.
   [[nodiscard]] std::vector<std::int64_t> global_shape(const std::string& name) {
@@ -304,6 +310,7 @@ public:
   nlohmann::json load(const std::filesystem::path& path) {
     prepare();
     auto [steps, trainer] = tensors_.load(*backend_, *control_, path);
+    ++parameters_version_;
     ex_->set_completed_steps(steps);
     return std::move(trainer);
   }
@@ -321,6 +328,7 @@ public:
   void import_safetensors(const std::filesystem::path& path) {
     prepare();
     tensors_.import_safetensors(*backend_, *control_, path);
+    ++parameters_version_;
   }
 
   /// @brief Steps run so far (including those before a loaded checkpoint).
@@ -352,11 +360,9 @@ private:
   // The global gradient norm the last step clipped by (the tasks of graph/lower.hpp leave its
   // square in `grad_norm_sq`, the same on every rank); NaN when the step does not clip.
   [[nodiscard]] double grad_norm() {
-    const auto& buffers = ex_->plan().graph.buffers;
-    const auto it = std::find_if(buffers.begin(), buffers.end(), [](const ir::buffer& b) { return b.name == ir::grad_norm_sq_buffer; });
-    if (it == buffers.end()) return std::numeric_limits<double>::quiet_NaN();
+    if (grad_norm_sq_ < 0) return std::numeric_limits<double>::quiet_NaN();
     float sq = 0;
-    backend_->read(it->id, std::as_writable_bytes(std::span(&sq, 1)));
+    backend_->read(grad_norm_sq_, std::as_writable_bytes(std::span(&sq, 1)));
     return std::sqrt(static_cast<double>(sq));
   }
 
@@ -376,6 +382,9 @@ private:
 
   void index_tensors() {
     tensors_.build(ex_->plan().graph, graph_, split_ ? &*split_ : nullptr, facts_, mesh_, options_.lower.depth, rank_);
+    const auto& buffers = ex_->plan().graph.buffers;
+    const auto norm = std::find_if(buffers.begin(), buffers.end(), [](const ir::buffer& b) { return b.name == ir::grad_norm_sq_buffer; });
+    grad_norm_sq_ = norm == buffers.end() ? -1 : norm->id;
   }
 
   /// Before a step: the plan the choice switched to, on a new executor over the same backend,
@@ -443,9 +452,12 @@ private:
     detail::tensor_index tensors;
     plan_summary summary;
     std::vector<std::byte> staging; ///< a parameter on its way from the training backend
+    std::uint64_t copied = 0;       ///< the parameters_version_ it holds (0: none yet)
   };
   std::optional<evaluation> eval_;
   std::optional<cost::model> model_; ///< what the training step was planned with
+  std::uint64_t parameters_version_ = 1; ///< counts every change of the parameters (a step, set, load, import)
+  ir::buffer_id grad_norm_sq_ = -1;      ///< in the executed plan, with clipping
   std::optional<runtime::mpi::control> control_; ///< the step's own collectives, with deadlines
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<runtime::executor<Backend>> ex_;
