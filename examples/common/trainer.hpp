@@ -106,10 +106,7 @@ public:
 
   /// The next training batch: this rank's rows.
   [[nodiscard]] token_rows next() {
-    if (train_) {
-      auto b = train_->next();
-      return {slice_.rank * static_cast<std::int64_t>(b.rows), b.rows, b.seq, std::move(b.ids), std::move(b.labels)};
-    }
+    if (train_) return rows_of(train_->next());
     token_rows r{0, s_.batch, s_.seq, {}, {}};
     const auto& text = corpus_->text;
     for (int b = 0; b < s_.batch; ++b) {
@@ -127,10 +124,7 @@ public:
   [[nodiscard]] std::vector<token_rows> validation(int count) const {
     concerto::dataset::token_loader val(*val_options_, slice_);
     std::vector<token_rows> out;
-    for (int i = 0; i < count && static_cast<std::uint64_t>(i) < val.batches_per_epoch(); ++i) {
-      auto b = val.next();
-      out.push_back({slice_.rank * static_cast<std::int64_t>(b.rows), b.rows, b.seq, std::move(b.ids), std::move(b.labels)});
-    }
+    for (int i = 0; i < count && static_cast<std::uint64_t>(i) < val.batches_per_epoch(); ++i) out.push_back(rows_of(val.next()));
     return out;
   }
 
@@ -151,6 +145,11 @@ public:
   }
 
 private:
+  // A loader's batch as the rows of the global batch it is: this rank's slice.
+  [[nodiscard]] token_rows rows_of(concerto::dataset::batch b) const {
+    return {slice_.rank * static_cast<std::int64_t>(b.rows), b.rows, b.seq, std::move(b.ids), std::move(b.labels)};
+  }
+
   const text_model_settings& s_;
   concerto::dataset::rank_slice slice_;
   std::optional<corpus> corpus_;
