@@ -61,6 +61,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
   const auto make = [&](const std::string& name) {
     train::step_options o{.policy = pipelined ? examples::plan_policies(s.policy).front() : planner::parse_policy(name, "--policy"),
                           .lower = {.name = "gpt", .heads = s.heads, .depth = {{"layers", s.layers}}},
+                          .precision = ir::parse_precision(s.precision, "--precision"),
                           .cost_preset = s.cost_preset};
     if (pipelined) o.pipeline = {.microbatches = s.microbatches, .schedule = name, .virtual_stages = s.virtual_stages};
     return train::compile(model, m, shapes, examples::optimizer_of(s), std::move(o));
@@ -72,9 +73,10 @@ int train_on(const graph::program<N>& model, const settings& s) {
   if (root) {
     std::printf("gpt: %d layers, hidden %d, %d heads, seq %d, batch %d, vocab %lld, %s\n", s.layers, s.hidden, s.heads, s.seq,
                 s.batch, static_cast<long long>(vocab), source.describe().c_str());
-    std::printf("mesh: pp=%d x dp=%d x tp=%d%s on %d ranks, %d micro-batches per step, %d chunk%s per stage, cost preset %s\n",
+    std::printf("mesh: pp=%d x dp=%d x tp=%d%s on %d ranks, %d micro-batches per step, %d chunk%s per stage, cost preset %s, "
+                "precision %s\n",
                 s.pp, world / s.tp / s.pp, s.tp, s.sp ? " (sequence parallel)" : "", world, s.microbatches,
-                s.virtual_stages, s.virtual_stages == 1 ? "" : "s", s.cost_preset.c_str());
+                s.virtual_stages, s.virtual_stages == 1 ? "" : "s", s.cost_preset.c_str(), s.precision.c_str());
   }
   examples::announce_plans(runs, root);
   const std::size_t k = runs.size();

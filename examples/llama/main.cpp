@@ -67,6 +67,7 @@ int train_on(const graph::program<N>& model, const settings& s) {
                                   {.policy = policy,
                                    .lower = {.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
                                              .depth = {{"layers", s.layers}}},
+                                   .precision = ir::parse_precision(s.precision, "--precision"),
                                    .cost_preset = s.cost_preset}));
   if (runs.front().rank() == 0) {
     std::printf("llama: %d layers, hidden %d, %d heads (%d k/v heads), ffn %d, seq %d, batch %d, vocab %lld, %s\n", s.layers,
@@ -74,9 +75,9 @@ int train_on(const graph::program<N>& model, const settings& s) {
     if (s.experts > 0)
       std::printf("experts: %d SwiGLU experts per layer, top-%d routing, capacity factor 1.25, balance loss weight 0.01\n",
                   s.experts, s.top_k);
-    std::printf("mesh: dp=%d x %stp=%d%s%s on %d ranks, cost preset %s\n", world / s.tp / s.ep,
+    std::printf("mesh: dp=%d x %stp=%d%s%s on %d ranks, cost preset %s, precision %s\n", world / s.tp / s.ep,
                 s.experts > 0 ? ("ep=" + std::to_string(s.ep) + " x ").c_str() : "", s.tp, s.sp ? " (sequence parallel)" : "",
-                s.zero_stage > 0 ? (" ZeRO-" + std::to_string(s.zero_stage)).c_str() : "", world, s.cost_preset.c_str());
+                s.zero_stage > 0 ? (" ZeRO-" + std::to_string(s.zero_stage)).c_str() : "", world, s.cost_preset.c_str(), s.precision.c_str());
   }
   return llama_example::train_runs(runs, s, source, ffn, world, policies);
 }

@@ -7,6 +7,7 @@
 // (their run_kernel switches). Skips (exit code 4) where no GPU is visible.
 #include "gpu_testing.hpp"
 
+#include <concerto/core/bfloat16.hpp>
 #include <concerto/ir/builder.hpp>
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/cuda/blas.hpp>
@@ -61,6 +62,9 @@ struct twin {
         if (b.type == ir::dtype::f32) {
           const float v = real(rng);
           std::memcpy(bytes.data() + i * 4, &v, 4);
+        } else if (b.type == ir::dtype::bf16) {
+          const auto v = concerto::to_bf16(real(rng));
+          std::memcpy(bytes.data() + i * 2, &v, 2);
         } else if (b.type == ir::dtype::i32) {
           const auto v = static_cast<std::int32_t>(id(rng));
           std::memcpy(bytes.data() + i * 4, &v, 4);
@@ -103,21 +107,36 @@ struct twin {
     return status;
   }
 
+  // A buffer's values as f32 (a bf16 one widened).
   std::vector<float> cpu(ir::buffer_id b) {
+    if (host.type(b) == ir::dtype::bf16) {
+      const auto raw = host.bytes(b);
+      std::vector<std::uint16_t> h(raw.size() / 2);
+      std::memcpy(h.data(), raw.data(), raw.size());
+      return widened(h);
+    }
     const auto v = host.f32(b);
     return {v.begin(), v.end()};
   }
-  std::vector<float> gpu(ir::buffer_id b) const { return dev.download<float>(b); }
+  std::vector<float> gpu(ir::buffer_id b) const {
+    if (dev.type(b) == ir::dtype::bf16) return widened(dev.download<std::uint16_t>(b));
+    return dev.download<float>(b);
+  }
+  static std::vector<float> widened(const std::vector<std::uint16_t>& h) {
+    std::vector<float> out(h.size());
+    concerto::widen_bf16(h, out);
+    return out;
+  }
 
 };
 
-// Every f32 buffer some task writes agrees; returns how many were compared.
+// Every f32 (and bf16) buffer some task writes agrees; returns how many were compared.
 inline std::size_t compare_written(twin& tw, float rtol = 1e-4f, float atol = 1e-5f) {
   std::set<ir::buffer_id> seen;
   for (const auto& t : tw.g.tasks)
     for (const auto b : t.writes) {
       const auto& buf = tw.g.buffers[static_cast<std::size_t>(b)];
-      if (buf.type != ir::dtype::f32 || !seen.insert(b).second) continue;
+      if ((buf.type != ir::dtype::f32 && buf.type != ir::dtype::bf16) || !seen.insert(b).second) continue;
       INFO("buffer '" << buf.name << "' written by '" << t.name << "'");
       gpu_testing::check_close(tw.gpu(b), tw.cpu(b), rtol, atol);
     }
@@ -224,6 +243,33 @@ TEST_CASE("axial attention's pieces match the CPU dispatch: attention without th
   twin tw(graph, {}, 1, 25);
   CHECK(tw.run() == 0);
   CHECK(dispatch_testing::compare_written(tw, 1e-3f, 1e-4f) == 5);
+}
+
+TEST_CASE("bf16 operands: casts, staged kernels and mixed products match the CPU dispatch", "[gpu][dispatch][bf16]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t rows = 8, cols = 16;
+  ir::builder b("bf16");
+  using ir::buffer_role;
+  const auto x = b.buffer("x", {rows, cols}), gain = b.buffer("gain", {cols}), shift = b.buffer("shift", {cols});
+  const auto xb = b.buffer("x.bf16", {rows, cols}, buffer_role::activation, ir::dtype::bf16);
+  const auto w = b.buffer("w", {cols, cols}, buffer_role::activation, ir::dtype::bf16);
+  const auto h = b.buffer("h", {rows, cols}, buffer_role::activation, ir::dtype::bf16);
+  const auto mixed = b.buffer("mixed", {rows, cols}, buffer_role::activation, ir::dtype::bf16);
+  const auto wide = b.buffer("wide", {rows, cols});
+  const auto normed = b.buffer("normed", {rows, cols}, buffer_role::activation, ir::dtype::bf16);
+  const auto back = b.buffer("back", {rows, cols});
+  const auto shape = [&](std::int64_t n) { return ir::attr_map{{"n", n}, {"rows", rows}, {"cols", cols}}; };
+  b.compute(op::cast, "cast", {x}, {xb}, shape(rows * cols));
+  b.compute(op::gelu, "gelu", {xb}, {h}, shape(rows * cols));
+  b.matmul("mixed", x, w, mixed, rows, cols, cols);   // an f32 and a bf16 operand, bf16 out
+  b.matmul("wide", h, w, wide, rows, cols, cols);     // bf16 operands, f32 out (cuBLASLt's bf16 path)
+  b.compute(op::layernorm, "layernorm", {h, gain, shift}, {normed}, shape(rows * cols));
+  b.compute(op::cast, "back", {normed}, {back}, shape(rows * cols));
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 31);
+  CHECK(tw.run() == 0);
+  // One bf16 rounding apart at most where the two f32 kernels round differently.
+  CHECK(dispatch_testing::compare_written(tw, 1e-2f, 1e-3f) == 6);
 }
 
 TEST_CASE("tanh and its gradient match the CPU dispatch", "[gpu][dispatch][tanh]") {

@@ -13,6 +13,7 @@
 #include <concerto/graph/program.hpp>
 #include <concerto/ir/builder.hpp>
 #include <concerto/ir/dead_tasks.hpp>
+#include <concerto/ir/precision.hpp>
 #include <concerto/mesh/mesh.hpp>
 
 #include <algorithm>
@@ -34,7 +35,10 @@ struct lower_options {
   std::string name = "step";
   std::int64_t heads = 1; ///< attention (query) heads over the whole model; head_dim = q's width / heads
   std::int64_t rope_theta = 10000; ///< the base of rope's angles (Llama 2: 10000, Llama 3: 500000)
-  ir::dtype type = ir::dtype::f32;
+  /// How values are stored and moved (ir/precision.hpp; train::step_options::precision sets it):
+  /// f32 throughout, or a bf16 working precision beside f32 master parameters. The lowering makes
+  /// f32 buffers; the policy's pass retypes them and adds the casts.
+  ir::precision_policy precision = {};
   /// Depth of each `repeat<"name">` of the program, by name: its block is emitted that many times.
   std::map<std::string, int> depth = {};
   /// Global-norm gradient clipping (train::optimizer_settings::clip_norm sets it): tasks that sum
@@ -369,6 +373,8 @@ template <std::size_t N>
 class emitter {
 public:
   using attrs = std::map<std::string, std::int64_t>;
+  /// Every value the emitter makes is f32; lower_options::precision retypes them afterwards.
+  static constexpr ir::dtype value_type = ir::dtype::f32;
 
   emitter(const program<N>& p, const mesh& m, const lower_options& options, std::vector<int> axis_of,
           std::vector<extents> global, local_layout local, repeat_layout layout)
@@ -403,7 +409,8 @@ public:
     auto g = std::move(b_).finish();
     for (auto& [t, extra] : collective_attrs_)
       for (auto& [key, v] : extra) g.tasks[static_cast<std::size_t>(t)].attrs[key] = v;
-    if (options_.forward_only) return ir::remove_dead_tasks(g, {buf_[static_cast<std::size_t>(p_.loss)]});
+    if (options_.forward_only)
+      return ir::apply_precision(ir::remove_dead_tasks(g, {buf_[static_cast<std::size_t>(p_.loss)]}), options_.precision);
     // Only what the step exposes is computed: the loss, the leaves' gradients ("x.grad",
     // train::step::gradient) and the parameters and optimizer state (kept by their buffer role).
     // What goes is a repeat's layer-0 input gradient, with its collectives, when the stack's input
@@ -416,7 +423,7 @@ public:
       for (auto layer_grad : layer_buf_[static_cast<std::size_t>(j)])
         if (layer_grad >= 0) observed.push_back(layer_grad);
     }
-    return ir::remove_dead_tasks(g, observed);
+    return ir::apply_precision(ir::remove_dead_tasks(g, observed), options_.precision);
   }
 
 private:
@@ -565,7 +572,7 @@ private:
     return std::string(r.name.view()) + "." + std::to_string(cur_layer_) + "." + base;
   }
   ir::buffer_id new_buffer(int i) {
-    const auto type = p_.nodes[i].op == op_code::data ? ir::dtype::i64 : options_.type;
+    const auto type = p_.nodes[i].op == op_code::data ? ir::dtype::i64 : value_type;
     const auto& shape = local_of(i);
     const auto role = buffer_role_of(p_.nodes[i].kind);
     if (const auto& want = want_padded_[static_cast<std::size_t>(i)]; want.dim >= 0 && first_rows(shape, want.dim)) {
@@ -625,7 +632,7 @@ private:
   ir::buffer_id padded_input(ir::buffer_id b, const extents& shape, const padding& pad) {
     if (const auto root = padded_root_of(b, pad); root >= 0) return root;
     const auto whole = padded_shape(shape, pad);
-    const auto copy = b_.buffer(name_ + ".padded_input", whole, ir::buffer_role::activation, options_.type);
+    const auto copy = b_.buffer(name_ + ".padded_input", whole, ir::buffer_role::activation, value_type);
     b_.place(name_ + ".pad", b, copy, whole, static_cast<std::size_t>(pad.dim), shape[static_cast<std::size_t>(pad.dim)]);
     return copy;
   }
@@ -634,7 +641,7 @@ private:
   // caller copies into `b`.
   ir::buffer_id padded_output(ir::buffer_id b, const extents& shape, const padding& pad) {
     if (const auto root = padded_root_of(b, pad); root >= 0) return root;
-    return b_.buffer(name_ + ".padded", padded_shape(shape, pad), ir::buffer_role::activation, options_.type);
+    return b_.buffer(name_ + ".padded", padded_shape(shape, pad), ir::buffer_role::activation, value_type);
   }
   // The padded buffer `b` was made the first rows of (new_buffer) with this padding, or -1.
   [[nodiscard]] ir::buffer_id padded_root_of(ir::buffer_id b, const padding& pad) const {
@@ -644,7 +651,7 @@ private:
   // A fresh buffer for a gradient that packs its producer's operand gradients one after the other.
   ir::buffer_id packed_buffer(int i, std::int64_t values) {
     // A copy per layer, because a repeated block lowers this node once per layer.
-    slot(i) = b_.buffer(full_name(i), {values}, ir::buffer_role::gradient, options_.type);
+    slot(i) = b_.buffer(full_name(i), {values}, ir::buffer_role::gradient, value_type);
     return slot(i);
   }
 
@@ -763,7 +770,7 @@ private:
   // order, each the size of its operand (k and v are smaller than q under GQA). A view, no task.
   void select(int i, const node& x) {
     const node& packed = p_.nodes[x.in[0]];
-    const auto size = static_cast<std::int64_t>(ir::size_of(options_.type));
+    const auto size = static_cast<std::int64_t>(ir::size_of(value_type));
     std::int64_t offset = 0;
     for (int k = 0; k < x.dim; ++k) offset += elements(local_of(packed.in[k])) * size;
     slot(i) = b_.view(name_, in(x, 0), offset, elements(local_of(i)) * size, local_of(i));

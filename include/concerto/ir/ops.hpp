@@ -101,6 +101,8 @@ enum class op : std::uint8_t {
   sgd, adamw, grad_sq_norm,
   // kernels only graphs made without the DSL use (ir::builder, the planner's rewrites)
   add_inplace, scale, zero, copy, slice, concat,
+  // a lower working precision's conversions (ir/precision.hpp inserts them)
+  cast,
   // collectives the DSL does not insert
   send, recv, broadcast,
   // the function of a collective task: how it combines values
@@ -235,6 +237,9 @@ struct op_info {
   /// Its kernel adds to its output when the task says so (attr `accumulate`): the weight-gradient
   /// kernels, which a pipelined step runs once per micro-batch into one sum.
   bool accumulates = false;
+  /// Its outputs stay f32 under a lower working precision (ir/precision.hpp): a loss and the row
+  /// statistics it is summed from, the routing's probabilities, a gradient's squared norm.
+  bool full_precision = false;
 };
 
 namespace detail::ops {
@@ -295,6 +300,10 @@ constexpr op_info loss(op_info i, std::array<std::string_view, 2> attrs) {
 constexpr op_info outside_dsl(op_info i) { return formed(task_form::none, i); }
 constexpr op_info accumulating(op_info i) {
   i.accumulates = true;
+  return i;
+}
+constexpr op_info in_f32(op_info i) {
+  i.full_precision = true;
   return i;
 }
 constexpr grad_term term(op fn, std::initializer_list<grad_arg> args, grad_spec spec = s::of_operand) {
@@ -367,34 +376,34 @@ inline constexpr op_info table[op_count] = {
     dsl(formed(task_form::embedding,
                compute(op::embedding, "embedding", k::elementwise, list({"ids", "table"}), list({"out"}), f::none, 0)),
         2, r::embedding, b::terms, {term(op::none, {}), term(op::embedding_grad, {a::in0, a::dout}, s::summed_over_ids)}),
-    dsl(loss(compute(op::mse, "mse", k::loss, list({"pred", "target"}), list({"loss"}), f::per_input, 3), {"global_n"}), 2,
+    dsl(in_f32(loss(compute(op::mse, "mse", k::loss, list({"pred", "target"}), list({"loss"}), f::per_input, 3), {"global_n"})), 2,
         r::mse, b::terms,
         {term(op::mse_grad, {a::in0, a::in1})}),
-    dsl(loss(compute(op::cross_entropy, "cross_entropy", k::loss, list({"logits", "targets"}), list({"loss"}), f::per_input,
-                     5),
-             {"global_rows"}),
+    dsl(in_f32(loss(compute(op::cross_entropy, "cross_entropy", k::loss, list({"logits", "targets"}), list({"loss"}),
+                            f::per_input, 5),
+                    {"global_rows"})),
         2, r::cross_entropy, b::terms, {term(op::cross_entropy_grad, {a::in0, a::in1})}),
-    loss(with_attrs(compute(op::vocab_ce_max, "vocab_ce_max", k::loss, list({"logits"}), list({"max"}), f::per_input, 1),
-                    {"cols"}),
-         {}),
-    loss(with_attrs(compute(op::vocab_ce_target, "vocab_ce_target", k::loss, list({"logits", "labels", "max"}),
-                            list({"target"}), f::per_output, 1),
-                    {"cols"}),
-         {"vocab_axis"}),
-    loss(with_attrs(compute(op::vocab_ce_sumexp, "vocab_ce_sumexp", k::loss, list({"logits", "max"}), list({"sumexp"}),
-                            f::per_input, 3),
-                    {"cols"}),
-         {}),
-    dsl(loss(compute(op::vocab_ce_loss, "vocab_ce_loss", k::loss, list({"sumexp", "target"}), list({"loss"}), f::per_input,
-                     2),
-             {"global_rows"}),
+    in_f32(loss(with_attrs(compute(op::vocab_ce_max, "vocab_ce_max", k::loss, list({"logits"}), list({"max"}), f::per_input, 1),
+                           {"cols"}),
+                {})),
+    in_f32(loss(with_attrs(compute(op::vocab_ce_target, "vocab_ce_target", k::loss, list({"logits", "labels", "max"}),
+                                   list({"target"}), f::per_output, 1),
+                           {"cols"}),
+                {"vocab_axis"})),
+    in_f32(loss(with_attrs(compute(op::vocab_ce_sumexp, "vocab_ce_sumexp", k::loss, list({"logits", "max"}), list({"sumexp"}),
+                                   f::per_input, 3),
+                           {"cols"}),
+                {})),
+    dsl(in_f32(loss(compute(op::vocab_ce_loss, "vocab_ce_loss", k::loss, list({"sumexp", "target"}), list({"loss"}),
+                            f::per_input, 2),
+                    {"global_rows"})),
         2, r::none, b::vocab_ce),
     // Mixture of experts (runtime/cpu/moe.hpp): the gates are dense [tokens, experts], zero where a
     // token is not routed or was dropped over capacity; a slot is a token's rank among its
     // group's tokens routed to the expert, so every kernel finds it from the gates alone.
-    dsl(formed(task_form::moe, with_attrs(compute(op::moe_route, "moe_route", k::softmax, list({"logits"}), list({"gates"}),
-                                                  f::per_input, 8),
-                                          {"experts", "group", "top_k", "capacity"})),
+    dsl(in_f32(formed(task_form::moe, with_attrs(compute(op::moe_route, "moe_route", k::softmax, list({"logits"}),
+                                                         list({"gates"}), f::per_input, 8),
+                                                 {"experts", "group", "top_k", "capacity"}))),
         1, r::routing, b::terms, {term(op::moe_route_grad, {a::in0, a::out, a::dout})}),
     dsl(formed(task_form::moe, with_attrs(compute(op::moe_dispatch, "moe_dispatch", k::copy, list({"x", "gates"}),
                                                   list({"out"}), f::none, 0),
@@ -483,9 +492,9 @@ inline constexpr op_info table[op_count] = {
     // This rank's share of the squared norm: Σ grad² / replicas, the ranks holding the same shard
     // (so that a sum over every rank counts each gradient value once). No node of a program holds
     // it: the lowering makes it beside the updates it feeds (no task_form).
-    formed(task_form::none, with_attrs(compute(op::grad_sq_norm, "grad_sq_norm", k::elementwise, list({"grad"}),
-                                               list({"sq"}), f::per_input, 2),
-                                       {"replicas"})),
+    in_f32(formed(task_form::none, with_attrs(compute(op::grad_sq_norm, "grad_sq_norm", k::elementwise, list({"grad"}),
+                                                      list({"sq"}), f::per_input, 2),
+                                              {"replicas"}))),
     // ---- kernels for graphs made without the DSL ----
     outside_dsl(compute(op::add_inplace, "add_inplace", k::elementwise, list({"acc", "x"}), list({"acc"}), f::per_output, 1)),
     outside_dsl(
@@ -496,6 +505,8 @@ inline constexpr op_info table[op_count] = {
                            {"outer", "extent", "inner", "length", "offset"})),
     outside_dsl(with_attrs(compute(op::concat, "concat", k::concat, list({"part"}, 0, true), list({"dst"}), f::none, 0),
                            {"outer", "inner", "length"})),
+    // ---- a lower working precision's conversions: the values of one float type in another ----
+    outside_dsl(compute(op::cast, "cast", k::copy, list({"x"}), list({"out"}), f::none, 0)),
     collective(op::send, "send", k::send, false),
     collective(op::recv, "recv", k::recv, false),
     collective(op::broadcast, "broadcast", k::broadcast, false),

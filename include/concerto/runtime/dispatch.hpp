@@ -3,6 +3,12 @@
 /// @brief From a decoded compute task (runtime/kernel_call.hpp) to a CPU kernel call: one
 /// function per op, on fp32 host buffers.
 ///
+/// A bf16 operand (a lower working precision, ir/precision.hpp) is widened into f32 workspace
+/// when the kernel first asks for it, the kernel computes in f32, and what it wrote is rounded
+/// back to bf16 (to nearest even) when it returns: bf16 storage, f32 arithmetic, as the GPU's
+/// bf16 kernels do. A written operand is widened first too, so accumulating and in-place
+/// kernels see its values.
+///
 /// A backend decodes its plan's tasks once (`runtime::decode`, which checks every operand
 /// against its op) and calls `run_kernel` per task and step: nothing here reads attrs or
 /// re-derives extents. What a task does not store (layernorm's statistics, attention's lse,
@@ -17,6 +23,7 @@
 /// runtime::run_kernel(call, arena, settings);
 /// @endcode
 
+#include <concerto/core/bfloat16.hpp>
 #include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/runtime/buffers.hpp>
@@ -25,6 +32,7 @@
 #include <concerto/runtime/kernel_call.hpp>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -35,9 +43,10 @@
 
 namespace concerto::runtime {
 
-/// @brief Workspace floats the CPU kernel of a call takes from the scratch region: i64 ids
-/// narrowed to i32, and the statistics and score blocks the task does not store.
-[[nodiscard]] inline std::size_t workspace_floats(const kernel_call& c) {
+/// @brief Workspace floats the CPU kernel of a call takes from the scratch region besides its
+/// bf16 operands' f32 copies: i64 ids narrowed to i32, and the statistics and score blocks the
+/// task does not store.
+[[nodiscard]] inline std::size_t kernel_workspace_floats(const kernel_call& c) {
   using ir::op;
   const std::size_t ids = c.ids; // narrowed when i64; an i32 operand is read in place (an upper bound)
   switch (c.fn) {
@@ -69,6 +78,10 @@ namespace concerto::runtime {
   }
 }
 
+/// @brief Workspace floats the CPU kernel of a call takes: its bf16 operands' f32 copies and
+/// what the kernel itself takes (kernel_workspace_floats).
+[[nodiscard]] inline std::size_t workspace_floats(const kernel_call& c) { return c.staged + kernel_workspace_floats(c); }
+
 /// @brief Workspace bytes the graph's kernels need at most (workspace_floats over its compute
 /// tasks); the executor's arena holds it after the buffers.
 [[nodiscard]] inline std::int64_t workspace_bytes(const ir::graph& g) {
@@ -86,12 +99,34 @@ public:
   cpu_frame(const kernel_call& c, host_arena& mem, const kernel_settings& s)
       : c(c), s(s), mem_(mem), scratch_(mem.scratch_f32()) {}
 
-  std::span<const float> in(std::size_t i) const { return mem_.f32(c.in[i]); }
-  std::span<float> out(std::size_t i) const { return mem_.f32(c.out[i]); }
+  std::span<const float> in(std::size_t i) { return values(c.in[i]); }
+  std::span<float> out(std::size_t i) { return values(c.out[i]); }
   std::span<std::byte> in_bytes(std::size_t i) const { return mem_.bytes(c.in[i]); }
   std::span<std::byte> out_bytes(std::size_t i) const { return mem_.bytes(c.out[i]); }
   std::span<std::byte> bytes(ir::buffer_id b) const { return mem_.bytes(b); }
-  std::span<const float> floats(ir::buffer_id b) const { return mem_.f32(b); }
+  std::span<const float> floats(ir::buffer_id b) { return values(b); }
+
+  /// Buffer b as f32 values: itself, or (bf16) its values widened into scratch, once per call.
+  std::span<float> values(ir::buffer_id b) {
+    if (mem_.type(b) != ir::dtype::bf16) return mem_.f32(b);
+    for (std::size_t k = 0; k < n_staged_; ++k)
+      if (staged_[k].id == b) return staged_[k].values;
+    if (n_staged_ == staged_.size()) fail(task_ref(*c.task) + ": more bf16 operands than a kernel call stages");
+    const auto raw = bf16_of(b);
+    const auto wide = scratch(raw.size());
+    widen_bf16(raw, wide);
+    staged_[n_staged_++] = {b, wide};
+    return wide;
+  }
+  /// Rounds the staged operands the kernel may have written back into their bf16 buffers.
+  void commit() {
+    for (std::size_t k = 0; k < n_staged_; ++k)
+      for (std::size_t i = 0; i < c.n_out; ++i)
+        if (c.out[i] == staged_[k].id) {
+          round_to_bf16(staged_[k].values, bf16_of(staged_[k].id));
+          break;
+        }
+  }
 
   /// `n` floats of scratch after the pieces taken so far; running past the region (sized by
   /// another graph's workspace_bytes) is an error naming the task, never a write past the arena.
@@ -122,13 +157,27 @@ public:
     return {out, n};
   }
 
+  /// A bf16 buffer's raw values.
+  std::span<std::uint16_t> bf16_of(ir::buffer_id b) {
+    const auto raw = mem_.bytes(b);
+    return {reinterpret_cast<std::uint16_t*>(raw.data()), raw.size() / sizeof(std::uint16_t)};
+  }
+  [[nodiscard]] ir::dtype type(ir::buffer_id b) const { return mem_.type(b); }
+
   const kernel_call& c;
   const kernel_settings& s;
 
 private:
+  struct staged {
+    ir::buffer_id id = -1;
+    std::span<float> values;
+  };
+
   host_arena& mem_;
   std::span<float> scratch_;
   std::size_t used_ = 0;
+  std::array<staged, 10> staged_{};
+  std::size_t n_staged_ = 0;
 };
 
 // Row statistics of layernorm (biased variance, as cpu::layernorm) into mean and rstd.
@@ -356,18 +405,27 @@ inline void run_moe(cpu_frame& f) {
   }
 }
 
-} // namespace detail
+// cast: f32 to bf16 rounds to nearest even, bf16 to f32 is exact, one type to itself copies.
+inline void run_cast(cpu_frame& f) {
+  const auto from = f.c.in[0], to = f.c.out[0];
+  if (f.type(from) == f.type(to)) {
+    if (f.bytes(from).data() != f.bytes(to).data()) std::memmove(f.bytes(to).data(), f.bytes(from).data(), f.bytes(from).size());
+  } else if (f.type(to) == ir::dtype::bf16) {
+    const auto src = f.bytes(from);
+    round_to_bf16({reinterpret_cast<const float*>(src.data()), src.size() / sizeof(float)}, f.bf16_of(to));
+  } else {
+    const auto dst = f.bytes(to);
+    widen_bf16(f.bf16_of(from), {reinterpret_cast<float*>(dst.data()), dst.size() / sizeof(float)});
+  }
+}
 
-/// @brief Runs one decoded compute task on the arena's buffers (fp32 kernels; ids in i32).
-/// @code
-/// runtime::run_kernel(calls[t.id], arena, settings);
-/// @endcode
-inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_settings& s) {
+// The kernel of the call's op; bf16 operands are staged by the frame (see the file comment).
+inline void run_call(cpu_frame& f) {
   namespace cpu = runtime::cpu;
   using ir::op;
-  detail::cpu_frame f(c, mem, s);
+  const auto& c = f.c;
   switch (c.fn) {
-  case op::matmul: detail::run_matmul(f); return;
+  case op::matmul: run_matmul(f); return;
   case op::add: cpu::add(f.in(0), f.in(1), f.out(0)); return;
   case op::add_inplace: cpu::add_inplace(f.out(0), f.in(1)); return;
   case op::scale: cpu::scale(f.in(0), c.scale, f.out(0)); return;
@@ -380,28 +438,29 @@ inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_setti
   case op::zero:
     for (const auto b : c.task->writes) std::memset(f.bytes(b).data(), 0, f.bytes(b).size());
     return;
-  case op::layernorm: detail::run_layernorm(f); return;
-  case op::layernorm_grad: detail::run_layernorm_grad(f); return;
-  case op::layernorm_grad_gamma: detail::run_layernorm_grad_gamma(f); return;
+  case op::layernorm: run_layernorm(f); return;
+  case op::layernorm_grad: run_layernorm_grad(f); return;
+  case op::layernorm_grad_gamma: run_layernorm_grad_gamma(f); return;
   case op::softmax: cpu::softmax(f.in(0), f.out(0), c.rows, c.cols); return;
   case op::softmax_grad: cpu::softmax_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols); return;
-  case op::attention: detail::run_attention(f); return;
-  case op::attention_grad: detail::run_attention_grad(f); return;
+  case op::attention: run_attention(f); return;
+  case op::attention_grad: run_attention_grad(f); return;
   case op::cross_entropy:
-  case op::cross_entropy_grad: detail::run_cross_entropy(f); return;
+  case op::cross_entropy_grad: run_cross_entropy(f); return;
   case op::mse: f.out(0)[0] = cpu::mse(f.in(0), f.in(1)) * c.scale; return;
   case op::mse_grad: cpu::mse_grad(f.in(0), f.in(1), f.out(0), c.scale); return;
   case op::embedding:
-  case op::embedding_grad: detail::run_embedding(f); return;
-  case op::sgd: detail::run_sgd(f); return;
-  case op::adamw: detail::run_adamw(f); return;
+  case op::embedding_grad: run_embedding(f); return;
+  case op::sgd: run_sgd(f); return;
+  case op::adamw: run_adamw(f); return;
   case op::grad_sq_norm: f.out(0)[0] = cpu::sum_of_squares(f.in(0), c.replicas); return;
   case op::copy:
     if (f.in_bytes(0).data() != f.out_bytes(0).data()) std::memmove(f.out_bytes(0).data(), f.in_bytes(0).data(), c.n);
     return;
   case op::slice:
   case op::concat:
-  case op::shard_slice: detail::run_parts(f); return;
+  case op::shard_slice: run_parts(f); return;
+  case op::cast: run_cast(f); return;
   case op::keep_one:
     // Coordinate 0 on `mesh_axis` keeps the value, the others hold zero: a pending sum of one term.
     if (!c.keep) std::memset(f.out_bytes(0).data(), 0, c.n);
@@ -411,7 +470,7 @@ inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_setti
   case op::vocab_ce_target:
   case op::vocab_ce_sumexp:
   case op::vocab_ce_loss:
-  case op::vocab_ce_grad: detail::run_vocab_ce(f); return;
+  case op::vocab_ce_grad: run_vocab_ce(f); return;
   case op::silu: cpu::silu(f.in(0), f.out(0)); return;
   case op::sigmoid: cpu::sigmoid(f.in(0), f.out(0)); return;
   case op::sigmoid_grad: cpu::sigmoid_grad(f.in(0), f.in(1), f.out(0)); return;
@@ -422,19 +481,32 @@ inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_setti
   case op::mul: cpu::mul(f.in(0), f.in(1), f.out(0)); return;
   case op::swiglu: cpu::swiglu(f.in(0), f.in(1), f.out(0)); return;
   case op::swiglu_grad: cpu::swiglu_grad(f.in(0), f.in(1), f.in(2), f.out(0).first(c.n), f.out(0).subspan(c.n)); return;
-  case op::rmsnorm: detail::run_rmsnorm(f); return;
-  case op::rmsnorm_grad: detail::run_rmsnorm_grad(f); return;
-  case op::rmsnorm_grad_gain: detail::run_rmsnorm_grad_gain(f); return;
+  case op::rmsnorm: run_rmsnorm(f); return;
+  case op::rmsnorm_grad: run_rmsnorm_grad(f); return;
+  case op::rmsnorm_grad_gain: run_rmsnorm_grad_gain(f); return;
   case op::rope: cpu::rope(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta); return;
   case op::rope_grad: cpu::rope_grad(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta); return;
   case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
-  case op::moe_combine_grad: detail::run_moe(f); return;
+  case op::moe_combine_grad: run_moe(f); return;
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
   case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: break;
   }
-  fail(detail::task_ref(*c.task) + ": the CPU has no kernel for fn '" + std::string(ir::to_string(c.fn)) + "'");
+  fail(task_ref(*c.task) + ": the CPU has no kernel for fn '" + std::string(ir::to_string(c.fn)) + "'");
+}
+
+} // namespace detail
+
+/// @brief Runs one decoded compute task on the arena's buffers (f32 kernels, bf16 operands
+/// staged; ids in i32).
+/// @code
+/// runtime::run_kernel(calls[t.id], arena, settings);
+/// @endcode
+inline void run_kernel(const kernel_call& c, host_arena& mem, const kernel_settings& s) {
+  detail::cpu_frame f(c, mem, s);
+  detail::run_call(f);
+  f.commit();
 }
 
 } // namespace concerto::runtime

@@ -95,6 +95,9 @@ struct kernel_call {
   bool keep = true;              ///< keep_one: this rank keeps the value (others hold zero)
   std::vector<rows_in_whole> parts; ///< slice / concat / shard_slice: the parts' geometry (bytes)
   cpu::moe_shape moe{};          ///< the MoE ops: groups, tokens per group, experts, hidden, capacity, top_k
+  /// Values of its bf16 operands (each buffer once): a dispatch widens them into f32 workspace
+  /// before the kernel and rounds the written ones back after it (runtime/dispatch.hpp).
+  std::size_t staged = 0;
 
   [[nodiscard]] ir::buffer_id read(std::size_t i) const noexcept { return in[i]; }
   [[nodiscard]] ir::buffer_id write(std::size_t i) const noexcept { return out[i]; }
@@ -131,13 +134,14 @@ public:
     out += "')";
     return out;
   }
-  /// Operand kinds: fp32 (everything but matmul's, which may be bf16), integer.
+  /// Operand kinds: floating point (f32, or bf16, which a dispatch widens to f32 for the kernel
+  /// and rounds back: kernel_call::staged), integer.
   void need_float(const kernel_call& c, std::size_t i, bool write) const {
     const auto& l = write ? ir::info(t_.fn).writes : ir::info(t_.fn).reads;
     const auto b = write ? c.out[i] : c.in[i];
     const auto ty = buffer(b).type;
-    if (ty == ir::dtype::f32 || (t_.fn == ir::op::matmul && ty == ir::dtype::bf16)) return;
-    bad(operand(l, i, b) + " holds " + std::string(ir::to_string(ty)) + ", the op takes f32");
+    if (ty == ir::dtype::f32 || ty == ir::dtype::bf16) return;
+    bad(operand(l, i, b) + " holds " + std::string(ir::to_string(ty)) + ", the op takes f32 or bf16");
   }
   void need_int(const kernel_call& c, std::size_t i) const {
     if (!is_int(c.in[i]))
@@ -201,7 +205,6 @@ inline void decode_matmul(const call_reader& r, kernel_call& c) {
   c.accumulate = t.attr("accumulate") != 0;
   for (std::size_t i = 0; i < 2; ++i) r.need_float(c, i, false);
   r.need_float(c, 0, true);
-  if (r.buffer(c.in[0]).type != r.buffer(c.in[1]).type) r.bad("the operands `a` and `b` differ in type");
   if (c.accumulate && (c.n_in < 3 || c.in[2] != c.out[0]))
     r.bad("accumulates into `c`, so `c` must also be its third read");
   if (c.batch > 1 && r.count(c.in[1]) == c.k * c.gemm_n && !c.trans_a) {
@@ -543,6 +546,34 @@ inline void decode_shard_slice(const call_reader& r, kernel_call& c) {
           std::to_string(outer * len));
 }
 
+// cast: the values of one float type in another (a lower working precision: ir/precision.hpp).
+inline void decode_cast(const call_reader& r, kernel_call& c) {
+  r.need_float(c, 0, false);
+  r.need_float(c, 0, true);
+  c.n = r.count(c.in[0]);
+  r.need_count(c, 0, true, c.n, "its input's");
+}
+
+// The bf16 operands a kernel works on in f32 (each buffer once); byte moves and casts take none.
+inline std::size_t staged_values(const call_reader& r, const kernel_call& c) {
+  switch (c.fn) {
+  case ir::op::copy: case ir::op::keep_one: case ir::op::slice: case ir::op::concat: case ir::op::shard_slice:
+  case ir::op::zero: case ir::op::cast: return 0;
+  default: break;
+  }
+  std::array<ir::buffer_id, 10> seen{};
+  std::size_t n_seen = 0, values = 0;
+  const auto add = [&](ir::buffer_id b) {
+    if (b < 0 || r.buffer(b).type != ir::dtype::bf16 || std::find(seen.begin(), seen.begin() + n_seen, b) != seen.begin() + n_seen)
+      return;
+    seen[n_seen++] = b;
+    values += r.count(b);
+  };
+  for (std::size_t i = 0; i < c.n_in; ++i) add(c.in[i]);
+  for (std::size_t i = 0; i < c.n_out; ++i) add(c.out[i]);
+  return values;
+}
+
 inline void decode_copy(const call_reader& r, kernel_call& c) {
   if (bytes_of(r, c.in[0]) != bytes_of(r, c.out[0]))
     r.bad("copies " + std::to_string(bytes_of(r, c.in[0])) + " bytes into a buffer of " + std::to_string(bytes_of(r, c.out[0])));
@@ -622,6 +653,7 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::slice:
   case op::concat: detail::decode_parts(r, c); break;
   case op::shard_slice: detail::decode_shard_slice(r, c); break;
+  case op::cast: detail::decode_cast(r, c); break;
   case op::silu:
   case op::silu_grad:
   case op::sigmoid:
@@ -667,6 +699,7 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::position_embedding_grad:
   case op::transpose_blocks: r.bad("has no kernel to decode");
   }
+  c.staged = detail::staged_values(r, c);
   return c;
 }
 

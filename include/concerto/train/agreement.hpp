@@ -111,6 +111,7 @@ inline void check_agreement(const settings_record& mine, const runtime::mpi::con
                          {"lower.heads", std::to_string(options.lower.heads)},
                          {"lower.rope_theta", std::to_string(options.lower.rope_theta)},
                          {"lower.depth", nlohmann::json(options.lower.depth).dump()},
+                         {"precision", ir::to_string(options.precision)},
                          {"policy", std::string(planner::to_string(options.policy))},
                          {"cost_preset", options.cost_preset},
                          {"measure_kernels", options.measure_kernels ? flag(*options.measure_kernels) : "default"},

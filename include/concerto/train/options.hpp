@@ -79,6 +79,10 @@ struct step_options {
   /// preset, where the roofline is furthest from the kernels; off on a GPU.
   std::optional<bool> measure_kernels;
   lower_options lower{};             ///< name, attention heads, repeat depths
+  /// How values are stored and moved (ir/precision.hpp, docs/training.md "Precision"): f32
+  /// throughout (the default), or bf16 activations, gradients and collectives beside f32 master
+  /// parameters and optimizer state (`ir::precision_policy::bf16()`). Sets lower.precision.
+  ir::precision_policy precision{};
   std::string cost_preset = "cpu";   ///< cost::model preset the planner uses
   planner::windowed_options solver{.time_budget_s = 10, .progress = false};
   bool decompose = true;             ///< concerto policy: split exposed collectives with their matmuls
@@ -199,8 +203,18 @@ inline void read_environment(step_options& o) {
 /// mesh imply (clipping's tasks, the pipeline's axis).
 inline lower_options lowering_options(const step_options& o, const optimizer_settings& opt, const mesh& m) {
   auto out = o.lower;
+  out.precision = o.precision;
   out.clip_gradients = opt.clip_norm > 0.0f;
   if (m.index_of(o.pipeline.axis)) out.pipeline_axis = o.pipeline.axis;
+  return out;
+}
+
+/// What `evaluate` lowers with: the user's options and precision, the forward pass alone (no
+/// gradient to clip, no pipeline stages).
+inline lower_options evaluation_lowering_options(const step_options& o) {
+  auto out = o.lower;
+  out.precision = o.precision;
+  out.forward_only = true;
   return out;
 }
 

@@ -27,6 +27,7 @@
 /// @endcode
 
 #include <concerto/core/error.hpp>
+#include <concerto/core/bfloat16.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -56,14 +57,9 @@ enum class dtype : std::uint8_t { f32, bf16, f16 };
 }
 [[nodiscard]] constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 2; }
 
-/// @brief f32 to bf16, rounding to nearest even; NaN stays a (quiet) NaN.
-[[nodiscard]] inline std::uint16_t to_bf16(float x) noexcept {
-  const auto bits = std::bit_cast<std::uint32_t>(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
-  return static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-/// @brief bf16 to f32, exactly.
-[[nodiscard]] inline float from_bf16(std::uint16_t b) noexcept { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+/// f32 <-> bf16: concerto::to_bf16 and from_bf16 (core/bfloat16.hpp).
+using concerto::from_bf16;
+using concerto::to_bf16;
 
 /// @brief IEEE f16 to f32, exactly (subnormals, infinities and NaN included).
 [[nodiscard]] inline float from_f16(std::uint16_t h) noexcept {

@@ -487,9 +487,7 @@ public:
                             graph::detail::at_lowering_size(
                                 p,
                                 [&](const auto& sized) {
-                                  auto forward = o.lower;
-                                  forward.forward_only = true;
-                                  return graph::detail::lower_sized(sized, shapes, m, forward);
+                                  return graph::detail::lower_sized(sized, shapes, m, detail::evaluation_lowering_options(o));
                                 }),
                             m, shapes, opt, o) {}
 };

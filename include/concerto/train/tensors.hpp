@@ -16,6 +16,7 @@
 /// auto w = t.gather(backend, control, "layers.0.wq");   // collective
 /// @endcode
 
+#include <concerto/core/bfloat16.hpp>
 #include <concerto/core/error.hpp>
 #include <concerto/core/file.hpp>
 #include <concerto/graph/lower.hpp>
@@ -123,16 +124,24 @@ public:
   /// local_loss counts the loss this many times.
   [[nodiscard]] double loss_copies() const noexcept { return loss_copies_; }
 
-  /// Any named f32 tensor gathered to its global shape on every rank. Collective.
+  /// Any named f32 or bf16 tensor (the working precision's activations and gradients: widened
+  /// exactly) gathered to its global shape on every rank, as f32. Collective.
   template <class Backend>
   [[nodiscard]] std::vector<float> gather(Backend& backend, const runtime::mpi::control& control, const std::string& name) const {
     const auto& t = info(name);
-    if (t.type != ir::dtype::f32) fail("train step: tensor '" + name + "' is not f32");
+    if (t.type != ir::dtype::f32 && t.type != ir::dtype::bf16)
+      fail("train step: tensor '" + name + "' holds " + std::string(ir::to_string(t.type)) + ", not floating-point values");
     if (t.partial) fail("train step: tensor '" + name + "' is a pending sum on this mesh; it has no global value yet");
     const auto n = static_cast<std::size_t>(count(t.blk.local));
     const auto size = static_cast<std::size_t>(mesh_.rank_count());
     std::vector<float> mine(n), all(n * size), out(static_cast<std::size_t>(count(t.blk.global)));
-    if (t.id >= 0) backend.read(t.id, std::as_writable_bytes(std::span(mine)));
+    if (t.id >= 0 && t.type == ir::dtype::bf16) {
+      std::vector<std::uint16_t> raw(n);
+      backend.read(t.id, std::as_writable_bytes(std::span(raw)));
+      widen_bf16(raw, mine);
+    } else if (t.id >= 0) {
+      backend.read(t.id, std::as_writable_bytes(std::span(mine)));
+    }
     control.all_gather(std::span<const float>(mine), std::span(all), "gathering tensor '" + name + "'");
     for (std::size_t r = 0; r < size; ++r) {
       const auto coords = mesh_.coords(static_cast<int>(r));
@@ -284,6 +293,12 @@ private:
     if (t.id < 0) return;
     std::vector<float> local(static_cast<std::size_t>(count(t.blk.local)));
     copy_block(t.blk, sizeof(float), const_cast<std::byte*>(global), reinterpret_cast<std::byte*>(local.data()), true);
+    if (t.type == ir::dtype::bf16) {
+      std::vector<std::uint16_t> rounded(local.size());
+      round_to_bf16(local, rounded);
+      backend.write(t.id, std::as_bytes(std::span(rounded)));
+      return;
+    }
     backend.write(t.id, std::as_bytes(std::span(local)));
   }
   void check_shape(const std::string& what, const std::string& name, const std::vector<std::int64_t>& shape) const {

@@ -7,7 +7,9 @@
 /// compile time) from the same decoded calls: `runtime::decode` read and checked the operands
 /// once, so nothing here reads attrs. Products are described once per task (`describe_gemm`,
 /// before the first step). Matmul takes fp32 or bf16 operands (fp32 accumulation, C in fp32 or
-/// bf16); every other kernel is fp32. Integer operands are i32, or i64 narrowed into the
+/// bf16; a product of a bf16 and an f32 operand widens the bf16 one); every other kernel computes
+/// in fp32, and a bf16 operand is widened into the workspace before it and rounded back after it
+/// (kernel_call::staged, as on the CPU). Integer operands are i32, or i64 narrowed into the
 /// workspace by a kernel.
 ///
 /// What a task does not store (layernorm's statistics, attention's lse, cross-entropy's lse)
@@ -28,6 +30,7 @@
 #include <concerto/runtime/kernel_call.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -54,10 +57,11 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
 
 } // namespace detail
 
-/// @brief Device workspace floats one call needs: what the kernels keep between two launches
-/// (attention's per-row delta), the statistics the DSL's tasks do not store, and i64 ids
-/// narrowed to i32 (`i64_ids`: whether the call's integer operand is i64). 0 for the rest.
-[[nodiscard]] inline std::size_t device_workspace_floats(const kernel_call& c, bool i64_ids) {
+/// @brief Device workspace floats a call's kernel takes besides its bf16 operands' f32 copies:
+/// what the kernels keep between two launches (attention's per-row delta), the statistics the
+/// DSL's tasks do not store, and i64 ids narrowed to i32 (`i64_ids`: whether the call's integer
+/// operand is i64). 0 for the rest.
+[[nodiscard]] inline std::size_t device_kernel_workspace_floats(const kernel_call& c, bool i64_ids) {
   using ir::op;
   const std::size_t ids = i64_ids ? detail::padded(c.ids) : 0;
   switch (c.fn) {
@@ -85,6 +89,14 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
   case op::moe_combine_grad: return detail::padded(moe_workspace_floats(c.fn, c.moe));
   default: return 0;
   }
+}
+
+/// @brief Device workspace floats one call needs: its bf16 operands' f32 copies, each padded, and
+/// what its kernel takes (device_kernel_workspace_floats).
+[[nodiscard]] inline std::size_t device_workspace_floats(const kernel_call& c, bool i64_ids) {
+  // bf16 operands widened to f32, each piece padded (at most 10 operands).
+  const std::size_t staged = c.staged == 0 ? 0 : c.staged + 10 * detail::workspace_pad;
+  return staged + device_kernel_workspace_floats(c, i64_ids);
 }
 
 namespace detail {
@@ -124,9 +136,31 @@ public:
   device_frame(const kernel_call& c, const device_arena& mem, const kernel_settings& s, const device_context& ctx)
       : c(c), s(s), ctx(ctx), st(ctx.stream), code(c.task->id + 1), mem_(mem) {}
 
-  float* in(std::size_t i) const { return mem_.f32(c.in[i]); }
-  float* out(std::size_t i) const { return mem_.f32(c.out[i]); }
+  float* in(std::size_t i) { return values(c.in[i]); }
+  float* out(std::size_t i) { return values(c.out[i]); }
+  /// Buffer b as f32 values: itself, or (bf16) its values widened into the workspace, once per call.
+  float* values(ir::buffer_id b) {
+    if (mem_.type(b) != ir::dtype::bf16) return mem_.f32(b);
+    for (std::size_t k = 0; k < n_staged_; ++k)
+      if (staged_[k].id == b) return staged_[k].values;
+    if (n_staged_ == staged_.size()) fail(call_ref(c) + ": more bf16 operands than a kernel call stages");
+    const auto n = mem_.count(b);
+    float* wide = take(n, "a bf16 operand widened to f32");
+    widen_bf16(reinterpret_cast<const std::uint16_t*>(mem_.ptr(b)), wide, n, st);
+    staged_[n_staged_++] = {b, wide, n};
+    return wide;
+  }
+  /// Rounds the staged operands the kernel may have written back into their bf16 buffers.
+  void commit() {
+    for (std::size_t k = 0; k < n_staged_; ++k)
+      for (std::size_t i = 0; i < c.n_out; ++i)
+        if (c.out[i] == staged_[k].id) {
+          round_to_bf16(staged_[k].values, reinterpret_cast<std::uint16_t*>(mem_.ptr(staged_[k].id)), staged_[k].count, st);
+          break;
+        }
+  }
   std::byte* ptr(ir::buffer_id b) const { return mem_.ptr(b); }
+  [[nodiscard]] ir::dtype type(ir::buffer_id b) const { return mem_.type(b); }
   std::size_t bytes(ir::buffer_id b) const { return static_cast<std::size_t>(mem_.bytes(b)); }
   float* take(std::size_t floats, const char* what) {
     const auto need = padded(floats);
@@ -154,8 +188,15 @@ public:
   int code;
 
 private:
+  struct staged {
+    ir::buffer_id id = -1;
+    float* values = nullptr;
+    std::size_t count = 0;
+  };
   const device_arena& mem_;
   std::size_t used_ = 0;
+  std::array<staged, 10> staged_{};
+  std::size_t n_staged_ = 0;
 };
 
 // `outer` rows of `len` bytes from a row pitch of `src_row` to one of `dst_row` (decode checked
@@ -327,6 +368,111 @@ inline void run_moe(device_frame& f) {
   }
 }
 
+// cast: f32 to bf16 rounds to nearest even, bf16 to f32 is exact, one type to itself copies.
+inline void run_cast(device_frame& f) {
+  const auto from = f.c.in[0], to = f.c.out[0];
+  const auto n = f.c.n;
+  if (f.type(from) == f.type(to)) {
+    if (f.ptr(from) != f.ptr(to) && n > 0)
+      check(cudaMemcpyAsync(f.ptr(to), f.ptr(from), f.bytes(from), cudaMemcpyDeviceToDevice, f.st), "cudaMemcpyAsync");
+  } else if (f.type(to) == ir::dtype::bf16) {
+    round_to_bf16(reinterpret_cast<const float*>(f.ptr(from)), reinterpret_cast<std::uint16_t*>(f.ptr(to)), n, f.st);
+  } else {
+    widen_bf16(reinterpret_cast<const std::uint16_t*>(f.ptr(from)), reinterpret_cast<float*>(f.ptr(to)), n, f.st);
+  }
+}
+
+// The kernel of the call's op; bf16 operands are staged by the frame (see the file comment).
+inline void run_call(device_frame& f, const gemm* product) {
+  using ir::op;
+  const auto& c = f.c;
+  const auto& ctx = f.ctx;
+  const auto st = ctx.stream;
+  switch (c.fn) {
+  case op::matmul:
+    CONCERTO_CHECK(product != nullptr && ctx.blas != nullptr, call_ref(c) + ": no product described for the matmul");
+    if (product->shape().ab == gemm_type::bf16) { // bf16 inputs read in place, C as described
+      product->run(*ctx.blas, f.ptr(c.in[0]), f.ptr(c.in[1]), f.ptr(c.out[0]), ctx.blas_workspace, st);
+    } else {                                      // f32 operands, a bf16 one widened
+      product->run(*ctx.blas, f.in(0), f.in(1), f.out(0), ctx.blas_workspace, st);
+    }
+    return;
+  case op::add: cuda::add(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::add_inplace: cuda::add_inplace(f.out(0), f.in(1), c.n, st); return;
+  case op::scale: cuda::scale(f.in(0), c.scale, f.out(0), c.n, st); return;
+  case op::bias_add: cuda::bias_add(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
+  case op::bias_grad: cuda::bias_add_grad(f.in(0), f.out(0), c.rows, c.cols, c.accumulate, st); return;
+  case op::gelu: cuda::gelu(f.in(0), f.out(0), c.n, st); return;
+  case op::relu: cuda::relu(f.in(0), f.out(0), c.n, st); return;
+  case op::gelu_grad: cuda::gelu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::relu_grad: cuda::relu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::zero:
+    for (const auto b : c.task->writes)
+      if (f.bytes(b) > 0) check(cudaMemsetAsync(f.ptr(b), 0, f.bytes(b), st), "cudaMemsetAsync");
+    return;
+  case op::layernorm: run_layernorm(f); return;
+  case op::layernorm_grad: run_layernorm_grad(f); return;
+  case op::layernorm_grad_gamma: run_layernorm_grad_gamma(f); return;
+  case op::softmax: cuda::softmax(f.in(0), f.out(0), c.rows, c.cols, st); return;
+  case op::softmax_grad: cuda::softmax_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
+  case op::attention: cuda::causal_attention(f.in(0), f.in(1), f.in(2), f.out(0), f.take(c.att.lse_floats(), "lse"), c.att, st); return;
+  case op::attention_grad: run_attention_grad(f); return;
+  case op::cross_entropy:
+  case op::cross_entropy_grad: run_cross_entropy(f); return;
+  case op::mse: cuda::mse(f.in(0), f.in(1), f.out(0), c.n, st, c.scale); return;
+  case op::mse_grad: cuda::mse_grad(f.in(0), f.in(1), f.out(0), c.n, c.scale, st); return;
+  case op::embedding:
+  case op::embedding_grad: run_embedding(f); return;
+  case op::sgd: run_sgd(f); return;
+  case op::adamw: run_adamw(f); return;
+  case op::grad_sq_norm: cuda::grad_sq_norm(f.in(0), f.c.n, f.c.replicas, f.out(0), f.st); return;
+  case op::copy:
+    if (f.ptr(c.in[0]) != f.ptr(c.out[0]) && c.n > 0)
+      check(cudaMemcpyAsync(f.ptr(c.out[0]), f.ptr(c.in[0]), c.n, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
+    return;
+  case op::slice:
+  case op::concat:
+  case op::shard_slice: run_parts(f); return;
+  case op::cast: run_cast(f); return;
+  case op::keep_one:
+    // Coordinate 0 on `mesh_axis` keeps the value, the others hold zero: a pending sum of one term.
+    if (c.n == 0) return;
+    if (!c.keep) check(cudaMemsetAsync(f.ptr(c.out[0]), 0, c.n, st), "cudaMemsetAsync");
+    else if (f.ptr(c.in[0]) != f.ptr(c.out[0]))
+      check(cudaMemcpyAsync(f.ptr(c.out[0]), f.ptr(c.in[0]), c.n, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
+    return;
+  case op::vocab_ce_max:
+  case op::vocab_ce_target:
+  case op::vocab_ce_sumexp:
+  case op::vocab_ce_loss:
+  case op::vocab_ce_grad: run_vocab_ce(f); return;
+  case op::silu: cuda::silu(f.in(0), f.out(0), c.n, st); return;
+  case op::sigmoid: cuda::sigmoid(f.in(0), f.out(0), c.n, st); return;
+  case op::sigmoid_grad: cuda::sigmoid_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::tanh: cuda::tanh(f.in(0), f.out(0), c.n, st); return;
+  case op::tanh_grad: cuda::tanh_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::transpose: cuda::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k, st); return;
+  case op::silu_grad: cuda::silu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::mul: cuda::mul(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::swiglu: cuda::swiglu(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::swiglu_grad: cuda::swiglu_grad(f.in(0), f.in(1), f.in(2), f.out(0), f.out(0) + c.n, c.n, st); return;
+  case op::rmsnorm: run_rmsnorm(f); return;
+  case op::rmsnorm_grad: run_rmsnorm_grad(f); return;
+  case op::rmsnorm_grad_gain: run_rmsnorm_grad_gain(f); return;
+  case op::rope:
+  case op::rope_grad:
+    cuda::rope(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta, c.fn == op::rope ? 1.0 : -1.0, st);
+    return;
+  case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
+  case op::moe_combine_grad: run_moe(f); return;
+  case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
+  case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
+  case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: break;
+  }
+  fail(call_ref(c) + ": the GPU has no kernel for this op");
+}
+
 } // namespace detail
 
 /// @brief Describes the product of a decoded matmul for cuBLASLt in its gemm_form (as the CPU
@@ -344,8 +490,11 @@ inline void run_moe(device_frame& f) {
   s.trans_a = c.trans_a;
   s.trans_b = c.trans_b;
   s.accumulate = c.accumulate;
-  s.ab = detail::gemm_type_of(c, mem, c.in[0]);
-  s.c = detail::gemm_type_of(c, mem, c.out[0]);
+  // A bf16 operand beside an f32 one is widened (run_kernel stages it): the product is f32's.
+  const bool same = mem.type(c.in[0]) == mem.type(c.in[1]);
+  s.ab = same ? detail::gemm_type_of(c, mem, c.in[0]) : gemm_type::f32;
+  (void)detail::gemm_type_of(c, mem, c.in[1]);
+  s.c = s.ab == gemm_type::f32 ? gemm_type::f32 : detail::gemm_type_of(c, mem, c.out[0]);
   s.allow_tf32 = allow_tf32;
   if (c.form == gemm_form::shared_b) {
     s.m *= s.batch;
@@ -369,87 +518,8 @@ inline void run_moe(device_frame& f) {
 /// @endcode
 inline void run_kernel(const kernel_call& c, const device_arena& mem, const kernel_settings& s, const device_context& ctx,
                        const gemm* product) {
-  using ir::op;
   detail::device_frame f(c, mem, s, ctx);
-  const auto st = ctx.stream;
-  switch (c.fn) {
-  case op::matmul:
-    CONCERTO_CHECK(product != nullptr && ctx.blas != nullptr, detail::call_ref(c) + ": no product described for the matmul");
-    product->run(*ctx.blas, f.ptr(c.in[0]), f.ptr(c.in[1]), f.ptr(c.out[0]), ctx.blas_workspace, st);
-    return;
-  case op::add: add(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::add_inplace: add_inplace(f.out(0), f.in(1), c.n, st); return;
-  case op::scale: scale(f.in(0), c.scale, f.out(0), c.n, st); return;
-  case op::bias_add: bias_add(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
-  case op::bias_grad: bias_add_grad(f.in(0), f.out(0), c.rows, c.cols, c.accumulate, st); return;
-  case op::gelu: gelu(f.in(0), f.out(0), c.n, st); return;
-  case op::relu: relu(f.in(0), f.out(0), c.n, st); return;
-  case op::gelu_grad: gelu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::relu_grad: relu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::zero:
-    for (const auto b : c.task->writes)
-      if (f.bytes(b) > 0) check(cudaMemsetAsync(f.ptr(b), 0, f.bytes(b), st), "cudaMemsetAsync");
-    return;
-  case op::layernorm: detail::run_layernorm(f); return;
-  case op::layernorm_grad: detail::run_layernorm_grad(f); return;
-  case op::layernorm_grad_gamma: detail::run_layernorm_grad_gamma(f); return;
-  case op::softmax: softmax(f.in(0), f.out(0), c.rows, c.cols, st); return;
-  case op::softmax_grad: softmax_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
-  case op::attention: causal_attention(f.in(0), f.in(1), f.in(2), f.out(0), f.take(c.att.lse_floats(), "lse"), c.att, st); return;
-  case op::attention_grad: detail::run_attention_grad(f); return;
-  case op::cross_entropy:
-  case op::cross_entropy_grad: detail::run_cross_entropy(f); return;
-  case op::mse: mse(f.in(0), f.in(1), f.out(0), c.n, st, c.scale); return;
-  case op::mse_grad: mse_grad(f.in(0), f.in(1), f.out(0), c.n, c.scale, st); return;
-  case op::embedding:
-  case op::embedding_grad: detail::run_embedding(f); return;
-  case op::sgd: detail::run_sgd(f); return;
-  case op::adamw: detail::run_adamw(f); return;
-  case op::grad_sq_norm: grad_sq_norm(f.in(0), f.c.n, f.c.replicas, f.out(0), f.st); return;
-  case op::copy:
-    if (f.ptr(c.in[0]) != f.ptr(c.out[0]) && c.n > 0)
-      check(cudaMemcpyAsync(f.ptr(c.out[0]), f.ptr(c.in[0]), c.n, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
-    return;
-  case op::slice:
-  case op::concat:
-  case op::shard_slice: detail::run_parts(f); return;
-  case op::keep_one:
-    // Coordinate 0 on `mesh_axis` keeps the value, the others hold zero: a pending sum of one term.
-    if (c.n == 0) return;
-    if (!c.keep) check(cudaMemsetAsync(f.ptr(c.out[0]), 0, c.n, st), "cudaMemsetAsync");
-    else if (f.ptr(c.in[0]) != f.ptr(c.out[0]))
-      check(cudaMemcpyAsync(f.ptr(c.out[0]), f.ptr(c.in[0]), c.n, cudaMemcpyDeviceToDevice, st), "cudaMemcpyAsync");
-    return;
-  case op::vocab_ce_max:
-  case op::vocab_ce_target:
-  case op::vocab_ce_sumexp:
-  case op::vocab_ce_loss:
-  case op::vocab_ce_grad: detail::run_vocab_ce(f); return;
-  case op::silu: silu(f.in(0), f.out(0), c.n, st); return;
-  case op::sigmoid: sigmoid(f.in(0), f.out(0), c.n, st); return;
-  case op::sigmoid_grad: sigmoid_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::tanh: tanh(f.in(0), f.out(0), c.n, st); return;
-  case op::tanh_grad: tanh_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::transpose: transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k, st); return;
-  case op::silu_grad: silu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::mul: mul(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::swiglu: swiglu(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::swiglu_grad: swiglu_grad(f.in(0), f.in(1), f.in(2), f.out(0), f.out(0) + c.n, c.n, st); return;
-  case op::rmsnorm: detail::run_rmsnorm(f); return;
-  case op::rmsnorm_grad: detail::run_rmsnorm_grad(f); return;
-  case op::rmsnorm_grad_gain: detail::run_rmsnorm_grad_gain(f); return;
-  case op::rope:
-  case op::rope_grad:
-    rope(f.in(0), f.ints(1), f.out(0), c.rows, c.cols, c.head_dim, c.theta, c.fn == op::rope ? 1.0 : -1.0, st);
-    return;
-  case op::moe_route: case op::moe_route_grad: case op::moe_dispatch: case op::moe_dispatch_grad: case op::moe_combine:
-  case op::moe_combine_grad: detail::run_moe(f); return;
-  case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
-  case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
-  case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: break;
-  }
-  fail(detail::call_ref(c) + ": the GPU has no kernel for this op");
+  detail::run_call(f, product);
+  f.commit();
 }
-
 } // namespace concerto::runtime::cuda

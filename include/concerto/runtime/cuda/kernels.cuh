@@ -27,6 +27,7 @@
 #error "concerto/runtime/cuda/kernels.cuh holds CUDA kernels: compile this source with nvcc (concerto_cuda_sources(target) in CMake)"
 #endif
 
+#include <concerto/core/bfloat16.hpp>
 #include <concerto/core/error.hpp>
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
@@ -167,6 +168,14 @@ template <int = 0>
 __global__ void column_sum_k(const float* x, float* out, std::size_t rows, std::size_t cols, bool accumulate) {
   float* const outs[1] = {out};
   column_sums(rows, cols, accumulate, outs, [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = x[r * cols + c]; });
+}
+template <int = 0>
+__global__ void widen_bf16_k(const std::uint16_t* x, float* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) { out[i] = from_bf16(x[i]); }
+}
+template <int = 0>
+__global__ void round_to_bf16_k(const float* x, std::uint16_t* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) { out[i] = to_bf16(x[i]); }
 }
 template <int = 0>
 __global__ void gelu_k(const float* x, float* out, std::size_t n) {
@@ -783,6 +792,18 @@ inline void bias_add_grad(const float* dout, float* dbias, std::size_t rows, std
   if (cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::column_sum_k<>)(dout, dbias, rows, cols, accumulate);
   detail::launched("bias_add_grad");
+}
+/// @brief bf16 values widened to f32, exactly (core/bfloat16.hpp's from_bf16).
+inline void widen_bf16(const std::uint16_t* x, float* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::widen_bf16_k<>)(x, out, n);
+  detail::launched("widen_bf16");
+}
+/// @brief f32 values rounded to bf16, to nearest even (core/bfloat16.hpp's to_bf16).
+inline void round_to_bf16(const float* x, std::uint16_t* out, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::round_to_bf16_k<>)(x, out, n);
+  detail::launched("round_to_bf16");
 }
 /// @brief GELU (tanh approximation), as cpu::gelu.
 inline void gelu(const float* x, float* out, std::size_t n, cudaStream_t s) {

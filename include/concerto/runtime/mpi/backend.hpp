@@ -31,6 +31,7 @@
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/collective_layout.hpp>
 #include <concerto/runtime/dispatch.hpp>
+#include <concerto/runtime/mpi/bf16_reduce.hpp>
 #include <concerto/runtime/mpi/control.hpp>
 #include <concerto/runtime/mpi/channel.hpp>
 #include <concerto/runtime/mpi/communicator.hpp>
@@ -173,8 +174,18 @@ public:
   /// The first NaN or infinity among the f32 values task `t` wrote (its workspace aside).
   [[nodiscard]] std::optional<runtime::non_finite_output> first_non_finite(const ir::task& t) {
     for (const auto b : t.writes) {
-      if (arena_.type(b) != ir::dtype::f32 || graph_->buffers[static_cast<std::size_t>(b)].role == ir::buffer_role::workspace)
+      const auto type = arena_.type(b);
+      if ((type != ir::dtype::f32 && type != ir::dtype::bf16) ||
+          graph_->buffers[static_cast<std::size_t>(b)].role == ir::buffer_role::workspace)
         continue;
+      if (type == ir::dtype::bf16) {
+        const auto raw = arena_.bytes(b);
+        const std::span<const std::uint16_t> values(reinterpret_cast<const std::uint16_t*>(raw.data()), raw.size() / 2);
+        const auto bad = std::ranges::find_if(values, [](std::uint16_t v) { return !std::isfinite(from_bf16(v)); });
+        if (bad != values.end())
+          return runtime::non_finite_output{.buffer = b, .element = bad - values.begin(), .value = from_bf16(*bad)};
+        continue;
+      }
       const auto values = arena_.f32(b);
       const auto bad = std::ranges::find_if(values, [](float v) { return !std::isfinite(v); });
       if (bad != values.end())
@@ -285,10 +296,12 @@ private:
     if (c.unpack.outer > 0) restride(c.unpack, c.stage_recv.data(), static_cast<std::byte*>(c.unpack_to), false);
   }
 
-  // The MPI type of a reduction's elements; MPI_DATATYPE_NULL for the dtypes MPI does not reduce here.
+  // The MPI type of a reduction's elements; MPI_DATATYPE_NULL for the dtypes MPI does not reduce
+  // here. bf16 travels as 16-bit words that bf16_op combines.
   static MPI_Datatype reduce_type(ir::dtype d) noexcept {
     switch (d) {
     case ir::dtype::f32: return MPI_FLOAT;
+    case ir::dtype::bf16: return MPI_UINT16_T;
     case ir::dtype::i32: return MPI_INT32_T;
     case ir::dtype::i64: return MPI_INT64_T;
     default: return MPI_DATATYPE_NULL;
@@ -313,7 +326,7 @@ private:
     c.comm = lanes_.at(static_cast<std::size_t>(t.stream)).get();
     if (l.reduces) {
       c.type = reduce_type(bin.type);
-      c.op = l.op == reduction::max ? MPI_MAX : l.op == reduction::min ? MPI_MIN : MPI_SUM;
+      c.op = bin.type == ir::dtype::bf16 ? bf16_op(l.op) : l.op == reduction::max ? MPI_MAX : l.op == reduction::min ? MPI_MIN : MPI_SUM;
     }
     c.count = static_cast<int>(l.count);
     c.peer = l.peer;
