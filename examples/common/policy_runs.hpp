@@ -82,6 +82,14 @@ nlohmann::json result_of(Step& run, nlohmann::json fields, const std::vector<dou
   fields["predicted_us"] = sm.predicted_us;
   fields["sync_predicted_us"] = sm.sync_predicted_us;
   fields["lower_bound_us"] = run.plan().stats.lower_bound_us;
+  // What the plan's collectives move per rank and step (a bf16 step: half of fp32's, but for
+  // ZeRO-1/2's f32 parameter gathers), over the mesh axes that have more than one rank.
+  const auto& g = run.plan().graph;
+  double collective_bytes = 0;
+  for (const auto& t : g.tasks)
+    if (concerto::ir::is_collective(t.kind) && t.axis >= 0 && g.axes[static_cast<std::size_t>(t.axis)].size > 1)
+      collective_bytes += t.bytes;
+  fields["collective_bytes"] = collective_bytes;
   fields["step_us"] = step_us;
   return fields;
 }

@@ -52,7 +52,7 @@ template <expression X, expression G, expression Bt>
   return {};
 }
 /// @brief RMS normalisation over the last dimension with gain `gain[n]` (Llama's):
-/// `x / √(mean(x²) + eps) · gain`; eps is `train::step_options::kernels.rmsnorm_eps`.
+/// `x / √(mean(x²) + eps) · gain`, eps = 1e-6 (`runtime::kernel_settings::rmsnorm_eps`).
 template <expression X, expression G>
 [[nodiscard]] constexpr detail::op_t<op_code::rmsnorm, X, G> rmsnorm(X, G) noexcept {
   return {};
