@@ -5,6 +5,7 @@
 // array), which bench/cluster/run reads; the terminal gets the human lines only.
 #include <concerto/core/error.hpp>
 #include <concerto/core/statistics.hpp>
+#include <concerto/ir/graph.hpp>
 #include <concerto/planner/policy.hpp>
 
 #include <nlohmann/json.hpp>

@@ -25,20 +25,7 @@ namespace lm = llama_testing;
 
 namespace {
 
-constexpr std::int64_t batch = 4, seq = 8, vocab = 32, hidden = 32, heads = 4, kv_heads = 2, ffn = 48;
-const auto shapes = lm::shapes(batch, seq, vocab, hidden, heads, kv_heads, ffn);
-const std::vector<std::string> params{"wte",    "layers.0.wq", "layers.1.wk",         "layers.0.w1", "layers.1.w2",
-                                      "layers.0.attn_norm.g", "layers.1.ffn_norm.g", "norm.g",      "head"};
-
-train::batch data() {
-  train::tensor ids{{batch, seq}}, labels{{batch, seq}}, positions{{batch, seq}};
-  for (std::int64_t i = 0; i < batch * seq; ++i) {
-    ids.i64.push_back((i * 7 + 3) % vocab);
-    labels.i64.push_back((i * 7 + 10) % vocab);
-    positions.i64.push_back(i % seq);
-  }
-  return {{"ids", ids}, {"labels", labels}, {"positions", positions}};
-}
+using namespace small_llama;
 
 train::step_options options(MPI_Comm comm, ir::precision_policy precision, train::pipeline_options pp = {}) {
   train::step_options o{.policy = planner::policy::concerto,
