@@ -19,22 +19,11 @@ namespace lt = llama_testing;
 
 namespace {
 
-constexpr std::int64_t batch = 8, seq = 16, vocab = 32, hidden = 32, heads = 4, kv_heads = 2, experts = 4, ffn = 24;
-const auto shapes = lt::moe_shapes(batch, seq, vocab, hidden, heads, kv_heads, experts, ffn);
+using namespace small_moe;
 const std::vector<std::string> params{"wte", "layers.0.wq", "layers.1.wo", "layers.0.router", "layers.1.router",
                                       "layers.0.w1", "layers.1.w3", "layers.0.w2", "layers.1.ffn_norm.g", "head"};
 constexpr auto no_balance_loss = lt::make_moe<moe_config{.top_k = 2, .capacity_factor = 1.25, .aux_weight = 0}>();
 constexpr auto moe_top2 = lt::make_moe<lt::top2>();
-
-train::batch data() {
-  train::tensor ids{{batch, seq}}, labels{{batch, seq}}, positions{{batch, seq}};
-  for (std::int64_t i = 0; i < batch * seq; ++i) {
-    ids.i64.push_back((i * 7 + 3 + i / seq) % vocab);
-    labels.i64.push_back((i * 7 + 10 + i / seq) % vocab);
-    positions.i64.push_back(i % seq);
-  }
-  return {{"ids", ids}, {"labels", labels}, {"positions", positions}};
-}
 
 train::step_options options(planner::policy policy) {
   return {.policy = policy, .lower = {.name = "moe", .heads = heads, .depth = {{"layers", 2}}},

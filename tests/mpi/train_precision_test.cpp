@@ -151,14 +151,8 @@ TEST_CASE("the GPT's vocabulary-parallel loss and the MoE's routing train in bf1
                                gpt_options(MPI_COMM_SELF), gpt_params);
   // The MoE: routing probabilities in f32, the experts' all-to-alls in bf16.
   static constexpr auto moe = lm::make_moe<lm::top2>();
-  const auto moe_shapes = lm::moe_shapes(8, 16, vocab, hidden, heads, kv_heads, 4, 24);
-  train::tensor ids{{8, 16}}, labels{{8, 16}}, positions{{8, 16}};
-  for (std::int64_t i = 0; i < 8 * 16; ++i) {
-    ids.i64.push_back((i * 7 + 3 + i / 16) % vocab);
-    labels.i64.push_back((i * 7 + 10 + i / 16) % vocab);
-    positions.i64.push_back(i % 16);
-  }
-  const train::batch moe_batch{{"ids", ids}, {"labels", labels}, {"positions", positions}};
+  const auto& moe_shapes = small_moe::shapes;
+  const auto moe_batch = small_moe::data();
   const std::vector<std::string> moe_params{"layers.0.router", "layers.1.w1"};
   const auto moe_options = [&](MPI_Comm comm) {
     auto o = options(comm, bf16);
