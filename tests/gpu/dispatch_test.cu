@@ -9,6 +9,7 @@
 
 #include <concerto/core/bfloat16.hpp>
 #include <concerto/ir/builder.hpp>
+#include <concerto/ir/task_attrs.hpp>
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/cuda/blas.hpp>
 #include <concerto/runtime/cuda/dispatch.cuh>
@@ -284,6 +285,42 @@ TEST_CASE("tanh and its gradient match the CPU dispatch", "[gpu][dispatch][tanh]
   twin tw(graph, {}, 1, 29);
   CHECK(tw.run() == 0);
   CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-6f) == 2);
+}
+
+TEST_CASE("conv2d and its gradients match the CPU dispatch: strides, padding, a pointwise kernel, accumulation",
+          "[gpu][dispatch][conv2d]") {
+  CONCERTO_REQUIRE_GPU();
+  struct shape {
+    std::int64_t batch, height, width, in, out, kernel, stride, padding;
+  };
+  ir::builder b("conv");
+  int written = 0;
+  for (const auto& s : {shape{2, 7, 6, 3, 5, 3, 2, 1}, shape{1, 5, 5, 4, 2, 1, 1, 0}, shape{2, 6, 6, 2, 3, 5, 1, 2}}) {
+    const ir::conv_geometry g{s.batch, s.height, s.width, s.in, s.out, s.kernel, s.kernel, s.stride, s.padding};
+    const std::string at = std::to_string(written);
+    const auto x = b.buffer("x" + at, {g.batch, g.height, g.width, g.in_channels});
+    const auto w = b.buffer("w" + at, {g.kernel_h, g.kernel_w, g.in_channels, g.out_channels});
+    const auto y = b.buffer("y" + at, {g.batch, g.out_h(), g.out_w(), g.out_channels});
+    const auto dy = b.buffer("dy" + at, {g.batch, g.out_h(), g.out_w(), g.out_channels});
+    const auto dx = b.buffer("dx" + at, {g.batch, g.height, g.width, g.in_channels});
+    const auto dw = b.buffer("dw" + at, {g.kernel_h, g.kernel_w, g.in_channels, g.out_channels});
+    const ir::attr_map attrs{{"batch", g.batch},       {"height", g.height},     {"width", g.width},
+                             {"in_channels", g.in_channels}, {"out_channels", g.out_channels}, {"kernel_h", g.kernel_h},
+                             {"kernel_w", g.kernel_w}, {"stride", g.stride},     {"padding", g.padding}};
+    auto accumulated = attrs;
+    accumulated["accumulate"] = 1;
+    b.at(ir::phase::forward);
+    b.compute(op::conv2d, "conv" + at, {x, w}, {y}, attrs);
+    b.at(ir::phase::backward);
+    b.compute(op::conv2d_grad_input, "conv.dx" + at, {dy, w}, {dx}, attrs);
+    b.compute(op::conv2d_grad_weight, "conv.dw" + at, {x, dy}, {dw}, attrs);
+    b.compute(op::conv2d_grad_weight, "conv.dw+" + at, {x, y}, {dw}, accumulated); // a second micro-batch's sum
+    written += 3;
+  }
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 37);
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == static_cast<std::size_t>(written));
 }
 
 TEST_CASE("losses over global counts with i64 targets match the CPU dispatch", "[gpu][dispatch][loss]") {

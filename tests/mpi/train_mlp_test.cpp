@@ -52,6 +52,32 @@ constexpr auto tanh_mlp = program(mse(matmul(tanh(matmul(input<"x">(act), param<
                                       input<"target">(act)),
                                   sgd{});
 
+// A small convolutional net (conv2d: the einsum rule over NHWC images): a 3×3 convolution at
+// stride 2 with its output channels split over tp (column-parallel), relu, a 1×1 convolution with
+// its input channels split over tp (row-parallel: a pending sum), against a target.
+constexpr auto image = spec(shard(dp), replicate, replicate, replicate);
+constexpr auto cnn =
+    program(mse(conv2d(relu(conv2d<{.stride = 2, .padding = 1}>(input<"x">(image),
+                                                                 param<"k1">(spec(replicate, replicate, replicate, shard(tp))))),
+                       param<"k2">(spec(replicate, replicate, shard(tp), replicate))),
+                input<"target">(image)),
+            sgd{}, on(dp, tp));
+// Forward: the row-parallel sum; backward: the image's gradient of the column-parallel convolution.
+static_assert(cnn.count(collective::all_reduce, tp) == 2);
+static_assert(cnn.count(collective::all_reduce, dp) == 2); // the two kernels' gradients
+static_assert(cnn.count(op_code::conv2d_grad_weight) == 2 && cnn.count(op_code::conv2d_grad_input) == 2);
+
+constexpr std::int64_t N = 4, S = 6, C = 3, F = 8;
+const shape_map cnn_shapes{{"x", {N, S, S, C}}, {"target", {N, S / 2, S / 2, C}}, {"k1", {3, 3, C, F}}, {"k2", {1, 1, F, C}}};
+const std::vector<std::string> cnn_params{"k1", "k2"};
+
+train::batch images() {
+  train::tensor x{{N, S, S, C}}, t{{N, S / 2, S / 2, C}};
+  for (std::int64_t i = 0; i < N * S * S * C; ++i) x.f32.push_back(std::sin(0.41f * static_cast<float>(i)));
+  for (std::int64_t i = 0; i < N * (S / 2) * (S / 2) * C; ++i) t.f32.push_back(0.5f * std::cos(0.29f * static_cast<float>(i)));
+  return {{"x", x}, {"target", t}};
+}
+
 tt::run_result run(MPI_Comm comm, int d, int t, planner::policy policy, int steps = 3,
                    std::function<ir::graph(const ir::graph&)> rewrite = {}) {
   return tt::run(mlp, shapes, comm, {{"dp", d}, {"tp", t}}, data(), steps, {.sgd = {.lr = 0.2f}},
@@ -138,6 +164,38 @@ TEST_CASE("the tanh MLP trains to the single-rank numbers, its gradients the fin
   const auto b = data();
   step(b);
   tt::check_gradients_by_differences(step, b, params, {});
+}
+
+TEST_CASE("a convolutional net trains to the single-rank numbers on every mesh, its gradients the finite differences",
+          "[mpi][train][conv2d]") {
+  const auto trained = [](MPI_Comm comm, int d, int t, planner::policy policy) {
+    return tt::run(cnn, cnn_shapes, comm, {{"dp", d}, {"tp", t}}, images(), 3, {.sgd = {.lr = 0.1f}},
+                   {.policy = policy, .solver = {.time_budget_s = 2, .progress = false}}, cnn_params);
+  };
+  const auto reference = trained(MPI_COMM_SELF, 1, 1, planner::policy::sync);
+  REQUIRE(reference.loss.back() < reference.loss.front());
+  const int world = runtime::mpi::environment::world_size();
+  for (int ranks = 2; ranks <= world; ranks *= 2)
+    for (int t = 1; t <= ranks; t *= 2) {
+      tt::sub_world sub(ranks);
+      if (!sub.member()) continue;
+      CAPTURE(ranks, t);
+      tt::check_same(trained(sub.get(), ranks / t, t, planner::policy::sync), reference);
+    }
+  const int t = world >= 4 ? 2 : 1;
+  tt::check_same(trained(MPI_COMM_WORLD, world / t, t, planner::policy::concerto), reference);
+  auto step = train::compile(cnn, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), cnn_shapes, {.sgd = {.lr = 0.0f}},
+                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
+  const auto b = images();
+  const double loss = step(b).loss;
+  // relu is piecewise linear: an entry whose step moves a unit across zero is passed over.
+  tt::check_gradients_by_differences(step, b, cnn_params, {.eps = 1e-3f, .kinks_around = loss});
+  // The kernels start scaled by their window's fan-in (3·3·3 and 1·1·8 values), not by `in` alone.
+  const auto k1 = step.parameter("k1");
+  double top = 0;
+  for (float v : k1) top = std::max(top, static_cast<double>(std::abs(v)));
+  CHECK(top <= std::sqrt(3.0 / 27.0));
+  CHECK(top > 0.5 * std::sqrt(3.0 / 27.0));
 }
 
 CONCERTO_MPI_TEST_MAIN

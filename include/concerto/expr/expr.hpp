@@ -26,8 +26,9 @@ enum class leaf_kind : std::uint8_t { input, data, param, constant };
 /// @brief How a parameter starts (train::step draws every parameter from its leaf's rule, from a
 /// seed per global element, so every mesh starts from the same model).
 enum class leaf_init : std::uint8_t {
-  automatic, ///< `fan_in` for a weight of rank ≥ 2, `zeros` for a vector (a bias)
+  automatic, ///< `kernel_fan_in` for a conv2d's kernel, `fan_in` for another weight of rank ≥ 2, `zeros` for a vector (a bias)
   fan_in,    ///< uniform with standard deviation 1/√fan_in, fan_in the next-to-last dimension (a vector's length)
+  kernel_fan_in, ///< as fan_in over every dimension but the last: kernel_h·kernel_w·in of a kernel [kernel_h, kernel_w, in, out]
   zeros,
   ones,      ///< a normalisation's gain
 };
@@ -39,6 +40,7 @@ struct rule_t {
   static constexpr leaf_init value = I;
 };
 inline constexpr rule_t<leaf_init::fan_in> fan_in{};
+inline constexpr rule_t<leaf_init::kernel_fan_in> kernel_fan_in{};
 inline constexpr rule_t<leaf_init::zeros> zeros{};
 inline constexpr rule_t<leaf_init::ones> ones{};
 } // namespace init
@@ -54,6 +56,14 @@ struct moe_config {
   friend constexpr bool operator==(const moe_config&, const moe_config&) = default;
 };
 
+/// @brief The settings of a `conv2d`: the kernel's step between output positions and the zeros
+/// added on every side of the image (the kernel's size is its weight's shape).
+struct conv_config {
+  int stride = 1;
+  int padding = 0;
+  friend constexpr bool operator==(const conv_config&, const conv_config&) = default;
+};
+
 namespace detail {
 struct expr_tag {};
 struct no_extra {};
@@ -62,6 +72,15 @@ template <moe_config C>
 struct moe_extra {
   static constexpr moe_config value = C;
 };
+/// The `Extra` of a convolution: its settings.
+template <conv_config C>
+struct conv_extra {
+  static constexpr conv_config value = C;
+};
+template <class T>
+inline constexpr bool is_conv_extra = false;
+template <conv_config C>
+inline constexpr bool is_conv_extra<conv_extra<C>> = true;
 /// The `Extra` of an attention without the causal mask.
 struct bidirectional_extra {};
 template <class T>

@@ -118,6 +118,22 @@ template <expression X>
 [[nodiscard]] constexpr detail::op_t<op_code::tanh, X> tanh(X) noexcept {
   return {};
 }
+/// @brief A 2-D convolution of images x `[batch, height, width, in]` (NHWC) by the kernel w
+/// `[kernel_h, kernel_w, in, out]` (HWIO): y `[batch, out_h, out_w, out]` with out_h =
+/// ⌊(height + 2·padding − kernel_h) / stride⌋ + 1 (likewise out_w), zero outside the image. Its
+/// sharding is a product's over (kernel_h, kernel_w, in): the batch split (data parallel), the
+/// output channels split (w `spec(replicate, replicate, replicate, shard(tp))`: column-parallel),
+/// the input channels split in both (row-parallel: a pending sum); height and width stay whole.
+/// @code
+/// auto h = relu(conv2d<{.stride = 2, .padding = 1}>(x, param<"conv1">(spec(replicate, replicate, replicate, shard(tp)))));
+/// @endcode
+template <conv_config C = conv_config{}, expression X, expression W>
+[[nodiscard]] constexpr node_expr<op_code::conv2d, detail::conv_extra<C>, std::remove_cvref_t<X>, std::remove_cvref_t<W>>
+conv2d(X, W) noexcept {
+  static_assert(C.stride >= 1, "conv2d: the stride must be at least 1 (conv_config::stride)");
+  static_assert(C.padding >= 0, "conv2d: the padding must not be negative (conv_config::padding)");
+  return {};
+}
 /// @brief x `[a, b, ...]` as `[b, a, ...]`: the two leading dimensions swapped (column attention
 /// as row attention of the transposed pair representation). Each mesh axis follows its
 /// dimension: a split of a becomes a split of dimension 1.

@@ -113,6 +113,23 @@ struct labels {
   return r;
 }
 
+/// @brief conv2d's labels: x [batch, height, width, in], w [kernel_h, kernel_w, in, out], y [batch,
+/// out_h, out_w, out]. A product over (kernel_h, kernel_w, in); its gradients are the einsum
+/// rule over the same labels (dx from dy and w, dw from x and dy).
+inline constexpr labels conv_image{{'b', 'h', 'w', 'c'}};
+inline constexpr labels conv_kernel{{'r', 's', 'c', 'o'}};
+inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
+
+/// @brief conv2d(x, w): the einsum rule with the window's dimensions whole (an image split over
+/// height or width would need its neighbours' rows, a kernel split over its rows their offsets).
+[[nodiscard]] constexpr result convolution(pspec x, pspec w, int axes) noexcept {
+  for (int a = 0; a < axes; ++a) {
+    if (x.state(a) == 1 || x.state(a) == 2) x.set_state(a, state_replicated);
+    if (w.state(a) == 0 || w.state(a) == 1) w.set_state(a, state_replicated);
+  }
+  return contract(x, conv_image, w, conv_kernel, conv_output, axes);
+}
+
 /// @brief Two operands of one shape combined elementwise and linearly (add, gradient sums).
 [[nodiscard]] constexpr result unify(const pspec& a, const pspec& b, int axes) noexcept {
   result r;

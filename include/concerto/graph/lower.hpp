@@ -212,6 +212,21 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
     return in(0);
   case ir::sharding::dispatch:
   case ir::sharding::combine: return moe_shape(p, i, global);
+  case ir::sharding::convolution: {
+    const auto &img = in(0), &w = in(1);
+    if (w[2] != img[3])
+      fail(what() + ": the kernel " + operand(1) + " [kernel_h, kernel_w, in, out] takes " + std::to_string(w[2]) +
+           " input channels, the image " + operand(0) + " [batch, height, width, in] has " + std::to_string(img[3]));
+    const auto side = [&](std::int64_t extent, std::int64_t kernel, const char* dim) {
+      const auto out = ir::conv_geometry::output_extent(extent, kernel, x.conv.stride, x.conv.padding);
+      if (out < 1)
+        fail(what() + ": a kernel of " + std::to_string(kernel) + " does not fit the image's " + dim + " of " +
+             std::to_string(extent) + " with padding " + std::to_string(x.conv.padding) +
+             "; pad the image (conv_config::padding) or use a smaller kernel");
+      return out;
+    };
+    return {img[0], side(img[1], w[0], "height"), side(img[2], w[1], "width"), w[3]};
+  }
   case ir::sharding::none: break;
   }
   // Nodes the compiler makes: a redistribution or a repeat's bound keeps its value's shape; the
@@ -713,6 +728,7 @@ private:
     case ir::task_form::embedding: return embedding(i, x);
     case ir::task_form::loss: return loss(i, x);
     case ir::task_form::moe: return moe(i, x);
+    case ir::task_form::convolution: return convolution(i, x);
     case ir::task_form::update: return update(i, x);
     case ir::task_form::shard: return local_redistribution(i, x);
     case ir::task_form::collective: return collective(i, x);
@@ -783,6 +799,17 @@ private:
     const int vocab_axis = table_spec.dims[0][0] >= 0 ? mesh_axis(table_spec.dims[0][0]) : -1;
     compute(i, x.op, ins(x),
             {{"tokens", elements(local_of(x.in[0]))}, {"vocab", table[0]}, {"hidden", table[1]}, {"vocab_axis", vocab_axis}});
+  }
+
+  // conv2d and its gradients: this rank's image and kernel (a gradient's own node is the one of
+  // the operand it is the gradient of), stride and padding from the node.
+  void convolution(int i, const node& x) {
+    const auto& image = local_of(x.op == op_code::conv2d_grad_input ? i : x.in[0]);
+    const auto& kernel = local_of(x.op == op_code::conv2d_grad_weight ? i : x.in[1]);
+    compute(i, x.op, ins(x),
+            {{"batch", image[0]}, {"height", image[1]}, {"width", image[2]}, {"in_channels", image[3]},
+             {"out_channels", kernel[3]}, {"kernel_h", kernel[0]}, {"kernel_w", kernel[1]}, {"stride", x.conv.stride},
+             {"padding", x.conv.padding}});
   }
 
   // Losses and their gradients: the local rows or values, and what the entry's loss_attrs name:

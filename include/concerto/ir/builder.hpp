@@ -19,6 +19,7 @@
 /// @endcode
 
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/task_attrs.hpp>
 
 #include <array>
 #include <initializer_list>
@@ -57,6 +58,10 @@ struct compute_info {
   case flops_rule::per_output: return i.flops_per_element * elements(writes, 0);
   case flops_rule::per_input: return i.flops_per_element * elements(reads, static_cast<std::size_t>(i.flops_read));
   case flops_rule::gemm: return 2.0 * attr("m", 0) * attr("n", 0) * attr("k", 0) * attr("batch", 1);
+  case flops_rule::convolution:
+    return conv_geometry::read([&](const char* key, std::int64_t fallback) {
+             return static_cast<std::int64_t>(attr(key, fallback));
+           }).flops();
   case flops_rule::attention:
   case flops_rule::attention_grad: {
     const double seq = attr("seq", 0);

@@ -89,12 +89,12 @@ enum class op : std::uint8_t {
   // forward
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
-  sigmoid, transpose, tanh,
+  sigmoid, transpose, tanh, conv2d,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
   cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad, sigmoid_grad,
-  tanh_grad,
+  tanh_grad, conv2d_grad_input, conv2d_grad_weight,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates, and the global gradient norm that clipping scales them by
@@ -138,6 +138,7 @@ enum class sharding : std::uint8_t {
   dispatch,      ///< moe_dispatch: x [groups, tokens, h] and its gates -> [experts, groups·capacity, h], groups split as x's
   combine,       ///< moe_combine: y [experts, groups·capacity, h] with groups split as the gates' -> [groups, tokens, h]
   swap_leading,  ///< transpose: [a, b, ...] -> [b, a, ...], each axis following its dimension; linear
+  convolution,   ///< conv2d: the einsum rule over x [batch, h, w, in] and w [kh, kw, in, out], the window's dimensions whole
 };
 
 /// @brief How the DSL's autodiff builds the gradients of an op's operands.
@@ -148,6 +149,7 @@ enum class backward : std::uint8_t {
   packed,       ///< one task writes every operand's gradient, one after the other; each is a view
   contract,     ///< matmul: two products with transposed operands (the einsum rule's backward)
   vocab_ce,     ///< the vocab-parallel cross-entropy's loss: one task from the saved pieces
+  convolution,  ///< conv2d: terms[0] the input's gradient, terms[1] the weight's, each spec by the einsum rule (as contract)
 };
 
 /// @brief How the DSL's lowering (graph/lower.hpp) makes an op's task: which attrs it derives
@@ -166,6 +168,7 @@ enum class task_form : std::uint8_t {
   embedding,   ///< tokens, vocab, hidden, and the mesh axis splitting the table's vocabulary
   loss,        ///< rows of the first operand and the entry's `loss_attrs`
   moe,         ///< experts, group, capacity (and top_k, the balance loss's weight) from the routing
+  convolution, ///< the image's batch, height, width, channels, the kernel's size and channels, stride, padding
   update,      ///< in place on the parameter (or its shard) and the optimizer state
   shard,       ///< shard_slice, keep_one: this rank's part or one copy, moving no data between ranks
   collective,  ///< a collective task on the mesh axis of the node
@@ -200,6 +203,7 @@ enum class flops_rule : std::uint8_t {
   gemm,           ///< 2·m·n·k·batch
   attention,      ///< causal: 2·batch·seq²·heads·head_dim (half of the 4 of a full square); attr causal = 0: 4·…
   attention_grad, ///< 2.5 times the forward
+  convolution,    ///< 2 · output positions · out_channels · kernel_h · kernel_w · in_channels (each of the three tasks)
 };
 
 /// @brief A list of operand names in their one order. `optional` of the last ones may be absent;
@@ -221,7 +225,7 @@ struct op_info {
   bool executable = false;  ///< compute ops: the CPU and the GPU dispatch run it
   std::int8_t arity = -1;   ///< operands of the DSL node; -1: not a DSL op
   operand_list reads{}, writes{};
-  std::array<std::string_view, 5> attrs{}; ///< the attrs a task of this op must carry
+  std::array<std::string_view, 9> attrs{}; ///< the attrs a task of this op must carry
   flops_rule flops = flops_rule::none;
   double flops_per_element = 0;
   std::int8_t flops_read = 0; ///< flops_rule::per_input: which read's elements count
@@ -283,7 +287,7 @@ constexpr op_info dsl(op_info i, int arity, sharding rule, backward grad, std::a
   i.terms = terms;
   return i;
 }
-constexpr op_info with_attrs(op_info i, std::array<std::string_view, 5> attrs) {
+constexpr op_info with_attrs(op_info i, std::array<std::string_view, 9> attrs) {
   i.attrs = attrs;
   return i;
 }
@@ -300,6 +304,12 @@ constexpr op_info loss(op_info i, std::array<std::string_view, 2> attrs) {
 constexpr op_info outside_dsl(op_info i) { return formed(task_form::none, i); }
 constexpr op_info accumulating(op_info i) {
   i.accumulates = true;
+  return i;
+}
+// The convolution's three tasks: the geometry their kernels read (ir::conv_geometry).
+constexpr op_info conv(op_info i) {
+  i.attrs = {"batch", "height", "width", "in_channels", "out_channels", "kernel_h", "kernel_w", "stride", "padding"};
+  i.form = task_form::convolution;
   return i;
 }
 constexpr op_info in_f32(op_info i) {
@@ -421,6 +431,11 @@ inline constexpr op_info table[op_count] = {
         1, r::swap_leading, b::terms, {term(op::transpose, {a::dout})}),
     dsl(compute(op::tanh, "tanh", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise, b::terms,
         {term(op::tanh_grad, {a::out, a::dout})}),
+    // A 2-D convolution over NHWC images (runtime/cpu/convolution.hpp): y[n, oh, ow, o] =
+    // Σ_{i, j, c} x[n, oh·stride - padding + i, ow·stride - padding + j, c] · w[i, j, c, o], zero
+    // outside the image. A product over (i, j, c), so its rule and backward are the einsum's.
+    dsl(conv(compute(op::conv2d, "conv2d", k::matmul, list({"x", "w"}), list({"y"}), f::convolution, 0)), 2, r::convolution,
+        b::convolution, {term(op::conv2d_grad_input, {a::dout, a::in1}), term(op::conv2d_grad_weight, {a::in0, a::dout})}),
     // ---- backward ----
     accumulating(compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1)),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
@@ -466,6 +481,9 @@ inline constexpr op_info table[op_count] = {
                                       {"experts", "group", "capacity"})),
     compute(op::sigmoid_grad, "sigmoid_grad", k::elementwise, list({"y", "dout"}), list({"dx"}), f::per_output, 3),
     compute(op::tanh_grad, "tanh_grad", k::elementwise, list({"y", "dout"}), list({"dx"}), f::per_output, 3),
+    conv(compute(op::conv2d_grad_input, "conv2d_grad_input", k::matmul, list({"dy", "w"}), list({"dx"}), f::convolution, 0)),
+    accumulating(conv(compute(op::conv2d_grad_weight, "conv2d_grad_weight", k::matmul, list({"x", "dy"}), list({"dw"}),
+                              f::convolution, 0))),
     // ---- redistribution ----
     collective(op::all_reduce, "all_reduce", k::all_reduce, true),
     collective(op::all_gather, "all_gather", k::all_gather, true),
@@ -580,7 +598,7 @@ constexpr bool recipes_complete() {
   for (const auto& i : table) {
     if (i.arity > 0 && i.role == op_role::compute && i.rule != sharding::none && i.grad == backward::none) return false;
     if (i.grad == backward::packed && i.terms[0].shaped_as == grad_arg::none) return false;
-    if (i.grad != backward::terms && i.grad != backward::packed) continue;
+    if (i.grad != backward::terms && i.grad != backward::packed && i.grad != backward::convolution) continue;
     for (const auto& t : i.terms) {
       if (t.fn == op::none) continue;
       const auto& g = table[static_cast<int>(t.fn)];

@@ -33,6 +33,47 @@ struct matmul_attrs {
   [[nodiscard]] bool plain() const noexcept { return batch == 1 && !accumulate; }
 };
 
+/// @brief The geometry of a convolution task (conv2d and its two gradients): images x [batch,
+/// height, width, in_channels] (NHWC), weights w [kernel_h, kernel_w, in_channels, out_channels]
+/// (HWIO), outputs y [batch, out_h, out_w, out_channels], zero padding on every side.
+struct conv_geometry {
+  std::int64_t batch = 1, height = 1, width = 1, in_channels = 1, out_channels = 1;
+  std::int64_t kernel_h = 1, kernel_w = 1, stride = 1, padding = 0;
+
+  /// ⌊(in + 2·padding − kernel) / stride⌋ + 1 positions of the kernel along one dimension (0 where it does not fit).
+  [[nodiscard]] static constexpr std::int64_t output_extent(std::int64_t in, std::int64_t kernel, std::int64_t stride,
+                                                            std::int64_t padding) noexcept {
+    const auto room = in + 2 * padding - kernel;
+    return room < 0 || stride < 1 ? 0 : room / stride + 1;
+  }
+  [[nodiscard]] constexpr std::int64_t out_h() const noexcept { return output_extent(height, kernel_h, stride, padding); }
+  [[nodiscard]] constexpr std::int64_t out_w() const noexcept { return output_extent(width, kernel_w, stride, padding); }
+  /// Output positions: the rows of the product y[positions, out] = patches[positions, patch] · w[patch, out].
+  [[nodiscard]] constexpr std::int64_t positions() const noexcept { return batch * out_h() * out_w(); }
+  /// Values of one patch: the product's contracted extent.
+  [[nodiscard]] constexpr std::int64_t patch() const noexcept { return kernel_h * kernel_w * in_channels; }
+  [[nodiscard]] constexpr std::int64_t x_values() const noexcept { return batch * height * width * in_channels; }
+  [[nodiscard]] constexpr std::int64_t w_values() const noexcept { return patch() * out_channels; }
+  [[nodiscard]] constexpr std::int64_t y_values() const noexcept { return positions() * out_channels; }
+  [[nodiscard]] constexpr double flops() const noexcept {
+    return 2.0 * static_cast<double>(positions()) * static_cast<double>(out_channels) * static_cast<double>(patch());
+  }
+  /// A 1×1 kernel at stride 1 without padding: the image's rows are the patches (no gather).
+  [[nodiscard]] constexpr bool pointwise() const noexcept {
+    return kernel_h == 1 && kernel_w == 1 && stride == 1 && padding == 0;
+  }
+
+  /// From attrs read by `attr(name, fallback)`: the op table's names for the convolution's tasks.
+  template <class Lookup>
+  [[nodiscard]] static conv_geometry read(Lookup attr) {
+    return {attr("batch", 1),        attr("height", 1),   attr("width", 1),  attr("in_channels", 1), attr("out_channels", 1),
+            attr("kernel_h", 1),     attr("kernel_w", 1), attr("stride", 1), attr("padding", 0)};
+  }
+  [[nodiscard]] static conv_geometry of(const task& t) {
+    return read([&](const char* key, std::int64_t fallback) { return t.attr(key, fallback); });
+  }
+};
+
 /// @brief Sets a matmul task's row count (a chunk of its rows).
 inline void set_matmul_rows(task& t, std::int64_t m) { t.attrs["m"] = m; }
 

@@ -68,6 +68,9 @@ namespace concerto::runtime {
   case op::embedding_grad:
   case op::vocab_ce_target:
   case op::vocab_ce_grad: return ids;
+  case op::conv2d:
+  case op::conv2d_grad_input:
+  case op::conv2d_grad_weight: return cpu::conv2d_workspace_floats(c.conv);
   case op::moe_route: return cpu::moe_route_workspace_floats(c.moe);
   case op::moe_route_grad: return cpu::moe_route_grad_workspace_floats(c.moe);
   case op::moe_dispatch:
@@ -477,6 +480,13 @@ inline void run_call(cpu_frame& f) {
   case op::tanh: cpu::tanh(f.in(0), f.out(0)); return;
   case op::tanh_grad: cpu::tanh_grad(f.in(0), f.in(1), f.out(0)); return;
   case op::transpose: cpu::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k); return;
+  case op::conv2d: cpu::conv2d(f.in(0), f.in(1), f.out(0), c.conv, f.scratch(cpu::conv2d_workspace_floats(c.conv))); return;
+  case op::conv2d_grad_input:
+    cpu::conv2d_grad_input(f.in(0), f.in(1), f.out(0), c.conv, f.scratch(cpu::conv2d_workspace_floats(c.conv)));
+    return;
+  case op::conv2d_grad_weight:
+    cpu::conv2d_grad_weight(f.in(0), f.in(1), f.out(0), c.conv, c.accumulate, f.scratch(cpu::conv2d_workspace_floats(c.conv)));
+    return;
   case op::silu_grad: cpu::silu_grad(f.in(0), f.in(1), f.out(0)); return;
   case op::mul: cpu::mul(f.in(0), f.in(1), f.out(0)); return;
   case op::swiglu: cpu::swiglu(f.in(0), f.in(1), f.out(0)); return;

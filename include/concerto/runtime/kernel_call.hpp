@@ -18,6 +18,7 @@
 
 #include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/task_attrs.hpp>
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/moe.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
@@ -95,6 +96,7 @@ struct kernel_call {
   bool keep = true;              ///< keep_one: this rank keeps the value (others hold zero)
   std::vector<rows_in_whole> parts; ///< slice / concat / shard_slice: the parts' geometry (bytes)
   cpu::moe_shape moe{};          ///< the MoE ops: groups, tokens per group, experts, hidden, capacity, top_k
+  ir::conv_geometry conv{};      ///< conv2d and its gradients: the image, the kernel, stride and padding
   /// Values of its bf16 operands (each buffer once): a dispatch widens them into f32 workspace
   /// before the kernel and rounds the written ones back after it (runtime/dispatch.hpp).
   std::size_t staged = 0;
@@ -475,6 +477,44 @@ inline void decode_transpose(const call_reader& r, kernel_call& c) {
   if (c.in[0] == c.out[0]) r.bad("transposes into its own input");
 }
 
+// conv2d (x, w -> y), conv2d_grad_input (dy, w -> dx), conv2d_grad_weight (x, dy -> dw): each
+// operand holds the values its geometry gives it.
+inline void decode_convolution(const call_reader& r, kernel_call& c) {
+  auto& g = c.conv;
+  g = ir::conv_geometry::read([&](const char* key, std::int64_t fallback) {
+    return static_cast<std::int64_t>(key == std::string_view("padding") ? r.attr(key, fallback) : r.positive_attr(key, fallback));
+  });
+  if (g.out_h() < 1 || g.out_w() < 1)
+    r.bad("a kernel of " + std::to_string(g.kernel_h) + "x" + std::to_string(g.kernel_w) + " at stride " +
+          std::to_string(g.stride) + " with padding " + std::to_string(g.padding) + " does not fit an image of " +
+          std::to_string(g.height) + "x" + std::to_string(g.width));
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  r.need_float(c, 0, true);
+  const auto x = static_cast<std::size_t>(g.x_values()), w = static_cast<std::size_t>(g.w_values()),
+             y = static_cast<std::size_t>(g.y_values());
+  constexpr auto image = "batch·height·width·in_channels", kernel = "kernel_h·kernel_w·in_channels·out_channels",
+                 output = "batch·out_h·out_w·out_channels";
+  switch (c.fn) {
+  case ir::op::conv2d:
+    r.need_count(c, 0, false, x, image);
+    r.need_count(c, 1, false, w, kernel);
+    r.need_count(c, 0, true, y, output);
+    break;
+  case ir::op::conv2d_grad_input:
+    r.need_count(c, 0, false, y, output);
+    r.need_count(c, 1, false, w, kernel);
+    r.need_count(c, 0, true, x, image);
+    break;
+  default:
+    r.need_count(c, 0, false, x, image);
+    r.need_count(c, 1, false, y, output);
+    r.need_count(c, 0, true, w, kernel);
+    c.accumulate = r.task().attr("accumulate") != 0;
+    break;
+  }
+  c.n = r.count(c.out[0]);
+}
+
 inline void decode_update(const call_reader& r, kernel_call& c) {
   for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
@@ -675,6 +715,9 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::moe_combine:
   case op::moe_combine_grad: detail::decode_moe(r, c); break;
   case op::transpose: detail::decode_transpose(r, c); break;
+  case op::conv2d:
+  case op::conv2d_grad_input:
+  case op::conv2d_grad_weight: detail::decode_convolution(r, c); break;
   // not compute ops, or priced only
   case op::none:
   case op::input:

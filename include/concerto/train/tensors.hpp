@@ -177,8 +177,11 @@ public:
         std::fill(global.begin(), global.end(), rule == leaf_init::ones ? 1.0f : 0.0f);
       } else {
         // fan_in: the contracted dimension of a [..., in, out] weight (an expert stack [E, in, out]
-        // is scaled by its input width, not by its expert count); a vector's length.
-        const auto fan_in = shape.size() == 1 ? shape[0] : shape[shape.size() - 2];
+        // is scaled by its input width, not by its expert count); a vector's length; a
+        // convolution's kernel [kernel_h, kernel_w, in, out]: its window, every dimension but the last.
+        const auto fan_in = shape.size() == 1                   ? shape[0]
+                            : rule == leaf_init::kernel_fan_in ? count(shape) / shape.back()
+                                                                : shape[shape.size() - 2];
         const float scale = std::sqrt(3.0f / static_cast<float>(fan_in));
         for (std::size_t i = 0; i < global.size(); ++i) global[i] = scale * uniform(seed, name, i);
       }

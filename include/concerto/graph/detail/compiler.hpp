@@ -71,6 +71,7 @@ struct node {
   /// leave the dimension uneven: lowering pads it (graph/lower.hpp), a split the user wrote must divide.
   std::int8_t zero_dim = -1;
   moe_config moe{};       ///< moe_route and its gradient: the routing's settings
+  conv_config conv{};     ///< conv2d and its gradients: stride and padding
   [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
 };
 
@@ -292,7 +293,7 @@ struct work {
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.flags == x.flags)
+          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.flags == x.flags)
         return i;
     }
     return raw_add(x);
@@ -397,10 +398,19 @@ struct work {
       o.kind = ir::info(x.op).kind == ir::op_kind::loss ? role::loss : role::activation;
       o.flags = static_cast<std::uint8_t>(ng | (x.flags & flag_bidirectional));
       o.moe = x.moe;
+      o.conv = x.conv;
+      if (x.op == op_code::conv2d) kernel_initialiser(x.in[1]);
       for (int i = 0; i < x.n_in; ++i) o.in[o.n_in++] = static_cast<std::int16_t>(conv[i]);
       o.spec = rr.out;
       map[r] = static_cast<std::int16_t>(add(o));
     }
+  }
+
+  /// A parameter read as a convolution's kernel (through `.to()`) starts scaled by its window's
+  /// fan-in, kernel_h·kernel_w·in, unless the program names its initialiser.
+  constexpr void kernel_initialiser(int r) noexcept {
+    while (raw[r].op == op_code::to) r = raw[r].in[0];
+    if (raw[r].op == op_code::param && inits[raw[r].name] == leaf_init::automatic) inits[raw[r].name] = leaf_init::kernel_fan_in;
   }
 
   /// The compiler's own nodes: a repeated block's bounds and an explicit redistribution.
@@ -473,6 +483,9 @@ struct work {
                              rules::make_labels(ra, 'm', 'n'), A);
     }
     case ir::sharding::unify: return rules::unify(sp(in[0]), sp(in[1]), A);
+    case ir::sharding::convolution:
+      if (rank(0) != 4 || rank(1) != 4) return refuse(errc::rank_mismatch);
+      return rules::convolution(sp(in[0]), sp(in[1]), A);
     case ir::sharding::bias: {
       if (rank(0) < 1 || rank(1) != 1) return refuse(errc::rank_mismatch);
       auto rr = lead();
@@ -630,16 +643,20 @@ struct work {
     return emit(op, ins, spec, ir::phase::backward, role::gradient, flags, of);
   }
 
-  /// An einsum-ruled backward matmul: converts its operands and emits it.
-  constexpr int bwd_matmul(int a, const rules::labels& la, int b, const rules::labels& lb, const rules::labels& lo,
-                           std::uint8_t flags, int of) noexcept {
+  /// An einsum-ruled backward product (a matmul, a convolution's gradient): converts its operands and emits it.
+  constexpr int bwd_product(op_code op, int a, const rules::labels& la, int b, const rules::labels& lb,
+                            const rules::labels& lo, std::uint8_t flags, int of) noexcept {
     const auto rr = rules::contract(sp(a), la, sp(b), lb, lo, axes.count);
     if (rr.err != errc::none) {
       failed(rr.err, -1);
       return 0;
     }
     const int ca = convert(a, rr.need[0], ir::phase::backward), cb = convert(b, rr.need[1], ir::phase::backward);
-    return bwd(op_code::matmul, {ca, cb}, rr.out, of, flags);
+    return bwd(op, {ca, cb}, rr.out, of, flags);
+  }
+  constexpr int bwd_matmul(int a, const rules::labels& la, int b, const rules::labels& lb, const rules::labels& lo,
+                           std::uint8_t flags, int of) noexcept {
+    return bwd_product(op_code::matmul, a, la, b, lb, lo, flags, of);
   }
 
   constexpr void autodiff() noexcept {
@@ -729,6 +746,23 @@ struct work {
       if (needs_grad(b)) accumulate(b, bwd_matmul(regather(a), la, g, lo, lb, flag_trans_a, b));
       return;
     }
+    case ir::backward::convolution: {
+      // Each operand's gradient is a product of the other operand and dy (the recipe's term k), its
+      // spec the einsum rule's over the convolution's labels; a gathered weight is gathered again.
+      const auto labels_of = [](ir::grad_arg a) {
+        return a == ir::grad_arg::in0 ? rules::conv_image : a == ir::grad_arg::in1 ? rules::conv_kernel : rules::conv_output;
+      };
+      for (int k = 0; k < 2; ++k) {
+        const auto& t = recipe.terms[static_cast<std::size_t>(k)];
+        if (!needs_grad(y.in[k])) continue;
+        const auto operand = [&](ir::grad_arg a) { return a == ir::grad_arg::dout ? g : regather(grad_operand(a, i, g)); };
+        const int d = bwd_product(t.fn, operand(t.args[0]), labels_of(t.args[0]), operand(t.args[1]), labels_of(t.args[1]),
+                                  labels_of(k == 0 ? ir::grad_arg::in0 : ir::grad_arg::in1), 0, y.in[k]);
+        nodes[d].conv = y.conv;
+        accumulate(y.in[k], d);
+      }
+      return;
+    }
     case ir::backward::vocab_ce: {
       // The loss of the vocab-parallel cross-entropy: one task from the pieces its forward saved.
       const auto before = [&](int j) {
@@ -779,6 +813,7 @@ struct work {
     const int d = emit(t.fn, args, count, spec, ir::phase::backward, role::gradient,
                        static_cast<std::uint8_t>(nodes[i].flags & flag_bidirectional), of);
     nodes[d].moe = nodes[i].moe;
+    nodes[d].conv = nodes[i].conv;
     return d;
   }
 
@@ -838,6 +873,10 @@ struct tracer<node_expr<Op, Extra, Args...>> {
     } else if constexpr (concerto::detail::is_moe_extra<Extra>) {
       node proto;
       proto.moe = Extra::value;
+      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
+    } else if constexpr (concerto::detail::is_conv_extra<Extra>) {
+      node proto;
+      proto.conv = Extra::value;
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
     } else if constexpr (std::is_same_v<Extra, concerto::detail::bidirectional_extra>) {
       node proto;

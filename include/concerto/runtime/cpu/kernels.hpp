@@ -16,6 +16,7 @@
 /// @endcode
 
 #include <concerto/runtime/cpu/attention.hpp>
+#include <concerto/runtime/cpu/convolution.hpp>
 #include <concerto/runtime/cpu/elementwise.hpp>
 #include <concerto/runtime/cpu/embedding.hpp>
 #include <concerto/runtime/cpu/loss.hpp>

@@ -452,6 +452,9 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::tanh: cuda::tanh(f.in(0), f.out(0), c.n, st); return;
   case op::tanh_grad: cuda::tanh_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::transpose: cuda::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k, st); return;
+  case op::conv2d: cuda::conv2d(f.in(0), f.in(1), f.out(0), c.conv, st); return;
+  case op::conv2d_grad_input: cuda::conv2d_grad_input(f.in(0), f.in(1), f.out(0), c.conv, st); return;
+  case op::conv2d_grad_weight: cuda::conv2d_grad_weight(f.in(0), f.in(1), f.out(0), c.conv, c.accumulate, st); return;
   case op::silu_grad: cuda::silu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::mul: cuda::mul(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::swiglu: cuda::swiglu(f.in(0), f.in(1), f.out(0), c.n, st); return;

@@ -29,6 +29,7 @@
 
 #include <concerto/core/bfloat16.hpp>
 #include <concerto/core/error.hpp>
+#include <concerto/ir/task_attrs.hpp>
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
 #include <concerto/runtime/cuda/check.hpp>
@@ -739,6 +740,77 @@ __global__ void rms_stats_k(const float* x, float* rstd, std::size_t cols, float
   if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
 }
 
+// A convolution's geometry as the kernels read it (ir::conv_geometry is host code).
+struct conv_dims {
+  long long batch, height, width, in, out, kernel_h, kernel_w, stride, padding, out_h, out_w;
+};
+// y[n, oh, ow, o] = Σ_{i, j, c} x[n, oh·s − p + i, ow·s − p + j, c] · w[i, j, c, o], one thread per value.
+template <int = 0>
+__global__ void conv2d_k(const float* x, const float* w, float* y, conv_dims d) {
+  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.out_h * d.out_w * d.out)) {
+    const long long o = static_cast<long long>(e) % d.out, pos = static_cast<long long>(e) / d.out;
+    const long long ow = pos % d.out_w, oh = (pos / d.out_w) % d.out_h, n = pos / (d.out_w * d.out_h);
+    float acc = 0.0f;
+    for (long long i = 0; i < d.kernel_h; ++i) {
+      const long long h = oh * d.stride - d.padding + i;
+      if (h < 0 || h >= d.height) continue;
+      for (long long j = 0; j < d.kernel_w; ++j) {
+        const long long col = ow * d.stride - d.padding + j;
+        if (col < 0 || col >= d.width) continue;
+        const float* px = x + ((n * d.height + h) * d.width + col) * d.in;
+        const float* pw = w + (i * d.kernel_w + j) * d.in * d.out + o;
+        for (long long c = 0; c < d.in; ++c) acc += px[c] * pw[c * d.out];
+      }
+    }
+    y[e] = acc;
+  }
+}
+// dx[n, h, w, c] = Σ over the taps (i, j) whose output position (oh, ow) reads pixel (h, w) of
+// Σ_o dy[n, oh, ow, o] · w[i, j, c, o], one thread per value.
+template <int = 0>
+__global__ void conv2d_grad_input_k(const float* dy, const float* w, float* dx, conv_dims d) {
+  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.height * d.width * d.in)) {
+    const long long c = static_cast<long long>(e) % d.in, pix = static_cast<long long>(e) / d.in;
+    const long long col = pix % d.width, h = (pix / d.width) % d.height, n = pix / (d.width * d.height);
+    float acc = 0.0f;
+    for (long long i = 0; i < d.kernel_h; ++i) {
+      const long long sh = h + d.padding - i;
+      if (sh < 0 || sh % d.stride != 0 || sh / d.stride >= d.out_h) continue;
+      for (long long j = 0; j < d.kernel_w; ++j) {
+        const long long sw = col + d.padding - j;
+        if (sw < 0 || sw % d.stride != 0 || sw / d.stride >= d.out_w) continue;
+        const float* pdy = dy + ((n * d.out_h + sh / d.stride) * d.out_w + sw / d.stride) * d.out;
+        const float* pw = w + ((i * d.kernel_w + j) * d.in + c) * d.out;
+        for (long long o = 0; o < d.out; ++o) acc += pdy[o] * pw[o];
+      }
+    }
+    dx[e] = acc;
+  }
+}
+// dw[i, j, c, o] (+)= Σ_{n, oh, ow} x[n, oh·s − p + i, ow·s − p + j, c] · dy[n, oh, ow, o], one thread per value.
+template <int = 0>
+__global__ void conv2d_grad_weight_k(const float* x, const float* dy, float* dw, conv_dims d, bool accumulate) {
+  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.kernel_h * d.kernel_w * d.in * d.out)) {
+    const long long o = static_cast<long long>(e) % d.out, rest = static_cast<long long>(e) / d.out;
+    const long long c = rest % d.in, j = (rest / d.in) % d.kernel_w, i = rest / (d.in * d.kernel_w);
+    float acc = 0.0f;
+    for (long long n = 0; n < d.batch; ++n)
+      for (long long oh = 0; oh < d.out_h; ++oh) {
+        const long long h = oh * d.stride - d.padding + i;
+        if (h < 0 || h >= d.height) continue;
+        for (long long ow = 0; ow < d.out_w; ++ow) {
+          const long long col = ow * d.stride - d.padding + j;
+          if (col < 0 || col >= d.width) continue;
+          acc += x[((n * d.height + h) * d.width + col) * d.in + c] * dy[((n * d.out_h + oh) * d.out_w + ow) * d.out + o];
+        }
+      }
+    dw[e] = accumulate ? dw[e] + acc : acc;
+  }
+}
+inline conv_dims dims_of(const ir::conv_geometry& g) {
+  return {g.batch, g.height, g.width, g.in_channels, g.out_channels, g.kernel_h, g.kernel_w, g.stride, g.padding, g.out_h(), g.out_w()};
+}
+
 #undef CONCERTO_GRID_STRIDE
 
 inline attention_dims make_dims(const cpu::attention_shape& a) {
@@ -879,6 +951,29 @@ inline void tanh_grad(const float* y, const float* dout, float* dx, std::size_t 
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::tanh_grad_k<>)(y, dout, dx, n);
   detail::launched("tanh_grad");
+}
+/// @brief conv2d over NHWC images by an HWIO kernel, as cpu::conv2d (a direct kernel, one thread per output value).
+inline void conv2d(const float* x, const float* w, float* y, const ir::conv_geometry& g, cudaStream_t s) {
+  const auto n = static_cast<std::size_t>(g.y_values());
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::conv2d_k<>)(x, w, y, detail::dims_of(g));
+  detail::launched("conv2d");
+}
+/// @brief The image's gradient of conv2d, as cpu::conv2d_grad_input (one thread per pixel value).
+inline void conv2d_grad_input(const float* dy, const float* w, float* dx, const ir::conv_geometry& g, cudaStream_t s) {
+  const auto n = static_cast<std::size_t>(g.x_values());
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::conv2d_grad_input_k<>)(dy, w, dx, detail::dims_of(g));
+  detail::launched("conv2d_grad_input");
+}
+/// @brief The kernel's gradient of conv2d, as cpu::conv2d_grad_weight (one thread per weight).
+inline void conv2d_grad_weight(const float* x, const float* dy, float* dw, const ir::conv_geometry& g, bool accumulate,
+                               cudaStream_t s) {
+  const auto n = static_cast<std::size_t>(g.w_values());
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::conv2d_grad_weight_k<>)(x, dy, dw, detail::dims_of(g),
+                                                                                                  accumulate);
+  detail::launched("conv2d_grad_weight");
 }
 /// @brief The two leading dimensions of x [rows, cols, inner] swapped, as cpu::transpose_leading.
 inline void transpose_leading(const float* x, float* out, std::size_t rows, std::size_t cols, std::size_t inner,

@@ -1,0 +1,128 @@
+// CPU kernels of vision models: conv2d over NHWC images and its two gradients, against
+// double-precision loops written here (strides, padding, 1×1 kernels read in place, shapes that
+// split into several chunks of patches), the gradients also against central differences of the
+// float forward kernel (tolerances as in kernels_test.cpp: h = 1e-2, rtol = atol = 2e-3).
+
+#include "kernels_testing.hpp"
+
+#include <concerto/runtime/cpu/kernels.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace cpu = concerto::runtime::cpu;
+namespace ir = concerto::ir;
+using namespace kernels_testing;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+constexpr double fd_tol = 2e-3;
+
+// Calls f(x index, w index, y index) for every product term of the convolution.
+template <class F>
+void each_term(const ir::conv_geometry& g, F&& f) {
+  for (std::int64_t n = 0; n < g.batch; ++n)
+    for (std::int64_t oh = 0; oh < g.out_h(); ++oh)
+      for (std::int64_t ow = 0; ow < g.out_w(); ++ow)
+        for (std::int64_t i = 0; i < g.kernel_h; ++i)
+          for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+            const auto h = oh * g.stride - g.padding + i, w = ow * g.stride - g.padding + j;
+            if (h < 0 || h >= g.height || w < 0 || w >= g.width) continue;
+            for (std::int64_t c = 0; c < g.in_channels; ++c)
+              for (std::int64_t o = 0; o < g.out_channels; ++o)
+                f(static_cast<std::size_t>(((n * g.height + h) * g.width + w) * g.in_channels + c),
+                  static_cast<std::size_t>(((i * g.kernel_w + j) * g.in_channels + c) * g.out_channels + o),
+                  static_cast<std::size_t>(((n * g.out_h() + oh) * g.out_w() + ow) * g.out_channels + o));
+          }
+}
+
+struct reference {
+  std::vector<double> y, dx, dw;
+};
+reference in_double(const ir::conv_geometry& g, const std::vector<float>& x, const std::vector<float>& w,
+                    const std::vector<float>& dy) {
+  reference r{std::vector<double>(static_cast<std::size_t>(g.y_values())),
+              std::vector<double>(static_cast<std::size_t>(g.x_values())),
+              std::vector<double>(static_cast<std::size_t>(g.w_values()))};
+  each_term(g, [&](std::size_t xi, std::size_t wi, std::size_t yi) {
+    r.y[yi] += double(x[xi]) * w[wi];
+    r.dx[xi] += double(dy[yi]) * w[wi];
+    r.dw[wi] += double(x[xi]) * dy[yi];
+  });
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("conv2d and its gradients match double loops; the gradients are the finite differences",
+          "[cpu][kernels][conv2d]") {
+  // batch, height, width, in, out, kernel_h, kernel_w, stride, padding
+  const auto g = GENERATE(ir::conv_geometry{1, 5, 5, 1, 1, 3, 3, 1, 1},  // one channel, same size
+                          ir::conv_geometry{2, 7, 6, 3, 4, 3, 3, 2, 1},  // stride 2, odd width
+                          ir::conv_geometry{2, 4, 4, 5, 3, 1, 1, 1, 0},  // pointwise: the image read in place
+                          ir::conv_geometry{3, 5, 5, 2, 2, 1, 1, 2, 0},  // 1×1 at stride 2: gathered
+                          ir::conv_geometry{1, 6, 5, 2, 3, 3, 2, 2, 0},  // rectangular kernel, no padding
+                          ir::conv_geometry{1, 9, 8, 2, 3, 5, 5, 1, 2}); // 5×5, padding 2
+  CAPTURE(g.batch, g.height, g.width, g.in_channels, g.out_channels, g.kernel_h, g.kernel_w, g.stride, g.padding);
+  std::mt19937 rng(static_cast<unsigned>(g.x_values() * 7 + g.w_values()));
+  auto x = random_floats(rng, static_cast<std::size_t>(g.x_values()));
+  auto w = random_floats(rng, static_cast<std::size_t>(g.w_values()));
+  const auto dy = random_floats(rng, static_cast<std::size_t>(g.y_values()));
+  std::vector<float> ws(cpu::conv2d_workspace_floats(g)), y(dy.size()), dx(x.size()), dw(w.size());
+  CHECK(ws.empty() == g.pointwise());
+  cpu::conv2d(x, w, y, g, ws);
+  cpu::conv2d_grad_input(dy, w, dx, g, ws);
+  cpu::conv2d_grad_weight(x, dy, dw, g, false, ws);
+  const auto want = in_double(g, x, w, dy);
+  REQUIRE_CLOSE(y, want.y, 1e-5, 1e-6);
+  REQUIRE_CLOSE(dx, want.dx, 1e-5, 1e-6);
+  REQUIRE_CLOSE(dw, want.dw, 1e-5, 1e-6);
+  REQUIRE(max_abs(dw) > 1e-2);
+
+  // Accumulating adds this batch's gradient to what dw held.
+  auto twice = dw;
+  cpu::conv2d_grad_weight(x, dy, twice, g, true, ws);
+  std::vector<double> doubled(want.dw.size());
+  for (std::size_t i = 0; i < doubled.size(); ++i) doubled[i] = 2 * want.dw[i];
+  REQUIRE_CLOSE(twice, doubled, 1e-5, 1e-6);
+
+  std::vector<float> scratch_y(y.size());
+  const auto loss = [&] {
+    cpu::conv2d(x, w, scratch_y, g, ws);
+    return project(dy, scratch_y);
+  };
+  REQUIRE_CLOSE(dx, central_difference(x, loss), fd_tol, fd_tol);
+  REQUIRE_CLOSE(dw, central_difference(w, loss), fd_tol, fd_tol);
+}
+
+TEST_CASE("a convolution whose patches exceed one block runs in chunks with the same result", "[cpu][kernels][conv2d]") {
+  // patch = 5·5·128 = 3200 floats: a block holds 81 of the 2·10·10 = 200 positions, so 3 chunks.
+  const ir::conv_geometry g{2, 10, 10, 128, 4, 5, 5, 1, 2};
+  REQUIRE(cpu::conv2d_chunk_rows(g) < static_cast<std::size_t>(g.positions()) / 2);
+  std::mt19937 rng(11);
+  const auto x = random_floats(rng, static_cast<std::size_t>(g.x_values()));
+  const auto w = random_floats(rng, static_cast<std::size_t>(g.w_values()));
+  const auto dy = random_floats(rng, static_cast<std::size_t>(g.y_values()));
+  std::vector<float> ws(cpu::conv2d_workspace_floats(g)), y(dy.size()), dx(x.size()), dw(w.size());
+  cpu::conv2d(x, w, y, g, ws);
+  cpu::conv2d_grad_input(dy, w, dx, g, ws);
+  cpu::conv2d_grad_weight(x, dy, dw, g, false, ws);
+  const auto want = in_double(g, x, w, dy);
+  REQUIRE_CLOSE(y, want.y, 1e-4, 1e-5);
+  REQUIRE_CLOSE(dx, want.dx, 1e-4, 1e-5);
+  REQUIRE_CLOSE(dw, want.dw, 1e-4, 1e-5);
+}
+
+TEST_CASE("conv2d refuses a kernel larger than the padded image and a short workspace", "[cpu][kernels][conv2d]") {
+  const ir::conv_geometry g{1, 2, 2, 1, 1, 3, 3, 1, 0};
+  std::vector<float> x(4), w(9), y(1), ws(9);
+  REQUIRE_THROWS_WITH(cpu::conv2d(x, w, y, g, ws), ContainsSubstring("does not fit an image of 2x2"));
+  const ir::conv_geometry ok{1, 4, 4, 1, 1, 3, 3, 1, 1};
+  std::vector<float> x4(16), y4(16), short_ws(3);
+  REQUIRE_THROWS_WITH(cpu::conv2d(x4, w, y4, ok, short_ws), ContainsSubstring("cpu::conv2d_workspace_floats"));
+}
