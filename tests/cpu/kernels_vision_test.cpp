@@ -126,3 +126,27 @@ TEST_CASE("conv2d refuses a kernel larger than the padded image and a short work
   std::vector<float> x4(16), y4(16), short_ws(3);
   REQUIRE_THROWS_WITH(cpu::conv2d(x4, w, y4, ok, short_ws), ContainsSubstring("cpu::conv2d_workspace_floats"));
 }
+
+TEST_CASE("the sum and the mean over one dim match double loops; their gradient repeats dout", "[cpu][kernels][sum_dim]") {
+  const std::size_t outer = 3, extent = 5, inner = 4;
+  const float scale = GENERATE(1.0f, 1.0f / 10.0f); // a sum; a mean over a dim of 10 split in two
+  std::mt19937 rng(5);
+  auto x = random_floats(rng, outer * extent * inner);
+  const auto w = random_floats(rng, outer * inner);
+  std::vector<float> out(outer * inner), dx(x.size());
+  cpu::sum_dim(x, out, outer, extent, inner, scale);
+  std::vector<double> want(out.size());
+  for (std::size_t o = 0; o < outer; ++o)
+    for (std::size_t e = 0; e < extent; ++e)
+      for (std::size_t i = 0; i < inner; ++i) want[o * inner + i] += double(scale) * x[(o * extent + e) * inner + i];
+  REQUIRE_CLOSE(out, want, 1e-6, 1e-7);
+  cpu::sum_dim_grad(w, dx, outer, extent, inner, scale);
+  std::vector<float> y(out.size());
+  REQUIRE_CLOSE(dx, central_difference(x, [&] {
+                  cpu::sum_dim(x, y, outer, extent, inner, scale);
+                  return project(w, y);
+                }),
+                fd_tol, fd_tol);
+  REQUIRE_THROWS_WITH(cpu::sum_dim(x, std::span<float>(out).first(3), outer, extent, inner, scale),
+                      ContainsSubstring("sum_dim: `out` holds 3 elements"));
+}

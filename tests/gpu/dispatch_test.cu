@@ -323,6 +323,25 @@ TEST_CASE("conv2d and its gradients match the CPU dispatch: strides, padding, a 
   CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == static_cast<std::size_t>(written));
 }
 
+TEST_CASE("sums and means over one dim and their gradients match the CPU dispatch", "[gpu][dispatch][sum_dim]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t outer = 3, extent = 7, inner = 5;
+  ir::builder b("sum_dim");
+  const auto x = b.buffer("x", {outer, extent, inner}), s = b.buffer("s", {outer, inner}), m = b.buffer("m", {outer, inner});
+  const auto dy = b.buffer("dy", {outer, inner}), ds = b.buffer("ds", {outer, extent, inner}), dm = b.buffer("dm", {outer, extent, inner});
+  const ir::attr_map sum{{"outer", outer}, {"extent", extent}, {"inner", inner}, {"num", 1}, {"den", 1}};
+  const ir::attr_map mean{{"outer", outer}, {"extent", extent}, {"inner", inner}, {"num", 1}, {"den", 2 * extent}};
+  b.compute(op::sum_dim, "sum", {x}, {s}, sum);
+  b.compute(op::mean_dim, "mean", {x}, {m}, mean);
+  b.at(ir::phase::backward);
+  b.compute(op::sum_dim_grad, "sum.grad", {dy}, {ds}, sum);
+  b.compute(op::mean_dim_grad, "mean.grad", {dy}, {dm}, mean);
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 41);
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-6f) == 4);
+}
+
 TEST_CASE("losses over global counts with i64 targets match the CPU dispatch", "[gpu][dispatch][loss]") {
   CONCERTO_REQUIRE_GPU();
   const std::int64_t rows = 33, classes = 70, n = 1000;

@@ -78,6 +78,30 @@ train::batch images() {
   return {{"x", x}, {"target", t}};
 }
 
+// An image classifier: a column-parallel convolution, a position table added to its pixels as a
+// sequence (flatten: a view), global average pooling (mean over the pixels), a row-parallel head
+// and cross-entropy over the classes.
+constexpr auto pixels = flatten<1, 2>(relu(conv2d<{.padding = 1}>(input<"x">(image, no_grad),
+                                                                  param<"k">(spec(replicate, replicate, replicate, shard(tp))))));
+constexpr auto classifier =
+    program(cross_entropy(matmul(mean<1>(bias(pixels, param<"pos">(spec(replicate, shard(tp))))),
+                                 param<"head">(spec(shard(tp), replicate))),
+                          data<"labels">(spec(shard(dp)))),
+            sgd{}, on(dp, tp));
+constexpr std::int64_t classes = 5;
+const shape_map classifier_shapes{
+    {"x", {N, S, S, C}}, {"k", {3, 3, C, F}}, {"pos", {S * S, F}}, {"head", {F, classes}}, {"labels", {N}}};
+const std::vector<std::string> classifier_params{"k", "pos", "head"};
+
+train::batch labelled_images() {
+  auto b = images();
+  b.erase("target");
+  train::tensor labels{{N}};
+  for (std::int64_t i = 0; i < N; ++i) labels.i64.push_back((3 * i + 1) % classes);
+  b.emplace("labels", labels);
+  return b;
+}
+
 tt::run_result run(MPI_Comm comm, int d, int t, planner::policy policy, int steps = 3,
                    std::function<ir::graph(const ir::graph&)> rewrite = {}) {
   return tt::run(mlp, shapes, comm, {{"dp", d}, {"tp", t}}, data(), steps, {.sgd = {.lr = 0.2f}},
@@ -196,6 +220,28 @@ TEST_CASE("a convolutional net trains to the single-rank numbers on every mesh, 
   for (float v : k1) top = std::max(top, static_cast<double>(std::abs(v)));
   CHECK(top <= std::sqrt(3.0 / 27.0));
   CHECK(top > 0.5 * std::sqrt(3.0 / 27.0));
+}
+
+TEST_CASE("an image classifier (position table, global average pooling) trains alike on every mesh", "[mpi][train][conv2d][pool]") {
+  const auto trained = [](MPI_Comm comm, int d, int t) {
+    return tt::run(classifier, classifier_shapes, comm, {{"dp", d}, {"tp", t}}, labelled_images(), 3, {.sgd = {.lr = 0.5f}},
+                   {.policy = planner::policy::sync, .solver = {.progress = false}}, classifier_params);
+  };
+  const auto reference = trained(MPI_COMM_SELF, 1, 1);
+  REQUIRE(reference.loss.back() < reference.loss.front());
+  const int world = runtime::mpi::environment::world_size();
+  for (int ranks = 2; ranks <= world; ranks *= 2)
+    for (int t = 1; t <= ranks; t *= 2) {
+      tt::sub_world sub(ranks);
+      if (!sub.member()) continue;
+      CAPTURE(ranks, t);
+      tt::check_same(trained(sub.get(), ranks / t, t), reference);
+    }
+  auto step = train::compile(classifier, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), classifier_shapes, {.sgd = {.lr = 0.0f}},
+                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
+  const auto b = labelled_images();
+  const double loss = step(b).loss;
+  tt::check_gradients_by_differences(step, b, classifier_params, {.eps = 1e-3f, .kinks_around = loss});
 }
 
 CONCERTO_MPI_TEST_MAIN

@@ -64,6 +64,13 @@ struct conv_config {
   friend constexpr bool operator==(const conv_config&, const conv_config&) = default;
 };
 
+/// @brief The dims an op works along: flatten's first..last, the one dim a sum or mean reduces.
+struct dim_range {
+  int first = -1;
+  int last = -1;
+  friend constexpr bool operator==(const dim_range&, const dim_range&) = default;
+};
+
 namespace detail {
 struct expr_tag {};
 struct no_extra {};
@@ -81,6 +88,15 @@ template <class T>
 inline constexpr bool is_conv_extra = false;
 template <conv_config C>
 inline constexpr bool is_conv_extra<conv_extra<C>> = true;
+/// The `Extra` of an op along dims: their range.
+template <int First, int Last>
+struct dims_extra {
+  static constexpr dim_range value{First, Last};
+};
+template <class T>
+inline constexpr bool is_dims_extra = false;
+template <int First, int Last>
+inline constexpr bool is_dims_extra<dims_extra<First, Last>> = true;
 /// The `Extra` of an attention without the causal mask.
 struct bidirectional_extra {};
 template <class T>

@@ -31,7 +31,8 @@ template <expression A, expression B>
 [[nodiscard]] constexpr detail::op_t<op_code::add, A, B> operator+(A, B) noexcept {
   return {};
 }
-/// @brief x[..., n] + b[n] broadcast over the leading dimensions.
+/// @brief x + b broadcast over x's leading dims, b the shape of x's last dims: a bias `b[n]` of
+/// `x[..., n]`, a learned position table `p[seq, hidden]` of `x[batch, seq, hidden]`.
 template <expression X, expression Bv>
 [[nodiscard]] constexpr detail::op_t<op_code::bias_add, X, Bv> bias(X, Bv) noexcept {
   return {};
@@ -132,6 +133,29 @@ template <conv_config C = conv_config{}, expression X, expression W>
 conv2d(X, W) noexcept {
   static_assert(C.stride >= 1, "conv2d: the stride must be at least 1 (conv_config::stride)");
   static_assert(C.padding >= 0, "conv2d: the padding must not be negative (conv_config::padding)");
+  return {};
+}
+/// @brief x with dims First..Last (inclusive) as one: `flatten<1, 2>(x)` of `[batch, height,
+/// width, channels]` is `[batch, height·width, channels]` (an image's pixels as a sequence). The
+/// same values in the same order, a view of x's buffer (no copy). The merged dim is split as its
+/// first part was; a split of a later part is gathered first.
+template <int First, int Last = First + 1, expression X>
+[[nodiscard]] constexpr node_expr<op_code::flatten, detail::dims_extra<First, Last>, std::remove_cvref_t<X>> flatten(X) noexcept {
+  static_assert(First >= 0 && Last > First, "flatten<First, Last>: merges dims First..Last, so 0 <= First < Last");
+  return {};
+}
+/// @brief The sum over dim `Dim`: `sum<1>(x)` of `[batch, seq, hidden]` is `[batch, hidden]`.
+/// A split of the dim makes the result a pending sum over its axis.
+template <int Dim, expression X>
+[[nodiscard]] constexpr node_expr<op_code::sum_dim, detail::dims_extra<Dim, Dim>, std::remove_cvref_t<X>> sum(X) noexcept {
+  static_assert(Dim >= 0, "sum<Dim>: Dim is a dimension of the operand (0 is the first)");
+  return {};
+}
+/// @brief The mean over dim `Dim` (its whole extent, however it is split): global average
+/// pooling is `mean<1>(flatten<1, 2>(x))` of an image `[batch, height, width, channels]`.
+template <int Dim, expression X>
+[[nodiscard]] constexpr node_expr<op_code::mean_dim, detail::dims_extra<Dim, Dim>, std::remove_cvref_t<X>> mean(X) noexcept {
+  static_assert(Dim >= 0, "mean<Dim>: Dim is a dimension of the operand (0 is the first)");
   return {};
 }
 /// @brief x `[a, b, ...]` as `[b, a, ...]`: the two leading dimensions swapped (column attention

@@ -221,6 +221,41 @@ inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
   return mask;
 }
 
+/// @brief flatten: dims first..last of x as one, split as the first of them; an axis splitting
+/// a later one is gathered first (the merged dim's blocks would interleave otherwise).
+[[nodiscard]] constexpr result merge(const pspec& x, int first, int last, int axes) noexcept {
+  result r;
+  r.need[0] = x;
+  for (int a = 0; a < axes; ++a)
+    if (const int s = x.state(a); s > first && s <= last) r.need[0].set_state(a, state_replicated);
+  const int gone = last - first;
+  r.out.rank = static_cast<std::int8_t>(x.rank - gone);
+  r.out.partial = r.need[0].partial;
+  for (int d = 0; d < r.out.rank; ++d)
+    for (int k = 0; k < max_dim_axes; ++k) r.out.dims[d][k] = r.need[0].dims[d <= first ? d : d + gone][k];
+  return r;
+}
+
+/// @brief sum / mean over `dim`: the axes splitting it become pending sums, later dims move down.
+[[nodiscard]] constexpr result reduce_dim(const pspec& x, int dim, int axes) noexcept {
+  result r;
+  r.need[0] = x;
+  r.out.rank = static_cast<std::int8_t>(x.rank - 1);
+  r.out.partial = static_cast<std::uint8_t>(x.partial | axes_splitting(x, dim, dim, axes));
+  for (int d = 0; d < r.out.rank; ++d)
+    for (int k = 0; k < max_dim_axes; ++k) r.out.dims[d][k] = x.dims[d < dim ? d : d + 1][k];
+  return r;
+}
+
+/// @brief A table of x's last `rank` dims laid out as they are in x (a broadcast operand).
+[[nodiscard]] constexpr pspec like_trailing_dims(const pspec& x, int rank, int axes) noexcept {
+  pspec v;
+  v.rank = static_cast<std::int8_t>(rank);
+  for (int a = 0; a < axes; ++a)
+    if (const int s = x.state(a); s >= x.rank - rank) v.set_state(a, s - (x.rank - rank));
+  return v;
+}
+
 /// @brief The spec of `s`'s tensor with its two leading dimensions swapped (transpose).
 [[nodiscard]] constexpr pspec swap_leading(pspec s) noexcept {
   for (int i = 0; i < max_dim_axes; ++i) {

@@ -181,6 +181,22 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
       fail(what() + ": positions " + operand(1) + " do not match the leading dimensions of " + operand(0));
     return in(0);
   case ir::sharding::bias:
+    if (in(1).size() > in(0).size() || !std::equal(in(1).begin(), in(1).end(), in(0).end() - static_cast<std::ptrdiff_t>(in(1).size())))
+      fail(what() + ": '" + p.name_of(x.in[1]) + "' " + dims_text(in(1)) + " is not the shape of the last dims of " + operand(0) +
+           ", which it is added to (broadcast over the others)");
+    return in(0);
+  case ir::sharding::merge: {
+    auto out = in(0);
+    const auto first = out.begin() + x.dims.first, last = out.begin() + x.dims.last + 1;
+    *first = std::accumulate(first, last, std::int64_t{1}, std::multiplies<>{});
+    out.erase(first + 1, last);
+    return out;
+  }
+  case ir::sharding::reduce_dim: {
+    auto out = in(0);
+    out.erase(out.begin() + x.dims.first);
+    return out;
+  }
   case ir::sharding::rowwise:
     for (int k = 1; k < x.n_in; ++k)
       if (in(k)[0] != in(0).back())
@@ -729,6 +745,12 @@ private:
     case ir::task_form::loss: return loss(i, x);
     case ir::task_form::moe: return moe(i, x);
     case ir::task_form::convolution: return convolution(i, x);
+    case ir::task_form::reshape: { // its operand's buffer in its own shape: a view, no task
+      const auto src = in(x, 0);
+      slot(i) = b_.view(name_, src, 0, b_.peek().buffers.at(static_cast<std::size_t>(src)).bytes, local_of(i));
+      return;
+    }
+    case ir::task_form::reduce_dim: return reduce_dim(i, x);
     case ir::task_form::update: return update(i, x);
     case ir::task_form::shard: return local_redistribution(i, x);
     case ir::task_form::collective: return collective(i, x);
@@ -810,6 +832,20 @@ private:
             {{"batch", image[0]}, {"height", image[1]}, {"width", image[2]}, {"in_channels", image[3]},
              {"out_channels", kernel[3]}, {"kernel_h", kernel[0]}, {"kernel_w", kernel[1]}, {"stride", x.conv.stride},
              {"padding", x.conv.padding}});
+  }
+
+  // sum_dim / mean_dim over x and their gradients (the node is dx, x's shape): the values around
+  // the dim; a mean divides by the dim's whole extent, however it is split.
+  void reduce_dim(int i, const node& x) {
+    const bool forward = x.op == op_code::sum_dim || x.op == op_code::mean_dim;
+    const bool mean = x.op == op_code::mean_dim || x.op == op_code::mean_dim_grad;
+    const int of = forward ? x.in[0] : i;
+    const auto& s = local_of(of);
+    const auto d = static_cast<std::size_t>(x.dims.first);
+    const auto outer = std::accumulate(s.begin(), s.begin() + x.dims.first, std::int64_t{1}, std::multiplies<>{});
+    const auto inner = std::accumulate(s.begin() + x.dims.first + 1, s.end(), std::int64_t{1}, std::multiplies<>{});
+    compute(i, x.op, ins(x),
+            {{"outer", outer}, {"extent", s[d]}, {"inner", inner}, {"num", 1}, {"den", mean ? global_of(of)[d] : 1}});
   }
 
   // Losses and their gradients: the local rows or values, and what the entry's loss_attrs name:

@@ -89,12 +89,12 @@ enum class op : std::uint8_t {
   // forward
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
-  sigmoid, transpose, tanh, conv2d,
+  sigmoid, transpose, tanh, conv2d, flatten, sum_dim, mean_dim,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
   cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad, sigmoid_grad,
-  tanh_grad, conv2d_grad_input, conv2d_grad_weight,
+  tanh_grad, conv2d_grad_input, conv2d_grad_weight, flatten_grad, sum_dim_grad, mean_dim_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates, and the global gradient norm that clipping scales them by
@@ -139,6 +139,8 @@ enum class sharding : std::uint8_t {
   combine,       ///< moe_combine: y [experts, groups·capacity, h] with groups split as the gates' -> [groups, tokens, h]
   swap_leading,  ///< transpose: [a, b, ...] -> [b, a, ...], each axis following its dimension; linear
   convolution,   ///< conv2d: the einsum rule over x [batch, h, w, in] and w [kh, kw, in, out], the window's dimensions whole
+  merge,         ///< flatten: dims first..last as one, split as the first of them (the others whole); linear
+  reduce_dim,    ///< sum_dim / mean_dim: the dim's axes become pending sums, later dims move down; linear
 };
 
 /// @brief How the DSL's autodiff builds the gradients of an op's operands.
@@ -169,6 +171,8 @@ enum class task_form : std::uint8_t {
   loss,        ///< rows of the first operand and the entry's `loss_attrs`
   moe,         ///< experts, group, capacity (and top_k, the balance loss's weight) from the routing
   convolution, ///< the image's batch, height, width, channels, the kernel's size and channels, stride, padding
+  reshape,     ///< flatten and its gradient: the operand's buffer viewed in the node's shape, no task
+  reduce_dim,  ///< outer, extent, inner around the reduced dim; a mean's 1/extent over the whole dim as num/den
   update,      ///< in place on the parameter (or its shard) and the optimizer state
   shard,       ///< shard_slice, keep_one: this rank's part or one copy, moving no data between ranks
   collective,  ///< a collective task on the mesh axis of the node
@@ -181,7 +185,7 @@ enum class grad_arg : std::int8_t { none = -1, in0, in1, in2, in3, out, dout, re
 /// @brief The spec of a gradient term (relative to the operand it is the gradient of).
 enum class grad_spec : std::uint8_t {
   of_operand,         ///< the operand's spec without pending sums
-  summed_over_rows,   ///< a vector (or broadcast operand): pending over the axes splitting in0's leading dims
+  summed_over_rows,   ///< a broadcast operand (a vector, a table of x's last dims): pending over the axes splitting x's other dims
   summed_over_ids,    ///< an embedding table's: pending over the axes splitting the ids
 };
 
@@ -352,6 +356,8 @@ inline constexpr op_info table[op_count] = {
                      2, r::contract, b::contract)),
     dsl(compute(op::add, "add", k::elementwise, list({"a", "b"}), list({"out"}), f::per_output, 1), 2, r::unify,
         b::pass_through),
+    // x + b with b the shape of x's last dims (a bias [n], a position table [seq, hidden]),
+    // broadcast over the others: the kernel takes b's values as the columns.
     dsl(compute(op::bias_add, "bias_add", k::elementwise, list({"x", "bias"}), list({"out"}), f::per_output, 1), 2, r::bias,
         b::terms, {term(op::none, {a::dout}), term(op::bias_grad, {a::dout}, s::summed_over_rows)}),
     dsl(compute(op::gelu, "gelu", k::elementwise, list({"x"}), list({"out"}), f::per_output, 8), 1, r::pointwise, b::terms,
@@ -436,6 +442,18 @@ inline constexpr op_info table[op_count] = {
     // outside the image. A product over (i, j, c), so its rule and backward are the einsum's.
     dsl(conv(compute(op::conv2d, "conv2d", k::matmul, list({"x", "w"}), list({"y"}), f::convolution, 0)), 2, r::convolution,
         b::convolution, {term(op::conv2d_grad_input, {a::dout, a::in1}), term(op::conv2d_grad_weight, {a::in0, a::dout})}),
+    // Dims first..last of x as one (node::dims): the same values in a view of x's buffer.
+    dsl(formed(task_form::reshape, compute(op::flatten, "flatten", k::copy, list({"x"}), list({"out"}), f::none, 0, false)),
+        1, r::merge, b::terms, {term(op::flatten_grad, {a::dout})}),
+    // The sum and the mean over one dim (node::dims.first); the mean divides by its whole extent.
+    dsl(formed(task_form::reduce_dim, with_attrs(compute(op::sum_dim, "sum_dim", k::elementwise, list({"x"}), list({"out"}),
+                                                         f::per_input, 1),
+                                                 {"outer", "extent", "inner", "num", "den"})),
+        1, r::reduce_dim, b::terms, {term(op::sum_dim_grad, {a::dout})}),
+    dsl(formed(task_form::reduce_dim, with_attrs(compute(op::mean_dim, "mean_dim", k::elementwise, list({"x"}), list({"out"}),
+                                                         f::per_input, 1),
+                                                 {"outer", "extent", "inner", "num", "den"})),
+        1, r::reduce_dim, b::terms, {term(op::mean_dim_grad, {a::dout})}),
     // ---- backward ----
     accumulating(compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1)),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
@@ -484,6 +502,14 @@ inline constexpr op_info table[op_count] = {
     conv(compute(op::conv2d_grad_input, "conv2d_grad_input", k::matmul, list({"dy", "w"}), list({"dx"}), f::convolution, 0)),
     accumulating(conv(compute(op::conv2d_grad_weight, "conv2d_grad_weight", k::matmul, list({"x", "dy"}), list({"dw"}),
                               f::convolution, 0))),
+    formed(task_form::reshape, compute(op::flatten_grad, "flatten_grad", k::copy, list({"dout"}), list({"dx"}), f::none, 0, false)),
+    // dx = dy repeated along the reduced dim (times 1/extent for a mean).
+    formed(task_form::reduce_dim, with_attrs(compute(op::sum_dim_grad, "sum_dim_grad", k::elementwise, list({"dout"}),
+                                                     list({"dx"}), f::per_output, 1),
+                                             {"outer", "extent", "inner", "num", "den"})),
+    formed(task_form::reduce_dim, with_attrs(compute(op::mean_dim_grad, "mean_dim_grad", k::elementwise, list({"dout"}),
+                                                     list({"dx"}), f::per_output, 1),
+                                             {"outer", "extent", "inner", "num", "den"})),
     // ---- redistribution ----
     collective(op::all_reduce, "all_reduce", k::all_reduce, true),
     collective(op::all_gather, "all_gather", k::all_gather, true),
@@ -602,7 +628,8 @@ constexpr bool recipes_complete() {
     for (const auto& t : i.terms) {
       if (t.fn == op::none) continue;
       const auto& g = table[static_cast<int>(t.fn)];
-      if (g.role != op_role::compute || !g.executable) return false;
+      // A kernel both executors run, or a view the lowering makes without a task (flatten's gradient).
+      if (g.role != op_role::compute || (!g.executable && g.form != task_form::reshape)) return false;
       int args = 0;
       while (args < 4 && t.args[static_cast<std::size_t>(args)] != grad_arg::none) ++args;
       if (args < g.reads.min() || args > g.reads.count) return false;

@@ -480,6 +480,10 @@ inline void run_call(cpu_frame& f) {
   case op::tanh: cpu::tanh(f.in(0), f.out(0)); return;
   case op::tanh_grad: cpu::tanh_grad(f.in(0), f.in(1), f.out(0)); return;
   case op::transpose: cpu::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k); return;
+  case op::sum_dim:
+  case op::mean_dim: cpu::sum_dim(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale); return;
+  case op::sum_dim_grad:
+  case op::mean_dim_grad: cpu::sum_dim_grad(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale); return;
   case op::conv2d: cpu::conv2d(f.in(0), f.in(1), f.out(0), c.conv, f.scratch(cpu::conv2d_workspace_floats(c.conv))); return;
   case op::conv2d_grad_input:
     cpu::conv2d_grad_input(f.in(0), f.in(1), f.out(0), c.conv, f.scratch(cpu::conv2d_workspace_floats(c.conv)));
@@ -501,7 +505,7 @@ inline void run_call(cpu_frame& f) {
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: break;
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: case op::flatten: case op::flatten_grad: break;
   }
   fail(task_ref(*c.task) + ": the CPU has no kernel for fn '" + std::string(ir::to_string(c.fn)) + "'");
 }

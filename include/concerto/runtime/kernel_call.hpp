@@ -515,6 +515,22 @@ inline void decode_convolution(const call_reader& r, kernel_call& c) {
   c.n = r.count(c.out[0]);
 }
 
+// sum_dim / mean_dim: x [outer, extent, inner] -> out [outer, inner]; their gradients the
+// reverse. rows = outer, k = extent, cols = inner; scale = num / den.
+inline void decode_reduce_dim(const call_reader& r, kernel_call& c) {
+  r.need_float(c, 0, false);
+  r.need_float(c, 0, true);
+  c.rows = r.attr("outer");
+  c.k = r.attr("extent");
+  c.cols = r.attr("inner");
+  c.scale = r.ratio("num", "den");
+  const bool forward = c.fn == ir::op::sum_dim || c.fn == ir::op::mean_dim;
+  const auto whole = c.rows * c.k * c.cols, reduced = c.rows * c.cols;
+  r.need_count(c, 0, false, forward ? whole : reduced, forward ? "outer·extent·inner" : "outer·inner");
+  r.need_count(c, 0, true, forward ? reduced : whole, forward ? "outer·inner" : "outer·extent·inner");
+  c.n = forward ? reduced : whole;
+}
+
 inline void decode_update(const call_reader& r, kernel_call& c) {
   for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
@@ -718,6 +734,10 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::conv2d:
   case op::conv2d_grad_input:
   case op::conv2d_grad_weight: detail::decode_convolution(r, c); break;
+  case op::sum_dim:
+  case op::mean_dim:
+  case op::sum_dim_grad:
+  case op::mean_dim_grad: detail::decode_reduce_dim(r, c); break;
   // not compute ops, or priced only
   case op::none:
   case op::input:
@@ -740,7 +760,9 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::min:
   case op::add_position:
   case op::position_embedding_grad:
-  case op::transpose_blocks: r.bad("has no kernel to decode");
+  case op::transpose_blocks:
+  case op::flatten: // views the lowering makes without a task
+  case op::flatten_grad: r.bad("has no kernel to decode");
   }
   c.staged = detail::staged_values(r, c);
   return c;

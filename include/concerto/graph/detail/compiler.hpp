@@ -72,6 +72,7 @@ struct node {
   std::int8_t zero_dim = -1;
   moe_config moe{};       ///< moe_route and its gradient: the routing's settings
   conv_config conv{};     ///< conv2d and its gradients: stride and padding
+  dim_range dims{};       ///< flatten, sum_dim, mean_dim and their gradients: the dims they work along
   [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
 };
 
@@ -293,7 +294,7 @@ struct work {
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.flags == x.flags)
+          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.dims == x.dims && o.flags == x.flags)
         return i;
     }
     return raw_add(x);
@@ -399,6 +400,7 @@ struct work {
       o.flags = static_cast<std::uint8_t>(ng | (x.flags & flag_bidirectional));
       o.moe = x.moe;
       o.conv = x.conv;
+      o.dims = x.dims;
       if (x.op == op_code::conv2d) kernel_initialiser(x.in[1]);
       for (int i = 0; i < x.n_in; ++i) o.in[o.n_in++] = static_cast<std::int16_t>(conv[i]);
       o.spec = rr.out;
@@ -487,11 +489,17 @@ struct work {
       if (rank(0) != 4 || rank(1) != 4) return refuse(errc::rank_mismatch);
       return rules::convolution(sp(in[0]), sp(in[1]), A);
     case ir::sharding::bias: {
-      if (rank(0) < 1 || rank(1) != 1) return refuse(errc::rank_mismatch);
+      if (rank(1) < 1 || rank(1) > rank(0)) return refuse(errc::rank_mismatch);
       auto rr = lead();
-      rr.need[1] = rules::like_last_dim(rr.need[0], A);
+      rr.need[1] = rules::like_trailing_dims(rr.need[0], rank(1), A);
       return rr;
     }
+    case ir::sharding::merge:
+      if (x.dims.first < 0 || x.dims.last <= x.dims.first || x.dims.last >= rank(0)) return refuse(errc::rank_mismatch);
+      return rules::merge(sp(in[0]), x.dims.first, x.dims.last, A);
+    case ir::sharding::reduce_dim:
+      if (x.dims.first < 0 || x.dims.first >= rank(0)) return refuse(errc::rank_mismatch);
+      return rules::reduce_dim(sp(in[0]), x.dims.first, A);
     case ir::sharding::pointwise: return lead();
     case ir::sharding::swap_leading: { // linear: pending sums go through
       if (rank(0) < 2) return refuse(errc::rank_mismatch);
@@ -798,7 +806,8 @@ struct work {
   [[nodiscard]] constexpr pspec term_spec(const ir::grad_term& t, const node& y, int k) const noexcept {
     pspec s = sp(y.in[k]).without_partial();
     const pspec& rows = sp(y.in[0]);
-    if (t.spec == ir::grad_spec::summed_over_rows) s.partial = rules::axes_splitting(rows, 0, rows.rank - 2, axes.count);
+    if (t.spec == ir::grad_spec::summed_over_rows) // over the dims x has and the broadcast operand lacks
+      s.partial = rules::axes_splitting(rows, 0, rows.rank - 1 - s.rank, axes.count);
     if (t.spec == ir::grad_spec::summed_over_ids) s.partial = rules::axes_splitting(rows, 0, max_rank, axes.count);
     return s;
   }
@@ -814,6 +823,7 @@ struct work {
                        static_cast<std::uint8_t>(nodes[i].flags & flag_bidirectional), of);
     nodes[d].moe = nodes[i].moe;
     nodes[d].conv = nodes[i].conv;
+    nodes[d].dims = nodes[i].dims;
     return d;
   }
 
@@ -873,6 +883,10 @@ struct tracer<node_expr<Op, Extra, Args...>> {
     } else if constexpr (concerto::detail::is_moe_extra<Extra>) {
       node proto;
       proto.moe = Extra::value;
+      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
+    } else if constexpr (concerto::detail::is_dims_extra<Extra>) {
+      node proto;
+      proto.dims = Extra::value;
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
     } else if constexpr (concerto::detail::is_conv_extra<Extra>) {
       node proto;

@@ -191,6 +191,35 @@ inline void sigmoid_grad(std::span<const float> y, std::span<const float> dout, 
   for (std::size_t i = 0; i < n; ++i) pd[i] = pg[i] * py[i] * (1.0f - py[i]);
 }
 
+/// @brief out[o, i] = scale·Σ_e x[o, e, i] over x [outer, extent, inner]: a sum (scale 1) or a
+/// mean (1/extent of the whole dim) over one dim.
+inline void sum_dim(std::span<const float> x, std::span<float> out, std::size_t outer, std::size_t extent,
+                    std::size_t inner, float scale) {
+  detail::require_size(x, outer * extent * inner, "sum_dim", "x");
+  detail::require_size(out, outer * inner, "sum_dim", "out");
+  for (std::size_t o = 0; o < outer; ++o) {
+    float* row = out.data() + o * inner;
+    std::fill(row, row + inner, 0.0f);
+    for (std::size_t e = 0; e < extent; ++e) {
+      const float* src = x.data() + (o * extent + e) * inner;
+      for (std::size_t i = 0; i < inner; ++i) row[i] += src[i];
+    }
+    for (std::size_t i = 0; i < inner; ++i) row[i] *= scale;
+  }
+}
+/// @brief dx[o, e, i] = scale·dout[o, i]: the gradient of sum_dim, dout repeated along the dim.
+inline void sum_dim_grad(std::span<const float> dout, std::span<float> dx, std::size_t outer, std::size_t extent,
+                         std::size_t inner, float scale) {
+  detail::require_size(dout, outer * inner, "sum_dim_grad", "dout");
+  detail::require_size(dx, outer * extent * inner, "sum_dim_grad", "dx");
+  for (std::size_t o = 0; o < outer; ++o)
+    for (std::size_t e = 0; e < extent; ++e) {
+      float* dst = dx.data() + (o * extent + e) * inner;
+      const float* src = dout.data() + o * inner;
+      for (std::size_t i = 0; i < inner; ++i) dst[i] = scale * src[i];
+    }
+}
+
 /// @brief The hyperbolic tangent, elementwise (detail::tanh_approx, which vectorises). out may alias x.
 inline void tanh(std::span<const float> x, std::span<float> out) {
   detail::require_size(out, x.size(), "tanh", "out");

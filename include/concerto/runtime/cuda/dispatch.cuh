@@ -452,6 +452,10 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::tanh: cuda::tanh(f.in(0), f.out(0), c.n, st); return;
   case op::tanh_grad: cuda::tanh_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::transpose: cuda::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k, st); return;
+  case op::sum_dim:
+  case op::mean_dim: cuda::sum_dim(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale, st); return;
+  case op::sum_dim_grad:
+  case op::mean_dim_grad: cuda::sum_dim_grad(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale, st); return;
   case op::conv2d: cuda::conv2d(f.in(0), f.in(1), f.out(0), c.conv, st); return;
   case op::conv2d_grad_input: cuda::conv2d_grad_input(f.in(0), f.in(1), f.out(0), c.conv, st); return;
   case op::conv2d_grad_weight: cuda::conv2d_grad_weight(f.in(0), f.in(1), f.out(0), c.conv, c.accumulate, st); return;
@@ -471,7 +475,7 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: break;
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: case op::flatten: case op::flatten_grad: break;
   }
   fail(call_ref(c) + ": the GPU has no kernel for this op");
 }

@@ -740,6 +740,22 @@ __global__ void rms_stats_k(const float* x, float* rstd, std::size_t cols, float
   if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
 }
 
+// out[o, i] = scale·Σ_e x[o, e, i], one thread per output value.
+template <int = 0>
+__global__ void sum_dim_k(const float* x, float* out, std::size_t outer, std::size_t extent, std::size_t inner, float scale) {
+  CONCERTO_GRID_STRIDE(v, outer * inner) {
+    const std::size_t o = v / inner, i = v % inner;
+    float acc = 0.0f;
+    for (std::size_t e = 0; e < extent; ++e) acc += x[(o * extent + e) * inner + i];
+    out[v] = scale * acc;
+  }
+}
+// dx[o, e, i] = scale·dout[o, i], one thread per value.
+template <int = 0>
+__global__ void sum_dim_grad_k(const float* dout, float* dx, std::size_t extent, std::size_t inner, std::size_t n, float scale) {
+  CONCERTO_GRID_STRIDE(v, n) dx[v] = scale * dout[(v / (extent * inner)) * inner + v % inner];
+}
+
 // A convolution's geometry as the kernels read it (ir::conv_geometry is host code).
 struct conv_dims {
   long long batch, height, width, in, out, kernel_h, kernel_w, stride, padding, out_h, out_w;
@@ -951,6 +967,22 @@ inline void tanh_grad(const float* y, const float* dout, float* dx, std::size_t 
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::tanh_grad_k<>)(y, dout, dx, n);
   detail::launched("tanh_grad");
+}
+/// @brief The sum over the middle of x [outer, extent, inner] times scale, as cpu::sum_dim.
+inline void sum_dim(const float* x, float* out, std::size_t outer, std::size_t extent, std::size_t inner, float scale,
+                    cudaStream_t s) {
+  if (outer * inner == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(outer * inner), detail::block, 0, s, detail::sum_dim_k<>)(x, out, outer, extent, inner,
+                                                                                                  scale);
+  detail::launched("sum_dim");
+}
+/// @brief dout repeated along the middle dim times scale, as cpu::sum_dim_grad.
+inline void sum_dim_grad(const float* dout, float* dx, std::size_t outer, std::size_t extent, std::size_t inner, float scale,
+                         cudaStream_t s) {
+  const auto n = outer * extent * inner;
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sum_dim_grad_k<>)(dout, dx, extent, inner, n, scale);
+  detail::launched("sum_dim_grad");
 }
 /// @brief conv2d over NHWC images by an HWIO kernel, as cpu::conv2d (a direct kernel, one thread per output value).
 inline void conv2d(const float* x, const float* w, float* y, const ir::conv_geometry& g, cudaStream_t s) {

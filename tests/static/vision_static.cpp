@@ -1,0 +1,66 @@
+// The vision ops' sharding rules, checked at compile time: conv2d as a product over its window
+// (batch, output channels, input channels as a pending sum; height and width whole), flatten
+// (split as its first merged dim), sum and mean over a dim (a split dim becomes a pending sum),
+// and a table broadcast over the leading dims (laid out like x's last dims).
+#include <concerto/concerto.hpp>
+
+namespace {
+using namespace concerto;
+inline constexpr axis<"dp"> dp;
+inline constexpr axis<"tp"> tp;
+constexpr auto fwd = static_cast<int>(ir::phase::forward);
+constexpr auto bwd = static_cast<int>(ir::phase::backward);
+
+template <class P>
+constexpr int first_node(const P& p, op_code op) {
+  for (int i = 0; i < p.size; ++i)
+    if (p.nodes[i].op == op) return i;
+  return -1;
+}
+
+constexpr auto image = spec(shard(dp), replicate, replicate, replicate);
+constexpr auto column = spec(replicate, replicate, replicate, shard(tp)); // output channels split
+constexpr auto row = spec(replicate, replicate, shard(tp), replicate);    // input channels split
+
+// Column-parallel then row-parallel convolutions: one tp all-reduce forward (the row-parallel
+// sum) and one backward (the image's gradient of the column-parallel one), as for an MLP.
+constexpr auto convs = program(mse(conv2d(relu(conv2d<{.padding = 1}>(input<"x">(image), param<"k1">(column))), param<"k2">(row)),
+                                   input<"target">(image)),
+                               sgd{}, on(dp, tp));
+static_assert(convs.count(collective::all_reduce, tp, fwd) == 1 && convs.count(collective::all_reduce, tp, bwd) == 1);
+static_assert(convs.count(collective::all_reduce, dp, bwd) == 2); // the kernels' gradients
+static_assert(convs.count(collective::all_gather) == 0);
+static_assert(convs.spec_at(first_node(convs, op_code::conv2d)) == spec(shard(dp), replicate, replicate, shard(tp)));
+static_assert(convs.spec_of("k1.grad") == column && convs.spec_of("x.grad") == image);
+static_assert(convs.count(op_code::conv2d_grad_input) == 2 && convs.count(op_code::conv2d_grad_weight) == 2);
+
+// An image split over its height is gathered first: a window would need its neighbours' rows.
+constexpr auto tall = program(mse(conv2d(input<"x">(spec(replicate, shard(dp), replicate, replicate), no_grad), param<"k">(column)),
+                                  input<"target">(image)),
+                              sgd{}, on(dp, tp));
+constexpr int tall_conv = first_node(tall, op_code::conv2d);
+static_assert(tall.nodes[tall.nodes[tall_conv].in[0]].op == op_code::all_gather && tall.spec_at(tall.nodes[tall_conv].in[0]) ==
+                                                                                      spec(replicate, replicate, replicate, replicate));
+
+// Global average pooling of a column-parallel convolution, a position table split like the
+// channels, a row-parallel head: the logits' pending sum is the one tp all-reduce forward.
+constexpr auto pooled = flatten<1, 2>(relu(conv2d<{.padding = 1}>(input<"x">(image, no_grad), param<"k">(column))));
+constexpr auto classifier =
+    program(cross_entropy(matmul(mean<1>(bias(pooled, param<"pos">(spec(replicate, shard(tp))))), param<"head">(spec(shard(tp), replicate))),
+                          data<"labels">(spec(shard(dp)))),
+            sgd{}, on(dp, tp));
+static_assert(classifier.spec_at(first_node(classifier, op_code::flatten)) == spec(shard(dp), replicate, shard(tp)));
+static_assert(classifier.spec_at(first_node(classifier, op_code::mean_dim)) == spec(shard(dp), shard(tp)));
+static_assert(classifier.spec_of("pos.grad") == spec(replicate, shard(tp)));
+static_assert(classifier.count(collective::all_reduce, tp, fwd) == 1 && classifier.count(collective::all_reduce, tp, bwd) == 0);
+static_assert(classifier.count(collective::all_reduce, dp, bwd) == 3); // k, pos, head
+static_assert(classifier.count(op_code::flatten_grad) == 1 && classifier.count(op_code::mean_dim_grad) == 1);
+
+// A sum over a split dim is a pending sum over its axis; a flatten gathers a split later part.
+constexpr auto summed = program(mse(sum<1>(input<"x">(spec(shard(dp), shard(tp)))), input<"target">(spec(shard(dp)))), sgd{}, on(dp, tp));
+static_assert(summed.spec_at(first_node(summed, op_code::sum_dim)) == spec(shard(dp), partial(tp)));
+constexpr auto merged = program(mse(flatten<0, 1>(input<"x">(spec(shard(dp), shard(tp)))), input<"target">(spec(shard(dp)))), sgd{},
+                                on(dp, tp));
+static_assert(merged.count(collective::all_gather, tp, fwd) == 1);
+static_assert(merged.spec_at(first_node(merged, op_code::flatten)) == spec(shard(dp)));
+} // namespace
