@@ -1,4 +1,5 @@
-// CPU kernels of vision models: conv2d over NHWC images and its two gradients, against
+// CPU kernels of vision models -- conv2d over NHWC images and its two gradients, the sum and
+// mean over a dim, batch normalisation -- against
 // double-precision loops written here (strides, padding, 1×1 kernels read in place, shapes that
 // split into several chunks of patches), the gradients also against central differences of the
 // float forward kernel (tolerances as in kernels_test.cpp: h = 1e-2, rtol = atol = 2e-3).
@@ -11,7 +12,9 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 namespace cpu = concerto::runtime::cpu;
@@ -149,4 +152,52 @@ TEST_CASE("the sum and the mean over one dim match double loops; their gradient 
                 fd_tol, fd_tol);
   REQUIRE_THROWS_WITH(cpu::sum_dim(x, std::span<float>(out).first(3), outer, extent, inner, scale),
                       ContainsSubstring("sum_dim: `out` holds 3 elements"));
+}
+
+TEST_CASE("batch normalisation's kernels match double loops; dx, dgamma and dbeta are the finite differences",
+          "[cpu][kernels][batchnorm]") {
+  const auto [rows, cols] = GENERATE(std::tuple{6u, 1u}, std::tuple{8u, 5u}, std::tuple{40u, 300u}); // 300: two blocks of channels
+  CAPTURE(rows, cols);
+  std::mt19937 rng(rows * 13 + cols);
+  auto x = random_floats(rng, rows * cols, -1.0f, 3.0f); // a mean away from 0
+  auto gamma = random_floats(rng, cols, 0.5f, 1.5f), beta = random_floats(rng, cols);
+  const auto w = random_floats(rng, rows * cols);
+  const float eps = 1e-5f;
+  std::vector<float> sums(2 * cols), scale(3 * cols), y(rows * cols);
+  const auto forward = [&](std::span<float> out) {
+    cpu::batchnorm_stats(x, sums, rows, cols);
+    cpu::batchnorm_scale(sums, gamma, scale, cols, rows, eps);
+    cpu::batchnorm(x, scale, beta, out, rows, cols);
+  };
+  forward(y);
+  std::vector<double> want(rows * cols);
+  for (std::size_t c = 0; c < cols; ++c) {
+    double mean = 0, var = 0;
+    for (std::size_t r = 0; r < rows; ++r) mean += x[r * cols + c];
+    mean /= rows;
+    for (std::size_t r = 0; r < rows; ++r) var += (x[r * cols + c] - mean) * (x[r * cols + c] - mean);
+    var /= rows;
+    for (std::size_t r = 0; r < rows; ++r) want[r * cols + c] = (x[r * cols + c] - mean) / std::sqrt(var + eps) * gamma[c] + beta[c];
+  }
+  REQUIRE_CLOSE(y, want, 1e-4, 1e-5);
+
+  std::vector<float> grad_sums(2 * cols), dx(rows * cols);
+  cpu::batchnorm_grad_stats(x, scale, w, grad_sums, rows, cols);
+  cpu::batchnorm_grad(x, scale, grad_sums, w, dx, rows, cols, rows);
+  const std::span<const float> dbeta(grad_sums.data(), cols), dgamma(grad_sums.data() + cols, cols);
+  std::vector<float> probe(rows * cols);
+  const auto loss = [&] {
+    forward(probe);
+    return project(w, probe);
+  };
+  if (cols > 300 / 2) { // large: a few entries of each
+    for (const std::size_t i : {std::size_t{0}, std::size_t{rows * cols / 2 + 7}, std::size_t{rows * cols - 1}}) {
+      const double fd = central_difference_at(x, i, loss);
+      CHECK(std::abs(dx[i] - fd) <= fd_tol * (1 + std::abs(fd)));
+    }
+  } else {
+    REQUIRE_CLOSE(dx, central_difference(x, loss), fd_tol, fd_tol);
+    REQUIRE_CLOSE(dgamma, central_difference(gamma, loss), fd_tol, fd_tol);
+    REQUIRE_CLOSE(dbeta, central_difference(beta, loss), fd_tol, fd_tol);
+  }
 }

@@ -342,6 +342,26 @@ TEST_CASE("sums and means over one dim and their gradients match the CPU dispatc
   CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-6f) == 4);
 }
 
+TEST_CASE("batch normalisation's tasks match the CPU dispatch", "[gpu][dispatch][batchnorm]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t rows = 37, cols = 6;
+  ir::builder b("batchnorm");
+  const auto x = b.buffer("x", {rows, cols}), gamma = b.buffer("gamma", {cols}), beta = b.buffer("beta", {cols});
+  const auto sums = b.buffer("sums", {2, cols}), scale = b.buffer("scale", {3, cols}), y = b.buffer("y", {rows, cols});
+  const auto dy = b.buffer("dy", {rows, cols}), grad_sums = b.buffer("grad_sums", {2, cols}), dx = b.buffer("dx", {rows, cols});
+  const ir::attr_map attrs{{"rows", rows}, {"cols", cols}, {"count", rows}};
+  b.compute(op::batchnorm_stats, "stats", {x}, {sums}, attrs);
+  b.compute(op::batchnorm_scale, "scale", {sums, gamma}, {scale}, attrs);
+  b.compute(op::batchnorm, "norm", {x, scale, beta}, {y}, attrs);
+  b.at(ir::phase::backward);
+  b.compute(op::batchnorm_grad_stats, "grad_stats", {x, scale, dy}, {grad_sums}, attrs);
+  b.compute(op::batchnorm_grad, "grad", {x, scale, grad_sums, dy}, {dx}, attrs);
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 43);
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == 5);
+}
+
 TEST_CASE("losses over global counts with i64 targets match the CPU dispatch", "[gpu][dispatch][loss]") {
   CONCERTO_REQUIRE_GPU();
   const std::int64_t rows = 33, classes = 70, n = 1000;

@@ -102,6 +102,24 @@ train::batch labelled_images() {
   return b;
 }
 
+// The convolutional net with batch normalisation between its convolutions (gamma and beta split
+// like the channels over tp): synchronised statistics, or each rank's own.
+template <batchnorm_config Norm>
+constexpr auto normed_cnn = program(
+    mse(conv2d(relu(batchnorm<Norm>(conv2d<{.stride = 2, .padding = 1}>(
+                                        input<"x">(image), param<"k1">(spec(replicate, replicate, replicate, shard(tp)))),
+                                    param<"g">(spec(shard(tp)), init::ones), param<"b">(spec(shard(tp))))),
+               param<"k2">(spec(replicate, replicate, shard(tp), replicate))),
+        input<"target">(image)),
+    sgd{}, on(dp, tp));
+const shape_map normed_shapes = [] {
+  auto s = cnn_shapes;
+  s.emplace("g", std::vector<std::int64_t>{F});
+  s.emplace("b", std::vector<std::int64_t>{F});
+  return s;
+}();
+const std::vector<std::string> normed_params{"k1", "g", "b", "k2"};
+
 tt::run_result run(MPI_Comm comm, int d, int t, planner::policy policy, int steps = 3,
                    std::function<ir::graph(const ir::graph&)> rewrite = {}) {
   return tt::run(mlp, shapes, comm, {{"dp", d}, {"tp", t}}, data(), steps, {.sgd = {.lr = 0.2f}},
@@ -242,6 +260,36 @@ TEST_CASE("an image classifier (position table, global average pooling) trains a
   const auto b = labelled_images();
   const double loss = step(b).loss;
   tt::check_gradients_by_differences(step, b, classifier_params, {.eps = 1e-3f, .kinks_around = loss});
+}
+
+TEST_CASE("batch normalisation: synchronised statistics give the single-rank numbers on every mesh, local ones each rank's",
+          "[mpi][train][conv2d][batchnorm]") {
+  const auto trained = [](const auto& program, MPI_Comm comm, int d, int t) {
+    return tt::run(program, normed_shapes, comm, {{"dp", d}, {"tp", t}}, images(), 3, {.sgd = {.lr = 0.1f}},
+                   {.policy = planner::policy::sync, .solver = {.progress = false}}, normed_params);
+  };
+  constexpr auto& synced = normed_cnn<batchnorm_config{}>;
+  constexpr auto& local = normed_cnn<batchnorm_config{.sync = false}>;
+  const auto reference = trained(synced, MPI_COMM_SELF, 1, 1);
+  REQUIRE(reference.loss.back() < reference.loss.front());
+  const int world = runtime::mpi::environment::world_size();
+  for (int ranks = 2; ranks <= world; ranks *= 2)
+    for (int t = 1; t <= ranks; t *= 2) {
+      tt::sub_world sub(ranks);
+      if (!sub.member()) continue;
+      CAPTURE(ranks, t);
+      tt::check_same(trained(synced, sub.get(), ranks / t, t), reference);
+      // Local statistics are the batch's when each rank holds the whole batch (tp alone), and
+      // each rank's own rows' under data parallelism: another model, other numbers.
+      const auto own = trained(local, sub.get(), ranks / t, t);
+      if (t == ranks) tt::check_same(own, reference);
+      else CHECK(std::abs(own.loss.front() - reference.loss.front()) > 1e-3 * std::abs(reference.loss.front()));
+    }
+  auto step = train::compile(synced, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), normed_shapes, {.sgd = {.lr = 0.0f}},
+                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
+  const auto b = images();
+  const double loss = step(b).loss;
+  tt::check_gradients_by_differences(step, b, normed_params, {.eps = 1e-3f, .kinks_around = loss});
 }
 
 CONCERTO_MPI_TEST_MAIN

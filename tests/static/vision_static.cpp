@@ -63,4 +63,22 @@ constexpr auto merged = program(mse(flatten<0, 1>(input<"x">(spec(shard(dp), sha
                                 on(dp, tp));
 static_assert(merged.count(collective::all_gather, tp, fwd) == 1);
 static_assert(merged.spec_at(first_node(merged, op_code::flatten)) == spec(shard(dp)));
+
+// Batch normalisation between the convolutions, gamma and beta split like the channels.
+// Synchronised: the sums are all-reduced over dp forward and backward, and the backward sums are
+// dgamma and dbeta already summed (no all-reduce of their own); local: no forward all-reduce,
+// and dgamma and dbeta are all-reduced with the kernels' gradients.
+template <batchnorm_config C>
+constexpr auto normed = program(mse(conv2d(relu(batchnorm<C>(conv2d<{.padding = 1}>(input<"x">(image), param<"k1">(column)),
+                                                             param<"g">(spec(shard(tp)), init::ones), param<"b">(spec(shard(tp))))),
+                                           param<"k2">(row)),
+                                    input<"target">(image)),
+                                sgd{}, on(dp, tp));
+constexpr auto synced = normed<batchnorm_config{}>;
+constexpr auto local = normed<batchnorm_config{.sync = false}>;
+static_assert(synced.count(collective::all_reduce, dp, fwd) == 1 && synced.count(collective::all_reduce, dp, bwd) == 3);
+static_assert(local.count(collective::all_reduce, dp, fwd) == 0 && local.count(collective::all_reduce, dp, bwd) == 4);
+static_assert(synced.spec_of("g.grad") == spec(shard(tp)) && local.spec_of("b.grad") == spec(shard(tp)));
+static_assert(synced.count(op_code::batchnorm_stats) == 1 && synced.count(op_code::batchnorm_grad) == 1);
+static_assert(synced.count(collective::all_reduce, tp, fwd) == 1); // the row-parallel convolution's sum only
 } // namespace

@@ -64,6 +64,15 @@ struct conv_config {
   friend constexpr bool operator==(const conv_config&, const conv_config&) = default;
 };
 
+/// @brief The settings of a `batchnorm`: statistics over the whole batch (synchronised: an
+/// all-reduce of 2·channels values forward and another backward over the axes splitting the
+/// batch; the numbers of one rank), or over each rank's rows (local, as a framework's BatchNorm
+/// under data parallelism; the model then depends on the data-parallel degree).
+struct batchnorm_config {
+  bool sync = true;
+  friend constexpr bool operator==(const batchnorm_config&, const batchnorm_config&) = default;
+};
+
 /// @brief The dims an op works along: flatten's first..last, the one dim a sum or mean reduces.
 struct dim_range {
   int first = -1;
@@ -97,6 +106,15 @@ template <class T>
 inline constexpr bool is_dims_extra = false;
 template <int First, int Last>
 inline constexpr bool is_dims_extra<dims_extra<First, Last>> = true;
+/// The `Extra` of a batch normalisation: its settings.
+template <batchnorm_config C>
+struct batchnorm_extra {
+  static constexpr batchnorm_config value = C;
+};
+template <class T>
+inline constexpr bool is_batchnorm_extra = false;
+template <batchnorm_config C>
+inline constexpr bool is_batchnorm_extra<batchnorm_extra<C>> = true;
 /// The `Extra` of an attention without the causal mask.
 struct bidirectional_extra {};
 template <class T>

@@ -86,6 +86,17 @@ template <expression X, expression P>
 [[nodiscard]] constexpr detail::op_t<op_code::rope, X, P> rope(X, P) noexcept {
   return {};
 }
+/// @brief Batch normalisation in training mode over x `[..., channels]` (an NHWC image: over
+/// batch, height and width) with gain `gamma[channels]` and shift `beta[channels]`:
+/// `(x − mean)/√(var + eps)·gamma + beta`, eps = 1e-5 (`runtime::kernel_settings::batchnorm_eps`),
+/// the biased variance. Synchronised by default: the statistics are the whole batch's however it
+/// is split (`batchnorm<{.sync = false}>` keeps each rank's own). Channels may be split.
+template <batchnorm_config C = batchnorm_config{}, expression X, expression G, expression Bt>
+[[nodiscard]] constexpr node_expr<op_code::batchnorm, detail::batchnorm_extra<C>, std::remove_cvref_t<X>, std::remove_cvref_t<G>,
+                                  std::remove_cvref_t<Bt>>
+batchnorm(X, G, Bt) noexcept {
+  return {};
+}
 /// @brief Softmax over the last dimension.
 template <expression X>
 [[nodiscard]] constexpr detail::op_t<op_code::softmax, X> softmax(X) noexcept {

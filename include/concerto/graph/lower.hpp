@@ -185,6 +185,11 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
       fail(what() + ": '" + p.name_of(x.in[1]) + "' " + dims_text(in(1)) + " is not the shape of the last dims of " + operand(0) +
            ", which it is added to (broadcast over the others)");
     return in(0);
+  case ir::sharding::batchnorm: // x, its scale (whose gamma batchnorm_scale checked), beta
+    if (in(2).size() != 1 || in(2)[0] != in(0).back())
+      fail(what() + ": the shift '" + p.name_of(x.in[2]) + "' " + dims_text(in(2)) +
+           " must hold one value per channel, the last dim of " + operand(0));
+    return in(0);
   case ir::sharding::merge: {
     auto out = in(0);
     const auto first = out.begin() + x.dims.first, last = out.begin() + x.dims.last + 1;
@@ -256,6 +261,13 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
       fail(what() + ": labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
     return in(1);
   case op_code::vocab_ce_loss: return {};
+  case op_code::batchnorm_stats:
+  case op_code::batchnorm_grad_stats: return {2, in(0).back()};
+  case op_code::batchnorm_scale:
+    if (in(1).size() != 1 || in(1)[0] != in(0).back())
+      fail(what() + ": the gain '" + p.name_of(x.in[1]) + "' " + dims_text(in(1)) + " must hold one value per channel (" +
+           std::to_string(in(0).back()) + ")");
+    return {3, in(0).back()};
   default: fail("lowering: " + what() + " has op '" + std::string(ir::to_string(x.op)) + "', whose shape nothing gives");
   }
 }
@@ -751,6 +763,7 @@ private:
       return;
     }
     case ir::task_form::reduce_dim: return reduce_dim(i, x);
+    case ir::task_form::batchnorm: return batchnorm(i, x);
     case ir::task_form::update: return update(i, x);
     case ir::task_form::shard: return local_redistribution(i, x);
     case ir::task_form::collective: return collective(i, x);
@@ -805,12 +818,15 @@ private:
   }
 
   // Part `dim` of a packed gradient: the parts are the gradients of the producer's operands in
-  // order, each the size of its operand (k and v are smaller than q under GQA). A view, no task.
+  // order, each the size of its operand (k and v are smaller than q under GQA); of another value,
+  // its row `dim` (batchnorm's gradient sums: dbeta, dgamma). A view, no task.
   void select(int i, const node& x) {
     const node& packed = p_.nodes[x.in[0]];
     const auto size = static_cast<std::int64_t>(ir::size_of(value_type));
     std::int64_t offset = 0;
-    for (int k = 0; k < x.dim; ++k) offset += elements(local_of(packed.in[k])) * size;
+    if (ir::packed_parts(packed.op) == 0) offset = x.dim * elements(local_of(i)) * size; // equal rows (batchnorm's sums)
+    else
+      for (int k = 0; k < x.dim; ++k) offset += elements(local_of(packed.in[k])) * size;
     slot(i) = b_.view(name_, in(x, 0), offset, elements(local_of(i)) * size, local_of(i));
   }
 
@@ -832,6 +848,21 @@ private:
             {{"batch", image[0]}, {"height", image[1]}, {"width", image[2]}, {"in_channels", image[3]},
              {"out_channels", kernel[3]}, {"kernel_h", kernel[0]}, {"kernel_w", kernel[1]}, {"stride", x.conv.stride},
              {"padding", x.conv.padding}});
+  }
+
+  // The batch normalisation's tasks: the image's rows and channels on this rank, and the rows its
+  // statistics count: every rank's when synchronised, this rank's when local. The scale's
+  // operand is the sums (reduced), made from the image.
+  void batchnorm(int i, const node& x) {
+    int image = x.in[0];
+    if (x.op == op_code::batchnorm_scale) {
+      while (is_redistribution(p_.nodes[image].op)) image = p_.nodes[image].in[0];
+      image = p_.nodes[image].in[0];
+    }
+    const auto& s = local_of(image);
+    const auto& whole = global_of(image);
+    const auto cols = s.back(), rows = elements(s) / cols;
+    compute(i, x.op, ins(x), {{"rows", rows}, {"cols", cols}, {"count", x.local_stats ? rows : elements(whole) / whole.back()}});
   }
 
   // sum_dim / mean_dim over x and their gradients (the node is dx, x's shape): the values around

@@ -89,12 +89,13 @@ enum class op : std::uint8_t {
   // forward
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
-  sigmoid, transpose, tanh, conv2d, flatten, sum_dim, mean_dim,
+  sigmoid, transpose, tanh, conv2d, flatten, batchnorm, batchnorm_stats, batchnorm_scale, sum_dim, mean_dim,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
   cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad, sigmoid_grad,
-  tanh_grad, conv2d_grad_input, conv2d_grad_weight, flatten_grad, sum_dim_grad, mean_dim_grad,
+  tanh_grad, conv2d_grad_input, conv2d_grad_weight, batchnorm_grad_stats, batchnorm_grad, flatten_grad, sum_dim_grad,
+  mean_dim_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates, and the global gradient norm that clipping scales them by
@@ -141,6 +142,7 @@ enum class sharding : std::uint8_t {
   convolution,   ///< conv2d: the einsum rule over x [batch, h, w, in] and w [kh, kw, in, out], the window's dimensions whole
   merge,         ///< flatten: dims first..last as one, split as the first of them (the others whole); linear
   reduce_dim,    ///< sum_dim / mean_dim: the dim's axes become pending sums, later dims move down; linear
+  batchnorm,     ///< x [..., channels] whole (no pending sum), gamma and beta like its channels; the compiler makes the statistics' tasks
 };
 
 /// @brief How the DSL's autodiff builds the gradients of an op's operands.
@@ -152,6 +154,7 @@ enum class backward : std::uint8_t {
   contract,     ///< matmul: two products with transposed operands (the einsum rule's backward)
   vocab_ce,     ///< the vocab-parallel cross-entropy's loss: one task from the saved pieces
   convolution,  ///< conv2d: terms[0] the input's gradient, terms[1] the weight's, each spec by the einsum rule (as contract)
+  batchnorm,    ///< batchnorm: the gradient's statistics (summed over the batch's ranks when synchronised), dx, and dgamma, dbeta as their parts
 };
 
 /// @brief How the DSL's lowering (graph/lower.hpp) makes an op's task: which attrs it derives
@@ -173,6 +176,7 @@ enum class task_form : std::uint8_t {
   convolution, ///< the image's batch, height, width, channels, the kernel's size and channels, stride, padding
   reshape,     ///< flatten and its gradient: the operand's buffer viewed in the node's shape, no task
   reduce_dim,  ///< outer, extent, inner around the reduced dim; a mean's 1/extent over the whole dim as num/den
+  batchnorm,   ///< rows and channels of the image, and the rows its statistics count (every rank's when synchronised)
   update,      ///< in place on the parameter (or its shard) and the optimizer state
   shard,       ///< shard_slice, keep_one: this rank's part or one copy, moving no data between ranks
   collective,  ///< a collective task on the mesh axis of the node
@@ -445,6 +449,18 @@ inline constexpr op_info table[op_count] = {
     // Dims first..last of x as one (node::dims): the same values in a view of x's buffer.
     dsl(formed(task_form::reshape, compute(op::flatten, "flatten", k::copy, list({"x"}), list({"out"}), f::none, 0, false)),
         1, r::merge, b::terms, {term(op::flatten_grad, {a::dout})}),
+    // Batch normalisation in training mode (runtime/cpu/normalization.hpp) over x [..., channels]:
+    // statistics per channel over every other dim. The DSL op (x, gamma, beta) lowers to four
+    // tasks: the sums Σx, Σx² [2, channels] (all-reduced over the axes splitting the rows when
+    // synchronised: batchnorm_config::sync), the scale (mean, 1/σ, gamma/σ) [3, channels], and the
+    // normalisation y = (x − mean)·gamma/σ + beta, which reads x, the scale and beta.
+    dsl(formed(task_form::batchnorm, compute(op::batchnorm, "batchnorm", k::norm, list({"x", "scale", "beta"}), list({"y"}),
+                                             f::per_output, 2)),
+        3, r::batchnorm, b::batchnorm),
+    in_f32(formed(task_form::batchnorm,
+                  compute(op::batchnorm_stats, "batchnorm_stats", k::norm, list({"x"}), list({"sums"}), f::per_input, 3))),
+    in_f32(formed(task_form::batchnorm, compute(op::batchnorm_scale, "batchnorm_scale", k::norm, list({"sums", "gamma"}),
+                                                list({"scale"}), f::per_output, 3))),
     // The sum and the mean over one dim (node::dims.first); the mean divides by its whole extent.
     dsl(formed(task_form::reduce_dim, with_attrs(compute(op::sum_dim, "sum_dim", k::elementwise, list({"x"}), list({"out"}),
                                                          f::per_input, 1),
@@ -502,6 +518,11 @@ inline constexpr op_info table[op_count] = {
     conv(compute(op::conv2d_grad_input, "conv2d_grad_input", k::matmul, list({"dy", "w"}), list({"dx"}), f::convolution, 0)),
     accumulating(conv(compute(op::conv2d_grad_weight, "conv2d_grad_weight", k::matmul, list({"x", "dy"}), list({"dw"}),
                               f::convolution, 0))),
+    // Σdy and Σdy·x̂ per channel [2, channels]: dbeta and dgamma, and what dx subtracts.
+    in_f32(formed(task_form::batchnorm, compute(op::batchnorm_grad_stats, "batchnorm_grad_stats", k::norm,
+                                                list({"x", "scale", "dy"}), list({"sums"}), f::per_input, 5))),
+    formed(task_form::batchnorm, compute(op::batchnorm_grad, "batchnorm_grad", k::norm, list({"x", "scale", "sums", "dy"}),
+                                         list({"dx"}), f::per_output, 6)),
     formed(task_form::reshape, compute(op::flatten_grad, "flatten_grad", k::copy, list({"dout"}), list({"dx"}), f::none, 0, false)),
     // dx = dy repeated along the reduced dim (times 1/extent for a mean).
     formed(task_form::reduce_dim, with_attrs(compute(op::sum_dim_grad, "sum_dim_grad", k::elementwise, list({"dout"}),

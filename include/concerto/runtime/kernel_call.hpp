@@ -41,6 +41,7 @@ struct kernel_settings {
   lr_schedule schedule{}; ///< the rate of each step from sgd.lr or adamw.lr (lr_schedule.hpp)
   float clip_norm = 0.0f; ///< global-norm gradient clipping's max_norm (grad_clip.hpp), 0: none
   float layernorm_eps = 1e-5f;
+  float batchnorm_eps = 1e-5f;
   float rmsnorm_eps = 1e-6f;
   std::int64_t step = 1; ///< optimizer step, counting from 1 (AdamW bias correction); the executor sets it
   /// This rank's coordinate on each mesh axis of the graph (the backend fills it in prepare):
@@ -97,6 +98,7 @@ struct kernel_call {
   std::vector<rows_in_whole> parts; ///< slice / concat / shard_slice: the parts' geometry (bytes)
   cpu::moe_shape moe{};          ///< the MoE ops: groups, tokens per group, experts, hidden, capacity, top_k
   ir::conv_geometry conv{};      ///< conv2d and its gradients: the image, the kernel, stride and padding
+  std::size_t count = 0;         ///< batch normalisation: the rows its statistics are over (every rank's when synchronised)
   /// Values of its bf16 operands (each buffer once): a dispatch widens them into f32 workspace
   /// before the kernel and rounds the written ones back after it (runtime/dispatch.hpp).
   std::size_t staged = 0;
@@ -531,6 +533,32 @@ inline void decode_reduce_dim(const call_reader& r, kernel_call& c) {
   c.n = forward ? reduced : whole;
 }
 
+// The batch normalisation's tasks over an image of rows × cols (channels): each operand holds the
+// image's values, a value per channel, or the sums [2, cols] / the scale [3, cols].
+inline void decode_batchnorm(const call_reader& r, kernel_call& c) {
+  c.rows = r.attr("rows");
+  c.cols = r.positive_attr("cols");
+  c.count = r.positive_attr("count");
+  c.n = c.rows * c.cols;
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  r.need_float(c, 0, true);
+  const auto image = c.n, sums = 2 * c.cols, scale = 3 * c.cols;
+  const auto reads = [&](std::initializer_list<std::size_t> counts) {
+    std::size_t i = 0;
+    for (const auto n : counts) {
+      r.need_count(c, i, false, n, n == image ? "rows·cols" : n == sums ? "2·cols (the sums)" : n == scale ? "3·cols (the scale)" : "cols");
+      ++i;
+    }
+  };
+  switch (c.fn) {
+  case ir::op::batchnorm_stats: reads({image}); r.need_count(c, 0, true, sums, "2·cols (the sums)"); break;
+  case ir::op::batchnorm_scale: reads({sums, c.cols}); r.need_count(c, 0, true, scale, "3·cols (the scale)"); break;
+  case ir::op::batchnorm: reads({image, scale, c.cols}); r.need_count(c, 0, true, image, "rows·cols"); break;
+  case ir::op::batchnorm_grad_stats: reads({image, scale, image}); r.need_count(c, 0, true, sums, "2·cols (the sums)"); break;
+  default: reads({image, scale, sums, image}); r.need_count(c, 0, true, image, "rows·cols"); break;
+  }
+}
+
 inline void decode_update(const call_reader& r, kernel_call& c) {
   for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
@@ -738,6 +766,11 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::mean_dim:
   case op::sum_dim_grad:
   case op::mean_dim_grad: detail::decode_reduce_dim(r, c); break;
+  case op::batchnorm:
+  case op::batchnorm_stats:
+  case op::batchnorm_scale:
+  case op::batchnorm_grad_stats:
+  case op::batchnorm_grad: detail::decode_batchnorm(r, c); break;
   // not compute ops, or priced only
   case op::none:
   case op::input:

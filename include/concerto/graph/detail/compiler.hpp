@@ -73,6 +73,7 @@ struct node {
   moe_config moe{};       ///< moe_route and its gradient: the routing's settings
   conv_config conv{};     ///< conv2d and its gradients: stride and padding
   dim_range dims{};       ///< flatten, sum_dim, mean_dim and their gradients: the dims they work along
+  bool local_stats = false; ///< batchnorm's tasks: statistics over this rank's rows only (batchnorm_config::sync off)
   [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
 };
 
@@ -294,7 +295,8 @@ struct work {
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.dims == x.dims && o.flags == x.flags)
+          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.dims == x.dims && o.local_stats == x.local_stats &&
+          o.flags == x.flags)
         return i;
     }
     return raw_add(x);
@@ -494,6 +496,13 @@ struct work {
       rr.need[1] = rules::like_trailing_dims(rr.need[0], rank(1), A);
       return rr;
     }
+    case ir::sharding::batchnorm:
+      if (rank(0) < 2 || rank(1) != 1 || rank(2) != 1) return refuse(errc::rank_mismatch);
+      if (pinned_sum_1 || (pinned(in[2]) && sp(in[2]).has_partial())) return refuse(errc::partial_into_nonlinear);
+      if (const auto x_whole = lead(); x_whole.err != errc::none) return x_whole;
+      map[r] = static_cast<std::int16_t>(batch_norm(in[0], in[1], in[2], x.local_stats, ng));
+      emitted = true;
+      return {};
     case ir::sharding::merge:
       if (x.dims.first < 0 || x.dims.last <= x.dims.first || x.dims.last >= rank(0)) return refuse(errc::rank_mismatch);
       return rules::merge(sp(in[0]), x.dims.first, x.dims.last, A);
@@ -614,6 +623,28 @@ struct work {
     pspec loss_spec;
     loss_spec.partial = rules::axes_splitting(rows, 0, max_rank, axes.count);
     return emit(op_code::vocab_ce_loss, {s, t}, loss_spec, fwd, role::loss, ng);
+  }
+
+  /// Batch normalisation of x (made whole) by gamma and beta laid out like its channels: the
+  /// sums [2, channels] (all-reduced over the axes splitting x's rows unless `local`), the scale
+  /// [3, channels] from them and gamma, then the normalisation, which reads x, the scale and beta.
+  constexpr int batch_norm(int x_in, int gamma_in, int beta_in, bool local, std::uint8_t ng) noexcept {
+    const auto fwd = ir::phase::forward;
+    const int A = axes.count;
+    const pspec xs = sp(x_in).without_partial();
+    const pspec channels = rules::like_last_dim(xs, A);
+    const int x = convert(x_in, xs, fwd), gamma = convert(gamma_in, channels, fwd), beta = convert(beta_in, channels, fwd);
+    pspec stats;
+    stats.rank = 2;
+    for (int a = 0; a < A; ++a)
+      if (xs.state(a) == xs.rank - 1) stats.set_state(a, 1);
+    pspec summed = stats;
+    if (!local) summed.partial = rules::axes_splitting(xs, 0, xs.rank - 2, A);
+    const int sums = emit(op_code::batchnorm_stats, {x}, summed, fwd, role::activation);
+    const int scale = emit(op_code::batchnorm_scale, {convert(sums, stats, fwd), gamma}, stats, fwd, role::activation);
+    const int y = emit(op_code::batchnorm, {x, scale, beta}, xs, fwd, role::activation, ng);
+    nodes[sums].local_stats = nodes[scale].local_stats = nodes[y].local_stats = local;
+    return y;
   }
 
   // ---- 3. autodiff -----------------------------------------------------------------------------------
@@ -771,6 +802,34 @@ struct work {
       }
       return;
     }
+    case ir::backward::batchnorm: {
+      // Σdy and Σdy·x̂ per channel, summed over the ranks holding the batch's other rows (for dx
+      // when synchronised; for dgamma and dbeta always, later with the other gradients when local).
+      const int x = y.in[0], scale = y.in[1], beta = y.in[2], gamma = nodes[scale].in[1];
+      const auto bwd_phase = ir::phase::backward;
+      pspec summed = sp(scale);
+      summed.partial = rules::axes_splitting(sp(x), 0, sp(x).rank - 2, axes.count);
+      int sums = emit(op_code::batchnorm_grad_stats, {x, scale, g}, summed, bwd_phase, role::gradient);
+      nodes[sums].local_stats = y.local_stats;
+      if (!y.local_stats) sums = convert(sums, sp(scale), bwd_phase);
+      if (needs_grad(x)) {
+        const int dx = bwd(op_code::batchnorm_grad, {x, scale, sums, g}, sp(x).without_partial(), x);
+        nodes[dx].local_stats = y.local_stats;
+        accumulate(x, dx);
+      }
+      // dbeta is row 0 of the sums, dgamma row 1: views.
+      for (const auto& [part, target] : {std::pair{0, beta}, std::pair{1, gamma}}) {
+        if (!needs_grad(target)) continue;
+        pspec row;
+        row.rank = 1;
+        for (int k = 0; k < max_dim_axes; ++k) row.dims[0][k] = sp(sums).dims[1][k];
+        row.partial = sp(sums).partial;
+        const int s = bwd(op_code::select, {sums}, row, target);
+        nodes[s].dim = static_cast<std::int8_t>(part);
+        accumulate(target, s);
+      }
+      return;
+    }
     case ir::backward::vocab_ce: {
       // The loss of the vocab-parallel cross-entropy: one task from the pieces its forward saved.
       const auto before = [&](int j) {
@@ -883,6 +942,10 @@ struct tracer<node_expr<Op, Extra, Args...>> {
     } else if constexpr (concerto::detail::is_moe_extra<Extra>) {
       node proto;
       proto.moe = Extra::value;
+      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
+    } else if constexpr (concerto::detail::is_batchnorm_extra<Extra>) {
+      node proto;
+      proto.local_stats = !Extra::value.sync;
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
     } else if constexpr (concerto::detail::is_dims_extra<Extra>) {
       node proto;

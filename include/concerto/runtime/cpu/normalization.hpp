@@ -7,6 +7,7 @@
 #include <concerto/runtime/cpu/detail/check.hpp>
 #include <concerto/runtime/cpu/detail/fast_math.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -215,6 +216,109 @@ inline void softmax_grad(std::span<const float> y, std::span<const float> dy, st
     for (std::size_t c = 0; c < cols; ++c) dot += pg[c] * py[c];
     for (std::size_t c = 0; c < cols; ++c) pd[c] = py[c] * (pg[c] - dot);
   }
+}
+
+// ---- batch normalisation: per channel over the rows of x [rows, channels] ----------------------------
+
+namespace detail {
+// Per-channel sums of f(r, c) and g(r, c) over the rows, in double (E[x²] − E[x]² needs their low
+// bits), a block of channels at a time on the stack.
+template <class F, class G>
+inline void channel_sums(std::span<float> sums, std::size_t rows, std::size_t cols, F&& f, G&& g) {
+  constexpr std::size_t block = 256;
+  double acc[2 * block];
+  for (std::size_t c0 = 0; c0 < cols; c0 += block) {
+    const std::size_t width = std::min(block, cols - c0);
+    std::fill(acc, acc + 2 * width, 0.0);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < width; ++c) {
+        acc[c] += f(r, c0 + c);
+        acc[width + c] += g(r, c0 + c);
+      }
+    for (std::size_t c = 0; c < width; ++c) {
+      sums[c0 + c] = static_cast<float>(acc[c]);
+      sums[cols + c0 + c] = static_cast<float>(acc[width + c]);
+    }
+  }
+}
+} // namespace detail
+
+/// @brief sums [2, cols] = (Σ_r x, Σ_r x²) per channel.
+inline void batchnorm_stats(std::span<const float> x, std::span<float> sums, std::size_t rows, std::size_t cols) {
+  detail::require_size(x, rows * cols, "batchnorm_stats", "x");
+  detail::require_size(sums, 2 * cols, "batchnorm_stats", "sums");
+  detail::channel_sums(
+      sums, rows, cols, [&](std::size_t r, std::size_t c) { return static_cast<double>(x[r * cols + c]); },
+      [&](std::size_t r, std::size_t c) { return static_cast<double>(x[r * cols + c]) * x[r * cols + c]; });
+}
+
+/// @brief scale [3, cols] = (mean, 1/σ, gamma/σ) from sums over `count` rows: σ = √(var + eps),
+/// var = Σx²/count − mean² (the biased variance, at least 0).
+inline void batchnorm_scale(std::span<const float> sums, std::span<const float> gamma, std::span<float> scale, std::size_t cols,
+                            std::size_t count, float eps) {
+  detail::require_size(sums, 2 * cols, "batchnorm_scale", "sums");
+  detail::require_size(gamma, cols, "batchnorm_scale", "gamma");
+  detail::require_size(scale, 3 * cols, "batchnorm_scale", "scale");
+  CONCERTO_CHECK(count > 0, "batchnorm_scale: statistics over 0 rows");
+  for (std::size_t c = 0; c < cols; ++c) {
+    const double mean = static_cast<double>(sums[c]) / static_cast<double>(count);
+    const double var = std::max(static_cast<double>(sums[cols + c]) / static_cast<double>(count) - mean * mean, 0.0);
+    const double rstd = 1.0 / std::sqrt(var + static_cast<double>(eps));
+    scale[c] = static_cast<float>(mean);
+    scale[cols + c] = static_cast<float>(rstd);
+    scale[2 * cols + c] = static_cast<float>(rstd * gamma[c]);
+  }
+}
+
+/// @brief y = (x − mean)·gamma/σ + beta per channel, from the scale of batchnorm_scale.
+inline void batchnorm(std::span<const float> x, std::span<const float> scale, std::span<const float> beta, std::span<float> y,
+                      std::size_t rows, std::size_t cols) {
+  detail::require_size(x, rows * cols, "batchnorm", "x");
+  detail::require_size(scale, 3 * cols, "batchnorm", "scale");
+  detail::require_size(beta, cols, "batchnorm", "beta");
+  detail::require_size(y, rows * cols, "batchnorm", "y");
+  const float* mean = scale.data();
+  const float* g = scale.data() + 2 * cols;
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) y[r * cols + c] = (x[r * cols + c] - mean[c]) * g[c] + beta[c];
+}
+
+/// @brief sums [2, cols] = (Σ_r dy, Σ_r dy·x̂) per channel, x̂ = (x − mean)/σ: dbeta and dgamma
+/// over these rows.
+inline void batchnorm_grad_stats(std::span<const float> x, std::span<const float> scale, std::span<const float> dy,
+                                 std::span<float> sums, std::size_t rows, std::size_t cols) {
+  detail::require_size(x, rows * cols, "batchnorm_grad_stats", "x");
+  detail::require_size(scale, 3 * cols, "batchnorm_grad_stats", "scale");
+  detail::require_size(dy, rows * cols, "batchnorm_grad_stats", "dy");
+  detail::require_size(sums, 2 * cols, "batchnorm_grad_stats", "sums");
+  const float* mean = scale.data();
+  const float* rstd = scale.data() + cols;
+  detail::channel_sums(
+      sums, rows, cols, [&](std::size_t r, std::size_t c) { return static_cast<double>(dy[r * cols + c]); },
+      [&](std::size_t r, std::size_t c) {
+        return static_cast<double>(dy[r * cols + c]) * ((x[r * cols + c] - mean[c]) * rstd[c]);
+      });
+}
+
+/// @brief dx = gamma/σ·(dy − Σdy/count − x̂·Σdy·x̂/count) per channel: the gradient through the
+/// batch's statistics as well as the normalisation (`count` rows, the sums' over them).
+inline void batchnorm_grad(std::span<const float> x, std::span<const float> scale, std::span<const float> sums,
+                           std::span<const float> dy, std::span<float> dx, std::size_t rows, std::size_t cols, std::size_t count) {
+  detail::require_size(x, rows * cols, "batchnorm_grad", "x");
+  detail::require_size(scale, 3 * cols, "batchnorm_grad", "scale");
+  detail::require_size(sums, 2 * cols, "batchnorm_grad", "sums");
+  detail::require_size(dy, rows * cols, "batchnorm_grad", "dy");
+  detail::require_size(dx, rows * cols, "batchnorm_grad", "dx");
+  CONCERTO_CHECK(count > 0, "batchnorm_grad: statistics over 0 rows");
+  const float* mean = scale.data();
+  const float* rstd = scale.data() + cols;
+  const float* g = scale.data() + 2 * cols;
+  const float inv = 1.0f / static_cast<float>(count);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float xhat = (x[r * cols + c] - mean[c]) * rstd[c];
+      dx[r * cols + c] = g[c] * (dy[r * cols + c] - sums[c] * inv - xhat * sums[cols + c] * inv);
+    }
 }
 
 } // namespace concerto::runtime::cpu

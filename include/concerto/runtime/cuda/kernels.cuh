@@ -740,6 +740,64 @@ __global__ void rms_stats_k(const float* x, float* rstd, std::size_t cols, float
   if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
 }
 
+// Batch normalisation (as the CPU kernels, runtime/cpu/normalization.hpp): the sums one thread
+// per channel over the rows (neighbouring threads read neighbouring channels of a row), in double.
+template <int = 0>
+__global__ void batchnorm_stats_k(const float* x, float* sums, std::size_t rows, std::size_t cols) {
+  CONCERTO_GRID_STRIDE(c, cols) {
+    double s = 0.0, sq = 0.0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const double v = x[r * cols + c];
+      s += v;
+      sq += v * v;
+    }
+    sums[c] = static_cast<float>(s);
+    sums[cols + c] = static_cast<float>(sq);
+  }
+}
+template <int = 0>
+__global__ void batchnorm_scale_k(const float* sums, const float* gamma, float* scale, std::size_t cols, std::size_t count,
+                                  float eps) {
+  CONCERTO_GRID_STRIDE(c, cols) {
+    const double mean = static_cast<double>(sums[c]) / static_cast<double>(count);
+    const double var = fmax(static_cast<double>(sums[cols + c]) / static_cast<double>(count) - mean * mean, 0.0);
+    const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
+    scale[c] = static_cast<float>(mean);
+    scale[cols + c] = static_cast<float>(rstd);
+    scale[2 * cols + c] = static_cast<float>(rstd * gamma[c]);
+  }
+}
+template <int = 0>
+__global__ void batchnorm_k(const float* x, const float* scale, const float* beta, float* y, std::size_t rows, std::size_t cols) {
+  CONCERTO_GRID_STRIDE(i, rows * cols) {
+    const std::size_t c = i % cols;
+    y[i] = (x[i] - scale[c]) * scale[2 * cols + c] + beta[c];
+  }
+}
+template <int = 0>
+__global__ void batchnorm_grad_stats_k(const float* x, const float* scale, const float* dy, float* sums, std::size_t rows,
+                                       std::size_t cols) {
+  CONCERTO_GRID_STRIDE(c, cols) {
+    double s = 0.0, sx = 0.0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float d = dy[r * cols + c];
+      s += d;
+      sx += static_cast<double>(d) * ((x[r * cols + c] - scale[c]) * scale[cols + c]);
+    }
+    sums[c] = static_cast<float>(s);
+    sums[cols + c] = static_cast<float>(sx);
+  }
+}
+template <int = 0>
+__global__ void batchnorm_grad_k(const float* x, const float* scale, const float* sums, const float* dy, float* dx,
+                                 std::size_t rows, std::size_t cols, float inv_count) {
+  CONCERTO_GRID_STRIDE(i, rows * cols) {
+    const std::size_t c = i % cols;
+    const float xhat = (x[i] - scale[c]) * scale[cols + c];
+    dx[i] = scale[2 * cols + c] * (dy[i] - sums[c] * inv_count - xhat * sums[cols + c] * inv_count);
+  }
+}
+
 // out[o, i] = scale·Σ_e x[o, e, i], one thread per output value.
 template <int = 0>
 __global__ void sum_dim_k(const float* x, float* out, std::size_t outer, std::size_t extent, std::size_t inner, float scale) {
@@ -967,6 +1025,43 @@ inline void tanh_grad(const float* y, const float* dout, float* dx, std::size_t 
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::tanh_grad_k<>)(y, dout, dx, n);
   detail::launched("tanh_grad");
+}
+/// @brief Per-channel Σx and Σx² of x [rows, cols], as cpu::batchnorm_stats.
+inline void batchnorm_stats(const float* x, float* sums, std::size_t rows, std::size_t cols, cudaStream_t s) {
+  if (cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::batchnorm_stats_k<>)(x, sums, rows, cols);
+  detail::launched("batchnorm_stats");
+}
+/// @brief (mean, 1/σ, gamma/σ) per channel, as cpu::batchnorm_scale.
+inline void batchnorm_scale(const float* sums, const float* gamma, float* scale, std::size_t cols, std::size_t count, float eps,
+                            cudaStream_t s) {
+  if (cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::batchnorm_scale_k<>)(sums, gamma, scale, cols, count,
+                                                                                                 eps);
+  detail::launched("batchnorm_scale");
+}
+/// @brief y = (x − mean)·gamma/σ + beta, as cpu::batchnorm.
+inline void batchnorm(const float* x, const float* scale, const float* beta, float* y, std::size_t rows, std::size_t cols,
+                      cudaStream_t s) {
+  if (rows * cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols), detail::block, 0, s, detail::batchnorm_k<>)(x, scale, beta, y, rows, cols);
+  detail::launched("batchnorm");
+}
+/// @brief Per-channel Σdy and Σdy·x̂, as cpu::batchnorm_grad_stats.
+inline void batchnorm_grad_stats(const float* x, const float* scale, const float* dy, float* sums, std::size_t rows,
+                                 std::size_t cols, cudaStream_t s) {
+  if (cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::batchnorm_grad_stats_k<>)(x, scale, dy, sums, rows,
+                                                                                                      cols);
+  detail::launched("batchnorm_grad_stats");
+}
+/// @brief dx through the normalisation and the statistics, as cpu::batchnorm_grad.
+inline void batchnorm_grad(const float* x, const float* scale, const float* sums, const float* dy, float* dx, std::size_t rows,
+                           std::size_t cols, std::size_t count, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols), detail::block, 0, s, detail::batchnorm_grad_k<>)(
+      x, scale, sums, dy, dx, rows, cols, 1.0f / static_cast<float>(count));
+  detail::launched("batchnorm_grad");
 }
 /// @brief The sum over the middle of x [outer, extent, inner] times scale, as cpu::sum_dim.
 inline void sum_dim(const float* x, float* out, std::size_t outer, std::size_t extent, std::size_t inner, float scale,
