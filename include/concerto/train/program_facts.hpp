@@ -35,6 +35,9 @@ struct program_facts {
   std::vector<node> nodes;
   std::string loss;
   std::uint32_t loss_partial = 0; ///< the program axes the loss is pending a sum over
+  /// The value the loss compares with its target, as the loss reads it: a cross-entropy's logits
+  /// (split over the vocabulary when vocab-parallel), an mse's prediction; of a sum of losses, the first's.
+  std::string prediction;
 };
 
 template <std::size_t N>
@@ -61,6 +64,14 @@ program_facts facts_of(const graph::program<N>& p) {
   }
   f.loss = p.name_of(p.loss);
   f.loss_partial = p.nodes[p.loss].spec.partial;
+  int loss = p.loss;
+  while (p.nodes[loss].op == op_code::add || graph::is_redistribution(p.nodes[loss].op)) loss = p.nodes[loss].in[0];
+  int read = p.nodes[loss].in[0];
+  if (p.nodes[loss].op == op_code::vocab_ce_loss) { // from the pieces: the sum of exponentials' logits
+    while (graph::is_redistribution(p.nodes[read].op)) read = p.nodes[read].in[0];
+    read = p.nodes[read].in[0];
+  }
+  if (read >= 0) f.prediction = p.name_of(read);
   return f;
 }
 

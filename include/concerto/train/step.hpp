@@ -239,6 +239,21 @@ public:
                                                                    std::to_string(completed_steps())) /
            e.tensors.loss_copies();
   }
+  /// @brief A value of the last evaluate()'s forward pass, gathered to its global shape on every
+  /// rank (collective): a node of the program by its name in the step's messages, e.g. the
+  /// prediction (prediction_name()) to score a held-out set by.
+  /// @code
+  /// step.evaluate(heldout);
+  /// const auto logits = step.evaluated(step.prediction_name()); // [examples, classes]
+  /// @endcode
+  [[nodiscard]] std::vector<float> evaluated(const std::string& name) {
+    if (!eval_) fail("train step: evaluated('" + name + "') reads the last evaluation; call evaluate(batch) first");
+    return eval_->tensors.gather(*eval_->backend, *control_, name);
+  }
+  /// @brief The name of what the loss compares with its target (program_facts::prediction): a
+  /// cross-entropy's logits, an mse's prediction.
+  [[nodiscard]] const std::string& prediction_name() const noexcept { return facts_.prediction; }
+
   /// @brief What the evaluation's first call decided (after a first evaluate).
   [[nodiscard]] const plan_summary& evaluation_summary() {
     prepare();
