@@ -66,7 +66,9 @@ inline shape_map shapes(std::int64_t batch, std::int64_t side, std::int64_t k, s
   std::int64_t in = stem;
   for (int stage = 1; stage <= 3; ++stage) {
     const std::int64_t mid = (16 << (stage - 1)) * k, out = 2 * mid;
-    const std::string p = "s" + std::to_string(stage) + ".";
+    std::string p(1, 's'); // appended piece by piece: g++ 12 warns falsely (-Wrestrict) on "s" + std::to_string(...)
+    p += std::to_string(stage);
+    p += '.';
     block(p, in, mid, out);
     s[p + "ws"] = {1, 1, in, out};
     if (stage == 1) block("", out, mid, out); // the repeated identity blocks

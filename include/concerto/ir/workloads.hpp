@@ -17,6 +17,7 @@
 
 #include <concerto/ir/builder.hpp>
 
+#include <cmath>
 #include <deque>
 #include <string>
 #include <string_view>
@@ -59,6 +60,12 @@ struct model_spec {
   bool llama = false;
   i64 experts = 0, top_k = 0;
   bool axial = false; ///< an Evoformer pair stack (pair_stack): hidden = c_z, seq = residues, ffn = the transition's width
+  /// A Vision Transformer as examples/vit writes it: seq = patches per image (a square grid of
+  /// `patch`-pixel patches), vocab = classes; a strided convolution embeds the patches, a
+  /// position table is added, layer norms have a gain and a shift of their own, q, k and v are
+  /// separate projections, attention has no mask, mean pooling feeds the head.
+  bool vit = false;
+  i64 patch = 0;
 };
 
 // ZeRO-2 keeps whole parameters and shards gradients and optimizer state: each gradient is
@@ -116,6 +123,8 @@ public:
     for (auto& p : params_) {
       b_.at(phase::optimizer, p.layer);
       const auto updated = zero2() ? p.shard : p.store;
+      // As the DSL lowers ZeRO-1/2: this rank's shard of the whole parameter, updated, gathered back.
+      if (zero2()) task(p.name + ".shard", {p.store}, {p.shard}, info(op::shard_slice, {{"dim", 0}, {"parts", dp_}}));
       task(p.name + ".adamw", {p.grad_out, updated, p.state}, {updated, p.state},
                  info(op::adamw, {{"numel", local_numel(p)}}));
       if (zero2()) b_.collective(op_kind::all_gather, p.name + ".ag.update", dp_axis_, p.shard, p.store);
@@ -127,9 +136,16 @@ private:
     buffer_id n2 = -1, logits = -1, gates = -1, x = -1, u1 = -1, u3 = -1, a = -1, back = -1;
     param *router = nullptr, *w1 = nullptr, *w3 = nullptr, *w2 = nullptr; // w*: [E/ep, ...], batched
   };
+  // A norm's parameters: the gain (GPT: gain and shift packed as [2h]) and, for the ViT, its
+  // shift of its own, as the DSL's layernorm(x, g, b) takes them.
+  struct norm_params {
+    param* gain = nullptr;
+    param* shift = nullptr;
+  };
   struct saved_block {
     buffer_id x_in, n1, n1f, qkv, attn, lse, x_mid, n2, n2f, u, a;
-    param *norm1, *qkv_w, *o_w, *norm2, *up_w, *down_w;
+    norm_params norm1, norm2;
+    param *qkv_w, *o_w, *up_w, *down_w;
     // Llama: q, k, v and the MLP's gate and up projections are separate, as the DSL writes them.
     buffer_id q, k, v, gate;
     param *q_w, *k_w, *v_w, *gate_w;
@@ -235,21 +251,35 @@ private:
   }
   [[nodiscard]] std::string partial(const std::string& name) const { return tp_axis_ >= 0 ? name + ".partial" : name; }
 
-  buffer_id norm(const std::string& name, buffer_id x, param& w) {
+  norm_params make_norm(const std::string& name, int layer) {
+    if (m_.vit) {
+      auto& g = make_param(name + ".g", {m_.hidden}, layer, true);
+      return {&g, &make_param(name + ".b", {m_.hidden}, layer, true)};
+    }
+    return {&make_param(name + ".w", {m_.llama ? m_.hidden : 2 * m_.hidden}, layer, true)};
+  }
+  buffer_id norm(const std::string& name, buffer_id x, norm_params w) {
     const auto out = act(name + ".out", {tok_sp_, m_.hidden});
-    task(name, {x, use(w, true)}, {out}, info(m_.llama ? op::rmsnorm : op::layernorm, {{"hidden", m_.hidden}}));
+    std::vector<buffer_id> reads{x, use(*w.gain, true)};
+    if (w.shift) reads.push_back(use(*w.shift, true));
+    task(name, std::move(reads), {out}, info(m_.llama ? op::rmsnorm : op::layernorm, {{"hidden", m_.hidden}}));
     return out;
   }
-  buffer_id norm_backward(const std::string& name, buffer_id dy, buffer_id x, param& w) {
+  buffer_id norm_backward(const std::string& name, buffer_id dy, buffer_id x, norm_params w) {
     const auto dx = act(name + ".in.grad", {tok_sp_, m_.hidden});
-    const auto weight = use(w, false);
+    const auto weight = use(*w.gain, false);
     if (m_.llama) { // as the DSL lowers RMSNorm's backward: the input's gradient, then the gain's
       task(name + ".grad", {x, weight, dy}, {dx}, info(op::rmsnorm_grad));
-      task(name + ".grad.gain", {x, dy}, {w.grad}, info(op::rmsnorm_grad_gain));
+      task(name + ".grad.gain", {x, dy}, {w.gain->grad}, info(op::rmsnorm_grad_gain));
+    } else if (w.shift) { // as the DSL lowers layernorm(x, g, b)'s: dx, the gain's, the shift's
+      task(name + ".grad", {x, weight, dy}, {dx}, info(op::layernorm_grad));
+      task(name + ".grad.gain", {x, dy}, {w.gain->grad}, info(op::layernorm_grad_gamma));
+      task(name + ".grad.shift", {dy}, {w.shift->grad}, info(op::bias_grad));
+      gradient_ready(*w.shift);
     } else {
-      task(name + ".grad", {x, weight, dy}, {dx, w.grad}, info(op::layernorm_grad));
+      task(name + ".grad", {x, weight, dy}, {dx, w.gain->grad}, info(op::layernorm_grad));
     }
-    gradient_ready(w);
+    gradient_ready(*w.gain);
     return dx;
   }
   buffer_id add(const std::string& name, buffer_id a, buffer_id b) {
@@ -327,7 +357,38 @@ private:
     return dx;
   }
 
+  // The ViT's patches: a convolution of stride = kernel = patch over the images, viewed as a
+  // sequence, plus the position table. Its backward: the table's gradient, the kernel's.
+  [[nodiscard]] i64 grid() const { return static_cast<i64>(std::llround(std::sqrt(static_cast<double>(m_.seq)))); }
+  [[nodiscard]] std::map<std::string, std::int64_t> patch_attrs() const {
+    const i64 side = grid() * m_.patch;
+    return {{"batch", batch_},          {"height", side},          {"width", side},     {"in_channels", 3},
+            {"out_channels", m_.hidden}, {"kernel_h", m_.patch},   {"kernel_w", m_.patch}, {"stride", m_.patch},
+            {"padding", 0}};
+  }
+  buffer_id patches_forward() {
+    b_.at(phase::forward, -1);
+    const i64 h = m_.hidden, side = grid() * m_.patch;
+    images_ = b_.buffer("images", {batch_, side, side, 3}, buffer_role::input, type_);
+    labels_ = b_.buffer("labels", {batch_}, buffer_role::input, dtype::i32);
+    wte_ = &make_param("embed.patch", {m_.patch, m_.patch, 3, h}, -1);
+    wpe_ = &make_param("embed.pos", {m_.seq, h}, -1);
+    const auto patches = act("embed.patches", {batch_, grid(), grid(), h});
+    task("embed", {images_, use(*wte_, true)}, {patches}, info(op::conv2d, patch_attrs()));
+    const auto out = act("embed.pos.out", {tok_, h});
+    task("embed.pos", {patches, use(*wpe_, true)}, {out}, info(op::bias_add));
+    return out;
+  }
+  void patches_backward(buffer_id dx) {
+    b_.at(phase::backward, -1);
+    task("embed.pos.grad", {dx}, {wpe_->grad}, info(op::bias_grad));
+    gradient_ready(*wpe_);
+    task("embed.grad", {images_, dx}, {wte_->grad}, info(op::conv2d_grad_weight, patch_attrs()));
+    gradient_ready(*wte_);
+  }
+
   buffer_id embedding_forward() {
+    if (m_.vit) return patches_forward();
     b_.at(phase::forward, -1);
     const i64 h = m_.hidden;
     tokens_ = b_.buffer("tokens", {batch_, m_.seq}, buffer_role::input, dtype::i32);
@@ -350,6 +411,7 @@ private:
   }
 
   void embedding_backward(buffer_id dx) {
+    if (m_.vit) return patches_backward(dx);
     b_.at(phase::backward, -1);
     if (wpe_) {
       task("embed.pos.grad", {dx}, {wpe_->grad},
@@ -362,11 +424,39 @@ private:
     gradient_ready(*wte_);
   }
 
+  // The ViT's: final norm, the mean over the patches, the head over the classes (vocab), the loss.
+  buffer_id pooled_head(buffer_id x) {
+    b_.at(phase::forward, -1);
+    const i64 h = m_.hidden, classes = m_.vocab;
+    const auto normf = make_norm("head.norm", -1);
+    auto& w = make_param("head.w", {h, classes}, -1);
+    const auto xf = norm("head.norm", x, normf);
+    const std::map<std::string, std::int64_t> pool{{"outer", batch_}, {"extent", m_.seq}, {"inner", h}, {"num", 1},
+                                                   {"den", m_.seq}};
+    const auto pooled = act("head.pool.out", {batch_, h});
+    task("head.pool", {xf}, {pooled}, info(op::mean_dim, pool));
+    const auto logits = act("head.logits", {batch_, classes});
+    b_.matmul("head.logits", pooled, use(w, true), logits, batch_, classes, h);
+    const auto loss = b_.buffer("loss", {1}, buffer_role::activation, dtype::f32);
+    task("loss", {logits, labels_}, {loss}, info(op::cross_entropy));
+    b_.at(phase::backward, -1);
+    const auto dlogits = act("head.logits.grad", {batch_, classes});
+    task("loss.grad", {logits, labels_}, {dlogits}, info(op::cross_entropy_grad));
+    const auto dpooled = act("head.pool.out.grad", {batch_, h});
+    b_.matmul("head.logits.dgrad", dlogits, use(w, false), dpooled, batch_, h, classes, 1, false, true);
+    b_.matmul("head.logits.wgrad", pooled, dlogits, w.grad, h, classes, batch_, 1, true, false);
+    gradient_ready(w);
+    const auto dxf = act("head.pool.in.grad", {tok_, h});
+    task("head.pool.grad", {dpooled}, {dxf}, info(op::mean_dim_grad, pool));
+    return norm_backward("head.norm", dxf, x, normf);
+  }
+
   // Final norm, logits, loss, and their backward; returns the gradient of the last block's output.
   buffer_id head(buffer_id x) {
+    if (m_.vit) return pooled_head(x);
     b_.at(phase::forward, -1);
     const i64 h = m_.hidden, v = vocab_ / tp_;
-    auto& normf = make_param("head.norm.w", {m_.llama ? h : 2 * h}, -1, true);
+    const auto normf = make_norm("head.norm", -1);
     auto& w = make_param("head.w", {h, v}, -1);
     const auto xf = norm("head.norm", x, normf);
     const auto xff = gather_seq("head.norm.out", xf, h);
@@ -403,8 +493,8 @@ private:
     saved_block s{};
     s.x_in = x_in;
     const i64 kv = m_.kv_heads * head_dim_ / tp_;
-    s.norm1 = &make_param(L + "ln1.w", {m_.llama ? h : 2 * h}, l, true);
-    if (m_.llama) {
+    s.norm1 = make_norm(L + "ln1", l);
+    if (m_.llama || m_.vit) {
       s.q_w = &make_param(L + "attn.q.w", {h, h / tp_}, l);
       s.k_w = &make_param(L + "attn.k.w", {h, kv}, l);
       s.v_w = &make_param(L + "attn.v.w", {h, kv}, l);
@@ -412,21 +502,25 @@ private:
       s.qkv_w = &make_param(L + "attn.qkv.w", {h, qkv_n_}, l);
     }
     s.o_w = &make_param(L + "attn.proj.w", {h / tp_, h}, l);
-    s.norm2 = &make_param(L + "ln2.w", {m_.llama ? h : 2 * h}, l, true);
+    s.norm2 = make_norm(L + "ln2", l);
     if (!moe_) {
       if (m_.llama) s.gate_w = &make_param(L + "mlp.gate.w", {h, f}, l);
       s.up_w = &make_param(L + "mlp.up.w", {h, f}, l);
       s.down_w = &make_param(L + "mlp.down.w", {f, h}, l);
     }
 
-    s.n1 = norm(L + "ln1", x_in, *s.norm1);
+    s.n1 = norm(L + "ln1", x_in, s.norm1);
     s.n1f = gather_seq(L + "ln1.out", s.n1, h);
     s.attn = act(L + "attn.out", {tok_, h / tp_});
     s.lse = act(L + "attn.lse", {batch_, m_.heads / tp_, m_.seq}, dtype::f32);
-    if (m_.llama) {
-      // Rotary embeddings on q and k; k and v with fewer heads (grouped-query attention).
-      s.q = rotate(L + "attn.q.rope", linear(L + "attn.q", s.n1f, *s.q_w, h / tp_, h, L + "attn.q.out"));
-      s.k = rotate(L + "attn.k.rope", linear(L + "attn.k", s.n1f, *s.k_w, kv, h, L + "attn.k.out"));
+    if (m_.llama || m_.vit) {
+      // Llama: rotary embeddings on q and k; k and v with fewer heads (grouped-query attention).
+      s.q = linear(L + "attn.q", s.n1f, *s.q_w, h / tp_, h, L + "attn.q.out");
+      s.k = linear(L + "attn.k", s.n1f, *s.k_w, kv, h, L + "attn.k.out");
+      if (m_.llama) {
+        s.q = rotate(L + "attn.q.rope", s.q);
+        s.k = rotate(L + "attn.k.rope", s.k);
+      }
       s.v = linear(L + "attn.v", s.n1f, *s.v_w, kv, h, L + "attn.v.out");
       task(L + "attention", {s.q, s.k, s.v}, {s.attn, s.lse}, info(op::attention, attention_attrs()));
     } else {
@@ -436,7 +530,7 @@ private:
     const auto o = linear(L + "attn.proj", s.attn, *s.o_w, h, h / tp_, partial(L + "attn.proj.out"));
     s.x_mid = add(L + "resid1", x_in, scatter_seq(L + "attn.proj.out", o, h));
 
-    s.n2 = norm(L + "ln2", s.x_mid, *s.norm2);
+    s.n2 = norm(L + "ln2", s.x_mid, s.norm2);
     if (moe_) {
       const auto x_out = add(L + "resid2", s.x_mid, moe_forward(l, s.n2));
       saved_.push_back(s);
@@ -465,7 +559,7 @@ private:
     auto& s = saved_[static_cast<std::size_t>(l)];
     if (moe_) {
       const auto dn2 = moe_backward(l, dx_out);
-      const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, *s.norm2));
+      const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, s.norm2));
       return attention_backward(L, s, dx_mid);
     }
     // x_out = x_mid + down(act(up(norm2(x_mid)))).
@@ -484,7 +578,7 @@ private:
       task(L + "mlp.act.grad", {s.u, da}, {du}, info(op::gelu_grad));
       dn2 = column_backward(L + "mlp.up", s.n2, s.n2f, du, *s.up_w, f, h);
     }
-    const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, *s.norm2));
+    const auto dx_mid = add(L + "resid1.grad", dx_out, norm_backward(L + "ln2", dn2, s.x_mid, s.norm2));
     return attention_backward(L, s, dx_mid);
   }
 
@@ -493,25 +587,26 @@ private:
     const i64 h = m_.hidden;
     const auto dattn = row_backward(L + "attn.proj", s.attn, dx_mid, *s.o_w, h, h / tp_);
     buffer_id dn1 = -1;
-    if (m_.llama) {
-      // dq, dk and dv one after the other (k and v are smaller under GQA); q and k rotated back.
+    if (m_.llama || m_.vit) {
+      // dq, dk and dv one after the other (k and v are smaller under GQA); Llama's q and k rotated back.
       const i64 kv = m_.kv_heads * head_dim_ / tp_, bytes = static_cast<i64>(size_of(type_));
       const auto packed = act(L + "attention.grad.out", {tok_ * (h / tp_ + 2 * kv)});
       task(L + "attention.grad", {s.q, s.k, s.v, dattn}, {packed}, info(op::attention_grad, attention_attrs()));
       const auto dq = b_.view(L + "attn.q.out.grad", packed, 0, tok_ * (h / tp_) * bytes, {tok_, h / tp_});
       const auto dk = b_.view(L + "attn.k.out.grad", packed, tok_ * (h / tp_) * bytes, tok_ * kv * bytes, {tok_, kv});
       const auto dv = b_.view(L + "attn.v.out.grad", packed, tok_ * (h / tp_ + kv) * bytes, tok_ * kv * bytes, {tok_, kv});
+      const auto unrotated = [&](const std::string& name, buffer_id d) { return m_.llama ? rotate_back(name, d) : d; };
       dn1 = columns_backward(L + "attn", s.n1f,
                              {{L + "attn.v", dv, s.v_w, kv},
-                              {L + "attn.k", rotate_back(L + "attn.k.rope.grad", dk), s.k_w, kv},
-                              {L + "attn.q", rotate_back(L + "attn.q.rope.grad", dq), s.q_w, h / tp_}},
+                              {L + "attn.k", unrotated(L + "attn.k.rope.grad", dk), s.k_w, kv},
+                              {L + "attn.q", unrotated(L + "attn.q.rope.grad", dq), s.q_w, h / tp_}},
                              h);
     } else {
       const auto dqkv = act(L + "attn.qkv.out.grad", {tok_, qkv_n_});
       task(L + "attention.grad", {s.qkv, dattn}, {dqkv}, info(op::attention_grad, attention_attrs()));
       dn1 = column_backward(L + "attn.qkv", s.n1, s.n1f, dqkv, *s.qkv_w, qkv_n_, h);
     }
-    return add(L + "resid0.grad", dx_mid, norm_backward(L + "ln1", dn1, s.x_in, *s.norm1));
+    return add(L + "resid0.grad", dx_mid, norm_backward(L + "ln1", dn1, s.x_in, s.norm1));
   }
 
   // Mixture of experts, expert parallel (GShard / Mixtral layout), as the DSL's MoE block lowers
@@ -639,7 +734,7 @@ private:
 
   [[nodiscard]] std::map<std::string, std::int64_t> attention_attrs() const {
     return {{"batch", batch_},       {"seq", m_.seq}, {"heads", m_.heads / tp_}, {"kv_heads", m_.kv_heads / tp_},
-            {"head_dim", head_dim_}, {"causal", 1}};
+            {"head_dim", head_dim_}, {"causal", m_.vit ? 0 : 1}};
   }
 
   builder& b_;
@@ -652,8 +747,8 @@ private:
   int ep_ = 1;
   std::vector<moe_saved> moe_saved_;
   i64 batch_ = 1, tok_ = 0, tok_sp_ = 0, vocab_ = 0, head_dim_ = 0, qkv_n_ = 0;
-  buffer_id tokens_ = -1, labels_ = -1, positions_ = -1;
-  param* wte_ = nullptr;
+  buffer_id tokens_ = -1, labels_ = -1, positions_ = -1, images_ = -1;
+  param* wte_ = nullptr; // the ViT's: the patch embedding's kernel
   param* wpe_ = nullptr;
   std::deque<param> params_; // a deque keeps the references handed out valid
   std::vector<saved_block> saved_;
@@ -892,24 +987,277 @@ private:
   std::vector<buffer_id> saved_z2_; // the transition's input
 };
 
+// A Wide-ResNet as examples/wresnet writes it, data parallel over every rank with batch
+// statistics synchronised over dp: a 7×7 stride-2 stem convolution and relu; four stages of
+// bottleneck blocks (1×1 reduce, 3×3, 1×1 expand, each batch-normalised, relu between; the
+// first block of a stage strided with a 1×1 projection shortcut, the others identity shortcuts);
+// global average pooling, a linear head, cross-entropy. Each batch norm all-reduces its sums
+// (2·channels values) over dp forward and its gradient's sums backward, which are then the
+// gain's and the shift's gradients, summed; each convolution's and the head's gradient is
+// all-reduced over dp. Images per rank: workload_options::micro_batch.
+struct conv_net_spec {
+  i64 image = 224, stem = 64, classes = 1000;
+  std::array<i64, 4> blocks{3, 4, 23, 3};
+  std::array<i64, 4> mid{128, 256, 512, 1024}; ///< bottleneck widths (wide: twice ResNet's)
+  std::array<i64, 4> out{256, 512, 1024, 2048};
+};
+
+class wide_resnet {
+public:
+  wide_resnet(builder& b, const conv_net_spec& m, const workload_options& o) : b_(b), m_(m), type_(o.type) {
+    dp_ = o.ranks;
+    if (dp_ > 1) dp_axis_ = b.axis("dp", dp_, o.ranks > o.ranks_per_node ? link_class::inter_node : link_class::intra_node);
+    batch_ = o.micro_batch;
+  }
+
+  /// `stages_blocks` > 0 keeps that many blocks per stage (a shorter model for tests).
+  void build(int stage_blocks) {
+    b_.at(phase::forward, -1);
+    auto x = b_.buffer("x", {batch_, m_.image, m_.image, 3}, buffer_role::input, type_);
+    auto& stem = make_weight("embed.stem", {7, 7, 3, m_.stem}, -1);
+    saved_stem_ = conv(x, stem, 2, 3, "embed.stem");
+    auto h = relu_forward("embed.stem.relu", saved_stem_.y);
+    int layer = 0;
+    for (std::size_t s = 0; s < 4; ++s) {
+      const auto n = stage_blocks > 0 ? std::min<i64>(stage_blocks, m_.blocks[s]) : m_.blocks[s];
+      for (i64 k = 0; k < n; ++k) h = block_forward(layer++, h, s, k == 0);
+    }
+    // Global average pooling over the pixels, the head, the loss.
+    b_.at(phase::forward, -1);
+    const auto last = shape_of(h);
+    const auto pooled = act("head.pool.out", {batch_, last[3]});
+    task("head.pool", {h}, {pooled}, info(op::mean_dim, {{"outer", batch_}, {"extent", last[1] * last[2]}, {"inner", last[3]},
+                                                   {"num", 1}, {"den", last[1] * last[2]}}));
+    auto& head = make_weight("head", {last[3], m_.classes}, -1);
+    const auto logits = act("head.out", {batch_, m_.classes});
+    b_.matmul("head", pooled, head.store, logits, batch_, m_.classes, last[3]);
+    const auto labels = b_.buffer("labels", {batch_}, buffer_role::input, dtype::i32);
+    const auto loss = b_.buffer("loss", {1}, buffer_role::activation, dtype::f32);
+    task("loss", {logits, labels}, {loss}, info(op::cross_entropy));
+    b_.at(phase::backward, -1);
+    const auto dlogits = act("head.out.grad", {batch_, m_.classes});
+    task("loss.grad", {logits, labels}, {dlogits}, info(op::cross_entropy_grad));
+    const auto dpooled = act("head.pool.out.grad", {batch_, last[3]});
+    b_.matmul("head.dgrad", dlogits, head.store, dpooled, batch_, last[3], m_.classes, 1, false, true);
+    b_.matmul("head.wgrad", pooled, dlogits, head.grad, last[3], m_.classes, batch_, 1, true, false);
+    gradient_ready(head);
+    auto dh = act("head.pool.in.grad", last);
+    task("head.pool.grad", {dpooled}, {dh}, info(op::mean_dim_grad, {{"outer", batch_}, {"extent", last[1] * last[2]},
+                                                             {"inner", last[3]}, {"num", 1}, {"den", last[1] * last[2]}}));
+    for (int l = layer - 1; l >= 0; --l) dh = block_backward(l, dh);
+    b_.at(phase::backward, -1);
+    dh = relu_backward("embed.stem.relu", saved_stem_.y, dh);
+    conv_backward(saved_stem_, stem, dh, "embed.stem", false);
+    for (auto& w : params_) {
+      b_.at(phase::optimizer, w.layer);
+      task(w.name + ".adamw", {w.grad, w.store, w.state}, {w.store, w.state}, info(op::adamw, {{"numel", w.numel}}));
+    }
+  }
+
+private:
+  struct weight {
+    std::string name;
+    int layer = -1;
+    i64 numel = 0;
+    buffer_id store = -1, grad = -1, state = -1;
+  };
+  struct conv_saved {
+    buffer_id x = -1, y = -1;
+    ir::conv_geometry g{};
+  };
+  struct norm_saved {
+    buffer_id x = -1, scale = -1, y = -1;
+    weight *gain = nullptr, *shift = nullptr;
+  };
+  struct block_saved {
+    buffer_id x = -1, sum = -1;
+    conv_saved a, b, c, shortcut;
+    norm_saved na, nb, nc;
+    buffer_id ra = -1, rb = -1; // relu outputs
+    weight *wa = nullptr, *wb = nullptr, *wc = nullptr, *ws = nullptr;
+    bool projected = false;
+  };
+
+  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) { return op_info(fn, std::move(attrs)); }
+  void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
+    add_task(b_, std::move(name), std::move(reads), std::move(writes), std::move(c));
+  }
+  buffer_id act(std::string name, std::vector<i64> shape, dtype t) {
+    return b_.buffer(std::move(name), std::move(shape), buffer_role::activation, t);
+  }
+  buffer_id act(std::string name, std::vector<i64> shape) { return act(std::move(name), std::move(shape), type_); }
+  // A copy: adding buffers moves the graph's.
+  [[nodiscard]] std::vector<i64> shape_of(buffer_id x) const { return b_.peek().buffers[static_cast<std::size_t>(x)].shape; }
+  weight& make_weight(const std::string& name, std::vector<i64> shape, int layer) {
+    weight w;
+    w.name = name;
+    w.layer = layer;
+    w.numel = 1;
+    for (auto e : shape) w.numel *= e;
+    w.store = b_.buffer(name, shape, buffer_role::param, type_);
+    w.grad = b_.buffer(name + ".grad", shape, buffer_role::gradient, type_);
+    w.state = b_.buffer(name + ".adamw", {3, w.numel}, buffer_role::optimizer_state, dtype::f32);
+    params_.push_back(std::move(w));
+    return params_.back();
+  }
+  void gradient_ready(weight& w) {
+    if (dp_axis_ >= 0) b_.collective(op_kind::all_reduce, w.name + ".grad.ar", dp_axis_, w.grad, w.grad);
+  }
+  static std::map<std::string, std::int64_t> conv_attrs(const ir::conv_geometry& g) {
+    return {{"batch", g.batch},       {"height", g.height},     {"width", g.width},   {"in_channels", g.in_channels},
+            {"out_channels", g.out_channels}, {"kernel_h", g.kernel_h}, {"kernel_w", g.kernel_w}, {"stride", g.stride},
+            {"padding", g.padding}};
+  }
+  conv_saved conv(buffer_id x, weight& w, i64 stride, i64 padding, const std::string& name) {
+    const auto xs = shape_of(x);
+    const auto ws = shape_of(w.store);
+    const ir::conv_geometry g{xs[0], xs[1], xs[2], xs[3], ws[3], ws[0], ws[1], stride, padding};
+    const auto y = act(name + ".out", {g.batch, g.out_h(), g.out_w(), g.out_channels});
+    task(name, {x, w.store}, {y}, info(op::conv2d, conv_attrs(g)));
+    return {x, y, g};
+  }
+  // The convolution's kernel gradient (then its all-reduce) and, unless it is the first layer's,
+  // its input's.
+  buffer_id conv_backward(const conv_saved& c, weight& w, buffer_id dy, const std::string& name, bool input = true) {
+    buffer_id dx = -1;
+    if (input) {
+      dx = act(name + ".in.grad", shape_of(c.x));
+      task(name + ".dgrad", {dy, w.store}, {dx}, info(op::conv2d_grad_input, conv_attrs(c.g)));
+    }
+    task(name + ".wgrad", {c.x, dy}, {w.grad}, info(op::conv2d_grad_weight, conv_attrs(c.g)));
+    gradient_ready(w);
+    return dx;
+  }
+  // Synchronised batch norm: the sums of this rank's rows, all-reduced over dp, the scale, the normalisation.
+  norm_saved norm(buffer_id x, const std::string& name, int layer) {
+    const auto xs = shape_of(x);
+    const i64 c = xs[3], rows = xs[0] * xs[1] * xs[2];
+    norm_saved n;
+    n.x = x;
+    n.gain = &make_weight(name + ".g", {c}, layer);
+    n.shift = &make_weight(name + ".b", {c}, layer);
+    const std::map<std::string, std::int64_t> attrs{{"rows", rows}, {"cols", c}, {"count", rows * dp_}};
+    const auto sums = act(name + ".sums", {2, c}, dtype::f32);
+    task(name + ".stats", {x}, {sums}, info(op::batchnorm_stats, attrs));
+    if (dp_axis_ >= 0) b_.collective(op_kind::all_reduce, name + ".sums.ar", dp_axis_, sums, sums);
+    n.scale = act(name + ".scale", {3, c}, dtype::f32);
+    task(name + ".scale", {sums, n.gain->store}, {n.scale}, info(op::batchnorm_scale, attrs));
+    n.y = act(name + ".out", xs);
+    task(name, {x, n.scale, n.shift->store}, {n.y}, info(op::batchnorm, attrs));
+    return n;
+  }
+  // dx, and the gain's and the shift's gradients: the gradient's sums, all-reduced over dp.
+  buffer_id norm_backward(const norm_saved& n, buffer_id dy, const std::string& name) {
+    const auto xs = shape_of(n.x);
+    const i64 c = xs[3], rows = xs[0] * xs[1] * xs[2];
+    const std::map<std::string, std::int64_t> attrs{{"rows", rows}, {"cols", c}, {"count", rows * dp_}};
+    const auto sums = act(name + ".grad.sums", {2, c}, dtype::f32);
+    task(name + ".grad.stats", {n.x, n.scale, dy}, {sums}, info(op::batchnorm_grad_stats, attrs));
+    if (dp_axis_ >= 0) b_.collective(op_kind::all_reduce, name + ".grad.sums.ar", dp_axis_, sums, sums);
+    // The gain's and shift's gradients are the two rows of the reduced sums (views in the DSL's lowering).
+    b_.view(n.shift->name + ".grad.row", sums, 0, c * 4, {c});
+    b_.view(n.gain->name + ".grad.row", sums, c * 4, c * 4, {c});
+    const auto dx = act(name + ".in.grad", xs);
+    task(name + ".grad", {n.x, n.scale, sums, dy}, {dx}, info(op::batchnorm_grad, attrs));
+    return dx;
+  }
+  buffer_id relu_forward(const std::string& name, buffer_id x) {
+    const auto y = act(name + ".out", shape_of(x));
+    task(name, {x}, {y}, info(op::relu));
+    return y;
+  }
+  buffer_id relu_backward(const std::string& name, buffer_id x, buffer_id dy) {
+    const auto dx = act(name + ".in.grad", shape_of(x));
+    task(name + ".grad", {x, dy}, {dx}, info(op::relu_grad));
+    return dx;
+  }
+  buffer_id add(const std::string& name, buffer_id a, buffer_id b) {
+    const auto out = act(name, shape_of(a));
+    task(name, {a, b}, {out}, info(op::add));
+    return out;
+  }
+  // Built by appending: g++ 12 warns falsely (-Wrestrict) on "L" + std::to_string(l).
+  [[nodiscard]] static std::string layer_prefix(int l) {
+    std::string s(1, 'L');
+    s += std::to_string(l);
+    s += '.';
+    return s;
+  }
+
+  buffer_id block_forward(int l, buffer_id x, std::size_t stage, bool first) {
+    const auto L = layer_prefix(l);
+    b_.at(phase::forward, l);
+    const i64 in = shape_of(x)[3], mid = m_.mid[stage], out = m_.out[stage];
+    const i64 stride = first ? 2 : 1; // the stem's max pool folded into stage 1's stride
+    block_saved s;
+    s.x = x;
+    s.projected = first;
+    s.wa = &make_weight(L + "wa", {1, 1, in, mid}, l);
+    s.a = conv(x, *s.wa, 1, 0, L + "a");
+    s.na = norm(s.a.y, L + "na", l);
+    s.ra = relu_forward(L + "a.relu", s.na.y);
+    s.wb = &make_weight(L + "wb", {3, 3, mid, mid}, l);
+    s.b = conv(s.ra, *s.wb, stride, 1, L + "b");
+    s.nb = norm(s.b.y, L + "nb", l);
+    s.rb = relu_forward(L + "b.relu", s.nb.y);
+    s.wc = &make_weight(L + "wc", {1, 1, mid, out}, l);
+    s.c = conv(s.rb, *s.wc, 1, 0, L + "c");
+    s.nc = norm(s.c.y, L + "nc", l);
+    buffer_id shortcut = x;
+    if (first) {
+      s.ws = &make_weight(L + "ws", {1, 1, in, out}, l);
+      s.shortcut = conv(x, *s.ws, stride, 0, L + "shortcut");
+      shortcut = s.shortcut.y;
+    }
+    s.sum = add(L + "resid", s.nc.y, shortcut);
+    saved_.push_back(s);
+    return relu_forward(L + "relu", s.sum);
+  }
+
+  buffer_id block_backward(int l, buffer_id dy) {
+    const auto L = layer_prefix(l);
+    b_.at(phase::backward, l);
+    auto& s = saved_[static_cast<std::size_t>(l)];
+    const auto dsum = relu_backward(L + "relu", s.sum, dy);
+    auto d = norm_backward(s.nc, dsum, L + "nc");
+    d = conv_backward(s.c, *s.wc, d, L + "c");
+    d = norm_backward(s.nb, relu_backward(L + "b.relu", s.nb.y, d), L + "nb");
+    d = conv_backward(s.b, *s.wb, d, L + "b");
+    d = norm_backward(s.na, relu_backward(L + "a.relu", s.na.y, d), L + "na");
+    d = conv_backward(s.a, *s.wa, d, L + "a");
+    const auto through = s.projected ? conv_backward(s.shortcut, *s.ws, dsum, L + "shortcut") : dsum;
+    return add(L + "in.grad", through, d);
+  }
+
+  builder& b_;
+  conv_net_spec m_;
+  dtype type_;
+  int dp_ = 1, dp_axis_ = -1;
+  i64 batch_ = 1;
+  conv_saved saved_stem_;
+  std::deque<weight> params_; // a deque keeps the references handed out valid
+  std::vector<block_saved> saved_;
+};
+
 struct workload_entry {
   std::string_view name;
   model_spec model;
   bool tensor_parallel; // tp = ranks_per_node, dp over nodes; otherwise dp over all ranks (or, with experts,
                         // ep = ranks_per_node over the experts and dp over nodes)
   grad_sync sync;
+  bool wide_resnet = false; // a wide_resnet of conv_net_spec's shape, not a transformer
 };
 
 // GPT-3 XL-like (2048 hidden, 24 layers, 16 heads); Llama-2-70B (8192, 80 layers, 64 q / 8 kv heads,
 // SwiGLU 28672, vocabulary 32000) at seq 8192; Megatron's GPT 5120 × 40 (the paper's gpt-ptd size);
 // Llama-3-405B (16384, 126 layers, 128 q / 8 kv heads, SwiGLU 53248, vocabulary 128000) at seq 8192,
 // laid out as llama-tp-sp: the planner's largest step graph. ViT-Huge/14 at 224 × 224 (1280 hidden,
-// 32 layers, 16 heads, MLP 5120, 256 patches + the class token = 257 tokens per image; one
-// "sequence" of micro_batch is one image) under ZeRO-2, as a pre-norm GELU encoder: the patch
-// projection and the 1000-class head are priced as the GPT's embedding and head over a
-// vocabulary of 1000 (together under 1% of the step's FLOPs), and its attention as the causal
-// kernel the op table prices, half of an encoder's full square (attention is about 3% of a ViT-H
-// layer's FLOPs at 257 tokens).
+// 32 layers, 16 heads, MLP 5120, 16 × 16 = 256 patches per image, 1000 classes; one "sequence"
+// of micro_batch is one image) under ZeRO-2, as examples/vit writes it (model_spec::vit: patch
+// embedding by a strided convolution, a position table, attention without a mask, mean pooling
+// instead of a class token), which tests/unit/workloads_test.cpp compares block by block. Wide-ResNet-101-2 (conv_net_spec: [3, 4, 23, 3] bottleneck
+// blocks of widths 128·2^s and outputs 256·2^s, 126.9M parameters) on 224 × 224 images, data
+// parallel with synchronised batch norm (workload_options::micro_batch images per rank).
 inline constexpr workload_entry workload_table[] = {
     {"gpt-dp", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::all_reduce},
     {"gpt-zero3", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::zero3},
@@ -917,8 +1265,9 @@ inline constexpr workload_entry workload_table[] = {
     {"gpt-ptd", {5120, 40, 2048, 40, 40, 4 * 5120, 50257, false, 0, 0}, true, grad_sync::all_reduce},
     {"moe-ep", {4096, 32, 4096, 32, 8, 14336, 32000, true, 8, 2}, false, grad_sync::all_reduce},
     {"llama3-405b-tp-sp", {16384, 126, 8192, 128, 8, 53248, 128000, true, 0, 0}, true, grad_sync::all_reduce},
-    {"vit-zero2", {1280, 32, 257, 16, 16, 5120, 1000, false, 0, 0}, false, grad_sync::zero2},
+    {"vit-zero2", {1280, 32, 256, 16, 16, 5120, 1000, false, 0, 0, false, true, 14}, false, grad_sync::zero2},
     {"evoformer-dap", {128, 48, 384, 4, 4, 4 * 128, 0, false, 0, 0, true}, false, grad_sync::all_reduce},
+    {"wresnet-dp", {}, false, grad_sync::all_reduce, true},
 };
 
 inline void check_divides(i64 part, i64 whole, std::string_view what, std::string_view workload) {
@@ -1004,6 +1353,11 @@ inline const workload_entry& find_workload(std::string_view name) {
   }
   builder b{std::string(name)};
   b.cost_only(); // planner workloads: their learned positions and block transposes have no kernels
+  if (entry->wide_resnet) { // workload_options::layers: blocks per stage at most
+    wide_resnet w(b, conv_net_spec{}, options);
+    w.build(options.layers);
+    return std::move(b).finish();
+  }
   if (m.axial) {
     if (options.micro_batch != 1)
       fail(where("micro_batch", options.micro_batch) + ": the pair stack trains one protein per rank");

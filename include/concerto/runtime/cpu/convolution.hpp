@@ -63,22 +63,35 @@ inline void require_conv(const ir::conv_geometry& g, std::span<const float> x, s
                      std::to_string(conv2d_workspace_floats(g)) + " (cpu::conv2d_workspace_floats)");
 }
 
-// Visits the kernel's taps of output positions [first, first + rows): f(row, tap, pixel) with tap
-// the (i·kernel_w + j)·in offset of the patch and pixel the offset of x's channels, or -1 outside
-// the image (the padding).
+// Visits the kernel's rows of output positions [first, first + rows): f(row, offset, pixel,
+// values) for each run of taps the patch and the image both hold contiguously -- the
+// kernel_w·in values of kernel row i where the whole row lies inside the image (adjacent
+// pixels of an image row, NHWC, and adjacent taps of a patch row, (i, j, c)), else one tap of
+// `in` values at a time; offset is the run's place in the patch, pixel its place in x, or -1
+// outside the image (the padding).
 template <class F>
-inline void each_tap(const ir::conv_geometry& g, std::size_t first, std::size_t rows, F&& f) {
+inline void each_run(const ir::conv_geometry& g, std::size_t first, std::size_t rows, F&& f) {
   const auto out_w = g.out_w(), out_h = g.out_h();
+  const auto tap_values = static_cast<std::size_t>(g.in_channels);
   for (std::size_t r = 0; r < rows; ++r) {
     const auto pos = static_cast<std::int64_t>(first + r);
     const auto ow = pos % out_w, oh = (pos / out_w) % out_h, n = pos / (out_w * out_h);
+    const auto w0 = ow * g.stride - g.padding;
+    const bool row_inside = w0 >= 0 && w0 + g.kernel_w <= g.width;
     for (std::int64_t i = 0; i < g.kernel_h; ++i) {
       const auto h = oh * g.stride - g.padding + i;
-      for (std::int64_t j = 0; j < g.kernel_w; ++j) {
-        const auto w = ow * g.stride - g.padding + j;
-        const auto tap = static_cast<std::size_t>((i * g.kernel_w + j) * g.in_channels);
-        const bool inside = h >= 0 && h < g.height && w >= 0 && w < g.width;
-        f(r, tap, inside ? ((n * g.height + h) * g.width + w) * g.in_channels : std::int64_t{-1});
+      const auto offset = static_cast<std::size_t>(i * g.kernel_w * g.in_channels);
+      const auto pixel = [&](std::int64_t w) { return ((n * g.height + h) * g.width + w) * g.in_channels; };
+      if (h < 0 || h >= g.height) {
+        f(r, offset, std::int64_t{-1}, tap_values * static_cast<std::size_t>(g.kernel_w));
+      } else if (row_inside) {
+        f(r, offset, pixel(w0), tap_values * static_cast<std::size_t>(g.kernel_w));
+      } else {
+        for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+          const auto w = w0 + j;
+          f(r, offset + static_cast<std::size_t>(j) * tap_values, w >= 0 && w < g.width ? pixel(w) : std::int64_t{-1},
+            tap_values);
+        }
       }
     }
   }
@@ -86,22 +99,22 @@ inline void each_tap(const ir::conv_geometry& g, std::size_t first, std::size_t 
 
 // The patches of positions [first, first + rows) into cols [rows, patch].
 inline void gather_patches(const float* x, float* cols, const ir::conv_geometry& g, std::size_t first, std::size_t rows) {
-  const auto patch = static_cast<std::size_t>(g.patch()), channels = static_cast<std::size_t>(g.in_channels);
-  each_tap(g, first, rows, [&](std::size_t r, std::size_t tap, std::int64_t pixel) {
-    float* dst = cols + r * patch + tap;
-    if (pixel < 0) std::fill(dst, dst + channels, 0.0f);
-    else std::memcpy(dst, x + pixel, channels * sizeof(float));
+  const auto patch = static_cast<std::size_t>(g.patch());
+  each_run(g, first, rows, [&](std::size_t r, std::size_t offset, std::int64_t pixel, std::size_t values) {
+    float* dst = cols + r * patch + offset;
+    if (pixel < 0) std::fill(dst, dst + values, 0.0f);
+    else std::memcpy(dst, x + pixel, values * sizeof(float));
   });
 }
 
 // cols [rows, patch] added into dx at the pixels its patches came from.
 inline void scatter_patches(const float* cols, float* dx, const ir::conv_geometry& g, std::size_t first, std::size_t rows) {
-  const auto patch = static_cast<std::size_t>(g.patch()), channels = static_cast<std::size_t>(g.in_channels);
-  each_tap(g, first, rows, [&](std::size_t r, std::size_t tap, std::int64_t pixel) {
+  const auto patch = static_cast<std::size_t>(g.patch());
+  each_run(g, first, rows, [&](std::size_t r, std::size_t offset, std::int64_t pixel, std::size_t values) {
     if (pixel < 0) return;
-    const float* src = cols + r * patch + tap;
+    const float* src = cols + r * patch + offset;
     float* dst = dx + pixel;
-    for (std::size_t c = 0; c < channels; ++c) dst[c] += src[c];
+    for (std::size_t c = 0; c < values; ++c) dst[c] += src[c];
   });
 }
 
