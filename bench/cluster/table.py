@@ -116,7 +116,8 @@ def print_examples(files, peer_by_cfg):
         for r in runs:
             # The MoE form of the Llama example is a model of its own, its mesh dp x ep.
             moe = r.get("experts", 0) > 0
-            groups.setdefault(("moe" if moe else r["example"], r["tp"], r.get("ep", 1) if moe else 1), {})[r["policy"]] = r
+            model = "moe" if moe else r["example"] + ("-sp" if r.get("sp") else "")  # the ViT with sequence parallelism
+            groups.setdefault((model, r["tp"], r.get("ep", 1) if moe else 1), {})[r["policy"]] = r
         peer = peer_by_cfg.get(cfg, {})
         for (model, tp, ep), by in sorted(groups.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0][0], kv[0][1], kv[0][2])):
             any_run = next(iter(by.values()))

@@ -16,17 +16,26 @@ inline constexpr auto col = spec(replicate, shard(tp));
 inline constexpr auto row = spec(shard(tp), replicate);
 inline constexpr auto tokens = spec(shard(dp), replicate);
 
+/// The pre-norm transformer block (attention, then the GELU MLP), q, k, v and fc1 column-parallel
+/// over tp, wo and fc2 row-parallel, the residual stream laid out as `Residual`; causal (GPT) or
+/// not (examples/vit's encoder).
+template <auto Residual, bool Causal = true>
+inline constexpr auto block = [](auto h) {
+  auto a = layernorm(h, param<"ln1.g">(vec, init::ones), param<"ln1.b">(vec));
+  auto q = matmul(a, param<"wq">(col)), k = matmul(a, param<"wk">(col)), v = matmul(a, param<"wv">(col));
+  auto att = [&] {
+    if constexpr (Causal) return causal_attention(q, k, v);
+    else return attention(q, k, v);
+  }();
+  auto h2 = h + matmul(att, param<"wo">(row)).to(Residual);
+  auto m = layernorm(h2, param<"ln2.g">(vec, init::ones), param<"ln2.b">(vec));
+  return h2 + matmul(gelu(matmul(m, param<"fc1">(col))), param<"fc2">(row)).to(Residual);
+};
+
 template <auto Residual>
 constexpr auto make() {
-  constexpr auto block = [](auto h) {
-    auto a = layernorm(h, param<"ln1.g">(vec, init::ones), param<"ln1.b">(vec));
-    auto att = causal_attention(matmul(a, param<"wq">(col)), matmul(a, param<"wk">(col)), matmul(a, param<"wv">(col)));
-    auto h2 = h + matmul(att, param<"wo">(row)).to(Residual);
-    auto m = layernorm(h2, param<"ln2.g">(vec, init::ones), param<"ln2.b">(vec));
-    return h2 + matmul(gelu(matmul(m, param<"fc1">(col))), param<"fc2">(row)).to(Residual);
-  };
   constexpr auto h0 = embedding(data<"ids">(tokens), param<"wte">(row)).to(Residual);
-  constexpr auto hn = repeat<"layers">(block, h0);
+  constexpr auto hn = repeat<"layers">(block<Residual>, h0);
   constexpr auto logits = matmul(layernorm(hn, param<"lnf.g">(vec, init::ones), param<"lnf.b">(vec)), param<"head">(col));
   return program(cross_entropy(logits, data<"labels">(tokens)), adamw{});
 }

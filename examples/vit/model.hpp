@@ -1,37 +1,26 @@
 #pragma once
 // The example's Vision Transformer: patch embedding as a convolution whose stride is its kernel
 // (each patch × its weights: one product per patch, the same as a reshape and a matmul, without
-// the copy), the patches as a sequence (flatten: a view) plus a learned position table, pre-norm
-// transformer blocks with bidirectional attention in a `repeat`, mean pooling over the patches,
-// a linear head. The paper's ViT configuration: ZeRO-2 over `dp` (gradients reduce-scattered,
+// the copy), the patches as a sequence (flatten: a view) plus a learned position table, the
+// GPT example's pre-norm transformer block with bidirectional attention in a `repeat`, mean
+// pooling over the patches, a linear head. The paper's ViT configuration: ZeRO-2 over `dp` (gradients reduce-scattered,
 // optimizer state sharded); over `tp` Megatron-LM's column/row-parallel projections, the
 // residual stream either replicated over tp (TP) or split over it on the sequence (SP).
-#include <concerto/concerto.hpp>
+#include "../gpt/model.hpp"
 
 namespace vit_model {
 
 using namespace concerto;
-inline constexpr axis<"dp"> dp;
-inline constexpr axis<"tp"> tp;
+using gpt_model::dp, gpt_model::tp, gpt_model::vec;
 
-inline constexpr auto vec = spec(replicate);
-inline constexpr auto col = spec(replicate, shard(tp));
-inline constexpr auto row = spec(shard(tp), replicate);
 inline constexpr int patch = 4; ///< patch side in pixels (the embedding's kernel and stride)
 
 template <auto Residual>
 constexpr auto make() {
-  constexpr auto block = [](auto h) {
-    auto a = layernorm(h, param<"ln1.g">(vec, init::ones), param<"ln1.b">(vec));
-    auto att = attention(matmul(a, param<"wq">(col)), matmul(a, param<"wk">(col)), matmul(a, param<"wv">(col)));
-    auto h2 = h + matmul(att, param<"wo">(row)).to(Residual);
-    auto m = layernorm(h2, param<"ln2.g">(vec, init::ones), param<"ln2.b">(vec));
-    return h2 + matmul(gelu(matmul(m, param<"fc1">(col))), param<"fc2">(row)).to(Residual);
-  };
   constexpr auto images = spec(shard(dp), replicate, replicate, replicate);
   constexpr auto patches = conv2d<{.stride = patch}>(input<"x">(images, no_grad), param<"patch">(spec(replicate, replicate, replicate, replicate)));
   constexpr auto tokens = bias(flatten<1, 2>(patches), param<"pos">(spec(replicate, replicate))).to(Residual);
-  constexpr auto hn = repeat<"layers">(block, tokens);
+  constexpr auto hn = repeat<"layers">(gpt_model::block<Residual, false>, tokens); // GPT's block, no mask
   constexpr auto pooled = mean<1>(layernorm(hn, param<"lnf.g">(vec, init::ones), param<"lnf.b">(vec)));
   constexpr auto logits = matmul(pooled, param<"head">(spec(replicate, replicate)));
   return program(cross_entropy(logits, data<"labels">(spec(shard(dp)))), zero<2>(adamw{}, dp), on(dp, tp));

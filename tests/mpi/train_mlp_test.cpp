@@ -129,6 +129,34 @@ tt::run_result run(MPI_Comm comm, int d, int t, planner::policy policy, int step
 
 
 
+// Runs f(comm, dp, tp) on every mesh of 2 and 4 ranks (as many as the job has): dp × tp for
+// tp = 1, 2, ... ranks.
+template <class F>
+void on_every_mesh(F&& f) {
+  const int world = runtime::mpi::environment::world_size();
+  for (int ranks = 2; ranks <= world; ranks *= 2)
+    for (int t = 1; t <= ranks; t *= 2) {
+      tt::sub_world sub(ranks);
+      if (!sub.member()) continue;
+      CAPTURE(ranks, t);
+      f(sub.get(), ranks / t, t);
+    }
+}
+
+// One rank's step of `p` (at learning rate 0) run once on `b`, returned after its gradients were
+// checked against central differences of its loss; a piecewise-linear model (relu) passes over
+// the entries whose probe crosses a kink.
+template <class P>
+auto checked_gradients(const P& p, const shape_map& shapes, const train::batch& b, const std::vector<std::string>& params,
+                       bool piecewise) {
+  auto step = train::compile(p, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), shapes, {.sgd = {.lr = 0.0f}},
+                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
+  const double loss = step(b).loss;
+  if (piecewise) tt::check_gradients_by_differences(step, b, params, {.eps = 1e-3f, .kinks_around = loss});
+  else tt::check_gradients_by_differences(step, b, params, {});
+  return step;
+}
+
 } // namespace
 
 TEST_CASE("the DSL MLP trains to the single-rank numbers on every mesh that divides", "[mpi][train][mlp]") {
@@ -193,19 +221,8 @@ TEST_CASE("the tanh MLP trains to the single-rank numbers, its gradients the fin
   };
   const auto reference = trained(MPI_COMM_SELF, 1, 1);
   CHECK(reference.loss.back() < reference.loss.front());
-  const int world = runtime::mpi::environment::world_size();
-  for (int ranks = 2; ranks <= world; ranks *= 2)
-    for (int t = 1; t <= ranks; t *= 2) {
-      tt::sub_world sub(ranks);
-      if (!sub.member()) continue;
-      CAPTURE(ranks, t);
-      tt::check_same(trained(sub.get(), ranks / t, t), reference);
-    }
-  auto step = train::compile(tanh_mlp, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), shapes, {.sgd = {.lr = 0.0f}},
-                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
-  const auto b = data();
-  step(b);
-  tt::check_gradients_by_differences(step, b, params, {});
+  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t), reference); });
+  checked_gradients(tanh_mlp, shapes, data(), params, false);
 }
 
 TEST_CASE("a convolutional net trains to the single-rank numbers on every mesh, its gradients the finite differences",
@@ -216,22 +233,10 @@ TEST_CASE("a convolutional net trains to the single-rank numbers on every mesh, 
   };
   const auto reference = trained(MPI_COMM_SELF, 1, 1, planner::policy::sync);
   REQUIRE(reference.loss.back() < reference.loss.front());
-  const int world = runtime::mpi::environment::world_size();
-  for (int ranks = 2; ranks <= world; ranks *= 2)
-    for (int t = 1; t <= ranks; t *= 2) {
-      tt::sub_world sub(ranks);
-      if (!sub.member()) continue;
-      CAPTURE(ranks, t);
-      tt::check_same(trained(sub.get(), ranks / t, t, planner::policy::sync), reference);
-    }
-  const int t = world >= 4 ? 2 : 1;
+  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t, planner::policy::sync), reference); });
+  const int world = runtime::mpi::environment::world_size(), t = world >= 4 ? 2 : 1;
   tt::check_same(trained(MPI_COMM_WORLD, world / t, t, planner::policy::concerto), reference);
-  auto step = train::compile(cnn, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), cnn_shapes, {.sgd = {.lr = 0.0f}},
-                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
-  const auto b = images();
-  const double loss = step(b).loss;
-  // relu is piecewise linear: an entry whose step moves a unit across zero is passed over.
-  tt::check_gradients_by_differences(step, b, cnn_params, {.eps = 1e-3f, .kinks_around = loss});
+  auto step = checked_gradients(cnn, cnn_shapes, images(), cnn_params, true);
   // The kernels start scaled by their window's fan-in (3·3·3 and 1·1·8 values), not by `in` alone.
   const auto k1 = step.parameter("k1");
   double top = 0;
@@ -247,19 +252,8 @@ TEST_CASE("an image classifier (position table, global average pooling) trains a
   };
   const auto reference = trained(MPI_COMM_SELF, 1, 1);
   REQUIRE(reference.loss.back() < reference.loss.front());
-  const int world = runtime::mpi::environment::world_size();
-  for (int ranks = 2; ranks <= world; ranks *= 2)
-    for (int t = 1; t <= ranks; t *= 2) {
-      tt::sub_world sub(ranks);
-      if (!sub.member()) continue;
-      CAPTURE(ranks, t);
-      tt::check_same(trained(sub.get(), ranks / t, t), reference);
-    }
-  auto step = train::compile(classifier, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), classifier_shapes, {.sgd = {.lr = 0.0f}},
-                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
-  const auto b = labelled_images();
-  const double loss = step(b).loss;
-  tt::check_gradients_by_differences(step, b, classifier_params, {.eps = 1e-3f, .kinks_around = loss});
+  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t), reference); });
+  checked_gradients(classifier, classifier_shapes, labelled_images(), classifier_params, true);
 }
 
 TEST_CASE("batch normalisation: synchronised statistics give the single-rank numbers on every mesh, local ones each rank's",
@@ -272,24 +266,15 @@ TEST_CASE("batch normalisation: synchronised statistics give the single-rank num
   constexpr auto& local = normed_cnn<batchnorm_config{.sync = false}>;
   const auto reference = trained(synced, MPI_COMM_SELF, 1, 1);
   REQUIRE(reference.loss.back() < reference.loss.front());
-  const int world = runtime::mpi::environment::world_size();
-  for (int ranks = 2; ranks <= world; ranks *= 2)
-    for (int t = 1; t <= ranks; t *= 2) {
-      tt::sub_world sub(ranks);
-      if (!sub.member()) continue;
-      CAPTURE(ranks, t);
-      tt::check_same(trained(synced, sub.get(), ranks / t, t), reference);
-      // Local statistics are the batch's when each rank holds the whole batch (tp alone), and
-      // each rank's own rows' under data parallelism: another model, other numbers.
-      const auto own = trained(local, sub.get(), ranks / t, t);
-      if (t == ranks) tt::check_same(own, reference);
-      else CHECK(std::abs(own.loss.front() - reference.loss.front()) > 1e-3 * std::abs(reference.loss.front()));
-    }
-  auto step = train::compile(synced, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), normed_shapes, {.sgd = {.lr = 0.0f}},
-                             {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
-  const auto b = images();
-  const double loss = step(b).loss;
-  tt::check_gradients_by_differences(step, b, normed_params, {.eps = 1e-3f, .kinks_around = loss});
+  on_every_mesh([&](MPI_Comm comm, int d, int t) {
+    tt::check_same(trained(synced, comm, d, t), reference);
+    // Local statistics are the batch's when each rank holds the whole batch (tp alone), and
+    // each rank's own rows' under data parallelism: another model, other numbers.
+    const auto own = trained(local, comm, d, t);
+    if (d == 1) tt::check_same(own, reference);
+    else CHECK(std::abs(own.loss.front() - reference.loss.front()) > 1e-3 * std::abs(reference.loss.front()));
+  });
+  checked_gradients(synced, normed_shapes, images(), normed_params, true);
 }
 
 CONCERTO_MPI_TEST_MAIN

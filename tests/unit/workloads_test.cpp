@@ -32,6 +32,18 @@ census collectives_of_layer(const ir::graph& g, int layer) {
   return c;
 }
 
+// Each task of one layer as (phase, kind, fn, mesh axis): what a block of a workload and the
+// DSL's lowering of the same block must share. Collectives on axes of size 1 move nothing and are
+// left out (a DSL mesh may name an axis the workload does not have).
+using block_signature = std::multiset<std::tuple<ir::phase, ir::op_kind, ir::op, std::string>>;
+block_signature block(const ir::graph& g, int layer) {
+  block_signature out;
+  for (const auto& t : g.tasks)
+    if (t.layer == layer && (t.axis < 0 || g.axes[static_cast<std::size_t>(t.axis)].size > 1))
+      out.insert({t.step_phase, t.kind, t.fn, t.axis >= 0 ? g.axes[static_cast<std::size_t>(t.axis)].name : ""});
+  return out;
+}
+
 double flops_of_layer(const ir::graph& g, int layer, ir::phase p) {
   double sum = 0;
   for (const auto& t : g.tasks)
@@ -258,14 +270,6 @@ TEST_CASE("vit-zero2 reduce-scatters every gradient and gathers every updated sh
 TEST_CASE("vit-zero2 and the DSL's ViT under ZeRO-2 have the same tasks and collectives per block", "[ir][workloads][vit]") {
   // The workload mirrors examples/vit/model.hpp's lowering (tp = 1: ZeRO-2 over every rank, the
   // paper's ViT setting): compared per block as for Llama; the DSL's tp axis of size 1 left out.
-  using signature = std::tuple<ir::phase, ir::op_kind, ir::op, std::string>;
-  const auto block = [](const ir::graph& g, int layer) {
-    std::multiset<signature> out;
-    for (const auto& t : g.tasks)
-      if (t.layer == layer && (t.axis < 0 || g.axes[static_cast<std::size_t>(t.axis)].size > 1))
-        out.insert({t.step_phase, t.kind, t.fn, t.axis >= 0 ? g.axes[static_cast<std::size_t>(t.axis)].name : ""});
-    return out;
-  };
   const auto workload = ir::make_workload("vit-zero2", {.layers = 2, .ranks = 8});
   const auto dsl = lower(vit_model::vit_tp, vit_model::shapes(8, 16, 64, 5), mesh::from_world(8, {{"dp", 8}, {"tp", 1}}),
                          {.heads = 4, .depth = {{"layers", 2}}});
@@ -388,14 +392,6 @@ TEST_CASE("moe-ep and the DSL's MoE block have the same tasks and collectives pe
   // As for Llama below: the workload mirrors the lowering of examples/llama's make_moe (top-2 of
   // 8 experts over ep = 4, dp = 2). The DSL's mesh has a tp axis of size 1, whose collectives
   // move nothing and are left out of the comparison.
-  using signature = std::tuple<ir::phase, ir::op_kind, ir::op, std::string>;
-  const auto block = [](const ir::graph& g, int layer) {
-    std::multiset<signature> out;
-    for (const auto& t : g.tasks)
-      if (t.layer == layer && (t.axis < 0 || g.axes[static_cast<std::size_t>(t.axis)].size > 1))
-        out.insert({t.step_phase, t.kind, t.fn, t.axis >= 0 ? g.axes[static_cast<std::size_t>(t.axis)].name : ""});
-    return out;
-  };
   const auto workload = ir::make_workload("moe-ep", {.layers = 2, .ranks = 8, .ranks_per_node = 4});
   static constexpr auto mixtral = llama_model::make_moe<llama_model::top2>();
   const auto dsl = lower(mixtral, llama_model::moe_shapes(8, 64, 80, 256, 4, 2, 8, 512),
@@ -476,14 +472,6 @@ TEST_CASE("llama-tp-sp and the DSL's Llama have the same tasks and collectives p
   // What the planner benchmarks measure is what users run: the workload generator mirrors the
   // lowering of examples/llama/model.hpp (sequence parallel) block by block. Compared: each
   // task's phase, kind, fn and mesh axis (names and sizes differ: the workload is Llama-2-70B).
-  using signature = std::tuple<ir::phase, ir::op_kind, ir::op, std::string>;
-  const auto block = [](const ir::graph& g, int layer) {
-    std::multiset<signature> out;
-    for (const auto& t : g.tasks)
-      if (t.layer == layer)
-        out.insert({t.step_phase, t.kind, t.fn, t.axis >= 0 ? g.axes[static_cast<std::size_t>(t.axis)].name : ""});
-    return out;
-  };
   const auto workload = ir::make_workload("llama-tp-sp", {.layers = 2, .ranks = 8, .ranks_per_node = 4});
   const auto dsl = lower(llama_model::llama_sp, llama_model::shapes(2, 64, 512, 256, 8, 4, 512),
                          mesh::from_world(8, {{"dp", 2}, {"tp", 4}}), {.heads = 8, .depth = {{"layers", 2}}});
@@ -551,14 +539,6 @@ TEST_CASE("wresnet-dp's blocks are the DSL's Wide-ResNet blocks, task for task",
   // The workload mirrors examples/wresnet/model.hpp's lowering: its stage-1 identity blocks
   // (layers 1 and 2 of the workload, 0 and 1 of the DSL's `stage1` repeat) hold the same tasks
   // and collectives. The DSL's mesh has a tp axis of size 1, left out as in the MoE comparison.
-  using signature = std::tuple<ir::phase, ir::op_kind, ir::op, std::string>;
-  const auto block = [](const ir::graph& g, int layer) {
-    std::multiset<signature> out;
-    for (const auto& t : g.tasks)
-      if (t.layer == layer && (t.axis < 0 || g.axes[static_cast<std::size_t>(t.axis)].size > 1))
-        out.insert({t.step_phase, t.kind, t.fn, t.axis >= 0 ? g.axes[static_cast<std::size_t>(t.axis)].name : ""});
-    return out;
-  };
   const auto workload = ir::make_workload("wresnet-dp", {.layers = 3, .ranks = 4});
   const auto dsl = lower(wresnet_model::net, wresnet_model::shapes(8, 16, 1, 5), mesh::from_world(4, {{"dp", 4}, {"tp", 1}}),
                          {.depth = {{"stage1", 2}}});

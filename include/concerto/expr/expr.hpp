@@ -83,44 +83,19 @@ struct dim_range {
 namespace detail {
 struct expr_tag {};
 struct no_extra {};
-/// The `Extra` of a routing node: its settings.
-template <moe_config C>
-struct moe_extra {
-  static constexpr moe_config value = C;
-};
-/// The `Extra` of a convolution: its settings.
-template <conv_config C>
-struct conv_extra {
-  static constexpr conv_config value = C;
+/// The `Extra` of an op with settings of its own: a routing's (moe_config), a convolution's
+/// (conv_config), a batch norm's (batchnorm_config), the dims an op works along (dim_range).
+/// The compiler copies them into the op's node by their type.
+template <auto Settings>
+struct settings_extra {
+  static constexpr auto value = Settings;
 };
 template <class T>
-inline constexpr bool is_conv_extra = false;
-template <conv_config C>
-inline constexpr bool is_conv_extra<conv_extra<C>> = true;
-/// The `Extra` of an op along dims: their range.
-template <int First, int Last>
-struct dims_extra {
-  static constexpr dim_range value{First, Last};
-};
-template <class T>
-inline constexpr bool is_dims_extra = false;
-template <int First, int Last>
-inline constexpr bool is_dims_extra<dims_extra<First, Last>> = true;
-/// The `Extra` of a batch normalisation: its settings.
-template <batchnorm_config C>
-struct batchnorm_extra {
-  static constexpr batchnorm_config value = C;
-};
-template <class T>
-inline constexpr bool is_batchnorm_extra = false;
-template <batchnorm_config C>
-inline constexpr bool is_batchnorm_extra<batchnorm_extra<C>> = true;
+inline constexpr bool is_settings_extra = false;
+template <auto Settings>
+inline constexpr bool is_settings_extra<settings_extra<Settings>> = true;
 /// The `Extra` of an attention without the causal mask.
 struct bidirectional_extra {};
-template <class T>
-inline constexpr bool is_moe_extra = false;
-template <moe_config C>
-inline constexpr bool is_moe_extra<moe_extra<C>> = true;
 template <class T>
 inline constexpr bool is_expr = std::is_base_of_v<expr_tag, std::remove_cvref_t<T>>;
 } // namespace detail

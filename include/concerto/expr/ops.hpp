@@ -92,7 +92,7 @@ template <expression X, expression P>
 /// the biased variance. Synchronised by default: the statistics are the whole batch's however it
 /// is split (`batchnorm<{.sync = false}>` keeps each rank's own). Channels may be split.
 template <batchnorm_config C = batchnorm_config{}, expression X, expression G, expression Bt>
-[[nodiscard]] constexpr node_expr<op_code::batchnorm, detail::batchnorm_extra<C>, std::remove_cvref_t<X>, std::remove_cvref_t<G>,
+[[nodiscard]] constexpr node_expr<op_code::batchnorm, detail::settings_extra<C>, std::remove_cvref_t<X>, std::remove_cvref_t<G>,
                                   std::remove_cvref_t<Bt>>
 batchnorm(X, G, Bt) noexcept {
   return {};
@@ -140,7 +140,7 @@ template <expression X>
 /// auto h = relu(conv2d<{.stride = 2, .padding = 1}>(x, param<"conv1">(spec(replicate, replicate, replicate, shard(tp)))));
 /// @endcode
 template <conv_config C = conv_config{}, expression X, expression W>
-[[nodiscard]] constexpr node_expr<op_code::conv2d, detail::conv_extra<C>, std::remove_cvref_t<X>, std::remove_cvref_t<W>>
+[[nodiscard]] constexpr node_expr<op_code::conv2d, detail::settings_extra<C>, std::remove_cvref_t<X>, std::remove_cvref_t<W>>
 conv2d(X, W) noexcept {
   static_assert(C.stride >= 1, "conv2d: the stride must be at least 1 (conv_config::stride)");
   static_assert(C.padding >= 0, "conv2d: the padding must not be negative (conv_config::padding)");
@@ -151,21 +151,21 @@ conv2d(X, W) noexcept {
 /// same values in the same order, a view of x's buffer (no copy). The merged dim is split as its
 /// first part was; a split of a later part is gathered first.
 template <int First, int Last = First + 1, expression X>
-[[nodiscard]] constexpr node_expr<op_code::flatten, detail::dims_extra<First, Last>, std::remove_cvref_t<X>> flatten(X) noexcept {
+[[nodiscard]] constexpr node_expr<op_code::flatten, detail::settings_extra<dim_range{First, Last}>, std::remove_cvref_t<X>> flatten(X) noexcept {
   static_assert(First >= 0 && Last > First, "flatten<First, Last>: merges dims First..Last, so 0 <= First < Last");
   return {};
 }
 /// @brief The sum over dim `Dim`: `sum<1>(x)` of `[batch, seq, hidden]` is `[batch, hidden]`.
 /// A split of the dim makes the result a pending sum over its axis.
 template <int Dim, expression X>
-[[nodiscard]] constexpr node_expr<op_code::sum_dim, detail::dims_extra<Dim, Dim>, std::remove_cvref_t<X>> sum(X) noexcept {
+[[nodiscard]] constexpr node_expr<op_code::sum_dim, detail::settings_extra<dim_range{Dim, Dim}>, std::remove_cvref_t<X>> sum(X) noexcept {
   static_assert(Dim >= 0, "sum<Dim>: Dim is a dimension of the operand (0 is the first)");
   return {};
 }
 /// @brief The mean over dim `Dim` (its whole extent, however it is split): global average
 /// pooling is `mean<1>(flatten<1, 2>(x))` of an image `[batch, height, width, channels]`.
 template <int Dim, expression X>
-[[nodiscard]] constexpr node_expr<op_code::mean_dim, detail::dims_extra<Dim, Dim>, std::remove_cvref_t<X>> mean(X) noexcept {
+[[nodiscard]] constexpr node_expr<op_code::mean_dim, detail::settings_extra<dim_range{Dim, Dim}>, std::remove_cvref_t<X>> mean(X) noexcept {
   static_assert(Dim >= 0, "mean<Dim>: Dim is a dimension of the operand (0 is the first)");
   return {};
 }
@@ -210,7 +210,7 @@ template <expression L, expression Y>
 /// auto gates = moe_route<cfg>(logits);
 /// @endcode
 template <moe_config C = moe_config{}, expression L>
-[[nodiscard]] constexpr node_expr<op_code::moe_route, detail::moe_extra<C>, std::remove_cvref_t<L>> moe_route(L) noexcept {
+[[nodiscard]] constexpr node_expr<op_code::moe_route, detail::settings_extra<C>, std::remove_cvref_t<L>> moe_route(L) noexcept {
   static_assert(C.top_k >= 1, "moe_route: top_k must be at least 1 (moe_config::top_k)");
   static_assert(C.capacity_factor > 0, "moe_route: the capacity factor must be positive (moe_config::capacity_factor)");
   static_assert(C.aux_weight >= 0, "moe_route: the balance loss weight must not be negative (moe_config::aux_weight)");

@@ -88,10 +88,30 @@ struct param {
   bool expert = false;     // an expert's weight: replicated over dp only, not over the expert-parallel group
 };
 
-class transformer {
+// What every workload's generator writes with: its builder, the type of its activations, and
+// tasks priced by the op table.
+class workload_writer {
+protected:
+  workload_writer(builder& b, dtype type) : b_(b), type_(type) {}
+  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) { return op_info(fn, std::move(attrs)); }
+  void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
+    add_task(b_, std::move(name), std::move(reads), std::move(writes), std::move(c));
+  }
+  buffer_id act(std::string name, std::vector<i64> shape, dtype t) {
+    return b_.buffer(std::move(name), std::move(shape), buffer_role::activation, t);
+  }
+  buffer_id act(std::string name, std::vector<i64> shape) { return act(std::move(name), std::move(shape), type_); }
+  // A copy: adding buffers moves the graph's.
+  [[nodiscard]] std::vector<i64> shape_of(buffer_id x) const { return b_.peek().buffers[static_cast<std::size_t>(x)].shape; }
+
+  builder& b_;
+  dtype type_;
+};
+
+class transformer : workload_writer {
 public:
   transformer(builder& b, const model_spec& m, const workload_options& o, int tp, grad_sync sync)
-      : b_(b), m_(m), tp_(tp), sync_(sync), type_(o.type) {
+      : workload_writer(b, o.type), m_(m), tp_(tp), sync_(sync) {
     moe_ = m.experts > 0;
     ep_ = moe_ ? o.ranks_per_node : 1;
     const int dp = o.ranks / (tp * ep_);
@@ -162,16 +182,6 @@ private:
   [[nodiscard]] bool zero2() const { return sync_ == grad_sync::zero2 && dp_axis_ >= 0; }
   [[nodiscard]] i64 local_numel(const param& p) const { return zero2() || zero3() ? (p.numel + dp_ - 1) / dp_ : p.numel; }
   [[nodiscard]] static double d(i64 v) { return static_cast<double>(v); }
-
-  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) { return op_info(fn, std::move(attrs)); }
-  void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
-    add_task(b_, std::move(name), std::move(reads), std::move(writes), std::move(c));
-  }
-
-  buffer_id act(std::string name, std::vector<i64> shape, dtype t) {
-    return b_.buffer(std::move(name), std::move(shape), buffer_role::activation, t);
-  }
-  buffer_id act(std::string name, std::vector<i64> shape) { return act(std::move(name), std::move(shape), type_); }
 
   param& make_param(const std::string& name, std::vector<i64> shape, int layer, bool tp_partial = false) {
     param p;
@@ -737,11 +747,9 @@ private:
             {"head_dim", head_dim_}, {"causal", m_.vit ? 0 : 1}};
   }
 
-  builder& b_;
   model_spec m_;
   int tp_ = 1, dp_ = 1;
   grad_sync sync_;
-  dtype type_;
   int tp_axis_ = -1, dp_axis_ = -1, ep_axis_ = -1;
   bool moe_ = false;
   int ep_ = 1;
@@ -754,6 +762,43 @@ private:
   std::vector<saved_block> saved_;
 };
 
+// The weights of a workload whose every rank keeps each weight whole (no tensor or ZeRO split):
+// the weight, its gradient and AdamW's f32 state (master, m, v); one update per weight after the
+// backward pass, in the weight's layer.
+class replicated_weights {
+public:
+  struct weight {
+    std::string name;
+    int layer = -1;
+    i64 numel = 0;
+    buffer_id store = -1, grad = -1, state = -1;
+  };
+  replicated_weights(builder& b, dtype type) : b_(b), type_(type) {}
+  weight& add(const std::string& name, const std::vector<i64>& shape, int layer) {
+    weight w;
+    w.name = name;
+    w.layer = layer;
+    w.numel = 1;
+    for (auto e : shape) w.numel *= e;
+    w.store = b_.buffer(name, shape, buffer_role::param, type_);
+    w.grad = b_.buffer(name + ".grad", shape, buffer_role::gradient, type_);
+    w.state = b_.buffer(name + ".adamw", {3, w.numel}, buffer_role::optimizer_state, dtype::f32);
+    all_.push_back(std::move(w));
+    return all_.back();
+  }
+  void update_all() {
+    for (auto& w : all_) {
+      b_.at(phase::optimizer, w.layer);
+      add_task(b_, w.name + ".adamw", {w.grad, w.store, w.state}, {w.store, w.state}, op_info(op::adamw, {{"numel", w.numel}}));
+    }
+  }
+
+private:
+  builder& b_;
+  dtype type_;
+  std::deque<weight> all_; // a deque keeps the references handed out valid
+};
+
 // AlphaFold 2's Evoformer pair stack (its triangle-free core, as examples/evoformer writes it)
 // under dynamic axial parallelism (FastFold): the pair representation [N, N, c] of each rank's
 // protein split over the `dap` group (ranks_per_node) on one residue dimension, dp over nodes.
@@ -761,9 +806,9 @@ private:
 // exchanged by an all-to-all to the column split, column-wise gated self-attention, transposed
 // and exchanged back; the transition MLP. Every weight is replicated: its gradient is all-reduced
 // over dap, then over dp. Each rank holds T = N/dap · N positions of c channels.
-class pair_stack {
+class pair_stack : workload_writer {
 public:
-  pair_stack(builder& b, const model_spec& m, const workload_options& o) : b_(b), m_(m), type_(o.type) {
+  pair_stack(builder& b, const model_spec& m, const workload_options& o) : workload_writer(b, o.type), m_(m) {
     dap_ = o.ranks_per_node;
     const int dp = o.ranks / dap_;
     if (dap_ > 1) dap_axis_ = b.axis("dap", dap_, link_class::intra_node);
@@ -784,19 +829,11 @@ public:
     auto dz = pos("loss.grad");
     task("loss.grad", {z, target}, {dz}, info(op::mse_grad));
     for (int l = blocks - 1; l >= 0; --l) dz = block_backward(l, dz);
-    for (auto& p : params_) {
-      b_.at(phase::optimizer, p.layer);
-      task(p.name + ".adamw", {p.grad, p.store, p.state}, {p.store, p.state}, info(op::adamw, {{"numel", p.numel}}));
-    }
+    weights_.update_all();
   }
 
 private:
-  struct weight {
-    std::string name;
-    int layer = -1;
-    i64 numel = 0;
-    buffer_id store = -1, grad = -1, state = -1;
-  };
+  using weight = replicated_weights::weight;
   struct attention_saved {
     buffer_id x, ln, q, k, v, gate, att, gated;
     weight *norm_g, *norm_b, *wq, *wk, *wv, *wg, *wo;
@@ -807,27 +844,9 @@ private:
     weight *tr_g, *tr_b, *w1, *w2;
   };
 
-  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) { return op_info(fn, std::move(attrs)); }
-  void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
-    add_task(b_, std::move(name), std::move(reads), std::move(writes), std::move(c));
-  }
-  buffer_id act(std::string name, std::vector<i64> shape) {
-    return b_.buffer(std::move(name), std::move(shape), buffer_role::activation, type_);
-  }
   // A value per position of this rank's rows: [N/dap, N, c].
   buffer_id pos(const std::string& name) { return act(name, {rows_, m_.seq, m_.hidden}); }
-  weight& make_weight(const std::string& name, std::vector<i64> shape, int layer) {
-    weight w;
-    w.name = name;
-    w.layer = layer;
-    w.numel = 1;
-    for (auto e : shape) w.numel *= e;
-    w.store = b_.buffer(name, shape, buffer_role::param, type_);
-    w.grad = b_.buffer(name + ".grad", shape, buffer_role::gradient, type_);
-    w.state = b_.buffer(name + ".adamw", {3, w.numel}, buffer_role::optimizer_state, dtype::f32);
-    params_.push_back(std::move(w));
-    return params_.back();
-  }
+  weight& make_weight(const std::string& name, const std::vector<i64>& shape, int layer) { return weights_.add(name, shape, layer); }
   // Replicated weights: summed over the dap group (inside the node), then across nodes.
   void gradient_ready(weight& w) {
     if (dap_axis_ >= 0) b_.collective(op_kind::all_reduce, w.name + ".grad.ar.dap", dap_axis_, w.grad, w.grad);
@@ -977,12 +996,10 @@ private:
     return add(L + "row.resid.grad", dz1, gated_attention_backward(L + "row.", s.row, dz1));
   }
 
-  builder& b_;
   model_spec m_;
-  dtype type_;
   int dap_ = 1, dap_axis_ = -1, dp_axis_ = -1;
   i64 rows_ = 0, tok_ = 0;
-  std::deque<weight> params_; // a deque keeps the references handed out valid
+  replicated_weights weights_{b_, type_};
   std::vector<block_saved> saved_;
   std::vector<buffer_id> saved_z2_; // the transition's input
 };
@@ -1002,9 +1019,9 @@ struct conv_net_spec {
   std::array<i64, 4> out{256, 512, 1024, 2048};
 };
 
-class wide_resnet {
+class wide_resnet : workload_writer {
 public:
-  wide_resnet(builder& b, const conv_net_spec& m, const workload_options& o) : b_(b), m_(m), type_(o.type) {
+  wide_resnet(builder& b, const conv_net_spec& m, const workload_options& o) : workload_writer(b, o.type), m_(m) {
     dp_ = o.ranks;
     if (dp_ > 1) dp_axis_ = b.axis("dp", dp_, o.ranks > o.ranks_per_node ? link_class::inter_node : link_class::intra_node);
     batch_ = o.micro_batch;
@@ -1048,19 +1065,11 @@ public:
     b_.at(phase::backward, -1);
     dh = relu_backward("embed.stem.relu", saved_stem_.y, dh);
     conv_backward(saved_stem_, stem, dh, "embed.stem", false);
-    for (auto& w : params_) {
-      b_.at(phase::optimizer, w.layer);
-      task(w.name + ".adamw", {w.grad, w.store, w.state}, {w.store, w.state}, info(op::adamw, {{"numel", w.numel}}));
-    }
+    weights_.update_all();
   }
 
 private:
-  struct weight {
-    std::string name;
-    int layer = -1;
-    i64 numel = 0;
-    buffer_id store = -1, grad = -1, state = -1;
-  };
+  using weight = replicated_weights::weight;
   struct conv_saved {
     buffer_id x = -1, y = -1;
     ir::conv_geometry g{};
@@ -1078,28 +1087,7 @@ private:
     bool projected = false;
   };
 
-  static compute_info info(op fn, std::map<std::string, std::int64_t> attrs = {}) { return op_info(fn, std::move(attrs)); }
-  void task(std::string name, std::vector<buffer_id> reads, std::vector<buffer_id> writes, compute_info c) {
-    add_task(b_, std::move(name), std::move(reads), std::move(writes), std::move(c));
-  }
-  buffer_id act(std::string name, std::vector<i64> shape, dtype t) {
-    return b_.buffer(std::move(name), std::move(shape), buffer_role::activation, t);
-  }
-  buffer_id act(std::string name, std::vector<i64> shape) { return act(std::move(name), std::move(shape), type_); }
-  // A copy: adding buffers moves the graph's.
-  [[nodiscard]] std::vector<i64> shape_of(buffer_id x) const { return b_.peek().buffers[static_cast<std::size_t>(x)].shape; }
-  weight& make_weight(const std::string& name, std::vector<i64> shape, int layer) {
-    weight w;
-    w.name = name;
-    w.layer = layer;
-    w.numel = 1;
-    for (auto e : shape) w.numel *= e;
-    w.store = b_.buffer(name, shape, buffer_role::param, type_);
-    w.grad = b_.buffer(name + ".grad", shape, buffer_role::gradient, type_);
-    w.state = b_.buffer(name + ".adamw", {3, w.numel}, buffer_role::optimizer_state, dtype::f32);
-    params_.push_back(std::move(w));
-    return params_.back();
-  }
+  weight& make_weight(const std::string& name, const std::vector<i64>& shape, int layer) { return weights_.add(name, shape, layer); }
   void gradient_ready(weight& w) {
     if (dp_axis_ >= 0) b_.collective(op_kind::all_reduce, w.name + ".grad.ar", dp_axis_, w.grad, w.grad);
   }
@@ -1229,13 +1217,11 @@ private:
     return add(L + "in.grad", through, d);
   }
 
-  builder& b_;
   conv_net_spec m_;
-  dtype type_;
   int dp_ = 1, dp_axis_ = -1;
   i64 batch_ = 1;
   conv_saved saved_stem_;
-  std::deque<weight> params_; // a deque keeps the references handed out valid
+  replicated_weights weights_{b_, type_};
   std::vector<block_saved> saved_;
 };
 

@@ -939,21 +939,15 @@ struct tracer<node_expr<Op, Extra, Args...>> {
     const int ins[] = {tracer<Args>::run(w)...};
     if constexpr (std::is_same_v<Extra, concerto::detail::no_extra>) {
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr);
-    } else if constexpr (concerto::detail::is_moe_extra<Extra>) {
+    } else if constexpr (concerto::detail::is_settings_extra<Extra>) {
+      // The op's settings, into the node's field of their type.
+      using settings = std::remove_cvref_t<decltype(Extra::value)>;
       node proto;
-      proto.moe = Extra::value;
-      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
-    } else if constexpr (concerto::detail::is_batchnorm_extra<Extra>) {
-      node proto;
-      proto.local_stats = !Extra::value.sync;
-      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
-    } else if constexpr (concerto::detail::is_dims_extra<Extra>) {
-      node proto;
-      proto.dims = Extra::value;
-      return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
-    } else if constexpr (concerto::detail::is_conv_extra<Extra>) {
-      node proto;
-      proto.conv = Extra::value;
+      if constexpr (std::is_same_v<settings, moe_config>) proto.moe = Extra::value;
+      else if constexpr (std::is_same_v<settings, conv_config>) proto.conv = Extra::value;
+      else if constexpr (std::is_same_v<settings, dim_range>) proto.dims = Extra::value;
+      else if constexpr (std::is_same_v<settings, batchnorm_config>) proto.local_stats = !Extra::value.sync;
+      else static_assert(std::is_same_v<settings, moe_config>, "an op's settings of a type the node does not hold");
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
     } else if constexpr (std::is_same_v<Extra, concerto::detail::bidirectional_extra>) {
       node proto;
