@@ -1,4 +1,5 @@
-// A bias vector declared with a rank-2 spec.
+// A bias table declared with a higher rank than the tensor it is added to (a table of x's last dims
+// has at most x's rank).
 // expect-error: spec rank does not match the tensor rank
 #include <concerto/concerto.hpp>
 
@@ -7,7 +8,7 @@ inline constexpr axis<"dp"> dp;
 
 constexpr auto x = input<"x">(spec(shard(dp), replicate));
 #if CONCERTO_FAIL_CASE
-constexpr auto b = param<"b">(spec(replicate, replicate));
+constexpr auto b = param<"b">(spec(replicate, replicate, replicate));
 #else
 constexpr auto b = param<"b">(spec(replicate));
 #endif
