@@ -304,9 +304,7 @@ TEST_CASE("conv2d and its gradients match the CPU dispatch: strides, padding, a 
     const auto dy = b.buffer("dy" + at, {g.batch, g.out_h(), g.out_w(), g.out_channels});
     const auto dx = b.buffer("dx" + at, {g.batch, g.height, g.width, g.in_channels});
     const auto dw = b.buffer("dw" + at, {g.kernel_h, g.kernel_w, g.in_channels, g.out_channels});
-    const ir::attr_map attrs{{"batch", g.batch},       {"height", g.height},     {"width", g.width},
-                             {"in_channels", g.in_channels}, {"out_channels", g.out_channels}, {"kernel_h", g.kernel_h},
-                             {"kernel_w", g.kernel_w}, {"stride", g.stride},     {"padding", g.padding}};
+    const ir::attr_map attrs = g.attrs();
     auto accumulated = attrs;
     accumulated["accumulate"] = 1;
     b.at(ir::phase::forward);

@@ -844,10 +844,9 @@ private:
   void convolution(int i, const node& x) {
     const auto& image = local_of(x.op == op_code::conv2d_grad_input ? i : x.in[0]);
     const auto& kernel = local_of(x.op == op_code::conv2d_grad_weight ? i : x.in[1]);
-    compute(i, x.op, ins(x),
-            {{"batch", image[0]}, {"height", image[1]}, {"width", image[2]}, {"in_channels", image[3]},
-             {"out_channels", kernel[3]}, {"kernel_h", kernel[0]}, {"kernel_w", kernel[1]}, {"stride", x.conv.stride},
-             {"padding", x.conv.padding}});
+    const ir::conv_geometry g{image[0], image[1],  image[2],      image[3],      kernel[3],
+                              kernel[0], kernel[1], x.conv.stride, x.conv.padding};
+    compute(i, x.op, ins(x), g.attrs());
   }
 
   // The batch normalisation's tasks: the image's rows and channels on this rank, and the rows its

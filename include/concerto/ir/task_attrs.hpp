@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -71,6 +72,12 @@ struct conv_geometry {
   }
   [[nodiscard]] static conv_geometry of(const task& t) {
     return read([&](const char* key, std::int64_t fallback) { return t.attr(key, fallback); });
+  }
+  /// The attrs a convolution task carries (what read() reads back).
+  [[nodiscard]] std::map<std::string, std::int64_t> attrs() const {
+    return {{"batch", batch},       {"height", height},     {"width", width},   {"in_channels", in_channels},
+            {"out_channels", out_channels}, {"kernel_h", kernel_h}, {"kernel_w", kernel_w}, {"stride", stride},
+            {"padding", padding}};
   }
 };
 

@@ -372,9 +372,7 @@ private:
   [[nodiscard]] i64 grid() const { return static_cast<i64>(std::llround(std::sqrt(static_cast<double>(m_.seq)))); }
   [[nodiscard]] std::map<std::string, std::int64_t> patch_attrs() const {
     const i64 side = grid() * m_.patch;
-    return {{"batch", batch_},          {"height", side},          {"width", side},     {"in_channels", 3},
-            {"out_channels", m_.hidden}, {"kernel_h", m_.patch},   {"kernel_w", m_.patch}, {"stride", m_.patch},
-            {"padding", 0}};
+    return ir::conv_geometry{batch_, side, side, 3, m_.hidden, m_.patch, m_.patch, m_.patch, 0}.attrs();
   }
   buffer_id patches_forward() {
     b_.at(phase::forward, -1);
@@ -1091,17 +1089,12 @@ private:
   void gradient_ready(weight& w) {
     if (dp_axis_ >= 0) b_.collective(op_kind::all_reduce, w.name + ".grad.ar", dp_axis_, w.grad, w.grad);
   }
-  static std::map<std::string, std::int64_t> conv_attrs(const ir::conv_geometry& g) {
-    return {{"batch", g.batch},       {"height", g.height},     {"width", g.width},   {"in_channels", g.in_channels},
-            {"out_channels", g.out_channels}, {"kernel_h", g.kernel_h}, {"kernel_w", g.kernel_w}, {"stride", g.stride},
-            {"padding", g.padding}};
-  }
   conv_saved conv(buffer_id x, weight& w, i64 stride, i64 padding, const std::string& name) {
     const auto xs = shape_of(x);
     const auto ws = shape_of(w.store);
     const ir::conv_geometry g{xs[0], xs[1], xs[2], xs[3], ws[3], ws[0], ws[1], stride, padding};
     const auto y = act(name + ".out", {g.batch, g.out_h(), g.out_w(), g.out_channels});
-    task(name, {x, w.store}, {y}, info(op::conv2d, conv_attrs(g)));
+    task(name, {x, w.store}, {y}, info(op::conv2d, g.attrs()));
     return {x, y, g};
   }
   // The convolution's kernel gradient (then its all-reduce) and, unless it is the first layer's,
@@ -1110,9 +1103,9 @@ private:
     buffer_id dx = -1;
     if (input) {
       dx = act(name + ".in.grad", shape_of(c.x));
-      task(name + ".dgrad", {dy, w.store}, {dx}, info(op::conv2d_grad_input, conv_attrs(c.g)));
+      task(name + ".dgrad", {dy, w.store}, {dx}, info(op::conv2d_grad_input, c.g.attrs()));
     }
-    task(name + ".wgrad", {c.x, dy}, {w.grad}, info(op::conv2d_grad_weight, conv_attrs(c.g)));
+    task(name + ".wgrad", {c.x, dy}, {w.grad}, info(op::conv2d_grad_weight, c.g.attrs()));
     gradient_ready(w);
     return dx;
   }

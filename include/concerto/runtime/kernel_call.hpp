@@ -542,20 +542,25 @@ inline void decode_batchnorm(const call_reader& r, kernel_call& c) {
   c.n = c.rows * c.cols;
   for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
   r.need_float(c, 0, true);
-  const auto image = c.n, sums = 2 * c.cols, scale = 3 * c.cols;
-  const auto reads = [&](std::initializer_list<std::size_t> counts) {
+  // What each operand is, so that a message names it by its role, not by its count (which
+  // coincide when rows is 1, 2 or 3).
+  struct operand {
+    std::size_t values;
+    const char* what;
+  };
+  const operand image{c.n, "rows·cols"}, sums{2 * c.cols, "2·cols (the sums)"}, scale{3 * c.cols, "3·cols (the scale)"},
+      channels{c.cols, "cols"};
+  const auto check = [&](std::initializer_list<operand> reads, operand write) {
     std::size_t i = 0;
-    for (const auto n : counts) {
-      r.need_count(c, i, false, n, n == image ? "rows·cols" : n == sums ? "2·cols (the sums)" : n == scale ? "3·cols (the scale)" : "cols");
-      ++i;
-    }
+    for (const auto& o : reads) r.need_count(c, i++, false, o.values, o.what);
+    r.need_count(c, 0, true, write.values, write.what);
   };
   switch (c.fn) {
-  case ir::op::batchnorm_stats: reads({image}); r.need_count(c, 0, true, sums, "2·cols (the sums)"); break;
-  case ir::op::batchnorm_scale: reads({sums, c.cols}); r.need_count(c, 0, true, scale, "3·cols (the scale)"); break;
-  case ir::op::batchnorm: reads({image, scale, c.cols}); r.need_count(c, 0, true, image, "rows·cols"); break;
-  case ir::op::batchnorm_grad_stats: reads({image, scale, image}); r.need_count(c, 0, true, sums, "2·cols (the sums)"); break;
-  default: reads({image, scale, sums, image}); r.need_count(c, 0, true, image, "rows·cols"); break;
+  case ir::op::batchnorm_stats: check({image}, sums); break;
+  case ir::op::batchnorm_scale: check({sums, channels}, scale); break;
+  case ir::op::batchnorm: check({image, scale, channels}, image); break;
+  case ir::op::batchnorm_grad_stats: check({image, scale, image}, sums); break;
+  default: check({image, scale, sums, image}, image); break;
   }
 }
 
