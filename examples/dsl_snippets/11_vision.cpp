@@ -13,8 +13,10 @@ inline constexpr axis<"tp"> tp;
 constexpr auto images = spec(shard(dp), replicate, replicate, replicate); // [batch, height, width, channels]
 constexpr auto column = spec(replicate, replicate, replicate, shard(tp)); // a kernel [3, 3, in, out] split on out
 constexpr auto row = spec(replicate, replicate, shard(tp), replicate);    // ... split on in
-constexpr auto h = relu(batchnorm(conv2d<{.stride = 2, .padding = 1}>(input<"x">(images, no_grad), param<"k1">(column)),
-                                  param<"g">(spec(shard(tp)), init::ones), param<"b">(spec(shard(tp)))));
+// A ResNet's stem: 3×3 convolution, batch norm, relu, 3×3 max pooling at stride 2 (the channels stay split).
+constexpr auto h = max_pool<{.window = 3, .stride = 2, .padding = 1}>(
+    relu(batchnorm(conv2d<{.padding = 1}>(input<"x">(images, no_grad), param<"k1">(column)),
+                   param<"g">(spec(shard(tp)), init::ones), param<"b">(spec(shard(tp))))));
 constexpr auto features = conv2d(h, param<"k2">(row)); // a pending sum over tp, made by the next nonlinear op
 // Global average pooling: the pixels as a sequence (a view), their mean; then a linear head.
 constexpr auto pooled = mean<1>(flatten<1, 2>(relu(features)));

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   return runtime::mpi::run_or_abort([&] {
     const int world = runtime::mpi::environment::world_size();
     const auto policies = examples::plan_policies(s.policy);
-    const auto shapes = vit_model::shapes(s.batch, s.side, hidden, examples::shape_classes);
+    const auto shapes = vit_model::shapes(s.batch, s.side, hidden, examples::shape_classes, !sp);
     const auto m = mesh::from_world(world, {{"dp", -1}, {"tp", s.tp}});
     const train::optimizer_settings opt{.adamw = {.lr = s.lr}};
     const auto options = [&](planner::policy policy) {
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
       std::printf("vit: %d layers, hidden %lld, %d heads, %lld patches of %dx%d, %lld images per step, dp=%d (ZeRO-2) x tp=%d%s, "
                   "%s, cost preset %s\n",
                   layers, static_cast<long long>(hidden), heads, static_cast<long long>((s.side / 4) * (s.side / 4)),
-                  vit_model::patch, vit_model::patch, static_cast<long long>(s.batch), world / s.tp, s.tp, sp ? " (SP)" : "",
+                  vit_model::patch, vit_model::patch, static_cast<long long>(s.batch), world / s.tp, s.tp, sp ? " (SP; the head reads the patches' mean)" : " (class token)",
                   s.precision.c_str(), s.cost_preset.c_str());
     return examples::train_vision(runs, s,
                                   {{"example", "vit"}, {"world", world}, {"tp", s.tp}, {"sp", sp}, {"layers", layers},

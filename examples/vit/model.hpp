@@ -1,9 +1,12 @@
 #pragma once
 // The example's Vision Transformer: patch embedding as a convolution whose stride is its kernel
 // (each patch × its weights: one product per patch, the same as a reshape and a matmul, without
-// the copy), the patches as a sequence (flatten: a view) plus a learned position table, the
-// GPT example's pre-norm transformer block with bidirectional attention in a `repeat`, mean
-// pooling over the patches, a linear head. The paper's ViT configuration: ZeRO-2 over `dp` (gradients reduce-scattered,
+// the copy), the patches as a sequence (flatten: a view) after a learned class token (concat of
+// a [1, hidden] table, repeated over the batch) plus a learned position table, the GPT example's
+// pre-norm transformer block with bidirectional attention in a `repeat`, the class token's final
+// state (slice) normalised into a linear head. Under sequence parallelism (`--sp`) the sequence
+// is split over tp, so it stays the patches alone (1 + patches would not divide) and the head
+// reads their mean instead. The paper's ViT configuration: ZeRO-2 over `dp` (gradients reduce-scattered,
 // optimizer state sharded); over `tp` Megatron-LM's column/row-parallel projections, the
 // residual stream either replicated over tp (TP) or split over it on the sequence (SP).
 #include "../gpt/model.hpp"
@@ -15,26 +18,38 @@ using gpt_model::dp, gpt_model::tp, gpt_model::vec;
 
 inline constexpr int patch = 4; ///< patch side in pixels (the embedding's kernel and stride)
 
-template <auto Residual>
+template <auto Residual, bool ClassToken>
 constexpr auto make() {
   constexpr auto images = spec(shard(dp), replicate, replicate, replicate);
-  constexpr auto patches = conv2d<{.stride = patch}>(input<"x">(images, no_grad), param<"patch">(spec(replicate, replicate, replicate, replicate)));
-  constexpr auto tokens = bias(flatten<1, 2>(patches), param<"pos">(spec(replicate, replicate))).to(Residual);
+  constexpr auto patches =
+      flatten<1, 2>(conv2d<{.stride = patch}>(input<"x">(images, no_grad), param<"patch">(spec(replicate, replicate, replicate, replicate))));
+  constexpr auto sequence = [&] {
+    if constexpr (ClassToken) return concat<1>(param<"cls">(spec(replicate, replicate)), patches);
+    else return patches;
+  }();
+  constexpr auto tokens = bias(sequence, param<"pos">(spec(replicate, replicate))).to(Residual);
   constexpr auto hn = repeat<"layers">(gpt_model::block<Residual, false>, tokens); // GPT's block, no mask
-  constexpr auto pooled = mean<1>(layernorm(hn, param<"lnf.g">(vec, init::ones), param<"lnf.b">(vec)));
-  constexpr auto logits = matmul(pooled, param<"head">(spec(replicate, replicate)));
+  constexpr auto features = [&] {
+    if constexpr (ClassToken) return flatten<1, 2>(slice<1, 0, 1>(hn)); // the class token's state [batch, hidden]
+    else return mean<1>(hn);
+  }();
+  constexpr auto logits = matmul(layernorm(features, param<"lnf.g">(vec, init::ones), param<"lnf.b">(vec)),
+                                 param<"head">(spec(replicate, replicate)));
   return program(cross_entropy(logits, data<"labels">(spec(shard(dp)))), zero<2>(adamw{}, dp), on(dp, tp));
 }
 
-inline constexpr auto vit_tp = make<spec(shard(dp), replicate, replicate)>();
-inline constexpr auto vit_sp = make<spec(shard(dp), shard(tp), replicate)>();
+inline constexpr auto vit_tp = make<spec(shard(dp), replicate, replicate), true>();
+inline constexpr auto vit_sp = make<spec(shard(dp), shard(tp), replicate), false>();
 
-/// Shapes for `batch` images of side × side × 3 (side a multiple of the patch), width `hidden`, `classes` classes.
-inline shape_map shapes(std::int64_t batch, std::int64_t side, std::int64_t hidden, std::int64_t classes) {
-  const auto h = hidden, f = 4 * hidden, tokens = (side / patch) * (side / patch);
-  return {{"x", {batch, side, side, 3}}, {"labels", {batch}}, {"patch", {patch, patch, 3, h}}, {"pos", {tokens, h}},
+/// Shapes for `batch` images of side × side × 3 (side a multiple of the patch), width `hidden`,
+/// `classes` classes; the class token's with `class_token` (vit_tp), the patches alone without (vit_sp).
+inline shape_map shapes(std::int64_t batch, std::int64_t side, std::int64_t hidden, std::int64_t classes, bool class_token = true) {
+  const auto h = hidden, f = 4 * hidden, tokens = (side / patch) * (side / patch) + (class_token ? 1 : 0);
+  auto s = shape_map{{"x", {batch, side, side, 3}}, {"labels", {batch}}, {"patch", {patch, patch, 3, h}}, {"pos", {tokens, h}},
           {"ln1.g", {h}}, {"ln1.b", {h}}, {"wq", {h, h}}, {"wk", {h, h}}, {"wv", {h, h}}, {"wo", {h, h}}, {"ln2.g", {h}},
           {"ln2.b", {h}}, {"fc1", {h, f}}, {"fc2", {f, h}}, {"lnf.g", {h}}, {"lnf.b", {h}}, {"head", {h, classes}}};
+  if (class_token) s["cls"] = {1, h};
+  return s;
 }
 
 } // namespace vit_model

@@ -1,5 +1,5 @@
 #pragma once
-// The example's Wide-ResNet: a 3×3 stem, three stages of bottleneck blocks (1×1 reduce → 3×3 →
+// The example's Wide-ResNet: a 3×3 stem and a ResNet's 3×3 max pooling at stride 2, three stages of bottleneck blocks (1×1 reduce → 3×3 →
 // 1×1 expand, each followed by batch normalisation, relu between), the first block of each stage
 // with a strided 1×1 projection shortcut (stride 2 from the second stage on), stage 1's further
 // blocks a `repeat` with identity shortcuts, then global average pooling and a linear head.
@@ -45,7 +45,8 @@ constexpr auto projected_block(X x) {
 inline constexpr auto identity_block = [](auto x) { return relu(bottleneck<"", 1>(x) + x); };
 
 inline constexpr auto net = [] {
-  constexpr auto stem = relu(conv2d<{.padding = 1}>(input<"x">(images, no_grad), param<"stem">(kernel)));
+  constexpr auto stem = max_pool<{.window = 3, .stride = 2, .padding = 1}>(
+      relu(conv2d<{.padding = 1}>(input<"x">(images, no_grad), param<"stem">(kernel))));
   constexpr auto s1 = repeat<"stage1">(identity_block, projected_block<"s1.", 1>(stem));
   constexpr auto s3 = projected_block<"s3.", 2>(projected_block<"s2.", 2>(s1));
   constexpr auto logits = matmul(mean<1>(flatten<1, 2>(s3)), param<"head">(spec(replicate, replicate)));

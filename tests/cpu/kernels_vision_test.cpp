@@ -1,5 +1,5 @@
-// CPU kernels of vision models -- conv2d over NHWC images and its two gradients, the sum and
-// mean over a dim, batch normalisation -- against
+// CPU kernels of vision models -- conv2d over NHWC images and its two gradients, max and
+// average pooling, the sum and mean over a dim, batch normalisation -- against
 // double-precision loops written here (strides, padding, 1×1 kernels read in place, shapes that
 // split into several chunks of patches), the gradients also against central differences of the
 // float forward kernel (tolerances as in kernels_test.cpp: h = 1e-2, rtol = atol = 2e-3).
@@ -13,7 +13,9 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -128,6 +130,73 @@ TEST_CASE("conv2d refuses a kernel larger than the padded image and a short work
   const ir::conv_geometry ok{1, 4, 4, 1, 1, 3, 3, 1, 1};
   std::vector<float> x4(16), y4(16), short_ws(3);
   REQUIRE_THROWS_WITH(cpu::conv2d(x4, w, y4, ok, short_ws), ContainsSubstring("cpu::conv2d_workspace_floats"));
+}
+
+TEST_CASE("max and average pooling match double loops; their gradients are the finite differences",
+          "[cpu][kernels][pooling]") {
+  // batch, height, width, channels (in = out), window (kernel_h = kernel_w), stride, padding
+  const auto g = GENERATE(ir::conv_geometry{2, 6, 6, 3, 3, 2, 2, 2, 0},  // 2×2 windows side by side
+                          ir::conv_geometry{1, 7, 5, 4, 4, 3, 3, 2, 1},  // a ResNet stem's: overlapping, padded
+                          ir::conv_geometry{2, 5, 5, 2, 2, 3, 3, 1, 1},  // stride 1: every pixel in 9 windows
+                          ir::conv_geometry{1, 4, 7, 3, 3, 3, 3, 3, 0}); // windows that leave a column out
+  CAPTURE(g.batch, g.height, g.width, g.in_channels, g.kernel_h, g.stride, g.padding);
+  // Distinct values 0.05 apart: a difference step of 0.01 never changes which one is a window's maximum.
+  std::mt19937 rng(static_cast<unsigned>(g.x_values()));
+  std::vector<float> x(static_cast<std::size_t>(g.x_values()));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.05f * static_cast<float>(i) - 1.0f;
+  std::shuffle(x.begin(), x.end(), rng);
+  const auto dy = random_floats(rng, static_cast<std::size_t>(g.y_values()));
+  std::vector<double> max_y(dy.size(), -std::numeric_limits<double>::infinity()), avg_y(dy.size()), max_dx(x.size()),
+      avg_dx(x.size());
+  const auto c = g.in_channels;
+  for (std::int64_t n = 0; n < g.batch; ++n)
+    for (std::int64_t p = 0; p < g.out_h(); ++p)
+      for (std::int64_t q = 0; q < g.out_w(); ++q)
+        for (std::int64_t k = 0; k < c; ++k) {
+          const auto yi = static_cast<std::size_t>(((n * g.out_h() + p) * g.out_w() + q) * c + k);
+          std::size_t arg = 0;
+          for (std::int64_t i = 0; i < g.kernel_h; ++i)
+            for (std::int64_t j = 0; j < g.kernel_w; ++j) {
+              const auto h = p * g.stride - g.padding + i, w = q * g.stride - g.padding + j;
+              if (h < 0 || h >= g.height || w < 0 || w >= g.width) continue;
+              const auto xi = static_cast<std::size_t>(((n * g.height + h) * g.width + w) * c + k);
+              if (x[xi] > max_y[yi]) max_y[yi] = x[xi], arg = xi;
+              avg_y[yi] += double(x[xi]) / double(g.kernel_h * g.kernel_w);
+              avg_dx[xi] += double(dy[yi]) / double(g.kernel_h * g.kernel_w);
+            }
+          max_dx[arg] += dy[yi];
+        }
+  std::vector<float> y(dy.size()), dx(x.size());
+  cpu::max_pool(x, y, g);
+  REQUIRE_CLOSE(y, max_y, 1e-7, 1e-9); // the maximum is one of the values: exact
+  cpu::max_pool_grad(x, dy, dx, g);
+  REQUIRE_CLOSE(dx, max_dx, 1e-6, 1e-7);
+  std::vector<float> scratch(y.size());
+  REQUIRE_CLOSE(dx, central_difference(x, [&] {
+                  cpu::max_pool(x, scratch, g);
+                  return project(dy, scratch);
+                }),
+                fd_tol, fd_tol);
+  cpu::avg_pool(x, y, g);
+  REQUIRE_CLOSE(y, avg_y, 1e-6, 1e-7);
+  cpu::avg_pool_grad(dy, dx, g);
+  REQUIRE_CLOSE(dx, avg_dx, 1e-6, 1e-7);
+  REQUIRE_CLOSE(dx, central_difference(x, [&] {
+                  cpu::avg_pool(x, scratch, g);
+                  return project(dy, scratch);
+                }),
+                fd_tol, fd_tol);
+}
+
+TEST_CASE("pooling refuses a window larger than the padded image and padding beyond half the window",
+          "[cpu][kernels][pooling]") {
+  std::vector<float> x(4), y(1);
+  REQUIRE_THROWS_WITH(cpu::max_pool(x, y, ir::conv_geometry{1, 2, 2, 1, 1, 3, 3, 1, 0}), ContainsSubstring("max_pool: pools"));
+  std::vector<float> x9(9), y9(9);
+  REQUIRE_THROWS_WITH(cpu::avg_pool(x9, y9, ir::conv_geometry{1, 3, 3, 1, 1, 2, 2, 1, 2}), ContainsSubstring("padding at most half"));
+  std::vector<float> short_y(3);
+  REQUIRE_THROWS_WITH(cpu::max_pool(x9, short_y, ir::conv_geometry{1, 3, 3, 1, 1, 1, 1, 1, 0}),
+                      ContainsSubstring("max_pool: `y` holds 3 elements"));
 }
 
 TEST_CASE("the sum and the mean over one dim match double loops; their gradient repeats dout", "[cpu][kernels][sum_dim]") {

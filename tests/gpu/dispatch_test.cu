@@ -321,6 +321,67 @@ TEST_CASE("conv2d and its gradients match the CPU dispatch: strides, padding, a 
   CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == static_cast<std::size_t>(written));
 }
 
+TEST_CASE("max and average pooling and their gradients match the CPU dispatch: overlapping, padded and disjoint windows",
+          "[gpu][dispatch][pooling]") {
+  CONCERTO_REQUIRE_GPU();
+  ir::builder b("pool");
+  int written = 0;
+  // batch, height, width, channels, window, stride, padding
+  for (const auto& g : {ir::conv_geometry{2, 7, 6, 3, 3, 3, 3, 2, 1}, ir::conv_geometry{1, 6, 6, 4, 4, 2, 2, 2, 0},
+                        ir::conv_geometry{2, 5, 5, 2, 2, 3, 3, 1, 1}}) {
+    const std::string at = std::to_string(written);
+    const auto x = b.buffer("x" + at, {g.batch, g.height, g.width, g.in_channels});
+    const auto dy = b.buffer("dy" + at, {g.batch, g.out_h(), g.out_w(), g.in_channels});
+    const auto ym = b.buffer("ymax" + at, {g.batch, g.out_h(), g.out_w(), g.in_channels});
+    const auto ya = b.buffer("yavg" + at, {g.batch, g.out_h(), g.out_w(), g.in_channels});
+    const auto dxm = b.buffer("dxmax" + at, {g.batch, g.height, g.width, g.in_channels});
+    const auto dxa = b.buffer("dxavg" + at, {g.batch, g.height, g.width, g.in_channels});
+    b.at(ir::phase::forward);
+    b.compute(op::max_pool, "max" + at, {x}, {ym}, g.attrs());
+    b.compute(op::avg_pool, "avg" + at, {x}, {ya}, g.attrs());
+    b.at(ir::phase::backward);
+    b.compute(op::max_pool_grad, "max.dx" + at, {x, dy}, {dxm}, g.attrs());
+    b.compute(op::avg_pool_grad, "avg.dx" + at, {dy}, {dxa}, g.attrs());
+    written += 4;
+  }
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 43);
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-6f) == static_cast<std::size_t>(written));
+}
+
+TEST_CASE("concat and slice along a dim and their gradients match the CPU dispatch, repeated tables included",
+          "[gpu][dispatch][parts]") {
+  CONCERTO_REQUIRE_GPU();
+  ir::builder b("parts");
+  int written = 0;
+  // lead, outer, extent, inner, the first part's length, which parts are repeated
+  for (const auto& g : {ir::dim_part{1, 3, 5, 4, 0, 2, 0}, ir::dim_part{4, 1, 9, 6, 0, 1, 1}, ir::dim_part{2, 3, 4, 2, 0, 3, 2}}) {
+    const std::string at = std::to_string(written);
+    const auto rest = g.extent - g.length;
+    const auto a = b.buffer("a" + at, {g.part_values(g.length, 0)}), c = b.buffer("b" + at, {g.part_values(rest, 1)});
+    const auto out = b.buffer("out" + at, {g.whole_values()}), dy = b.buffer("dy" + at, {g.whole_values()});
+    const auto da = b.buffer("da" + at, {g.part_values(g.length, 0)}), db = b.buffer("db" + at, {g.part_values(rest, 1)});
+    const auto part = b.buffer("part" + at, {g.lead * g.outer * rest * g.inner});
+    const auto dx = b.buffer("dx" + at, {g.whole_values()});
+    const ir::dim_part first{g.lead, g.outer, g.extent, g.inner, 0, g.length, g.broadcast & 1};
+    const ir::dim_part second{g.lead, g.outer, g.extent, g.inner, g.length, rest, g.broadcast >> 1};
+    const ir::dim_part tail{g.lead, g.outer, g.extent, g.inner, g.length, rest, 0};
+    b.at(ir::phase::forward);
+    b.compute(op::concat_dim, "concat" + at, {a, c}, {out}, g.attrs());
+    b.compute(op::slice_dim, "slice" + at, {dy}, {part}, tail.attrs());
+    b.at(ir::phase::backward);
+    b.compute(op::concat_dim_grad, "concat.da" + at, {dy}, {da}, first.attrs());
+    b.compute(op::concat_dim_grad, "concat.db" + at, {dy}, {db}, second.attrs());
+    b.compute(op::slice_dim_grad, "slice.dx" + at, {part}, {dx}, tail.attrs());
+    written += 5;
+  }
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 47);
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-6f, 1e-7f) == static_cast<std::size_t>(written));
+}
+
 TEST_CASE("sums and means over one dim and their gradients match the CPU dispatch", "[gpu][dispatch][sum_dim]") {
   CONCERTO_REQUIRE_GPU();
   const std::int64_t outer = 3, extent = 7, inner = 5;

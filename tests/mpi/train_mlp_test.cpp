@@ -93,12 +93,49 @@ const shape_map classifier_shapes{
     {"x", {N, S, S, C}}, {"k", {3, 3, C, F}}, {"pos", {S * S, F}}, {"head", {F, classes}}, {"labels", {N}}};
 const std::vector<std::string> classifier_params{"k", "pos", "head"};
 
+// A class token: a learned table [1, F] joined before the pixels (a table repeated over the
+// batch, its gradient summed over it), positions added, and the features the token's slice next
+// to the pixels' mean (equal ranks joined along the channels, which tp splits: gathered first).
+constexpr auto tokens = bias(concat<1>(param<"cls">(spec(replicate, shard(tp))), pixels), param<"pos">(spec(replicate, shard(tp))));
+constexpr auto token_classifier =
+    program(cross_entropy(matmul(concat<1>(flatten<1, 2>(slice<1, 0, 1>(relu(tokens))), mean<1>(relu(tokens))),
+                                 param<"head">(spec(replicate, replicate))),
+                          data<"labels">(spec(shard(dp)))),
+            sgd{}, on(dp, tp));
+static_assert(token_classifier.count(op_code::concat_dim_grad) == 4 && token_classifier.count(op_code::slice_dim_grad) == 1);
+const shape_map token_shapes{{"x", {N, S, S, C}},       {"k", {3, 3, C, F}},          {"cls", {1, F}},
+                             {"pos", {S * S + 1, F}}, {"head", {2 * F, classes}}, {"labels", {N}}};
+const std::vector<std::string> token_params{"k", "cls", "pos", "head"};
+
 train::batch labelled_images() {
   auto b = images();
   b.erase("target");
   train::tensor labels{{N}};
   for (std::int64_t i = 0; i < N; ++i) labels.i64.push_back((3 * i + 1) % classes);
   b.emplace("labels", labels);
+  return b;
+}
+
+// Pooling between convolutions: a column-parallel 3×3 convolution, a ResNet stem's max pooling
+// (3×3 windows at stride 2, padded: the channels stay split), a row-parallel 1×1 convolution (a
+// pending sum) and an average pooling that lets the pending sum through (it is linear).
+constexpr auto pooled_cnn = program(
+    mse(avg_pool<{.window = 2, .stride = 1}>(
+            conv2d(max_pool<{.window = 3, .stride = 2, .padding = 1}>(relu(conv2d<{.padding = 1}>(
+                       input<"x">(image), param<"k1">(spec(replicate, replicate, replicate, shard(tp)))))),
+                   param<"k2">(spec(replicate, replicate, shard(tp), replicate)))),
+        input<"target">(image)),
+    sgd{}, on(dp, tp));
+static_assert(pooled_cnn.count(op_code::max_pool_grad) == 1 && pooled_cnn.count(op_code::avg_pool_grad) == 1);
+// Forward: one all-reduce of the row-parallel sum, after the average pooling (before the loss).
+static_assert(pooled_cnn.count(collective::all_reduce, tp) == 2);
+const shape_map pooled_shapes{{"x", {N, S, S, C}}, {"target", {N, S / 2 - 1, S / 2 - 1, C}}, {"k1", {3, 3, C, F}}, {"k2", {1, 1, F, C}}};
+
+train::batch pooled_images() {
+  auto b = images();
+  train::tensor t{{N, S / 2 - 1, S / 2 - 1, C}};
+  for (std::int64_t i = 0; i < N * (S / 2 - 1) * (S / 2 - 1) * C; ++i) t.f32.push_back(0.5f * std::cos(0.37f * static_cast<float>(i)));
+  b["target"] = t;
   return b;
 }
 
@@ -254,6 +291,31 @@ TEST_CASE("an image classifier (position table, global average pooling) trains a
   REQUIRE(reference.loss.back() < reference.loss.front());
   on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t), reference); });
   checked_gradients(classifier, classifier_shapes, labelled_images(), classifier_params, true);
+}
+
+TEST_CASE("max and average pooling train to the single-rank numbers on every mesh, their gradients the finite differences",
+          "[mpi][train][conv2d][pool]") {
+  const auto trained = [](MPI_Comm comm, int d, int t, planner::policy policy) {
+    return tt::run(pooled_cnn, pooled_shapes, comm, {{"dp", d}, {"tp", t}}, pooled_images(), 3, {.sgd = {.lr = 0.2f}},
+                   {.policy = policy, .solver = {.time_budget_s = 2, .progress = false}}, cnn_params);
+  };
+  const auto reference = trained(MPI_COMM_SELF, 1, 1, planner::policy::sync);
+  REQUIRE(reference.loss.back() < reference.loss.front());
+  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t, planner::policy::sync), reference); });
+  const int world = runtime::mpi::environment::world_size(), t = world >= 4 ? 2 : 1;
+  tt::check_same(trained(MPI_COMM_WORLD, world / t, t, planner::policy::concerto), reference);
+  checked_gradients(pooled_cnn, pooled_shapes, pooled_images(), cnn_params, true);
+}
+
+TEST_CASE("a class token joined to the pixels and sliced back trains alike on every mesh", "[mpi][train][conv2d][parts]") {
+  const auto trained = [](MPI_Comm comm, int d, int t) {
+    return tt::run(token_classifier, token_shapes, comm, {{"dp", d}, {"tp", t}}, labelled_images(), 3, {.sgd = {.lr = 0.5f}},
+                   {.policy = planner::policy::sync, .solver = {.progress = false}}, token_params);
+  };
+  const auto reference = trained(MPI_COMM_SELF, 1, 1);
+  REQUIRE(reference.loss.back() < reference.loss.front());
+  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t), reference); });
+  checked_gradients(token_classifier, token_shapes, labelled_images(), token_params, true);
 }
 
 TEST_CASE("batch normalisation: synchronised statistics give the single-rank numbers on every mesh, local ones each rank's",

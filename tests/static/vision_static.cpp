@@ -1,7 +1,9 @@
 // The vision ops' sharding rules, checked at compile time: conv2d as a product over its window
 // (batch, output channels, input channels as a pending sum; height and width whole), flatten
 // (split as its first merged dim), sum and mean over a dim (a split dim becomes a pending sum),
-// and a table broadcast over the leading dims (laid out like x's last dims).
+// and a table broadcast over the leading dims (laid out like x's last dims), max and average
+// pooling (height and width whole; the average linear, the maximum not), concat and slice along
+// a dim (the dim whole; a lower-rank operand laid out like the other's last dims).
 #include <concerto/concerto.hpp>
 
 namespace {
@@ -42,6 +44,26 @@ constexpr int tall_conv = first_node(tall, op_code::conv2d);
 static_assert(tall.nodes[tall.nodes[tall_conv].in[0]].op == op_code::all_gather && tall.spec_at(tall.nodes[tall_conv].in[0]) ==
                                                                                       spec(replicate, replicate, replicate, replicate));
 
+// Pooling keeps split channels and the batch; a split height is gathered; the average of a
+// pending sum stays pending (made once, after it), the maximum makes it first.
+constexpr auto row_out = conv2d(relu(conv2d<{.padding = 1}>(input<"x">(image, no_grad), param<"k1">(column))), param<"k2">(row));
+constexpr auto avg_of_sum = program(mse(avg_pool(row_out), input<"target">(image)), sgd{}, on(dp, tp));
+static_assert(avg_of_sum.spec_at(first_node(avg_of_sum, op_code::avg_pool)) == spec(shard(dp), replicate, replicate, replicate, partial(tp)));
+static_assert(avg_of_sum.count(collective::all_reduce, tp, fwd) == 1);
+constexpr auto max_of_sum = program(mse(max_pool(row_out), input<"target">(image)), sgd{}, on(dp, tp));
+constexpr int max_node = first_node(max_of_sum, op_code::max_pool);
+static_assert(max_of_sum.nodes[max_of_sum.nodes[max_node].in[0]].op == op_code::all_reduce);
+static_assert(max_of_sum.spec_at(max_node) == image);
+constexpr auto split_channels =
+    program(mse(max_pool<{.window = 3, .stride = 2, .padding = 1}>(conv2d(input<"x">(image, no_grad), param<"k">(column))),
+                input<"target">(spec(shard(dp), replicate, replicate, shard(tp)))),
+            sgd{}, on(dp, tp));
+static_assert(split_channels.spec_at(first_node(split_channels, op_code::max_pool)) == spec(shard(dp), replicate, replicate, shard(tp)));
+static_assert(split_channels.count(collective::all_gather) == 0 && split_channels.count(op_code::max_pool_grad) == 1);
+constexpr auto tall_pool =
+    program(mse(avg_pool(input<"x">(spec(replicate, shard(dp), replicate, replicate))), input<"target">(image)), sgd{}, on(dp, tp));
+static_assert(tall_pool.nodes[tall_pool.nodes[first_node(tall_pool, op_code::avg_pool)].in[0]].op == op_code::all_gather);
+
 // Global average pooling of a column-parallel convolution, a position table split like the
 // channels, a row-parallel head: the logits' pending sum is the one tp all-reduce forward.
 constexpr auto pooled = flatten<1, 2>(relu(conv2d<{.padding = 1}>(input<"x">(image, no_grad), param<"k">(column))));
@@ -81,4 +103,29 @@ static_assert(local.count(collective::all_reduce, dp, fwd) == 0 && local.count(c
 static_assert(synced.spec_of("g.grad") == spec(shard(tp)) && local.spec_of("b.grad") == spec(shard(tp)));
 static_assert(synced.count(op_code::batchnorm_stats) == 1 && synced.count(op_code::batchnorm_grad) == 1);
 static_assert(synced.count(collective::all_reduce, tp, fwd) == 1); // the row-parallel convolution's sum only
+
+// A class token [1, hidden] joined before a sequence split over tp along its hidden size: the
+// table like the sequence's last dims, no gather; its gradient summed over the batch (dp) and
+// all-reduced over dp as a parameter's.
+constexpr auto seq_split = spec(shard(dp), replicate, shard(tp));
+constexpr auto with_token = program(mse(concat<1>(param<"cls">(spec(replicate, shard(tp))), input<"x">(seq_split, no_grad)),
+                                        input<"target">(seq_split)),
+                                    sgd{}, on(dp, tp));
+static_assert(with_token.spec_at(first_node(with_token, op_code::concat_dim)) == seq_split);
+static_assert(with_token.count(collective::all_gather) == 0 && with_token.count(op_code::concat_dim_grad) == 1);
+static_assert(with_token.spec_at(first_node(with_token, op_code::concat_dim_grad)) == spec(replicate, shard(tp), partial(dp)));
+// Joining or slicing along a split dim gathers it first (a sequence-parallel split of the tokens).
+constexpr auto along_split = program(mse(slice<1, 0, 1>(concat<1>(param<"cls">(spec(replicate, replicate)),
+                                                                  input<"x">(spec(shard(dp), shard(tp), replicate), no_grad))),
+                                         input<"target">(spec(shard(dp), replicate, replicate))),
+                                     sgd{}, on(dp, tp));
+static_assert(along_split.count(collective::all_gather, tp, fwd) == 1);
+static_assert(along_split.spec_at(first_node(along_split, op_code::slice_dim)) == spec(shard(dp), replicate, replicate));
+// A slice is linear: a pending sum goes through it.
+constexpr auto sliced_sum = program(mse(slice<2, 1, 3>(conv2d(input<"x">(spec(shard(dp), replicate, replicate, shard(tp)), no_grad), param<"k">(row))),
+                                        input<"target">(image)),
+                                    sgd{}, on(dp, tp));
+static_assert(sliced_sum.spec_at(first_node(sliced_sum, op_code::slice_dim)) ==
+              spec(shard(dp), replicate, replicate, replicate, partial(tp)));
+
 } // namespace

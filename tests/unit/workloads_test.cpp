@@ -256,14 +256,21 @@ TEST_CASE("vit-zero2 reduce-scatters every gradient and gathers every updated sh
     CHECK(dep_names(g, gather) ==
           std::vector<std::string>{"L0.mlp.up", "L0.mlp.up.dgrad", "L0.mlp.up.w.shard", "L0.mlp.up.w.adamw"});
   }
-  SECTION("256 patches of 14 x 14 per image, embedded by a strided convolution; attention without a mask") {
+  SECTION("a class token and 256 patches of 14 x 14 per image, embedded by a strided convolution; attention without a mask") {
     const auto& att = task_named(g, "L0.attention");
-    CHECK(att.attr("seq") == 256);
+    CHECK(att.attr("seq") == 257);
     CHECK(att.attr("causal") == 0);
     const auto& embed = task_named(g, "embed");
     CHECK(embed.fn == ir::op::conv2d);
     CHECK(embed.attr("stride") == 14);
     CHECK(embed.attr("height") == 224);
+    const auto& join = task_named(g, "embed.cls");
+    CHECK(join.fn == ir::op::concat_dim);
+    CHECK(join.attr("broadcast") == 1); // [1, 1280] repeated over the images
+    CHECK(buf(g, join.reads[0]).shape == std::vector<std::int64_t>{1, 1280});
+    CHECK(task_named(g, "embed.cls.grad").fn == ir::op::concat_dim_grad);
+    CHECK(task_named(g, "head.cls").fn == ir::op::slice_dim);
+    CHECK(task_named(g, "head.cls.grad").fn == ir::op::slice_dim_grad);
   }
 }
 
@@ -533,6 +540,16 @@ TEST_CASE("wresnet-dp is Wide-ResNet-101-2 under data parallelism with synchroni
   CHECK(c.attr("in_channels") == 128);
   CHECK(c.attr("kernel_h") == 3);
   CHECK(task_named(g, "L1.nb").attr("count") == 2 * 56 * 56 * 32); // the whole batch's rows
+  // The stem's max pooling halves 112 to 56, where stage 1 starts (its first block at stride 1).
+  const auto& pool = task_named(g, "embed.pool");
+  CHECK(pool.fn == ir::op::max_pool);
+  CHECK(pool.attr("height") == 112);
+  CHECK(pool.attr("kernel_h") == 3);
+  CHECK(pool.attr("stride") == 2);
+  CHECK(task_named(g, "embed.pool.grad").fn == ir::op::max_pool_grad);
+  CHECK(task_named(g, "L0.a").attr("height") == 56);
+  CHECK(task_named(g, "L0.b").attr("stride") == 1);
+  CHECK(task_named(g, "L3.b").attr("stride") == 2); // stage 2's first block
 }
 
 TEST_CASE("wresnet-dp's blocks are the DSL's Wide-ResNet blocks, task for task", "[ir][workloads][wresnet]") {

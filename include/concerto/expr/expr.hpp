@@ -64,6 +64,17 @@ struct conv_config {
   friend constexpr bool operator==(const conv_config&, const conv_config&) = default;
 };
 
+/// @brief The settings of a `max_pool` or `avg_pool`: the window's side, its step (0: the
+/// window's side, windows that do not overlap) and the padding on every side (ignored by the
+/// maximum, counted as zeros by the average, which divides by window²).
+struct pool_config {
+  int window = 2;
+  int stride = 0;
+  int padding = 0;
+  [[nodiscard]] constexpr int step() const noexcept { return stride > 0 ? stride : window; }
+  friend constexpr bool operator==(const pool_config&, const pool_config&) = default;
+};
+
 /// @brief The settings of a `batchnorm`: statistics over the whole batch (synchronised: an
 /// all-reduce of 2·channels values forward and another backward over the axes splitting the
 /// batch; the numbers of one rank), or over each rank's rows (local, as a framework's BatchNorm
@@ -80,11 +91,20 @@ struct dim_range {
   friend constexpr bool operator==(const dim_range&, const dim_range&) = default;
 };
 
+/// @brief The part of one dim an op keeps: `slice<Dim, Begin, End>`'s [begin, end) of dim `dim`.
+struct dim_slice {
+  int dim = -1;
+  int begin = 0;
+  int end = 0;
+  friend constexpr bool operator==(const dim_slice&, const dim_slice&) = default;
+};
+
 namespace detail {
 struct expr_tag {};
 struct no_extra {};
 /// The `Extra` of an op with settings of its own: a routing's (moe_config), a convolution's
-/// (conv_config), a batch norm's (batchnorm_config), the dims an op works along (dim_range).
+/// (conv_config), a pooling's (pool_config), a batch norm's (batchnorm_config), the dims an op works along (dim_range),
+/// the part of a dim a slice keeps (dim_slice).
 /// The compiler copies them into the op's node by their type.
 template <auto Settings>
 struct settings_extra {

@@ -146,6 +146,24 @@ conv2d(X, W) noexcept {
   static_assert(C.padding >= 0, "conv2d: the padding must not be negative (conv_config::padding)");
   return {};
 }
+/// @brief The maximum over windows of an image x `[batch, height, width, channels]` (NHWC):
+/// y `[batch, out_h, out_w, channels]`, out_h = ⌊(height + 2·padding − window) / stride⌋ + 1
+/// (likewise out_w); padding never wins. The batch and the channels may be split; height and
+/// width stay whole. A ResNet's stem pooling is `max_pool<{.window = 3, .stride = 2, .padding = 1}>(x)`.
+template <pool_config C = pool_config{}, expression X>
+[[nodiscard]] constexpr node_expr<op_code::max_pool, detail::settings_extra<C>, std::remove_cvref_t<X>> max_pool(X) noexcept {
+  static_assert(C.window >= 1 && C.stride >= 0 && C.padding >= 0, "max_pool: window >= 1, stride >= 0 (0: the window), padding >= 0");
+  static_assert(2 * C.padding < C.window + 1, "max_pool: padding at most half the window (a window of padding alone has no maximum)");
+  return {};
+}
+/// @brief The mean over windows of an image x `[batch, height, width, channels]`, as max_pool's
+/// shapes; padding counts as zeros (the sum is divided by window²). Linear: a pending sum goes
+/// through.
+template <pool_config C = pool_config{}, expression X>
+[[nodiscard]] constexpr node_expr<op_code::avg_pool, detail::settings_extra<C>, std::remove_cvref_t<X>> avg_pool(X) noexcept {
+  static_assert(C.window >= 1 && C.stride >= 0 && C.padding >= 0, "avg_pool: window >= 1, stride >= 0 (0: the window), padding >= 0");
+  return {};
+}
 /// @brief x with dims First..Last (inclusive) as one: `flatten<1, 2>(x)` of `[batch, height,
 /// width, channels]` is `[batch, height·width, channels]` (an image's pixels as a sequence). The
 /// same values in the same order, a view of x's buffer (no copy). The merged dim is split as its
@@ -153,6 +171,28 @@ conv2d(X, W) noexcept {
 template <int First, int Last = First + 1, expression X>
 [[nodiscard]] constexpr node_expr<op_code::flatten, detail::settings_extra<dim_range{First, Last}>, std::remove_cvref_t<X>> flatten(X) noexcept {
   static_assert(First >= 0 && Last > First, "flatten<First, Last>: merges dims First..Last, so 0 <= First < Last");
+  return {};
+}
+/// @brief a and b joined along dim `Dim`: `[..., la, ...]` and `[..., lb, ...]` give `[..., la + lb, ...]`,
+/// every other dim equal. An operand of lower rank is a table of the other's last dims repeated
+/// over its leading ones (as `bias` adds one): a ViT's class token `cls [1, hidden]` before the
+/// patches `[batch, patches, hidden]` is `concat<1>(param<"cls">(...), patches)`, and its
+/// gradient is summed over the batch. `Dim` is whole on every rank (a split is gathered); the
+/// other dims are split alike in both.
+template <int Dim, expression A, expression B>
+[[nodiscard]] constexpr node_expr<op_code::concat_dim, detail::settings_extra<dim_range{Dim, Dim}>, std::remove_cvref_t<A>,
+                                  std::remove_cvref_t<B>>
+concat(A, B) noexcept {
+  static_assert(Dim >= 0, "concat<Dim>: Dim is a dimension of the operands (0 is the first)");
+  return {};
+}
+/// @brief Positions [Begin, End) of dim `Dim` of x: `slice<1, 0, 1>(h)` of `[batch, 1 + patches,
+/// hidden]` is the class token's `[batch, 1, hidden]`. `Dim` is whole on every rank (a split is
+/// gathered); the gradient is zero outside the part.
+template <int Dim, int Begin, int End, expression X>
+[[nodiscard]] constexpr node_expr<op_code::slice_dim, detail::settings_extra<dim_slice{Dim, Begin, End}>, std::remove_cvref_t<X>>
+slice(X) noexcept {
+  static_assert(Dim >= 0 && Begin >= 0 && End > Begin, "slice<Dim, Begin, End>: 0 <= Begin < End along dim Dim >= 0");
   return {};
 }
 /// @brief The sum over dim `Dim`: `sum<1>(x)` of `[batch, seq, hidden]` is `[batch, hidden]`.

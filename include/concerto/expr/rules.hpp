@@ -236,6 +236,19 @@ inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
   return r;
 }
 
+/// @brief Pooling over the windows of x [batch, h, w, c]: height and width whole (a split is
+/// gathered: windows cross it), the batch and the channels as they are. The average is linear (a
+/// pending sum goes through); the maximum is not.
+[[nodiscard]] constexpr result pooling(const pspec& x, bool linear, bool pinned, int axes) noexcept {
+  result r;
+  if (linear) r.need[0] = x;
+  else if (r = nonlinear(x, pinned); r.err != errc::none) return r;
+  for (int a = 0; a < axes; ++a)
+    if (const int s = r.need[0].state(a); s == 1 || s == 2) r.need[0].set_state(a, state_replicated);
+  r.out = r.need[0];
+  return r;
+}
+
 /// @brief sum / mean over `dim`: the axes splitting it become pending sums, later dims move down.
 [[nodiscard]] constexpr result reduce_dim(const pspec& x, int dim, int axes) noexcept {
   result r;
@@ -254,6 +267,42 @@ inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
   for (int a = 0; a < axes; ++a)
     if (const int s = x.state(a); s >= x.rank - rank) v.set_state(a, s - (x.rank - rank));
   return v;
+}
+
+/// @brief The axes splitting `dim` of x made whole (gathered), the others kept.
+[[nodiscard]] constexpr pspec whole_dim(pspec x, int dim, int axes) noexcept {
+  for (int a = 0; a < axes; ++a)
+    if (x.state(a) == dim) x.set_state(a, state_replicated);
+  return x;
+}
+
+/// @brief concat along `dim` of a (rank ra) and b (rank rb): the higher-rank operand whole along
+/// the dim, its pending sums made; the other laid out like it, or, of lower rank, like its last
+/// dims (a table repeated over the leading ones).
+[[nodiscard]] constexpr result join(const pspec& a, bool pinned_a, const pspec& b, bool pinned_b, int dim, int axes) noexcept {
+  const bool a_full = a.rank >= b.rank;
+  const pspec& full = a_full ? a : b;
+  const pspec& table = a_full ? b : a;
+  result r = nonlinear(full, a_full ? pinned_a : pinned_b);
+  if (r.err != errc::none) return r;
+  if ((a_full ? pinned_b : pinned_a) && table.has_partial()) {
+    r.err = errc::partial_into_nonlinear;
+    return r;
+  }
+  const pspec laid = whole_dim(r.need[0], dim, axes);
+  const pspec other = table.rank == full.rank ? laid : like_trailing_dims(laid, table.rank, axes);
+  r.need[a_full ? 0 : 1] = laid;
+  r.need[a_full ? 1 : 0] = other;
+  r.out = laid;
+  return r;
+}
+
+/// @brief A slice of `dim`: the dim whole, the rest as it is; linear (a pending sum stays).
+[[nodiscard]] constexpr result part(const pspec& x, int dim, int axes) noexcept {
+  result r;
+  r.need[0] = whole_dim(x, dim, axes);
+  r.out = r.need[0];
+  return r;
 }
 
 /// @brief The spec of `s`'s tensor with its two leading dimensions swapped (transpose).

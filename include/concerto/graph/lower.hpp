@@ -153,6 +153,35 @@ extents moe_shape(const program<N>& p, int i, const std::vector<extents>& global
   return {gates[0], gates[1], in(0)[2]};
 }
 
+// The shape of concat_dim / slice_dim node i, checked: the parts of one dim.
+template <std::size_t N>
+extents parts_shape(const program<N>& p, int i, const std::vector<extents>& global) {
+  const node& x = p.nodes[i];
+  const auto in = [&](int k) -> const extents& { return global[static_cast<std::size_t>(x.in[k])]; };
+  const auto what = [&] { return p.describe(i); };
+  const auto operand = [&](int k) { return operand_text(p, global, x.in[k]); };
+  if (x.op == op_code::slice_dim) {
+    const auto d = static_cast<std::size_t>(x.part.dim);
+    if (x.part.end > in(0)[d])
+      fail(what() + ": positions [" + std::to_string(x.part.begin) + ", " + std::to_string(x.part.end) + ") run past dim " +
+           std::to_string(d) + " of " + operand(0) + "; slice<Dim, Begin, End> needs End <= " + std::to_string(in(0)[d]));
+    auto out = in(0);
+    out[d] = x.part.end - x.part.begin;
+    return out;
+  }
+  // concat_dim: equal dims but the joined one; a lower-rank operand is like the other's last dims.
+  const bool a_full = in(0).size() >= in(1).size();
+  const auto &full = in(a_full ? 0 : 1), &table = in(a_full ? 1 : 0);
+  const auto skip = full.size() - table.size(), d = static_cast<std::size_t>(x.dims.first);
+  for (std::size_t k = 0; k < table.size(); ++k)
+    if (k + skip != d && table[k] != full[k + skip])
+      fail(what() + ": " + operand(0) + " and " + operand(1) + " differ in dim " + std::to_string(k + skip) +
+           " (only the joined dim " + std::to_string(d) + " may; an operand of lower rank is the other's last dims)");
+  auto out = full;
+  out[d] += table[d - skip];
+  return out;
+}
+
 // The shape of node i from its operands' (`global`), checked; messages show the op as written.
 // Each sharding rule has its shape rule: the op's table entry decides which applies.
 template <std::size_t N>
@@ -247,6 +276,20 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
       return out;
     };
     return {img[0], side(img[1], w[0], "height"), side(img[2], w[1], "width"), w[3]};
+  }
+  case ir::sharding::join:
+  case ir::sharding::part: return parts_shape(p, i, global);
+  case ir::sharding::pooling: {
+    const auto& img = in(0);
+    const auto side = [&](std::int64_t extent, const char* dim) {
+      const auto out = ir::conv_geometry::output_extent(extent, x.window, x.conv.stride, x.conv.padding);
+      if (out < 1)
+        fail(what() + ": a window of " + std::to_string(x.window) + " does not fit the image's " + dim + " of " +
+             std::to_string(extent) + " with padding " + std::to_string(x.conv.padding) +
+             "; pool a larger image or use a smaller window (pool_config::window)");
+      return out;
+    };
+    return {img[0], side(img[1], "height"), side(img[2], "width"), img[3]};
   }
   case ir::sharding::none: break;
   }
@@ -757,6 +800,8 @@ private:
     case ir::task_form::loss: return loss(i, x);
     case ir::task_form::moe: return moe(i, x);
     case ir::task_form::convolution: return convolution(i, x);
+    case ir::task_form::pooling: return pooling(i, x);
+    case ir::task_form::parts: return parts(i, x);
     case ir::task_form::reshape: { // its operand's buffer in its own shape: a view, no task
       const auto src = in(x, 0);
       slot(i) = b_.view(name_, src, 0, b_.peek().buffers.at(static_cast<std::size_t>(src)).bytes, local_of(i));
@@ -846,6 +891,51 @@ private:
     const auto& kernel = local_of(x.op == op_code::conv2d_grad_weight ? i : x.in[1]);
     const ir::conv_geometry g{image[0], image[1],  image[2],      image[3],      kernel[3],
                               kernel[0], kernel[1], x.conv.stride, x.conv.padding};
+    compute(i, x.op, ins(x), g.attrs());
+  }
+
+  // max_pool, avg_pool and their gradients (whose node is dx, the image's shape): the image on
+  // this rank as a convolution's whose kernel is the window and keeps the channels.
+  void pooling(int i, const node& x) {
+    const bool forward = x.op == op_code::max_pool || x.op == op_code::avg_pool;
+    const auto& image = local_of(forward ? x.in[0] : i);
+    const ir::conv_geometry g{image[0], image[1], image[2], image[3], image[3], x.window, x.window, x.conv.stride, x.conv.padding};
+    compute(i, x.op, ins(x), g.attrs());
+  }
+
+  // concat_dim, slice_dim and their gradients: the tensor with the parts (the concat's output, the
+  // slice's input, which a gradient's shape or its forward node gives) as [lead, outer, extent,
+  // inner] around the dim; lead is the dims a concat's lower-rank operand is repeated over.
+  void parts(int i, const node& x) {
+    const bool forward = x.op == op_code::concat_dim || x.op == op_code::slice_dim;
+    const node& op = forward ? x : p_.nodes[x.forward];
+    const int whole = op.op == op_code::concat_dim ? (forward ? i : x.forward) : (forward ? x.in[0] : i);
+    const auto& s = local_of(whole);
+    const auto rank_of = [&](int k) { return static_cast<std::int64_t>(local_of(op.in[k]).size()); };
+    const auto size = static_cast<std::int64_t>(s.size());
+    const std::int64_t dim = op.op == op_code::concat_dim ? op.dims.first : op.part.dim;
+    const std::int64_t skip = op.op == op_code::concat_dim ? size - std::min(rank_of(0), rank_of(1)) : 0;
+    const auto product = [&](std::int64_t from, std::int64_t to) {
+      std::int64_t n = 1;
+      for (auto k = from; k < to; ++k) n *= s[static_cast<std::size_t>(k)];
+      return n;
+    };
+    ir::dim_part g{product(0, skip), product(skip, dim), s[static_cast<std::size_t>(dim)], product(dim + 1, size), 0, 0, 0};
+    if (op.op == op_code::slice_dim) {
+      g.offset = op.part.begin;
+      g.length = op.part.end - op.part.begin;
+    } else {
+      const auto length_of = [&](int k) { return local_of(op.in[k])[static_cast<std::size_t>(dim - (size - rank_of(k)))]; };
+      const auto repeated = [&](int k) { return rank_of(k) < size ? std::int64_t{1} : 0; };
+      if (forward) {
+        g.length = length_of(0);
+        g.broadcast = repeated(0) | repeated(1) << 1;
+      } else {
+        g.offset = x.operand == 0 ? 0 : length_of(0);
+        g.length = length_of(x.operand);
+        g.broadcast = repeated(x.operand);
+      }
+    }
     compute(i, x.op, ins(x), g.attrs());
   }
 

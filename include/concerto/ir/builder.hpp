@@ -62,6 +62,10 @@ struct compute_info {
     return conv_geometry::read([&](const char* key, std::int64_t fallback) {
              return static_cast<std::int64_t>(attr(key, fallback));
            }).flops();
+  case flops_rule::window:
+    return conv_geometry::read([&](const char* key, std::int64_t fallback) {
+             return static_cast<std::int64_t>(attr(key, fallback));
+           }).window_values();
   case flops_rule::attention:
   case flops_rule::attention_grad: {
     const double seq = attr("seq", 0);

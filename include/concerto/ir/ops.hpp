@@ -89,13 +89,14 @@ enum class op : std::uint8_t {
   // forward
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
-  sigmoid, transpose, tanh, conv2d, flatten, batchnorm, batchnorm_stats, batchnorm_scale, sum_dim, mean_dim,
+  sigmoid, transpose, tanh, conv2d, flatten, batchnorm, batchnorm_stats, batchnorm_scale, sum_dim, mean_dim, max_pool, avg_pool,
+  concat_dim, slice_dim,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
   cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad, sigmoid_grad,
   tanh_grad, conv2d_grad_input, conv2d_grad_weight, batchnorm_grad_stats, batchnorm_grad, flatten_grad, sum_dim_grad,
-  mean_dim_grad,
+  mean_dim_grad, max_pool_grad, avg_pool_grad, concat_dim_grad, slice_dim_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates, and the global gradient norm that clipping scales them by
@@ -143,6 +144,9 @@ enum class sharding : std::uint8_t {
   merge,         ///< flatten: dims first..last as one, split as the first of them (the others whole); linear
   reduce_dim,    ///< sum_dim / mean_dim: the dim's axes become pending sums, later dims move down; linear
   batchnorm,     ///< x [..., channels] whole (no pending sum), gamma and beta like its channels; the compiler makes the statistics' tasks
+  pooling,       ///< max_pool / avg_pool: x [batch, h, w, c] with h and w whole; the average is linear, the maximum is not
+  join,          ///< concat_dim: the dim whole, the other dims split alike (a lower-rank operand like the other's last dims)
+  part,          ///< slice_dim: the dim whole, the others as they are; linear
 };
 
 /// @brief How the DSL's autodiff builds the gradients of an op's operands.
@@ -177,6 +181,8 @@ enum class task_form : std::uint8_t {
   reshape,     ///< flatten and its gradient: the operand's buffer viewed in the node's shape, no task
   reduce_dim,  ///< outer, extent, inner around the reduced dim; a mean's 1/extent over the whole dim as num/den
   batchnorm,   ///< rows and channels of the image, and the rows its statistics count (every rank's when synchronised)
+  pooling,     ///< the image's batch, height, width, channels, the window's side as kernel_h and kernel_w, stride, padding
+  parts,       ///< lead, outer, extent, inner around the dim, a part's offset and length, the parts repeated over lead (dim_part)
   update,      ///< in place on the parameter (or its shard) and the optimizer state
   shard,       ///< shard_slice, keep_one: this rank's part or one copy, moving no data between ranks
   collective,  ///< a collective task on the mesh axis of the node
@@ -212,6 +218,7 @@ enum class flops_rule : std::uint8_t {
   attention,      ///< causal: 2·batch·seq²·heads·head_dim (half of the 4 of a full square); attr causal = 0: 4·…
   attention_grad, ///< 2.5 times the forward
   convolution,    ///< 2 · output positions · out_channels · kernel_h · kernel_w · in_channels (each of the three tasks)
+  window,         ///< output positions · channels · kernel_h · kernel_w: one comparison or addition per value of a window
 };
 
 /// @brief A list of operand names in their one order. `optional` of the last ones may be absent;
@@ -318,6 +325,18 @@ constexpr op_info accumulating(op_info i) {
 constexpr op_info conv(op_info i) {
   i.attrs = {"batch", "height", "width", "in_channels", "out_channels", "kernel_h", "kernel_w", "stride", "padding"};
   i.form = task_form::convolution;
+  return i;
+}
+// Pooling's tasks: the geometry of a convolution whose kernel is the window (channels in = out).
+constexpr op_info pool(op_info i) {
+  i = conv(i);
+  i.form = task_form::pooling;
+  return i;
+}
+// The tasks of an op along the parts of one dim (concat_dim, slice_dim, their gradients).
+constexpr op_info parts(op_info i) {
+  i.attrs = {"lead", "outer", "extent", "inner", "offset", "length", "broadcast"};
+  i.form = task_form::parts;
   return i;
 }
 constexpr op_info in_f32(op_info i) {
@@ -470,6 +489,21 @@ inline constexpr op_info table[op_count] = {
                                                          f::per_input, 1),
                                                  {"outer", "extent", "inner", "num", "den"})),
         1, r::reduce_dim, b::terms, {term(op::mean_dim_grad, {a::dout})}),
+    // The maximum and the mean over each window of an NHWC image (node::window, node::conv's
+    // stride and padding; runtime/cpu/pooling.hpp): the maximum skips the padding and routes its
+    // gradient to the first maximum of the window, the mean counts the padding as zeros.
+    dsl(pool(compute(op::max_pool, "max_pool", k::elementwise, list({"x"}), list({"y"}), f::window, 1)), 1, r::pooling,
+        b::terms, {term(op::max_pool_grad, {a::in0, a::dout})}),
+    dsl(pool(compute(op::avg_pool, "avg_pool", k::elementwise, list({"x"}), list({"y"}), f::window, 1)), 1, r::pooling,
+        b::terms, {term(op::avg_pool_grad, {a::dout})}),
+    // a and b joined along node::dims.first (runtime/cpu/parts.hpp); an operand of lower rank is a
+    // table repeated over the other's leading dims, its gradient summed over them. Each operand's
+    // gradient is its part of dy (node::operand says which).
+    dsl(parts(compute(op::concat_dim, "concat_dim", k::copy, list({"a", "b"}), list({"out"}), f::none, 0)), 2, r::join, b::terms,
+        {term(op::concat_dim_grad, {a::dout}, s::summed_over_rows), term(op::concat_dim_grad, {a::dout}, s::summed_over_rows)}),
+    // Positions [begin, end) of one dim (node::part); the gradient is dy there, zero elsewhere.
+    dsl(parts(compute(op::slice_dim, "slice_dim", k::copy, list({"x"}), list({"out"}), f::none, 0)), 1, r::part, b::terms,
+        {term(op::slice_dim_grad, {a::dout})}),
     // ---- backward ----
     accumulating(compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1)),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
@@ -531,6 +565,10 @@ inline constexpr op_info table[op_count] = {
     formed(task_form::reduce_dim, with_attrs(compute(op::mean_dim_grad, "mean_dim_grad", k::elementwise, list({"dout"}),
                                                      list({"dx"}), f::per_output, 1),
                                              {"outer", "extent", "inner", "num", "den"})),
+    pool(compute(op::max_pool_grad, "max_pool_grad", k::elementwise, list({"x", "dy"}), list({"dx"}), f::window, 1)),
+    pool(compute(op::avg_pool_grad, "avg_pool_grad", k::elementwise, list({"dy"}), list({"dx"}), f::window, 1)),
+    parts(compute(op::concat_dim_grad, "concat_dim_grad", k::copy, list({"dy"}), list({"dpart"}), f::none, 0)),
+    parts(compute(op::slice_dim_grad, "slice_dim_grad", k::copy, list({"dy"}), list({"dx"}), f::none, 0)),
     // ---- redistribution ----
     collective(op::all_reduce, "all_reduce", k::all_reduce, true),
     collective(op::all_gather, "all_gather", k::all_gather, true),

@@ -59,6 +59,10 @@ struct conv_geometry {
   [[nodiscard]] constexpr double flops() const noexcept {
     return 2.0 * static_cast<double>(positions()) * static_cast<double>(out_channels) * static_cast<double>(patch());
   }
+  /// Values the windows of a pooling cover (its kernel the window, in = out channels).
+  [[nodiscard]] constexpr double window_values() const noexcept {
+    return static_cast<double>(positions()) * static_cast<double>(out_channels) * static_cast<double>(kernel_h * kernel_w);
+  }
   /// A 1×1 kernel at stride 1 without padding: the image's rows are the patches (no gather).
   [[nodiscard]] constexpr bool pointwise() const noexcept {
     return kernel_h == 1 && kernel_w == 1 && stride == 1 && padding == 0;
@@ -78,6 +82,32 @@ struct conv_geometry {
     return {{"batch", batch},       {"height", height},     {"width", width},   {"in_channels", in_channels},
             {"out_channels", out_channels}, {"kernel_h", kernel_h}, {"kernel_w", kernel_w}, {"stride", stride},
             {"padding", padding}};
+  }
+};
+
+/// @brief The parts of one dim of a tensor viewed as [lead, outer, extent, inner]: the task of
+/// a concat_dim, a slice_dim or their gradients. A part is [offset, offset + length) of the dim;
+/// bit k of `broadcast` marks part k as a table of the tensor's last dims, one copy for every
+/// lead (concat_dim's lower-rank operand; its gradient is summed over lead). concat_dim's first
+/// part has `length`, its second the rest; a gradient's or a slice's part is bit 0.
+struct dim_part {
+  std::int64_t lead = 1, outer = 1, extent = 1, inner = 1, offset = 0, length = 1, broadcast = 0;
+
+  /// Values of the whole, and of part k (length `length`, or for concat's second the rest).
+  [[nodiscard]] constexpr std::int64_t whole_values() const noexcept { return lead * outer * extent * inner; }
+  [[nodiscard]] constexpr std::int64_t part_values(std::int64_t part_length, int k = 0) const noexcept {
+    return (repeated(k) ? 1 : lead) * outer * part_length * inner;
+  }
+  [[nodiscard]] constexpr bool repeated(int k) const noexcept { return ((broadcast >> k) & 1) != 0; }
+
+  template <class Lookup>
+  [[nodiscard]] static dim_part read(Lookup attr) {
+    return {attr("lead", 1), attr("outer", 1), attr("extent", 1), attr("inner", 1), attr("offset", 0), attr("length", 1),
+            attr("broadcast", 0)};
+  }
+  [[nodiscard]] std::map<std::string, std::int64_t> attrs() const {
+    return {{"lead", lead},     {"outer", outer},   {"extent", extent},      {"inner", inner},
+            {"offset", offset}, {"length", length}, {"broadcast", broadcast}};
   }
 };
 

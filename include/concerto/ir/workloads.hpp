@@ -60,10 +60,11 @@ struct model_spec {
   bool llama = false;
   i64 experts = 0, top_k = 0;
   bool axial = false; ///< an Evoformer pair stack (pair_stack): hidden = c_z, seq = residues, ffn = the transition's width
-  /// A Vision Transformer as examples/vit writes it: seq = patches per image (a square grid of
-  /// `patch`-pixel patches), vocab = classes; a strided convolution embeds the patches, a
-  /// position table is added, layer norms have a gain and a shift of their own, q, k and v are
-  /// separate projections, attention has no mask, mean pooling feeds the head.
+  /// A Vision Transformer as examples/vit writes it: seq = the class token and the patches of an
+  /// image (a square grid of `patch`-pixel patches), vocab = classes; a strided convolution
+  /// embeds the patches, the class token is joined before them, a position table is added, layer
+  /// norms have a gain and a shift of their own, q, k and v are separate projections, attention
+  /// has no mask, the class token's final state feeds the head.
   bool vit = false;
   i64 patch = 0;
 };
@@ -268,15 +269,16 @@ private:
     }
     return {&make_param(name + ".w", {m_.llama ? m_.hidden : 2 * m_.hidden}, layer, true)};
   }
-  buffer_id norm(const std::string& name, buffer_id x, norm_params w) {
-    const auto out = act(name + ".out", {tok_sp_, m_.hidden});
+  // Over this rank's tokens, or `rows` of them (the ViT's class tokens).
+  buffer_id norm(const std::string& name, buffer_id x, norm_params w, i64 rows = 0) {
+    const auto out = act(name + ".out", {rows > 0 ? rows : tok_sp_, m_.hidden});
     std::vector<buffer_id> reads{x, use(*w.gain, true)};
     if (w.shift) reads.push_back(use(*w.shift, true));
     task(name, std::move(reads), {out}, info(m_.llama ? op::rmsnorm : op::layernorm, {{"hidden", m_.hidden}}));
     return out;
   }
-  buffer_id norm_backward(const std::string& name, buffer_id dy, buffer_id x, norm_params w) {
-    const auto dx = act(name + ".in.grad", {tok_sp_, m_.hidden});
+  buffer_id norm_backward(const std::string& name, buffer_id dy, buffer_id x, norm_params w, i64 rows = 0) {
+    const auto dx = act(name + ".in.grad", {rows > 0 ? rows : tok_sp_, m_.hidden});
     const auto weight = use(*w.gain, false);
     if (m_.llama) { // as the DSL lowers RMSNorm's backward: the input's gradient, then the gain's
       task(name + ".grad", {x, weight, dy}, {dx}, info(op::rmsnorm_grad));
@@ -367,9 +369,14 @@ private:
     return dx;
   }
 
-  // The ViT's patches: a convolution of stride = kernel = patch over the images, viewed as a
-  // sequence, plus the position table. Its backward: the table's gradient, the kernel's.
-  [[nodiscard]] i64 grid() const { return static_cast<i64>(std::llround(std::sqrt(static_cast<double>(m_.seq)))); }
+  // The ViT's tokens: the class token [1, hidden] (repeated over the images) before the patches,
+  // a convolution of stride = kernel = patch over the images viewed as a sequence, plus the
+  // position table. Its backward: the table's gradient, the class token's (summed over the
+  // images), the patches' part, the kernel's.
+  [[nodiscard]] i64 grid() const { return static_cast<i64>(std::llround(std::sqrt(static_cast<double>(m_.seq - 1)))); }
+  [[nodiscard]] ir::dim_part token_part(i64 offset, i64 length, i64 broadcast) const {
+    return {batch_, 1, m_.seq, m_.hidden, offset, length, broadcast};
+  }
   [[nodiscard]] std::map<std::string, std::int64_t> patch_attrs() const {
     const i64 side = grid() * m_.patch;
     return ir::conv_geometry{batch_, side, side, 3, m_.hidden, m_.patch, m_.patch, m_.patch, 0}.attrs();
@@ -380,18 +387,25 @@ private:
     images_ = b_.buffer("images", {batch_, side, side, 3}, buffer_role::input, type_);
     labels_ = b_.buffer("labels", {batch_}, buffer_role::input, dtype::i32);
     wte_ = &make_param("embed.patch", {m_.patch, m_.patch, 3, h}, -1);
+    cls_ = &make_param("embed.cls", {1, h}, -1);
     wpe_ = &make_param("embed.pos", {m_.seq, h}, -1);
     const auto patches = act("embed.patches", {batch_, grid(), grid(), h});
     task("embed", {images_, use(*wte_, true)}, {patches}, info(op::conv2d, patch_attrs()));
+    const auto tokens = act("embed.tokens", {tok_, h});
+    task("embed.cls", {use(*cls_, true), patches}, {tokens}, info(op::concat_dim, token_part(0, 1, 1).attrs()));
     const auto out = act("embed.pos.out", {tok_, h});
-    task("embed.pos", {patches, use(*wpe_, true)}, {out}, info(op::bias_add));
+    task("embed.pos", {tokens, use(*wpe_, true)}, {out}, info(op::bias_add));
     return out;
   }
   void patches_backward(buffer_id dx) {
     b_.at(phase::backward, -1);
     task("embed.pos.grad", {dx}, {wpe_->grad}, info(op::bias_grad));
     gradient_ready(*wpe_);
-    task("embed.grad", {images_, dx}, {wte_->grad}, info(op::conv2d_grad_weight, patch_attrs()));
+    task("embed.cls.grad", {dx}, {cls_->grad}, info(op::concat_dim_grad, token_part(0, 1, 1).attrs()));
+    gradient_ready(*cls_);
+    const auto dpatches = act("embed.patches.grad", {batch_, grid(), grid(), m_.hidden});
+    task("embed.patches.grad", {dx}, {dpatches}, info(op::concat_dim_grad, token_part(1, m_.seq - 1, 0).attrs()));
+    task("embed.grad", {images_, dpatches}, {wte_->grad}, info(op::conv2d_grad_weight, patch_attrs()));
     gradient_ready(*wte_);
   }
 
@@ -432,17 +446,17 @@ private:
     gradient_ready(*wte_);
   }
 
-  // The ViT's: final norm, the mean over the patches, the head over the classes (vocab), the loss.
+  // The ViT's: the class token's state (a slice of the sequence), its norm, the head over the
+  // classes (vocab), the loss.
   buffer_id pooled_head(buffer_id x) {
     b_.at(phase::forward, -1);
     const i64 h = m_.hidden, classes = m_.vocab;
     const auto normf = make_norm("head.norm", -1);
     auto& w = make_param("head.w", {h, classes}, -1);
-    const auto xf = norm("head.norm", x, normf);
-    const std::map<std::string, std::int64_t> pool{{"outer", batch_}, {"extent", m_.seq}, {"inner", h}, {"num", 1},
-                                                   {"den", m_.seq}};
-    const auto pooled = act("head.pool.out", {batch_, h});
-    task("head.pool", {xf}, {pooled}, info(op::mean_dim, pool));
+    const ir::dim_part token{1, batch_, m_.seq, h, 0, 1, 0};
+    const auto cls = act("head.cls", {batch_, h});
+    task("head.cls", {x}, {cls}, info(op::slice_dim, token.attrs()));
+    const auto pooled = norm("head.norm", cls, normf, batch_);
     const auto logits = act("head.logits", {batch_, classes});
     b_.matmul("head.logits", pooled, use(w, true), logits, batch_, classes, h);
     const auto loss = b_.buffer("loss", {1}, buffer_role::activation, dtype::f32);
@@ -454,9 +468,10 @@ private:
     b_.matmul("head.logits.dgrad", dlogits, use(w, false), dpooled, batch_, h, classes, 1, false, true);
     b_.matmul("head.logits.wgrad", pooled, dlogits, w.grad, h, classes, batch_, 1, true, false);
     gradient_ready(w);
-    const auto dxf = act("head.pool.in.grad", {tok_, h});
-    task("head.pool.grad", {dpooled}, {dxf}, info(op::mean_dim_grad, pool));
-    return norm_backward("head.norm", dxf, x, normf);
+    const auto dcls = norm_backward("head.norm", dpooled, cls, normf, batch_);
+    const auto dx = act("head.cls.grad", {tok_, h});
+    task("head.cls.grad", {dcls}, {dx}, info(op::slice_dim_grad, token.attrs()));
+    return dx;
   }
 
   // Final norm, logits, loss, and their backward; returns the gradient of the last block's output.
@@ -755,6 +770,7 @@ private:
   i64 batch_ = 1, tok_ = 0, tok_sp_ = 0, vocab_ = 0, head_dim_ = 0, qkv_n_ = 0;
   buffer_id tokens_ = -1, labels_ = -1, positions_ = -1, images_ = -1;
   param* wte_ = nullptr; // the ViT's: the patch embedding's kernel
+  param* cls_ = nullptr; // the ViT's class token
   param* wpe_ = nullptr;
   std::deque<param> params_; // a deque keeps the references handed out valid
   std::vector<saved_block> saved_;
@@ -1003,7 +1019,8 @@ private:
 };
 
 // A Wide-ResNet as examples/wresnet writes it, data parallel over every rank with batch
-// statistics synchronised over dp: a 7×7 stride-2 stem convolution and relu; four stages of
+// statistics synchronised over dp: a 7×7 stride-2 stem convolution, relu and 3×3 max pooling
+// at stride 2 (the stages start at a quarter of the image's side); four stages of
 // bottleneck blocks (1×1 reduce, 3×3, 1×1 expand, each batch-normalised, relu between; the
 // first block of a stage strided with a 1×1 projection shortcut, the others identity shortcuts);
 // global average pooling, a linear head, cross-entropy. Each batch norm all-reduces its sums
@@ -1031,7 +1048,11 @@ public:
     auto x = b_.buffer("x", {batch_, m_.image, m_.image, 3}, buffer_role::input, type_);
     auto& stem = make_weight("embed.stem", {7, 7, 3, m_.stem}, -1);
     saved_stem_ = conv(x, stem, 2, 3, "embed.stem");
-    auto h = relu_forward("embed.stem.relu", saved_stem_.y);
+    const auto stem_out = relu_forward("embed.stem.relu", saved_stem_.y);
+    const auto ss = shape_of(stem_out);
+    const ir::conv_geometry pool{ss[0], ss[1], ss[2], ss[3], ss[3], 3, 3, 2, 1};
+    auto h = act("embed.pool.out", {pool.batch, pool.out_h(), pool.out_w(), pool.out_channels});
+    task("embed.pool", {stem_out}, {h}, info(op::max_pool, pool.attrs()));
     int layer = 0;
     for (std::size_t s = 0; s < 4; ++s) {
       const auto n = stage_blocks > 0 ? std::min<i64>(stage_blocks, m_.blocks[s]) : m_.blocks[s];
@@ -1061,7 +1082,9 @@ public:
                                                              {"inner", last[3]}, {"num", 1}, {"den", last[1] * last[2]}}));
     for (int l = layer - 1; l >= 0; --l) dh = block_backward(l, dh);
     b_.at(phase::backward, -1);
-    dh = relu_backward("embed.stem.relu", saved_stem_.y, dh);
+    const auto dpool = act("embed.pool.in.grad", ss);
+    task("embed.pool.grad", {stem_out, dh}, {dpool}, info(op::max_pool_grad, pool.attrs()));
+    dh = relu_backward("embed.stem.relu", saved_stem_.y, dpool);
     conv_backward(saved_stem_, stem, dh, "embed.stem", false);
     weights_.update_all();
   }
@@ -1169,7 +1192,7 @@ private:
     const auto L = layer_prefix(l);
     b_.at(phase::forward, l);
     const i64 in = shape_of(x)[3], mid = m_.mid[stage], out = m_.out[stage];
-    const i64 stride = first ? 2 : 1; // the stem's max pool folded into stage 1's stride
+    const i64 stride = first && stage > 0 ? 2 : 1; // stage 1 starts at the stem's max pool's size
     block_saved s;
     s.x = x;
     s.projected = first;
@@ -1231,10 +1254,10 @@ struct workload_entry {
 // SwiGLU 28672, vocabulary 32000) at seq 8192; Megatron's GPT 5120 × 40 (the paper's gpt-ptd size);
 // Llama-3-405B (16384, 126 layers, 128 q / 8 kv heads, SwiGLU 53248, vocabulary 128000) at seq 8192,
 // laid out as llama-tp-sp: the planner's largest step graph. ViT-Huge/14 at 224 × 224 (1280 hidden,
-// 32 layers, 16 heads, MLP 5120, 16 × 16 = 256 patches per image, 1000 classes; one "sequence"
-// of micro_batch is one image) under ZeRO-2, as examples/vit writes it (model_spec::vit: patch
-// embedding by a strided convolution, a position table, attention without a mask, mean pooling
-// instead of a class token), which tests/unit/workloads_test.cpp compares block by block. Wide-ResNet-101-2 (conv_net_spec: [3, 4, 23, 3] bottleneck
+// 32 layers, 16 heads, MLP 5120, a class token and 16 × 16 = 256 patches per image, 1000 classes;
+// one "sequence" of micro_batch is one image) under ZeRO-2, as examples/vit writes it
+// (model_spec::vit: patch embedding by a strided convolution, the class token joined before the
+// patches, a position table, attention without a mask, the class token's state to the head), which tests/unit/workloads_test.cpp compares block by block. Wide-ResNet-101-2 (conv_net_spec: [3, 4, 23, 3] bottleneck
 // blocks of widths 128·2^s and outputs 256·2^s, 126.9M parameters) on 224 × 224 images, data
 // parallel with synchronised batch norm (workload_options::micro_batch images per rank).
 inline constexpr workload_entry workload_table[] = {
@@ -1244,7 +1267,7 @@ inline constexpr workload_entry workload_table[] = {
     {"gpt-ptd", {5120, 40, 2048, 40, 40, 4 * 5120, 50257, false, 0, 0}, true, grad_sync::all_reduce},
     {"moe-ep", {4096, 32, 4096, 32, 8, 14336, 32000, true, 8, 2}, false, grad_sync::all_reduce},
     {"llama3-405b-tp-sp", {16384, 126, 8192, 128, 8, 53248, 128000, true, 0, 0}, true, grad_sync::all_reduce},
-    {"vit-zero2", {1280, 32, 256, 16, 16, 5120, 1000, false, 0, 0, false, true, 14}, false, grad_sync::zero2},
+    {"vit-zero2", {1280, 32, 257, 16, 16, 5120, 1000, false, 0, 0, false, true, 14}, false, grad_sync::zero2},
     {"evoformer-dap", {128, 48, 384, 4, 4, 4 * 128, 0, false, 0, 0, true}, false, grad_sync::all_reduce},
     {"wresnet-dp", {}, false, grad_sync::all_reduce, true},
 };

@@ -489,6 +489,14 @@ inline void run_call(cpu_frame& f) {
   case op::mean_dim: cpu::sum_dim(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale); return;
   case op::sum_dim_grad:
   case op::mean_dim_grad: cpu::sum_dim_grad(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale); return;
+  case op::concat_dim: cpu::concat_dim(f.in(0), f.in(1), f.out(0), c.part); return;
+  case op::slice_dim: cpu::slice_dim(f.in(0), f.out(0), c.part); return;
+  case op::concat_dim_grad: cpu::concat_dim_grad(f.in(0), f.out(0), c.part); return;
+  case op::slice_dim_grad: cpu::slice_dim_grad(f.in(0), f.out(0), c.part); return;
+  case op::max_pool: cpu::max_pool(f.in(0), f.out(0), c.conv); return;
+  case op::max_pool_grad: cpu::max_pool_grad(f.in(0), f.in(1), f.out(0), c.conv); return;
+  case op::avg_pool: cpu::avg_pool(f.in(0), f.out(0), c.conv); return;
+  case op::avg_pool_grad: cpu::avg_pool_grad(f.in(0), f.out(0), c.conv); return;
   case op::conv2d: cpu::conv2d(f.in(0), f.in(1), f.out(0), c.conv, f.scratch(cpu::conv2d_workspace_floats(c.conv))); return;
   case op::conv2d_grad_input:
     cpu::conv2d_grad_input(f.in(0), f.in(1), f.out(0), c.conv, f.scratch(cpu::conv2d_workspace_floats(c.conv)));

@@ -97,7 +97,8 @@ struct kernel_call {
   bool keep = true;              ///< keep_one: this rank keeps the value (others hold zero)
   std::vector<rows_in_whole> parts; ///< slice / concat / shard_slice: the parts' geometry (bytes)
   cpu::moe_shape moe{};          ///< the MoE ops: groups, tokens per group, experts, hidden, capacity, top_k
-  ir::conv_geometry conv{};      ///< conv2d and its gradients: the image, the kernel, stride and padding
+  ir::conv_geometry conv{};      ///< conv2d, pooling and their gradients: the image, the kernel (or window), stride and padding
+  ir::dim_part part{};           ///< concat_dim, slice_dim and their gradients: the parts of the dim
   std::size_t count = 0;         ///< batch normalisation: the rows its statistics are over (every rank's when synchronised)
   /// Values of its bf16 operands (each buffer once): a dispatch widens them into f32 workspace
   /// before the kernel and rounds the written ones back after it (runtime/dispatch.hpp).
@@ -517,6 +518,69 @@ inline void decode_convolution(const call_reader& r, kernel_call& c) {
   c.n = r.count(c.out[0]);
 }
 
+// max_pool, avg_pool (x -> y) and their gradients (max: x, dy -> dx; avg: dy -> dx): a
+// convolution's geometry whose kernel is the window over the image's channels.
+inline void decode_pooling(const call_reader& r, kernel_call& c) {
+  auto& g = c.conv;
+  g = ir::conv_geometry::read([&](const char* key, std::int64_t fallback) {
+    return static_cast<std::int64_t>(key == std::string_view("padding") ? r.attr(key, fallback) : r.positive_attr(key, fallback));
+  });
+  if (g.in_channels != g.out_channels || g.kernel_h != g.kernel_w)
+    r.bad("pools a square window over the channels it keeps (kernel_h = kernel_w, in_channels = out_channels)");
+  if (g.out_h() < 1 || g.out_w() < 1 || 2 * g.padding > g.kernel_h)
+    r.bad("a window of " + std::to_string(g.kernel_h) + " at stride " + std::to_string(g.stride) + " with padding " +
+          std::to_string(g.padding) + " does not fit an image of " + std::to_string(g.height) + "x" + std::to_string(g.width) +
+          " (or is padding for more than half of it)");
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  r.need_float(c, 0, true);
+  const auto x = static_cast<std::size_t>(g.x_values()), y = static_cast<std::size_t>(g.y_values());
+  constexpr auto image = "batch·height·width·channels", output = "batch·out_h·out_w·channels";
+  const bool forward = c.fn == ir::op::max_pool || c.fn == ir::op::avg_pool;
+  if (forward) {
+    r.need_count(c, 0, false, x, image);
+  } else {
+    if (c.fn == ir::op::max_pool_grad) r.need_count(c, 0, false, x, image);
+    r.need_count(c, c.n_in - 1, false, y, output);
+  }
+  r.need_count(c, 0, true, forward ? y : x, forward ? output : image);
+  c.n = forward ? y : x;
+}
+
+// concat_dim (a, b -> out), slice_dim (x -> part) and their gradients (dy -> a part; dpart -> dx):
+// the whole holds lead·outer·extent·inner values, a part its length (a repeated one without lead).
+inline void decode_dim_parts(const call_reader& r, kernel_call& c) {
+  auto& g = c.part;
+  g = ir::dim_part::read([&](const char* key, std::int64_t fallback) {
+    return static_cast<std::int64_t>(std::string_view(key) == "offset" || std::string_view(key) == "broadcast"
+                                         ? r.attr(key, fallback)
+                                         : r.positive_attr(key, fallback));
+  });
+  const bool joins = c.fn == ir::op::concat_dim;
+  if (g.offset + g.length > g.extent || (joins && g.length >= g.extent) || g.broadcast < 0 || g.broadcast > (joins ? 3 : 1))
+    r.bad("its part [" + std::to_string(g.offset) + ", " + std::to_string(g.offset + g.length) + ") of an extent of " +
+          std::to_string(g.extent) + " (broadcast " + std::to_string(g.broadcast) + ") is not a part of the dim");
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  r.need_float(c, 0, true);
+  const auto whole = static_cast<std::size_t>(g.whole_values()), part = static_cast<std::size_t>(g.part_values(g.length));
+  constexpr auto whole_text = "lead·outer·extent·inner", part_text = "(lead·)outer·length·inner";
+  switch (c.fn) {
+  case ir::op::concat_dim:
+    r.need_count(c, 0, false, part, part_text);
+    r.need_count(c, 1, false, static_cast<std::size_t>(g.part_values(g.extent - g.length, 1)), "(lead·)outer·(extent − length)·inner");
+    r.need_count(c, 0, true, whole, whole_text);
+    break;
+  case ir::op::slice_dim_grad:
+    r.need_count(c, 0, false, part, part_text);
+    r.need_count(c, 0, true, whole, whole_text);
+    break;
+  default: // slice_dim, concat_dim_grad
+    r.need_count(c, 0, false, whole, whole_text);
+    r.need_count(c, 0, true, part, part_text);
+    break;
+  }
+  c.n = r.count(c.out[0]);
+}
+
 // sum_dim / mean_dim: x [outer, extent, inner] -> out [outer, inner]; their gradients the
 // reverse. rows = outer, k = extent, cols = inner; scale = num / den.
 inline void decode_reduce_dim(const call_reader& r, kernel_call& c) {
@@ -670,31 +734,10 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   if (c.fn == ir::op::keep_one) c.keep = r.coord("mesh_axis") == 0;
 }
 
-} // namespace detail
-
-/// @brief Decodes a compute task of `g` (see the file comment); `coords` is this rank's
-/// coordinate on each mesh axis (kernel_settings::coords). Throws concerto::error naming the
-/// task, its fn and the operand when the task does not fit its op.
-[[nodiscard]] inline kernel_call decode(const ir::graph& g, const ir::task& t, std::span<const int> coords = {}) {
-  const detail::call_reader r(g, t, coords);
-  if (ir::is_collective(t.kind)) r.bad("is a " + std::string(ir::to_string(t.kind)) + ", not a compute kernel");
-  const auto& op = ir::info(t.fn);
-  if (op.role != ir::op_role::compute) r.bad("names no compute op");
-  if (!op.executable) r.bad("no executor runs this op (it is priced in cost-only graphs only)");
-  kernel_call c;
-  c.fn = t.fn;
-  c.task = &t;
-  const auto take = [&](const std::vector<ir::buffer_id>& list, auto& into, std::uint8_t& n, const ir::operand_list& l,
-                        const char* what) {
-    if (list.size() < static_cast<std::size_t>(l.min()) || (!l.variadic && list.size() > static_cast<std::size_t>(l.count)))
-      r.bad(std::string(what) + " " + std::to_string(list.size()) + " buffer(s), which its op does not take");
-    // A variadic list (concat's parts, zero's outputs) is read from the task beyond the first few.
-    n = static_cast<std::uint8_t>(std::min(list.size(), into.size()));
-    for (std::size_t i = 0; i < n; ++i) into[i] = list[i];
-  };
-  take(t.reads, c.in, c.n_in, op.reads, "reads");
-  take(t.writes, c.out, c.n_out, op.writes, "writes");
+// The sizes and attrs of the call's op, checked against its operands.
+inline void decode_operands(const call_reader& r, kernel_call& c) {
   using ir::op;
+  const auto& t = r.task();
   switch (t.fn) {
   case op::matmul: detail::decode_matmul(r, c); break;
   case op::add:
@@ -771,6 +814,14 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::mean_dim:
   case op::sum_dim_grad:
   case op::mean_dim_grad: detail::decode_reduce_dim(r, c); break;
+  case op::max_pool:
+  case op::avg_pool:
+  case op::max_pool_grad:
+  case op::avg_pool_grad: detail::decode_pooling(r, c); break;
+  case op::concat_dim:
+  case op::slice_dim:
+  case op::concat_dim_grad:
+  case op::slice_dim_grad: detail::decode_dim_parts(r, c); break;
   case op::batchnorm:
   case op::batchnorm_stats:
   case op::batchnorm_scale:
@@ -802,8 +853,36 @@ inline void decode_copy(const call_reader& r, kernel_call& c) {
   case op::flatten: // views the lowering makes without a task
   case op::flatten_grad: r.bad("has no kernel to decode");
   }
+}
+
+} // namespace detail
+
+/// @brief Decodes a compute task of `g` (see the file comment); `coords` is this rank's
+/// coordinate on each mesh axis (kernel_settings::coords). Throws concerto::error naming the
+/// task, its fn and the operand when the task does not fit its op.
+[[nodiscard]] inline kernel_call decode(const ir::graph& g, const ir::task& t, std::span<const int> coords = {}) {
+  const detail::call_reader r(g, t, coords);
+  if (ir::is_collective(t.kind)) r.bad("is a " + std::string(ir::to_string(t.kind)) + ", not a compute kernel");
+  const auto& op = ir::info(t.fn);
+  if (op.role != ir::op_role::compute) r.bad("names no compute op");
+  if (!op.executable) r.bad("no executor runs this op (it is priced in cost-only graphs only)");
+  kernel_call c;
+  c.fn = t.fn;
+  c.task = &t;
+  const auto take = [&](const std::vector<ir::buffer_id>& list, auto& into, std::uint8_t& n, const ir::operand_list& l,
+                        const char* what) {
+    if (list.size() < static_cast<std::size_t>(l.min()) || (!l.variadic && list.size() > static_cast<std::size_t>(l.count)))
+      r.bad(std::string(what) + " " + std::to_string(list.size()) + " buffer(s), which its op does not take");
+    // A variadic list (concat's parts, zero's outputs) is read from the task beyond the first few.
+    n = static_cast<std::uint8_t>(std::min(list.size(), into.size()));
+    for (std::size_t i = 0; i < n; ++i) into[i] = list[i];
+  };
+  take(t.reads, c.in, c.n_in, op.reads, "reads");
+  take(t.writes, c.out, c.n_out, op.writes, "writes");
+  detail::decode_operands(r, c);
   c.staged = detail::staged_values(r, c);
   return c;
 }
+
 
 } // namespace concerto::runtime

@@ -71,10 +71,25 @@ struct node {
   /// leave the dimension uneven: lowering pads it (graph/lower.hpp), a split the user wrote must divide.
   std::int8_t zero_dim = -1;
   moe_config moe{};       ///< moe_route and its gradient: the routing's settings
-  conv_config conv{};     ///< conv2d and its gradients: stride and padding
-  dim_range dims{};       ///< flatten, sum_dim, mean_dim and their gradients: the dims they work along
+  conv_config conv{};     ///< conv2d, max_pool, avg_pool and their gradients: stride and padding
+  std::int8_t window = 0; ///< max_pool, avg_pool and their gradients: the window's side
+  dim_range dims{};       ///< flatten, sum_dim, mean_dim, concat_dim and their gradients: the dims they work along
+  dim_slice part{};       ///< slice_dim and its gradient: the dim and the positions kept
+  /// Gradient tasks: the forward node and which of its operands this is the gradient of (a
+  /// concat's part is found by it).
+  std::int16_t forward = -1;
+  std::int8_t operand = -1;
   bool local_stats = false; ///< batchnorm's tasks: statistics over this rank's rows only (batchnorm_config::sync off)
   [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
+  /// The op's settings (a routing's, a convolution's or pooling's, the dims), which its
+  /// compiled node and its gradients' nodes carry as the DSL node had them.
+  constexpr void take_settings(const node& from) noexcept {
+    moe = from.moe;
+    conv = from.conv;
+    window = from.window;
+    dims = from.dims;
+    part = from.part;
+  }
 };
 
 [[nodiscard]] constexpr bool is_redistribution(op_code op) noexcept {
@@ -295,7 +310,7 @@ struct work {
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.dims == x.dims && o.local_stats == x.local_stats &&
+          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.window == x.window && o.dims == x.dims && o.part == x.part && o.local_stats == x.local_stats &&
           o.flags == x.flags)
         return i;
     }
@@ -400,9 +415,7 @@ struct work {
       o.op = x.op;
       o.kind = ir::info(x.op).kind == ir::op_kind::loss ? role::loss : role::activation;
       o.flags = static_cast<std::uint8_t>(ng | (x.flags & flag_bidirectional));
-      o.moe = x.moe;
-      o.conv = x.conv;
-      o.dims = x.dims;
+      o.take_settings(x);
       if (x.op == op_code::conv2d) kernel_initialiser(x.in[1]);
       for (int i = 0; i < x.n_in; ++i) o.in[o.n_in++] = static_cast<std::int16_t>(conv[i]);
       o.spec = rr.out;
@@ -509,6 +522,17 @@ struct work {
     case ir::sharding::reduce_dim:
       if (x.dims.first < 0 || x.dims.first >= rank(0)) return refuse(errc::rank_mismatch);
       return rules::reduce_dim(sp(in[0]), x.dims.first, A);
+    case ir::sharding::pooling:
+      if (rank(0) != 4) return refuse(errc::rank_mismatch);
+      return rules::pooling(sp(in[0]), x.op == op_code::avg_pool, pinned(in[0]), A);
+    case ir::sharding::join: {
+      const int full = std::max(rank(0), rank(1)), lower = std::min(rank(0), rank(1));
+      if (x.dims.first < full - lower || x.dims.first >= full) return refuse(errc::rank_mismatch);
+      return rules::join(sp(in[0]), pinned(in[0]), sp(in[1]), pinned(in[1]), x.dims.first, A);
+    }
+    case ir::sharding::part:
+      if (x.part.dim >= rank(0)) return refuse(errc::rank_mismatch);
+      return rules::part(sp(in[0]), x.part.dim, A);
     case ir::sharding::pointwise: return lead();
     case ir::sharding::swap_leading: { // linear: pending sums go through
       if (rank(0) < 2) return refuse(errc::rank_mismatch);
@@ -761,7 +785,7 @@ struct work {
         const auto& t = recipe.terms[static_cast<std::size_t>(k)];
         const int x = y.in[k];
         if (!needs_grad(x) || (t.fn == op_code::none && t.args[0] == ir::grad_arg::none)) continue;
-        accumulate(x, t.fn == op_code::none ? g : gradient_task(t, i, g, term_spec(t, y, k), x));
+        accumulate(x, t.fn == op_code::none ? g : gradient_task(t, i, g, term_spec(t, y, k), x, k));
       }
       return;
     case ir::backward::packed: {
@@ -865,24 +889,26 @@ struct work {
   [[nodiscard]] constexpr pspec term_spec(const ir::grad_term& t, const node& y, int k) const noexcept {
     pspec s = sp(y.in[k]).without_partial();
     const pspec& rows = sp(y.in[0]);
-    if (t.spec == ir::grad_spec::summed_over_rows) // over the dims x has and the broadcast operand lacks
-      s.partial = rules::axes_splitting(rows, 0, rows.rank - 1 - s.rank, axes.count);
+    // Over the dims x has and the broadcast operand lacks; x is the first operand of the highest
+    // rank (a concat's table may come first).
+    const pspec& x = y.n_in > 1 && sp(y.in[1]).rank > rows.rank ? sp(y.in[1]) : rows;
+    if (t.spec == ir::grad_spec::summed_over_rows) s.partial = rules::axes_splitting(x, 0, x.rank - 1 - s.rank, axes.count);
     if (t.spec == ir::grad_spec::summed_over_ids) s.partial = rules::axes_splitting(rows, 0, max_rank, axes.count);
     return s;
   }
 
   /// One task of a recipe for forward node i: its operands in the term's order (conversions they
   /// need made first), the forward op's settings (an MoE routing's, a bidirectional attention's).
-  constexpr int gradient_task(const ir::grad_term& t, int i, int g, const pspec& spec, int of) noexcept {
+  constexpr int gradient_task(const ir::grad_term& t, int i, int g, const pspec& spec, int of, int operand = -1) noexcept {
     int args[4] = {-1, -1, -1, -1};
     int count = 0;
     for (const auto a : t.args)
       if (a != ir::grad_arg::none) args[count++] = grad_operand(a, i, g);
     const int d = emit(t.fn, args, count, spec, ir::phase::backward, role::gradient,
                        static_cast<std::uint8_t>(nodes[i].flags & flag_bidirectional), of);
-    nodes[d].moe = nodes[i].moe;
-    nodes[d].conv = nodes[i].conv;
-    nodes[d].dims = nodes[i].dims;
+    nodes[d].take_settings(nodes[i]);
+    nodes[d].forward = static_cast<std::int16_t>(i);
+    nodes[d].operand = static_cast<std::int8_t>(operand);
     return d;
   }
 
@@ -946,6 +972,11 @@ struct tracer<node_expr<Op, Extra, Args...>> {
       if constexpr (std::is_same_v<settings, moe_config>) proto.moe = Extra::value;
       else if constexpr (std::is_same_v<settings, conv_config>) proto.conv = Extra::value;
       else if constexpr (std::is_same_v<settings, dim_range>) proto.dims = Extra::value;
+      else if constexpr (std::is_same_v<settings, dim_slice>) proto.part = Extra::value;
+      else if constexpr (std::is_same_v<settings, pool_config>) {
+        proto.conv = {Extra::value.step(), Extra::value.padding};
+        proto.window = static_cast<std::int8_t>(Extra::value.window);
+      }
       else if constexpr (std::is_same_v<settings, batchnorm_config>) proto.local_stats = !Extra::value.sync;
       else static_assert(std::is_same_v<settings, moe_config>, "an op's settings of a type the node does not hold");
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);

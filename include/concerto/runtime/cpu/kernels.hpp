@@ -24,4 +24,6 @@
 #include <concerto/runtime/cpu/moe.hpp>
 #include <concerto/runtime/cpu/normalization.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
+#include <concerto/runtime/cpu/parts.hpp>
+#include <concerto/runtime/cpu/pooling.hpp>
 #include <concerto/runtime/cpu/rotary.hpp>

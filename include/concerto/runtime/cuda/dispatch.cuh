@@ -463,6 +463,14 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::mean_dim: cuda::sum_dim(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale, st); return;
   case op::sum_dim_grad:
   case op::mean_dim_grad: cuda::sum_dim_grad(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale, st); return;
+  case op::concat_dim: cuda::assemble_parts(f.in(0), f.in(1), f.out(0), c.part, st); return;
+  case op::slice_dim_grad: cuda::assemble_parts(f.in(0), nullptr, f.out(0), c.part, st); return;
+  case op::slice_dim: cuda::extract_part(f.in(0), f.out(0), c.part, false, st); return;
+  case op::concat_dim_grad: cuda::extract_part(f.in(0), f.out(0), c.part, true, st); return;
+  case op::max_pool: cuda::pool(f.in(0), f.out(0), c.conv, false, st); return;
+  case op::avg_pool: cuda::pool(f.in(0), f.out(0), c.conv, true, st); return;
+  case op::max_pool_grad: cuda::pool_grad(f.in(0), f.in(1), f.out(0), c.conv, false, st); return;
+  case op::avg_pool_grad: cuda::pool_grad(nullptr, f.in(0), f.out(0), c.conv, true, st); return;
   case op::conv2d: cuda::conv2d(f.in(0), f.in(1), f.out(0), c.conv, st); return;
   case op::conv2d_grad_input: cuda::conv2d_grad_input(f.in(0), f.in(1), f.out(0), c.conv, st); return;
   case op::conv2d_grad_weight: cuda::conv2d_grad_weight(f.in(0), f.in(1), f.out(0), c.conv, c.accumulate, st); return;

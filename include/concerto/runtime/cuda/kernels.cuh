@@ -881,6 +881,94 @@ __global__ void conv2d_grad_weight_k(const float* x, const float* dy, float* dw,
     dw[e] = accumulate ? dw[e] + acc : acc;
   }
 }
+// Pooling over windows (conv_dims with kernel_h the window, in = out the channels). The first
+// maximum in row-major window order wins, as in cpu::max_pool_grad; padding never does.
+__device__ inline long long pool_first_max(const float* x, conv_dims d, long long n, long long oh, long long ow, long long c) {
+  const long long top = oh * d.stride - d.padding, left = ow * d.stride - d.padding;
+  float best = -INFINITY;
+  long long where = -1;
+  for (long long i = top < 0 ? 0 : top; i < top + d.kernel_h && i < d.height; ++i)
+    for (long long j = left < 0 ? 0 : left; j < left + d.kernel_w && j < d.width; ++j) {
+      const long long at = ((n * d.height + i) * d.width + j) * d.in + c;
+      if (where < 0 || x[at] > best) best = x[at], where = at;
+    }
+  return where;
+}
+// y = the maximum (or the mean, by window²) of each window, one thread per output value.
+template <int = 0>
+__global__ void pool_k(const float* x, float* y, conv_dims d, bool average) {
+  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.out_h * d.out_w * d.in)) {
+    const long long c = static_cast<long long>(e) % d.in, pos = static_cast<long long>(e) / d.in;
+    const long long ow = pos % d.out_w, oh = (pos / d.out_w) % d.out_h, n = pos / (d.out_w * d.out_h);
+    if (!average) {
+      y[e] = x[pool_first_max(x, d, n, oh, ow, c)];
+      continue;
+    }
+    const long long top = oh * d.stride - d.padding, left = ow * d.stride - d.padding;
+    float acc = 0.0f;
+    for (long long i = top < 0 ? 0 : top; i < top + d.kernel_h && i < d.height; ++i)
+      for (long long j = left < 0 ? 0 : left; j < left + d.kernel_w && j < d.width; ++j)
+        acc += x[((n * d.height + i) * d.width + j) * d.in + c];
+    y[e] = acc / static_cast<float>(d.kernel_h * d.kernel_w);
+  }
+}
+// dx = the sum of dy over the windows holding the pixel (the mean's share of each, or the
+// maximum's where the pixel is it), one thread per pixel value: no atomics.
+template <int = 0>
+__global__ void pool_grad_k(const float* x, const float* dy, float* dx, conv_dims d, bool average) {
+  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.height * d.width * d.in)) {
+    const long long c = static_cast<long long>(e) % d.in, pix = static_cast<long long>(e) / d.in;
+    const long long col = pix % d.width, h = (pix / d.width) % d.height, n = pix / (d.width * d.height);
+    float acc = 0.0f;
+    for (long long i = 0; i < d.kernel_h; ++i) {
+      const long long sh = h + d.padding - i;
+      if (sh < 0 || sh % d.stride != 0 || sh / d.stride >= d.out_h) continue;
+      for (long long j = 0; j < d.kernel_w; ++j) {
+        const long long sw = col + d.padding - j;
+        if (sw < 0 || sw % d.stride != 0 || sw / d.stride >= d.out_w) continue;
+        const long long oh = sh / d.stride, ow = sw / d.stride;
+        if (!average && pool_first_max(x, d, n, oh, ow, c) != static_cast<long long>(e)) continue;
+        acc += dy[((n * d.out_h + oh) * d.out_w + ow) * d.in + c];
+      }
+    }
+    dx[e] = average ? acc / static_cast<float>(d.kernel_h * d.kernel_w) : acc;
+  }
+}
+// The parts of one dim as the kernels read them (ir::dim_part is host code): the whole
+// [lead, outer, extent, inner]; part k covers [offset[k], offset[k] + length[k]) (length 0: none),
+// repeated[k] when it is a table of the whole's last dims (no lead).
+struct part_dims {
+  long long lead, outer, extent, inner, offset[2], length[2];
+  bool repeated[2];
+};
+// The whole from its parts, zero where none lies (concat_dim, slice_dim_grad), one thread per value.
+template <int = 0>
+__global__ void assemble_k(const float* a, const float* b, float* whole, part_dims d) {
+  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.lead * d.outer * d.extent * d.inner)) {
+    const long long i = static_cast<long long>(e) % d.inner, rest = static_cast<long long>(e) / d.inner;
+    const long long pos = rest % d.extent, row = rest / d.extent, o = row % d.outer;
+    float v = 0.0f;
+    for (int k = 0; k < 2; ++k) {
+      const long long at = pos - d.offset[k];
+      if (at < 0 || at >= d.length[k]) continue;
+      v = (k == 0 ? a : b)[((d.repeated[k] ? o : row) * d.length[k] + at) * d.inner + i];
+    }
+    whole[e] = v;
+  }
+}
+// Part 0 out of the whole (slice_dim, concat_dim_grad), summed over lead when repeated, one thread per value.
+template <int = 0>
+__global__ void extract_k(const float* whole, float* part, part_dims d) {
+  const long long rows = d.repeated[0] ? d.outer : d.lead * d.outer;
+  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(rows * d.length[0] * d.inner)) {
+    const long long i = static_cast<long long>(e) % d.inner, rest = static_cast<long long>(e) / d.inner;
+    const long long at = rest % d.length[0], row = rest / d.length[0];
+    float v = 0.0f;
+    for (long long l = 0; l < (d.repeated[0] ? d.lead : 1); ++l)
+      v += whole[(((d.repeated[0] ? l * d.outer : 0) + row) * d.extent + d.offset[0] + at) * d.inner + i];
+    part[e] = v;
+  }
+}
 inline conv_dims dims_of(const ir::conv_geometry& g) {
   return {g.batch, g.height, g.width, g.in_channels, g.out_channels, g.kernel_h, g.kernel_w, g.stride, g.padding, g.out_h(), g.out_w()};
 }
@@ -1101,6 +1189,41 @@ inline void conv2d_grad_weight(const float* x, const float* dy, float* dw, const
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::conv2d_grad_weight_k<>)(x, dy, dw, detail::dims_of(g),
                                                                                                   accumulate);
   detail::launched("conv2d_grad_weight");
+}
+/// @brief Max (or, with `average`, mean) pooling of NHWC images, as cpu::max_pool and
+/// cpu::avg_pool (one thread per output value).
+inline void pool(const float* x, float* y, const ir::conv_geometry& g, bool average, cudaStream_t s) {
+  const auto n = static_cast<std::size_t>(g.y_values());
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::pool_k<>)(x, y, detail::dims_of(g), average);
+  detail::launched(average ? "avg_pool" : "max_pool");
+}
+/// @brief The image's gradient of pool(), as cpu::max_pool_grad and cpu::avg_pool_grad (x is
+/// read by the maximum's only; one thread per pixel value).
+inline void pool_grad(const float* x, const float* dy, float* dx, const ir::conv_geometry& g, bool average, cudaStream_t s) {
+  const auto n = static_cast<std::size_t>(g.x_values());
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::pool_grad_k<>)(x, dy, dx, detail::dims_of(g), average);
+  detail::launched(average ? "avg_pool_grad" : "max_pool_grad");
+}
+/// @brief concat_dim and slice_dim_grad, as cpu::concat_dim and cpu::slice_dim_grad (b null:
+/// one part at g.offset, zero elsewhere).
+inline void assemble_parts(const float* a, const float* b, float* whole, const ir::dim_part& g, cudaStream_t s) {
+  const auto n = static_cast<std::size_t>(g.whole_values());
+  if (n == 0) return;
+  detail::part_dims d{g.lead, g.outer, g.extent, g.inner, {g.offset, 0}, {g.length, 0}, {false, false}};
+  if (b) d = {g.lead, g.outer, g.extent, g.inner, {0, g.length}, {g.length, g.extent - g.length}, {g.repeated(0), g.repeated(1)}};
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::assemble_k<>)(a, b, whole, d);
+  detail::launched(b ? "concat_dim" : "slice_dim_grad");
+}
+/// @brief slice_dim and concat_dim_grad, as cpu::slice_dim and cpu::concat_dim_grad.
+inline void extract_part(const float* whole, float* part, const ir::dim_part& g, bool summed, cudaStream_t s) {
+  const bool repeated = summed && g.repeated(0);
+  const auto n = static_cast<std::size_t>((repeated ? 1 : g.lead) * g.outer * g.length * g.inner);
+  if (n == 0) return;
+  const detail::part_dims d{g.lead, g.outer, g.extent, g.inner, {g.offset, 0}, {g.length, 0}, {repeated, false}};
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::extract_k<>)(whole, part, d);
+  detail::launched(summed ? "concat_dim_grad" : "slice_dim");
 }
 /// @brief The two leading dimensions of x [rows, cols, inner] swapped, as cpu::transpose_leading.
 inline void transpose_leading(const float* x, float* out, std::size_t rows, std::size_t cols, std::size_t inner,
