@@ -83,6 +83,9 @@ struct twin {
   // function here: cudafe++ of CUDA 13.0 does not always finish on one.)
   int run() {
     const auto ws = cu::device_workspace_bytes(g);
+    // The device's step counter holds the CPU dispatch's step (a dropout draws its mask by it).
+    cu::check(cudaMemcpy(words.data() + sizeof(std::int64_t), &settings.step, sizeof settings.step, cudaMemcpyHostToDevice),
+              "cudaMemcpy");
     const cu::device_context ctx{lane.get(),
                                  &blas,
                                  blas_ws.data(),
@@ -380,6 +383,23 @@ TEST_CASE("concat and slice along a dim and their gradients match the CPU dispat
   twin tw(graph, {}, 1, 47);
   CHECK(tw.run() == 0);
   CHECK(dispatch_testing::compare_written(tw, 1e-6f, 1e-7f) == static_cast<std::size_t>(written));
+}
+
+TEST_CASE("dropout and its gradient match the CPU dispatch: the same mask from the step on the device", "[gpu][dispatch][dropout]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t rows = 37, cols = 29;
+  ir::builder b("dropout");
+  const auto x = b.buffer("x", {rows, cols}), y = b.buffer("y", {rows, cols});
+  const auto dy = b.buffer("dy", {rows, cols}), dx = b.buffer("dx", {rows, cols});
+  const ir::attr_map attrs{{"num", ir::dropout_den / 3}, {"den", ir::dropout_den}, {"seed", 12345}, {"rank", 2},
+                           {"local0", rows},          {"global0", rows},          {"local1", cols}, {"global1", cols}};
+  b.compute(op::dropout, "dropout", {x}, {y}, attrs);
+  b.at(ir::phase::backward);
+  b.compute(op::dropout_grad, "dropout.grad", {dy}, {dx}, attrs);
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 53);
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-6f, 1e-7f) == 2);
 }
 
 TEST_CASE("sums and means over one dim and their gradients match the CPU dispatch", "[gpu][dispatch][sum_dim]") {

@@ -47,6 +47,19 @@ constexpr auto stack = program(mse(repeat<"layers">(block, input<"x">(act)), inp
 constexpr auto frozen_stack = program(mse(repeat<"layers">(block, input<"x">(act, no_grad)), input<"target">(act)), sgd{});
 const shape_map stack_shapes{{"x", {B, K}}, {"target", {B, K}}, {"w1", {K, H}}, {"w2", {H, K}}};
 
+// Dropout on the column-parallel hidden layer (split over tp) and on the row-parallel output's
+// pending sum (linear: it goes through), and in a repeated block (each layer its own mask).
+constexpr auto dropped_mlp =
+    program(mse(dropout<{.rate = 0.3f, .seed = 5}>(matmul(dropout<{.rate = 0.2f}>(gelu(matmul(input<"x">(act), param<"w1">(spec(replicate, shard(tp)))))),
+                                                          param<"w2">(spec(shard(tp), replicate)))),
+                input<"target">(act)),
+            sgd{});
+constexpr auto dropped_block = [](auto h) {
+  return h + dropout<{.rate = 0.25f}>(
+                 matmul(gelu(matmul(h, param<"w1">(spec(replicate, shard(tp))))), param<"w2">(spec(shard(tp), replicate))));
+};
+constexpr auto dropped_stack = program(mse(repeat<"layers">(dropped_block, input<"x">(act)), input<"target">(act)), sgd{});
+
 constexpr auto tanh_mlp = program(mse(matmul(tanh(matmul(input<"x">(act), param<"w1">(spec(replicate, shard(tp))))),
                                              param<"w2">(spec(shard(tp), replicate))),
                                       input<"target">(act)),
@@ -260,6 +273,54 @@ TEST_CASE("the tanh MLP trains to the single-rank numbers, its gradients the fin
   CHECK(reference.loss.back() < reference.loss.front());
   on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t), reference); });
   checked_gradients(tanh_mlp, shapes, data(), params, false);
+}
+
+TEST_CASE("dropout draws the single rank's masks on every mesh; evaluation passes its input through", "[mpi][train][dropout]") {
+  const auto trained = [](const auto& p, MPI_Comm comm, int d, int t, planner::policy policy, std::map<std::string, int> depth,
+                          const std::vector<std::string>& names) {
+    return tt::run(p, shapes, comm, {{"dp", d}, {"tp", t}}, data(), 3, {.sgd = {.lr = 0.2f}},
+                   {.policy = policy, .lower = {.depth = std::move(depth)}, .solver = {.time_budget_s = 2, .progress = false}},
+                   names);
+  };
+  for (const bool stacked : {false, true}) {
+    CAPTURE(stacked);
+    const auto run = [&](MPI_Comm comm, int d, int t, planner::policy policy = planner::policy::sync) {
+      return stacked ? trained(dropped_stack, comm, d, t, policy, {{"layers", 2}},
+                               {"layers.0.w1", "layers.0.w2", "layers.1.w1", "layers.1.w2"})
+                     : trained(dropped_mlp, comm, d, t, policy, {}, params);
+    };
+    const auto reference = run(MPI_COMM_SELF, 1, 1);
+    REQUIRE(reference.loss.back() < reference.loss.front());
+    on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(run(comm, d, t), reference); });
+    const int world = runtime::mpi::environment::world_size(), t = world >= 4 ? 2 : 1;
+    tt::check_same(run(MPI_COMM_WORLD, world / t, t, planner::policy::concerto), reference);
+  }
+  // Pipelined over 2 stages: each micro-batch draws a mask of its own, and the step trains.
+  if (runtime::mpi::environment::world_size() >= 2) {
+    tt::sub_world sub(2);
+    if (sub.member()) {
+      train::step_options o{.policy = planner::policy::sync, .lower = {.depth = {{"layers", 2}}}};
+      o.pipeline = {.microbatches = 2, .schedule = "1f1b"};
+      auto two = data(); // a step of two micro-batches of the shapes' rows
+      for (auto& [name, t] : two) {
+        t.shape[0] *= 2;
+        const auto rows = t.f32;
+        t.f32.insert(t.f32.end(), rows.begin(), rows.end());
+      }
+      const auto piped = tt::run(dropped_stack, shapes, sub.get(), {{"pp", 2}, {"dp", 1}, {"tp", 1}}, two, 3,
+                                 {.sgd = {.lr = 0.2f}}, o, {"layers.0.w1", "layers.1.w2"});
+      CHECK(piped.loss.back() < piped.loss.front());
+    }
+  }
+  // The same parameters without dropout: evaluation gives the same loss, a training step another.
+  const auto one_rank = [](const auto& p) {
+    return train::compile(p, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), shapes, {.sgd = {.lr = 0.0f}},
+                          {.policy = planner::policy::sync, .use_cache = false, .world = MPI_COMM_SELF});
+  };
+  auto with = one_rank(dropped_mlp);
+  auto without = one_rank(mlp);
+  CHECK(with.evaluate(data()) == without.evaluate(data()));
+  CHECK(with(data()).loss != without(data()).loss);
 }
 
 TEST_CASE("a convolutional net trains to the single-rank numbers on every mesh, its gradients the finite differences",

@@ -91,6 +91,15 @@ struct dim_range {
   friend constexpr bool operator==(const dim_range&, const dim_range&) = default;
 };
 
+/// @brief The settings of a `dropout`: the fraction of values dropped (each kept one scaled by
+/// 1 / (1 − rate)) and a seed the masks are drawn from, with the op's place in the program, the
+/// layer, the step and the value's index in the whole tensor (so every mesh draws the same mask).
+struct dropout_config {
+  float rate = 0.1f;
+  unsigned seed = 0;
+  friend constexpr bool operator==(const dropout_config&, const dropout_config&) = default;
+};
+
 /// @brief The part of one dim an op keeps: `slice<Dim, Begin, End>`'s [begin, end) of dim `dim`.
 struct dim_slice {
   int dim = -1;
@@ -104,7 +113,7 @@ struct expr_tag {};
 struct no_extra {};
 /// The `Extra` of an op with settings of its own: a routing's (moe_config), a convolution's
 /// (conv_config), a pooling's (pool_config), a batch norm's (batchnorm_config), the dims an op works along (dim_range),
-/// the part of a dim a slice keeps (dim_slice).
+/// the part of a dim a slice keeps (dim_slice), a dropout's rate and seed (dropout_config).
 /// The compiler copies them into the op's node by their type.
 template <auto Settings>
 struct settings_extra {

@@ -195,6 +195,16 @@ slice(X) noexcept {
   static_assert(Dim >= 0 && Begin >= 0 && End > Begin, "slice<Dim, Begin, End>: 0 <= Begin < End along dim Dim >= 0");
   return {};
 }
+/// @brief x with a fraction `rate` of its values zeroed and the others scaled by 1 / (1 − rate)
+/// while training; evaluation passes x through. The mask is drawn from the seed, the op's place,
+/// the layer, the step and each value's index in the whole tensor: any split of x (and any
+/// replica) draws the values the single rank would, and the gradient redraws it. Linear: a
+/// pending sum goes through.
+template <dropout_config C = dropout_config{}, expression X>
+[[nodiscard]] constexpr node_expr<op_code::dropout, detail::settings_extra<C>, std::remove_cvref_t<X>> dropout(X) noexcept {
+  static_assert(C.rate >= 0.0f && C.rate < 1.0f, "dropout: the rate is a fraction in [0, 1) (dropout_config::rate)");
+  return {};
+}
 /// @brief The sum over dim `Dim`: `sum<1>(x)` of `[batch, seq, hidden]` is `[batch, hidden]`.
 /// A split of the dim makes the result a pending sum over its axis.
 template <int Dim, expression X>

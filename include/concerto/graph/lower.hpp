@@ -204,7 +204,8 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
   case ir::sharding::pointwise_two:
     if (in(0) != in(1)) fail(what() + ": shapes differ, " + operand(0) + " and " + operand(1));
     return in(0);
-  case ir::sharding::pointwise: return in(0);
+  case ir::sharding::pointwise:
+  case ir::sharding::linear: return in(0);
   case ir::sharding::rope:
     if (in(1).size() + 1 != in(0).size() || !std::equal(in(1).begin(), in(1).end(), in(0).begin()))
       fail(what() + ": positions " + operand(1) + " do not match the leading dimensions of " + operand(0));
@@ -802,6 +803,7 @@ private:
     case ir::task_form::convolution: return convolution(i, x);
     case ir::task_form::pooling: return pooling(i, x);
     case ir::task_form::parts: return parts(i, x);
+    case ir::task_form::dropout: return dropout(i, x);
     case ir::task_form::reshape: { // its operand's buffer in its own shape: a view, no task
       const auto src = in(x, 0);
       slot(i) = b_.view(name_, src, 0, b_.peek().buffers.at(static_cast<std::size_t>(src)).bytes, local_of(i));
@@ -937,6 +939,36 @@ private:
       }
     }
     compute(i, x.op, ins(x), g.attrs());
+  }
+
+  // dropout and its gradient: the rate, a seed of the user's seed, the forward node and the layer
+  // (a repeat's layers draw their own masks; the gradient the forward's), and this rank's block
+  // of the whole tensor: per dim its extents and the mesh axes splitting it (major, minor),
+  // whose coordinates the kernel reads. Evaluation passes x through: a view, no task.
+  void dropout(int i, const node& x) {
+    if (options_.forward_only) {
+      const auto src = in(x, 0);
+      slot(i) = b_.view(name_, src, 0, b_.peek().buffers.at(static_cast<std::size_t>(src)).bytes, local_of(i));
+      return;
+    }
+    const auto &local = local_of(i), &global = global_of(i);
+    const int forward = x.op == op_code::dropout ? i : x.forward;
+    const auto salt = static_cast<std::int64_t>(forward) * 4096 + (cur_layer_ + 1); // the kernel mixes the bits
+    attrs a{{"num", std::llround(static_cast<double>(x.drop.rate) * static_cast<double>(ir::dropout_den))},
+            {"den", ir::dropout_den},
+            {"seed", static_cast<std::int64_t>(x.drop.seed) << 31 ^ salt},
+            {"rank", static_cast<std::int64_t>(local.size())}};
+    const auto& spec = p_.nodes[i].spec;
+    for (std::size_t d = 0; d < local.size(); ++d) {
+      const auto k = std::to_string(d);
+      a["local" + k] = local[d];
+      a["global" + k] = global[d];
+      const int major = spec.dims[d][0], minor = spec.dims[d][1];
+      a["major" + k] = major >= 0 ? mesh_axis(major) : -1;
+      a["minor" + k] = minor >= 0 ? mesh_axis(minor) : -1;
+      a["minor_size" + k] = minor >= 0 ? m_.axes()[static_cast<std::size_t>(mesh_axis(minor))].size : 1;
+    }
+    compute(i, x.op, ins(x), std::move(a));
   }
 
   // The batch normalisation's tasks: the image's rows and channels on this rank, and the rows its

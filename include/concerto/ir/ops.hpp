@@ -90,13 +90,13 @@ enum class op : std::uint8_t {
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
   sigmoid, transpose, tanh, conv2d, flatten, batchnorm, batchnorm_stats, batchnorm_scale, sum_dim, mean_dim, max_pool, avg_pool,
-  concat_dim, slice_dim,
+  concat_dim, slice_dim, dropout,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
   cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad, sigmoid_grad,
   tanh_grad, conv2d_grad_input, conv2d_grad_weight, batchnorm_grad_stats, batchnorm_grad, flatten_grad, sum_dim_grad,
-  mean_dim_grad, max_pool_grad, avg_pool_grad, concat_dim_grad, slice_dim_grad,
+  mean_dim_grad, max_pool_grad, avg_pool_grad, concat_dim_grad, slice_dim_grad, dropout_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates, and the global gradient norm that clipping scales them by
@@ -147,6 +147,7 @@ enum class sharding : std::uint8_t {
   pooling,       ///< max_pool / avg_pool: x [batch, h, w, c] with h and w whole; the average is linear, the maximum is not
   join,          ///< concat_dim: the dim whole, the other dims split alike (a lower-rank operand like the other's last dims)
   part,          ///< slice_dim: the dim whole, the others as they are; linear
+  linear,        ///< dropout: any layout, pending sums included (a mask by global index scales every replica and term alike)
 };
 
 /// @brief How the DSL's autodiff builds the gradients of an op's operands.
@@ -183,6 +184,7 @@ enum class task_form : std::uint8_t {
   batchnorm,   ///< rows and channels of the image, and the rows its statistics count (every rank's when synchronised)
   pooling,     ///< the image's batch, height, width, channels, the window's side as kernel_h and kernel_w, stride, padding
   parts,       ///< lead, outer, extent, inner around the dim, a part's offset and length, the parts repeated over lead (dim_part)
+  dropout,     ///< the rate, the seed, and this rank's block of the whole tensor (runtime::dropout_layout); evaluation: a view, no task
   update,      ///< in place on the parameter (or its shard) and the optimizer state
   shard,       ///< shard_slice, keep_one: this rank's part or one copy, moving no data between ranks
   collective,  ///< a collective task on the mesh axis of the node
@@ -504,6 +506,12 @@ inline constexpr op_info table[op_count] = {
     // Positions [begin, end) of one dim (node::part); the gradient is dy there, zero elsewhere.
     dsl(parts(compute(op::slice_dim, "slice_dim", k::copy, list({"x"}), list({"out"}), f::none, 0)), 1, r::part, b::terms,
         {term(op::slice_dim_grad, {a::dout})}),
+    // x times a mask drawn per value of the whole tensor (runtime/dropout_mask.hpp); its gradient
+    // redraws the mask (node::drop, the forward node and layer as the seed's salt).
+    dsl(formed(task_form::dropout, with_attrs(compute(op::dropout, "dropout", k::elementwise, list({"x"}), list({"y"}),
+                                                      f::per_output, 2),
+                                              {"num", "den", "seed", "rank"})),
+        1, r::linear, b::terms, {term(op::dropout_grad, {a::dout})}),
     // ---- backward ----
     accumulating(compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1)),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
@@ -569,6 +577,9 @@ inline constexpr op_info table[op_count] = {
     pool(compute(op::avg_pool_grad, "avg_pool_grad", k::elementwise, list({"dy"}), list({"dx"}), f::window, 1)),
     parts(compute(op::concat_dim_grad, "concat_dim_grad", k::copy, list({"dy"}), list({"dpart"}), f::none, 0)),
     parts(compute(op::slice_dim_grad, "slice_dim_grad", k::copy, list({"dy"}), list({"dx"}), f::none, 0)),
+    formed(task_form::dropout, with_attrs(compute(op::dropout_grad, "dropout_grad", k::elementwise, list({"dy"}), list({"dx"}),
+                                                  f::per_output, 2),
+                                          {"num", "den", "seed", "rank"})),
     // ---- redistribution ----
     collective(op::all_reduce, "all_reduce", k::all_reduce, true),
     collective(op::all_gather, "all_gather", k::all_gather, true),

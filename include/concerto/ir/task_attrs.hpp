@@ -111,6 +111,10 @@ struct dim_part {
   }
 };
 
+/// @brief A dropout task's rate is num / den with den = 2²⁴: the draw's top 24 bits fall below
+/// num for a dropped value (runtime::dropout_layout).
+inline constexpr std::int64_t dropout_den = std::int64_t{1} << 24;
+
 /// @brief Sets a matmul task's row count (a chunk of its rows).
 inline void set_matmul_rows(task& t, std::int64_t m) { t.attrs["m"] = m; }
 

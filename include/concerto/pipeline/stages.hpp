@@ -579,8 +579,10 @@ private:
     std::vector<ir::buffer_id> reads, writes;
     for (const auto b : src.reads) reads.push_back(buffer(b, m));
     ir::attr_map attrs = src.attrs;
-    if (mb)
+    if (mb) {
       if (const auto it = attrs.find("global_rows"); it != attrs.end()) it->second *= s_.microbatches;
+      if (attrs.contains("seed")) attrs["microbatch"] = m; // a dropout draws a mask of its own for each micro-batch
+    }
     struct addition {
       ir::buffer_id sum, scratch;
       std::int64_t elements;

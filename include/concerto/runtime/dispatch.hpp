@@ -489,6 +489,8 @@ inline void run_call(cpu_frame& f) {
   case op::mean_dim: cpu::sum_dim(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale); return;
   case op::sum_dim_grad:
   case op::mean_dim_grad: cpu::sum_dim_grad(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale); return;
+  case op::dropout:
+  case op::dropout_grad: cpu::dropout(f.in(0), f.out(0), c.drop, f.s.step); return;
   case op::concat_dim: cpu::concat_dim(f.in(0), f.in(1), f.out(0), c.part); return;
   case op::slice_dim: cpu::slice_dim(f.in(0), f.out(0), c.part); return;
   case op::concat_dim_grad: cpu::concat_dim_grad(f.in(0), f.out(0), c.part); return;

@@ -22,6 +22,7 @@
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/moe.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
+#include <concerto/runtime/dropout_mask.hpp>
 #include <concerto/runtime/lr_schedule.hpp>
 
 #include <algorithm>
@@ -99,6 +100,7 @@ struct kernel_call {
   cpu::moe_shape moe{};          ///< the MoE ops: groups, tokens per group, experts, hidden, capacity, top_k
   ir::conv_geometry conv{};      ///< conv2d, pooling and their gradients: the image, the kernel (or window), stride and padding
   ir::dim_part part{};           ///< concat_dim, slice_dim and their gradients: the parts of the dim
+  dropout_layout drop{};         ///< dropout and its gradient: this rank's block of the whole tensor, how it draws
   std::size_t count = 0;         ///< batch normalisation: the rows its statistics are over (every rank's when synchronised)
   /// Values of its bf16 operands (each buffer once): a dispatch widens them into f32 workspace
   /// before the kernel and rounds the written ones back after it (runtime/dispatch.hpp).
@@ -518,6 +520,44 @@ inline void decode_convolution(const call_reader& r, kernel_call& c) {
   c.n = r.count(c.out[0]);
 }
 
+// dropout and dropout_grad (x -> y): this rank's block of the whole tensor from the extents and
+// the coordinates on the axes splitting each dim, the rate, and the key (the seed, and in a
+// pipelined step the micro-batch, which draws its own mask).
+inline void decode_dropout(const call_reader& r, kernel_call& c) {
+  auto& l = c.drop;
+  const auto rank = r.positive_attr("rank");
+  if (rank > dropout_layout::max_dims)
+    r.bad("has rank " + std::to_string(rank) + "; dropout takes up to " + std::to_string(dropout_layout::max_dims) + " dims");
+  l.rank = static_cast<int>(rank);
+  std::int64_t values = 1, stride = 1;
+  for (int d = l.rank - 1; d >= 0; --d) {
+    const auto k = std::to_string(d);
+    const auto local = static_cast<std::int64_t>(r.positive_attr(("local" + k).c_str()));
+    const auto global = static_cast<std::int64_t>(r.positive_attr(("global" + k).c_str()));
+    const auto block = r.coord(("major" + k).c_str()) * static_cast<std::int64_t>(r.attr(("minor_size" + k).c_str(), 1)) +
+                       r.coord(("minor" + k).c_str());
+    l.local[d] = local;
+    l.offset[d] = block * local;
+    l.global_stride[d] = stride;
+    if (l.offset[d] + local > global)
+      r.bad("its block [" + std::to_string(l.offset[d]) + ", " + std::to_string(l.offset[d] + local) + ") of dim " + k +
+            " runs past the whole tensor's " + std::to_string(global));
+    stride *= global;
+    values *= local;
+  }
+  const auto num = static_cast<std::int64_t>(r.attr("num")), den = static_cast<std::int64_t>(r.attr("den"));
+  if (den != ir::dropout_den || num >= den)
+    r.bad("rate num / den = " + std::to_string(num) + " / " + std::to_string(den) + " is not a fraction in [0, 1) over 2^24");
+  l.threshold = static_cast<std::uint32_t>(num);
+  l.scale = static_cast<float>(static_cast<double>(den) / static_cast<double>(den - num));
+  l.key = mix64(static_cast<std::uint64_t>(r.attr("seed"))) ^ mix64(static_cast<std::uint64_t>(r.task().attr("microbatch", -1) + 1) << 32);
+  r.need_float(c, 0, false);
+  r.need_float(c, 0, true);
+  r.need_count(c, 0, false, static_cast<std::size_t>(values), "the block's values (local0·local1·…)");
+  r.need_count(c, 0, true, static_cast<std::size_t>(values), "the block's values (local0·local1·…)");
+  c.n = static_cast<std::size_t>(values);
+}
+
 // max_pool, avg_pool (x -> y) and their gradients (max: x, dy -> dx; avg: dy -> dx): a
 // convolution's geometry whose kernel is the window over the image's channels.
 inline void decode_pooling(const call_reader& r, kernel_call& c) {
@@ -822,6 +862,8 @@ inline void decode_operands(const call_reader& r, kernel_call& c) {
   case op::slice_dim:
   case op::concat_dim_grad:
   case op::slice_dim_grad: detail::decode_dim_parts(r, c); break;
+  case op::dropout:
+  case op::dropout_grad: detail::decode_dropout(r, c); break;
   case op::batchnorm:
   case op::batchnorm_stats:
   case op::batchnorm_scale:

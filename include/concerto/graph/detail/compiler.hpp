@@ -75,6 +75,7 @@ struct node {
   std::int8_t window = 0; ///< max_pool, avg_pool and their gradients: the window's side
   dim_range dims{};       ///< flatten, sum_dim, mean_dim, concat_dim and their gradients: the dims they work along
   dim_slice part{};       ///< slice_dim and its gradient: the dim and the positions kept
+  dropout_config drop{};  ///< dropout and its gradient: the rate and the seed
   /// Gradient tasks: the forward node and which of its operands this is the gradient of (a
   /// concat's part is found by it).
   std::int16_t forward = -1;
@@ -89,6 +90,7 @@ struct node {
     window = from.window;
     dims = from.dims;
     part = from.part;
+    drop = from.drop;
   }
 };
 
@@ -310,7 +312,7 @@ struct work {
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.window == x.window && o.dims == x.dims && o.part == x.part && o.local_stats == x.local_stats &&
+          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.window == x.window && o.dims == x.dims && o.part == x.part && o.drop == x.drop && o.local_stats == x.local_stats &&
           o.flags == x.flags)
         return i;
     }
@@ -533,6 +535,11 @@ struct work {
     case ir::sharding::part:
       if (x.part.dim >= rank(0)) return refuse(errc::rank_mismatch);
       return rules::part(sp(in[0]), x.part.dim, A);
+    case ir::sharding::linear: {
+      rules::result rr;
+      rr.need[0] = rr.out = sp(in[0]);
+      return rr;
+    }
     case ir::sharding::pointwise: return lead();
     case ir::sharding::swap_leading: { // linear: pending sums go through
       if (rank(0) < 2) return refuse(errc::rank_mismatch);
@@ -973,6 +980,7 @@ struct tracer<node_expr<Op, Extra, Args...>> {
       else if constexpr (std::is_same_v<settings, conv_config>) proto.conv = Extra::value;
       else if constexpr (std::is_same_v<settings, dim_range>) proto.dims = Extra::value;
       else if constexpr (std::is_same_v<settings, dim_slice>) proto.part = Extra::value;
+      else if constexpr (std::is_same_v<settings, dropout_config>) proto.drop = Extra::value;
       else if constexpr (std::is_same_v<settings, pool_config>) {
         proto.conv = {Extra::value.step(), Extra::value.padding};
         proto.window = static_cast<std::int8_t>(Extra::value.window);

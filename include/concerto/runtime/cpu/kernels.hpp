@@ -17,6 +17,7 @@
 
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/convolution.hpp>
+#include <concerto/runtime/cpu/dropout.hpp>
 #include <concerto/runtime/cpu/elementwise.hpp>
 #include <concerto/runtime/cpu/embedding.hpp>
 #include <concerto/runtime/cpu/loss.hpp>

@@ -463,6 +463,11 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::mean_dim: cuda::sum_dim(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale, st); return;
   case op::sum_dim_grad:
   case op::mean_dim_grad: cuda::sum_dim_grad(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale, st); return;
+  case op::dropout:
+  case op::dropout_grad:
+    CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for the dropout's mask");
+    cuda::dropout(f.in(0), f.out(0), c.drop, f.ctx.step, c.n, st);
+    return;
   case op::concat_dim: cuda::assemble_parts(f.in(0), f.in(1), f.out(0), c.part, st); return;
   case op::slice_dim_grad: cuda::assemble_parts(f.in(0), nullptr, f.out(0), c.part, st); return;
   case op::slice_dim: cuda::extract_part(f.in(0), f.out(0), c.part, false, st); return;

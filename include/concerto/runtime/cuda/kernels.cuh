@@ -32,6 +32,7 @@
 #include <concerto/ir/task_attrs.hpp>
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
+#include <concerto/runtime/dropout_mask.hpp>
 #include <concerto/runtime/cuda/check.hpp>
 #include <concerto/runtime/grad_clip.hpp>
 #include <concerto/runtime/lr_schedule.hpp>
@@ -969,6 +970,13 @@ __global__ void extract_k(const float* whole, float* part, part_dims d) {
     part[e] = v;
   }
 }
+// y = x · the step's mask (runtime::dropout_layout), one thread per value; the step from device
+// memory, so a captured graph replays with the current step's masks.
+template <int = 0>
+__global__ void dropout_k(const float* x, float* y, dropout_layout l, const std::int64_t* step, std::size_t n) {
+  const std::int64_t s = *step;
+  CONCERTO_GRID_STRIDE(e, n) y[e] = x[e] * l.factor(e, s);
+}
 inline conv_dims dims_of(const ir::conv_geometry& g) {
   return {g.batch, g.height, g.width, g.in_channels, g.out_channels, g.kernel_h, g.kernel_w, g.stride, g.padding, g.out_h(), g.out_w()};
 }
@@ -1205,6 +1213,12 @@ inline void pool_grad(const float* x, const float* dy, float* dx, const ir::conv
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::pool_grad_k<>)(x, dy, dx, detail::dims_of(g), average);
   detail::launched(average ? "avg_pool_grad" : "max_pool_grad");
+}
+/// @brief Dropout (and its gradient), as cpu::dropout.
+inline void dropout(const float* x, float* y, const dropout_layout& l, const std::int64_t* step, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::dropout_k<>)(x, y, l, step, n);
+  detail::launched("dropout");
 }
 /// @brief concat_dim and slice_dim_grad, as cpu::concat_dim and cpu::slice_dim_grad (b null:
 /// one part at g.offset, zero elsewhere).
