@@ -207,6 +207,26 @@ auto checked_gradients(const P& p, const shape_map& shapes, const train::batch& 
   return step;
 }
 
+
+// What a net trains to over 3 SGD steps: on one rank (the loss must fall), then on every mesh
+// with the sync plan and, with `concerto`, on the whole world with the concerto plan, each the
+// single rank's numbers.
+template <class P>
+tt::run_result same_on_every_mesh(const P& p, const shape_map& shapes, const train::batch& b, float lr,
+                                  const std::vector<std::string>& params, bool concerto, std::map<std::string, int> depth = {}) {
+  const auto trained = [&](MPI_Comm comm, int d, int t, planner::policy policy) {
+    return tt::run(p, shapes, comm, {{"dp", d}, {"tp", t}}, b, 3, {.sgd = {.lr = lr}},
+                   {.policy = policy, .lower = {.depth = depth}, .solver = {.time_budget_s = 2, .progress = false}}, params);
+  };
+  auto reference = trained(MPI_COMM_SELF, 1, 1, planner::policy::sync);
+  REQUIRE(reference.loss.back() < reference.loss.front());
+  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t, planner::policy::sync), reference); });
+  if (concerto) {
+    const int world = runtime::mpi::environment::world_size(), t = world >= 4 ? 2 : 1;
+    tt::check_same(trained(MPI_COMM_WORLD, world / t, t, planner::policy::concerto), reference);
+  }
+  return reference;
+}
 } // namespace
 
 TEST_CASE("the DSL MLP trains to the single-rank numbers on every mesh that divides", "[mpi][train][mlp]") {
@@ -276,25 +296,9 @@ TEST_CASE("the tanh MLP trains to the single-rank numbers, its gradients the fin
 }
 
 TEST_CASE("dropout draws the single rank's masks on every mesh; evaluation passes its input through", "[mpi][train][dropout]") {
-  const auto trained = [](const auto& p, MPI_Comm comm, int d, int t, planner::policy policy, std::map<std::string, int> depth,
-                          const std::vector<std::string>& names) {
-    return tt::run(p, shapes, comm, {{"dp", d}, {"tp", t}}, data(), 3, {.sgd = {.lr = 0.2f}},
-                   {.policy = policy, .lower = {.depth = std::move(depth)}, .solver = {.time_budget_s = 2, .progress = false}},
-                   names);
-  };
-  for (const bool stacked : {false, true}) {
-    CAPTURE(stacked);
-    const auto run = [&](MPI_Comm comm, int d, int t, planner::policy policy = planner::policy::sync) {
-      return stacked ? trained(dropped_stack, comm, d, t, policy, {{"layers", 2}},
-                               {"layers.0.w1", "layers.0.w2", "layers.1.w1", "layers.1.w2"})
-                     : trained(dropped_mlp, comm, d, t, policy, {}, params);
-    };
-    const auto reference = run(MPI_COMM_SELF, 1, 1);
-    REQUIRE(reference.loss.back() < reference.loss.front());
-    on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(run(comm, d, t), reference); });
-    const int world = runtime::mpi::environment::world_size(), t = world >= 4 ? 2 : 1;
-    tt::check_same(run(MPI_COMM_WORLD, world / t, t, planner::policy::concerto), reference);
-  }
+  same_on_every_mesh(dropped_mlp, shapes, data(), 0.2f, params, true);
+  same_on_every_mesh(dropped_stack, shapes, data(), 0.2f, {"layers.0.w1", "layers.0.w2", "layers.1.w1", "layers.1.w2"}, true,
+                     {{"layers", 2}});
   // Pipelined over 2 stages: each micro-batch draws a mask of its own, and the step trains.
   if (runtime::mpi::environment::world_size() >= 2) {
     tt::sub_world sub(2);
@@ -325,15 +329,7 @@ TEST_CASE("dropout draws the single rank's masks on every mesh; evaluation passe
 
 TEST_CASE("a convolutional net trains to the single-rank numbers on every mesh, its gradients the finite differences",
           "[mpi][train][conv2d]") {
-  const auto trained = [](MPI_Comm comm, int d, int t, planner::policy policy) {
-    return tt::run(cnn, cnn_shapes, comm, {{"dp", d}, {"tp", t}}, images(), 3, {.sgd = {.lr = 0.1f}},
-                   {.policy = policy, .solver = {.time_budget_s = 2, .progress = false}}, cnn_params);
-  };
-  const auto reference = trained(MPI_COMM_SELF, 1, 1, planner::policy::sync);
-  REQUIRE(reference.loss.back() < reference.loss.front());
-  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t, planner::policy::sync), reference); });
-  const int world = runtime::mpi::environment::world_size(), t = world >= 4 ? 2 : 1;
-  tt::check_same(trained(MPI_COMM_WORLD, world / t, t, planner::policy::concerto), reference);
+  same_on_every_mesh(cnn, cnn_shapes, images(), 0.1f, cnn_params, true);
   auto step = checked_gradients(cnn, cnn_shapes, images(), cnn_params, true);
   // The kernels start scaled by their window's fan-in (3·3·3 and 1·1·8 values), not by `in` alone.
   const auto k1 = step.parameter("k1");
@@ -344,38 +340,18 @@ TEST_CASE("a convolutional net trains to the single-rank numbers on every mesh, 
 }
 
 TEST_CASE("an image classifier (position table, global average pooling) trains alike on every mesh", "[mpi][train][conv2d][pool]") {
-  const auto trained = [](MPI_Comm comm, int d, int t) {
-    return tt::run(classifier, classifier_shapes, comm, {{"dp", d}, {"tp", t}}, labelled_images(), 3, {.sgd = {.lr = 0.5f}},
-                   {.policy = planner::policy::sync, .solver = {.progress = false}}, classifier_params);
-  };
-  const auto reference = trained(MPI_COMM_SELF, 1, 1);
-  REQUIRE(reference.loss.back() < reference.loss.front());
-  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t), reference); });
+  same_on_every_mesh(classifier, classifier_shapes, labelled_images(), 0.5f, classifier_params, false);
   checked_gradients(classifier, classifier_shapes, labelled_images(), classifier_params, true);
 }
 
 TEST_CASE("max and average pooling train to the single-rank numbers on every mesh, their gradients the finite differences",
           "[mpi][train][conv2d][pool]") {
-  const auto trained = [](MPI_Comm comm, int d, int t, planner::policy policy) {
-    return tt::run(pooled_cnn, pooled_shapes, comm, {{"dp", d}, {"tp", t}}, pooled_images(), 3, {.sgd = {.lr = 0.2f}},
-                   {.policy = policy, .solver = {.time_budget_s = 2, .progress = false}}, cnn_params);
-  };
-  const auto reference = trained(MPI_COMM_SELF, 1, 1, planner::policy::sync);
-  REQUIRE(reference.loss.back() < reference.loss.front());
-  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t, planner::policy::sync), reference); });
-  const int world = runtime::mpi::environment::world_size(), t = world >= 4 ? 2 : 1;
-  tt::check_same(trained(MPI_COMM_WORLD, world / t, t, planner::policy::concerto), reference);
+  same_on_every_mesh(pooled_cnn, pooled_shapes, pooled_images(), 0.2f, cnn_params, true);
   checked_gradients(pooled_cnn, pooled_shapes, pooled_images(), cnn_params, true);
 }
 
 TEST_CASE("a class token joined to the pixels and sliced back trains alike on every mesh", "[mpi][train][conv2d][parts]") {
-  const auto trained = [](MPI_Comm comm, int d, int t) {
-    return tt::run(token_classifier, token_shapes, comm, {{"dp", d}, {"tp", t}}, labelled_images(), 3, {.sgd = {.lr = 0.5f}},
-                   {.policy = planner::policy::sync, .solver = {.progress = false}}, token_params);
-  };
-  const auto reference = trained(MPI_COMM_SELF, 1, 1);
-  REQUIRE(reference.loss.back() < reference.loss.front());
-  on_every_mesh([&](MPI_Comm comm, int d, int t) { tt::check_same(trained(comm, d, t), reference); });
+  same_on_every_mesh(token_classifier, token_shapes, labelled_images(), 0.5f, token_params, false);
   checked_gradients(token_classifier, token_shapes, labelled_images(), token_params, true);
 }
 

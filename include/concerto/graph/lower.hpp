@@ -153,6 +153,40 @@ extents moe_shape(const program<N>& p, int i, const std::vector<extents>& global
   return {gates[0], gates[1], in(0)[2]};
 }
 
+// The shape of conv2d / max_pool / avg_pool node i, checked: the image's windows.
+template <std::size_t N>
+extents window_shape(const program<N>& p, int i, const std::vector<extents>& global) {
+  const node& x = p.nodes[i];
+  const auto in = [&](int k) -> const extents& { return global[static_cast<std::size_t>(x.in[k])]; };
+  const auto what = [&] { return p.describe(i); };
+  const auto operand = [&](int k) { return operand_text(p, global, x.in[k]); };
+  if (x.op == op_code::conv2d) {
+    const auto &img = in(0), &w = in(1);
+    if (w[2] != img[3])
+      fail(what() + ": the kernel " + operand(1) + " [kernel_h, kernel_w, in, out] takes " + std::to_string(w[2]) +
+           " input channels, the image " + operand(0) + " [batch, height, width, in] has " + std::to_string(img[3]));
+    const auto side = [&](std::int64_t extent, std::int64_t kernel, const char* dim) {
+      const auto out = ir::conv_geometry::output_extent(extent, kernel, x.conv.stride, x.conv.padding);
+      if (out < 1)
+        fail(what() + ": a kernel of " + std::to_string(kernel) + " does not fit the image's " + dim + " of " +
+             std::to_string(extent) + " with padding " + std::to_string(x.conv.padding) +
+             "; pad the image (conv_config::padding) or use a smaller kernel");
+      return out;
+    };
+    return {img[0], side(img[1], w[0], "height"), side(img[2], w[1], "width"), w[3]};
+  }
+  const auto& img = in(0);
+  const auto side = [&](std::int64_t extent, const char* dim) {
+    const auto out = ir::conv_geometry::output_extent(extent, x.window, x.conv.stride, x.conv.padding);
+    if (out < 1)
+      fail(what() + ": a window of " + std::to_string(x.window) + " does not fit the image's " + dim + " of " +
+           std::to_string(extent) + " with padding " + std::to_string(x.conv.padding) +
+           "; pool a larger image or use a smaller window (pool_config::window)");
+    return out;
+  };
+  return {img[0], side(img[1], "height"), side(img[2], "width"), img[3]};
+}
+
 // The shape of concat_dim / slice_dim node i, checked: the parts of one dim.
 template <std::size_t N>
 extents parts_shape(const program<N>& p, int i, const std::vector<extents>& global) {
@@ -263,35 +297,10 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
     return in(0);
   case ir::sharding::dispatch:
   case ir::sharding::combine: return moe_shape(p, i, global);
-  case ir::sharding::convolution: {
-    const auto &img = in(0), &w = in(1);
-    if (w[2] != img[3])
-      fail(what() + ": the kernel " + operand(1) + " [kernel_h, kernel_w, in, out] takes " + std::to_string(w[2]) +
-           " input channels, the image " + operand(0) + " [batch, height, width, in] has " + std::to_string(img[3]));
-    const auto side = [&](std::int64_t extent, std::int64_t kernel, const char* dim) {
-      const auto out = ir::conv_geometry::output_extent(extent, kernel, x.conv.stride, x.conv.padding);
-      if (out < 1)
-        fail(what() + ": a kernel of " + std::to_string(kernel) + " does not fit the image's " + dim + " of " +
-             std::to_string(extent) + " with padding " + std::to_string(x.conv.padding) +
-             "; pad the image (conv_config::padding) or use a smaller kernel");
-      return out;
-    };
-    return {img[0], side(img[1], w[0], "height"), side(img[2], w[1], "width"), w[3]};
-  }
+  case ir::sharding::convolution:
+  case ir::sharding::pooling: return window_shape(p, i, global);
   case ir::sharding::join:
   case ir::sharding::part: return parts_shape(p, i, global);
-  case ir::sharding::pooling: {
-    const auto& img = in(0);
-    const auto side = [&](std::int64_t extent, const char* dim) {
-      const auto out = ir::conv_geometry::output_extent(extent, x.window, x.conv.stride, x.conv.padding);
-      if (out < 1)
-        fail(what() + ": a window of " + std::to_string(x.window) + " does not fit the image's " + dim + " of " +
-             std::to_string(extent) + " with padding " + std::to_string(x.conv.padding) +
-             "; pool a larger image or use a smaller window (pool_config::window)");
-      return out;
-    };
-    return {img[0], side(img[1], "height"), side(img[2], "width"), img[3]};
-  }
   case ir::sharding::none: break;
   }
   // Nodes the compiler makes: a redistribution or a repeat's bound keeps its value's shape; the

@@ -479,45 +479,22 @@ struct work {
     }
   }
 
-  /// The sharding rule of raw node r's op (its table entry's), over its operands `in`: the spec each
-  /// operand is brought to and the output's. A rule that builds its own nodes (the vocab-parallel
-  /// cross-entropy) sets `emitted`.
-  constexpr rules::result apply_rule(int r, const int* in, std::uint8_t ng, bool& emitted) noexcept {
-    const node& x = raw[r];
+  /// A rule's answer that the op cannot be built so (the reason the program's diagnostic names).
+  [[nodiscard]] static constexpr rules::result refuse(errc e) noexcept {
+    rules::result out;
+    out.err = e;
+    return out;
+  }
+
+  /// The rules of the ops that move or reduce values within a layout (convolutions, pooling,
+  /// flatten, sums over a dim, concat, slice, dropout, transpose): the dims each keeps whole.
+  constexpr rules::result layout_rule(const node& x, const int* in) const noexcept {
     const int A = axes.count;
     const auto rank = [&](int k) { return static_cast<int>(sp(in[k]).rank); };
-    const auto refuse = [](errc e) {
-      rules::result out;
-      out.err = e;
-      return out;
-    };
-    const auto lead = [&] { return rules::nonlinear(sp(in[0]), pinned(in[0])); };
-    // A second operand a nonlinear op reads whole: a pinned pending sum cannot be made for it.
-    const bool pinned_sum_1 = x.n_in > 1 && pinned(in[1]) && sp(in[1]).has_partial();
     switch (ir::info(x.op).rule) {
-    case ir::sharding::contract: {
-      const int ra = rank(0), rb = rank(1);
-      if (ra < 2 || rb < 2 || (rb != 2 && rb != ra)) return refuse(errc::rank_mismatch);
-      return rules::contract(sp(in[0]), rules::make_labels(ra, 'm', 'k'), sp(in[1]), rules::make_labels(rb, 'k', 'n'),
-                             rules::make_labels(ra, 'm', 'n'), A);
-    }
-    case ir::sharding::unify: return rules::unify(sp(in[0]), sp(in[1]), A);
     case ir::sharding::convolution:
       if (rank(0) != 4 || rank(1) != 4) return refuse(errc::rank_mismatch);
       return rules::convolution(sp(in[0]), sp(in[1]), A);
-    case ir::sharding::bias: {
-      if (rank(1) < 1 || rank(1) > rank(0)) return refuse(errc::rank_mismatch);
-      auto rr = lead();
-      rr.need[1] = rules::like_trailing_dims(rr.need[0], rank(1), A);
-      return rr;
-    }
-    case ir::sharding::batchnorm:
-      if (rank(0) < 2 || rank(1) != 1 || rank(2) != 1) return refuse(errc::rank_mismatch);
-      if (pinned_sum_1 || (pinned(in[2]) && sp(in[2]).has_partial())) return refuse(errc::partial_into_nonlinear);
-      if (const auto x_whole = lead(); x_whole.err != errc::none) return x_whole;
-      map[r] = static_cast<std::int16_t>(batch_norm(in[0], in[1], in[2], x.local_stats, ng));
-      emitted = true;
-      return {};
     case ir::sharding::merge:
       if (x.dims.first < 0 || x.dims.last <= x.dims.first || x.dims.last >= rank(0)) return refuse(errc::rank_mismatch);
       return rules::merge(sp(in[0]), x.dims.first, x.dims.last, A);
@@ -540,7 +517,6 @@ struct work {
       rr.need[0] = rr.out = sp(in[0]);
       return rr;
     }
-    case ir::sharding::pointwise: return lead();
     case ir::sharding::swap_leading: { // linear: pending sums go through
       if (rank(0) < 2) return refuse(errc::rank_mismatch);
       rules::result rr;
@@ -548,6 +524,51 @@ struct work {
       rr.out = rules::swap_leading(sp(in[0]));
       return rr;
     }
+    default: break;
+    }
+    return refuse(errc::unbuildable_op);
+  }
+
+  /// The sharding rule of raw node r's op (its table entry's), over its operands `in`: the spec each
+  /// operand is brought to and the output's. A rule that builds its own nodes (the vocab-parallel
+  /// cross-entropy) sets `emitted`.
+  constexpr rules::result apply_rule(int r, const int* in, std::uint8_t ng, bool& emitted) noexcept {
+    const node& x = raw[r];
+    const int A = axes.count;
+    const auto rank = [&](int k) { return static_cast<int>(sp(in[k]).rank); };
+    const auto lead = [&] { return rules::nonlinear(sp(in[0]), pinned(in[0])); };
+    // A second operand a nonlinear op reads whole: a pinned pending sum cannot be made for it.
+    const bool pinned_sum_1 = x.n_in > 1 && pinned(in[1]) && sp(in[1]).has_partial();
+    switch (ir::info(x.op).rule) {
+    case ir::sharding::contract: {
+      const int ra = rank(0), rb = rank(1);
+      if (ra < 2 || rb < 2 || (rb != 2 && rb != ra)) return refuse(errc::rank_mismatch);
+      return rules::contract(sp(in[0]), rules::make_labels(ra, 'm', 'k'), sp(in[1]), rules::make_labels(rb, 'k', 'n'),
+                             rules::make_labels(ra, 'm', 'n'), A);
+    }
+    case ir::sharding::unify: return rules::unify(sp(in[0]), sp(in[1]), A);
+    case ir::sharding::bias: {
+      if (rank(1) < 1 || rank(1) > rank(0)) return refuse(errc::rank_mismatch);
+      auto rr = lead();
+      rr.need[1] = rules::like_trailing_dims(rr.need[0], rank(1), A);
+      return rr;
+    }
+    case ir::sharding::batchnorm:
+      if (rank(0) < 2 || rank(1) != 1 || rank(2) != 1) return refuse(errc::rank_mismatch);
+      if (pinned_sum_1 || (pinned(in[2]) && sp(in[2]).has_partial())) return refuse(errc::partial_into_nonlinear);
+      if (const auto x_whole = lead(); x_whole.err != errc::none) return x_whole;
+      map[r] = static_cast<std::int16_t>(batch_norm(in[0], in[1], in[2], x.local_stats, ng));
+      emitted = true;
+      return {};
+    case ir::sharding::convolution:
+    case ir::sharding::merge:
+    case ir::sharding::reduce_dim:
+    case ir::sharding::pooling:
+    case ir::sharding::join:
+    case ir::sharding::part:
+    case ir::sharding::linear:
+    case ir::sharding::swap_leading: return layout_rule(x, in);
+    case ir::sharding::pointwise: return lead();
     case ir::sharding::pointwise_two: {
       // Not linear in the pair: both operands whole (pending sums made) and laid out alike.
       if (rank(0) != rank(1)) return refuse(errc::rank_mismatch);

@@ -28,22 +28,30 @@ namespace concerto::runtime::cpu {
 
 namespace detail {
 
-// Calls visit(y_offset, x_offset) for every output position and every pixel of its window inside
-// the image; each offset is the first channel's. first(y_offset) comes before a position's pixels.
-template <class First, class Visit>
-inline void for_each_window(const ir::conv_geometry& g, First first, Visit visit) {
+// Calls at(y_offset, window) for every output position: its first channel's offset in y and
+// its window's pixels inside the image (rows [top, bottom), columns [left, right) of image n).
+struct window_pixels {
+  std::int64_t n, top, bottom, left, right;
+};
+template <class At>
+inline void for_each_position(const ir::conv_geometry& g, At at) {
   const auto c = static_cast<std::size_t>(g.in_channels);
   const auto oh = g.out_h(), ow = g.out_w();
   for (std::int64_t n = 0; n < g.batch; ++n)
     for (std::int64_t p = 0; p < oh; ++p)
       for (std::int64_t q = 0; q < ow; ++q) {
-        const auto y_at = static_cast<std::size_t>((n * oh + p) * ow + q) * c;
-        first(y_at);
         const auto top = p * g.stride - g.padding, left = q * g.stride - g.padding;
-        for (auto i = std::max<std::int64_t>(top, 0); i < std::min(top + g.kernel_h, g.height); ++i)
-          for (auto j = std::max<std::int64_t>(left, 0); j < std::min(left + g.kernel_w, g.width); ++j)
-            visit(y_at, static_cast<std::size_t>((n * g.height + i) * g.width + j) * c);
+        at(static_cast<std::size_t>((n * oh + p) * ow + q) * c,
+           window_pixels{n, std::max<std::int64_t>(top, 0), std::min(top + g.kernel_h, g.height), std::max<std::int64_t>(left, 0),
+                         std::min(left + g.kernel_w, g.width)});
       }
+}
+
+// Calls visit(x_offset) for each pixel of a window (its first channel's offset in x).
+template <class Visit>
+inline void for_each_pixel(const ir::conv_geometry& g, const window_pixels& w, Visit visit) {
+  for (auto i = w.top; i < w.bottom; ++i)
+    for (auto j = w.left; j < w.right; ++j) visit(static_cast<std::size_t>((w.n * g.height + i) * g.width + j) * static_cast<std::size_t>(g.in_channels));
 }
 
 inline void check_pooling(std::span<const float> x, std::span<const float> y, const ir::conv_geometry& g, const char* kernel,
@@ -62,11 +70,12 @@ inline void check_pooling(std::span<const float> x, std::span<const float> y, co
 inline void max_pool(std::span<const float> x, std::span<float> y, const ir::conv_geometry& g) {
   detail::check_pooling(x, y, g, "max_pool", "x", "y");
   const auto c = static_cast<std::size_t>(g.in_channels);
-  detail::for_each_window(
-      g, [&](std::size_t at) { std::fill_n(y.begin() + static_cast<std::ptrdiff_t>(at), c, -std::numeric_limits<float>::infinity()); },
-      [&](std::size_t y_at, std::size_t x_at) {
-        for (std::size_t k = 0; k < c; ++k) y[y_at + k] = std::max(y[y_at + k], x[x_at + k]);
-      });
+  detail::for_each_position(g, [&](std::size_t y_at, const detail::window_pixels& w) {
+    std::fill_n(y.begin() + static_cast<std::ptrdiff_t>(y_at), c, -std::numeric_limits<float>::infinity());
+    detail::for_each_pixel(g, w, [&](std::size_t x_at) {
+      for (std::size_t k = 0; k < c; ++k) y[y_at + k] = std::max(y[y_at + k], x[x_at + k]);
+    });
+  });
 }
 
 /// @brief dx = dy at the first maximum of each window (recomputed from x), summed where windows
@@ -76,23 +85,16 @@ inline void max_pool_grad(std::span<const float> x, std::span<const float> dy, s
   detail::require_size(dx, x.size(), "max_pool_grad", "dx");
   std::fill(dx.begin(), dx.end(), 0.0f);
   const auto c = static_cast<std::size_t>(g.in_channels);
-  const auto oh = g.out_h(), ow = g.out_w();
-  for (std::int64_t n = 0; n < g.batch; ++n)
-    for (std::int64_t p = 0; p < oh; ++p)
-      for (std::int64_t q = 0; q < ow; ++q) {
-        const auto y_at = static_cast<std::size_t>((n * oh + p) * ow + q) * c;
-        const auto top = p * g.stride - g.padding, left = q * g.stride - g.padding;
-        for (std::size_t k = 0; k < c; ++k) {
-          float best = -std::numeric_limits<float>::infinity();
-          std::size_t where = 0;
-          for (auto i = std::max<std::int64_t>(top, 0); i < std::min(top + g.kernel_h, g.height); ++i)
-            for (auto j = std::max<std::int64_t>(left, 0); j < std::min(left + g.kernel_w, g.width); ++j) {
-              const auto at = static_cast<std::size_t>((n * g.height + i) * g.width + j) * c + k;
-              if (x[at] > best) best = x[at], where = at;
-            }
-          dx[where] += dy[y_at + k];
-        }
-      }
+  detail::for_each_position(g, [&](std::size_t y_at, const detail::window_pixels& w) {
+    for (std::size_t k = 0; k < c; ++k) {
+      float best = -std::numeric_limits<float>::infinity();
+      std::size_t where = 0;
+      detail::for_each_pixel(g, w, [&](std::size_t x_at) {
+        if (x[x_at + k] > best) best = x[x_at + k], where = x_at + k;
+      });
+      dx[where] += dy[y_at + k];
+    }
+  });
 }
 
 /// @brief y[n, p, q, c] = the sum of x over the window at (p, q) divided by window².
@@ -100,11 +102,12 @@ inline void avg_pool(std::span<const float> x, std::span<float> y, const ir::con
   detail::check_pooling(x, y, g, "avg_pool", "x", "y");
   const auto c = static_cast<std::size_t>(g.in_channels);
   const float scale = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
-  detail::for_each_window(
-      g, [&](std::size_t at) { std::fill_n(y.begin() + static_cast<std::ptrdiff_t>(at), c, 0.0f); },
-      [&](std::size_t y_at, std::size_t x_at) {
-        for (std::size_t k = 0; k < c; ++k) y[y_at + k] += scale * x[x_at + k];
-      });
+  detail::for_each_position(g, [&](std::size_t y_at, const detail::window_pixels& w) {
+    std::fill_n(y.begin() + static_cast<std::ptrdiff_t>(y_at), c, 0.0f);
+    detail::for_each_pixel(g, w, [&](std::size_t x_at) {
+      for (std::size_t k = 0; k < c; ++k) y[y_at + k] += scale * x[x_at + k];
+    });
+  });
 }
 
 /// @brief dx = dy / window² added to every pixel of each window it came from.
@@ -113,8 +116,10 @@ inline void avg_pool_grad(std::span<const float> dy, std::span<float> dx, const 
   std::fill(dx.begin(), dx.end(), 0.0f);
   const auto c = static_cast<std::size_t>(g.in_channels);
   const float scale = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
-  detail::for_each_window(g, [](std::size_t) {}, [&](std::size_t y_at, std::size_t x_at) {
-    for (std::size_t k = 0; k < c; ++k) dx[x_at + k] += scale * dy[y_at + k];
+  detail::for_each_position(g, [&](std::size_t y_at, const detail::window_pixels& w) {
+    detail::for_each_pixel(g, w, [&](std::size_t x_at) {
+      for (std::size_t k = 0; k < c; ++k) dx[x_at + k] += scale * dy[y_at + k];
+    });
   });
 }
 

@@ -819,6 +819,28 @@ __global__ void sum_dim_grad_k(const float* dout, float* dx, std::size_t extent,
 struct conv_dims {
   long long batch, height, width, in, out, kernel_h, kernel_w, stride, padding, out_h, out_w;
 };
+// Image value e's image, row, column and channel (NHWC).
+struct pixel {
+  long long n, h, col, c;
+};
+__device__ inline pixel pixel_at(std::size_t e, const conv_dims& d) {
+  const long long pix = static_cast<long long>(e) / d.in;
+  return {pix / (d.width * d.height), (pix / d.width) % d.height, pix % d.width, static_cast<long long>(e) % d.in};
+}
+// Calls f(oh, ow, i, j) for each output position whose window holds pixel (h, col), which is
+// the window's row i and column j (a convolution's input gradient, a pooling's).
+template <class F>
+__device__ void windows_holding(const conv_dims& d, long long h, long long col, F&& f) {
+  for (long long i = 0; i < d.kernel_h; ++i) {
+    const long long sh = h + d.padding - i;
+    if (sh < 0 || sh % d.stride != 0 || sh / d.stride >= d.out_h) continue;
+    for (long long j = 0; j < d.kernel_w; ++j) {
+      const long long sw = col + d.padding - j;
+      if (sw < 0 || sw % d.stride != 0 || sw / d.stride >= d.out_w) continue;
+      f(sh / d.stride, sw / d.stride, i, j);
+    }
+  }
+}
 // y[n, oh, ow, o] = Σ_{i, j, c} x[n, oh·s − p + i, ow·s − p + j, c] · w[i, j, c, o], one thread per value.
 template <int = 0>
 __global__ void conv2d_k(const float* x, const float* w, float* y, conv_dims d) {
@@ -845,20 +867,13 @@ __global__ void conv2d_k(const float* x, const float* w, float* y, conv_dims d) 
 template <int = 0>
 __global__ void conv2d_grad_input_k(const float* dy, const float* w, float* dx, conv_dims d) {
   CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.height * d.width * d.in)) {
-    const long long c = static_cast<long long>(e) % d.in, pix = static_cast<long long>(e) / d.in;
-    const long long col = pix % d.width, h = (pix / d.width) % d.height, n = pix / (d.width * d.height);
+    const auto [n, h, col, c] = pixel_at(e, d);
     float acc = 0.0f;
-    for (long long i = 0; i < d.kernel_h; ++i) {
-      const long long sh = h + d.padding - i;
-      if (sh < 0 || sh % d.stride != 0 || sh / d.stride >= d.out_h) continue;
-      for (long long j = 0; j < d.kernel_w; ++j) {
-        const long long sw = col + d.padding - j;
-        if (sw < 0 || sw % d.stride != 0 || sw / d.stride >= d.out_w) continue;
-        const float* pdy = dy + ((n * d.out_h + sh / d.stride) * d.out_w + sw / d.stride) * d.out;
-        const float* pw = w + ((i * d.kernel_w + j) * d.in + c) * d.out;
-        for (long long o = 0; o < d.out; ++o) acc += pdy[o] * pw[o];
-      }
-    }
+    windows_holding(d, h, col, [&](long long oh, long long ow, long long i, long long j) {
+      const float* pdy = dy + ((n * d.out_h + oh) * d.out_w + ow) * d.out;
+      const float* pw = w + ((i * d.kernel_w + j) * d.in + c) * d.out;
+      for (long long o = 0; o < d.out; ++o) acc += pdy[o] * pw[o];
+    });
     dx[e] = acc;
   }
 }
@@ -918,20 +933,12 @@ __global__ void pool_k(const float* x, float* y, conv_dims d, bool average) {
 template <int = 0>
 __global__ void pool_grad_k(const float* x, const float* dy, float* dx, conv_dims d, bool average) {
   CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.height * d.width * d.in)) {
-    const long long c = static_cast<long long>(e) % d.in, pix = static_cast<long long>(e) / d.in;
-    const long long col = pix % d.width, h = (pix / d.width) % d.height, n = pix / (d.width * d.height);
+    const auto [n, h, col, c] = pixel_at(e, d);
     float acc = 0.0f;
-    for (long long i = 0; i < d.kernel_h; ++i) {
-      const long long sh = h + d.padding - i;
-      if (sh < 0 || sh % d.stride != 0 || sh / d.stride >= d.out_h) continue;
-      for (long long j = 0; j < d.kernel_w; ++j) {
-        const long long sw = col + d.padding - j;
-        if (sw < 0 || sw % d.stride != 0 || sw / d.stride >= d.out_w) continue;
-        const long long oh = sh / d.stride, ow = sw / d.stride;
-        if (!average && pool_first_max(x, d, n, oh, ow, c) != static_cast<long long>(e)) continue;
+    windows_holding(d, h, col, [&](long long oh, long long ow, long long, long long) {
+      if (average || pool_first_max(x, d, n, oh, ow, c) == static_cast<long long>(e))
         acc += dy[((n * d.out_h + oh) * d.out_w + ow) * d.in + c];
-      }
-    }
+    });
     dx[e] = average ? acc / static_cast<float>(d.kernel_h * d.kernel_w) : acc;
   }
 }
