@@ -250,6 +250,29 @@ TEST_CASE("batch normalisation's kernels match double loops; dx, dgamma and dbet
   }
   REQUIRE_CLOSE(y, want, 1e-4, 1e-5);
 
+  // The running statistics move towards the batch's mean and unbiased variance by the momentum;
+  // evaluation's scale from them normalises by them.
+  std::vector<float> running(2 * cols), from_running(3 * cols);
+  for (std::size_t c = 0; c < cols; ++c) running[c] = 0.5f, running[cols + c] = 2.0f;
+  cpu::batchnorm_track(sums, running, cols, rows, 0.25f);
+  std::vector<double> want_running(2 * cols), want_scale(3 * cols);
+  for (std::size_t c = 0; c < cols; ++c) {
+    double mean = 0, var = 0;
+    for (std::size_t r = 0; r < rows; ++r) mean += x[r * cols + c];
+    mean /= rows;
+    for (std::size_t r = 0; r < rows; ++r) var += (x[r * cols + c] - mean) * (x[r * cols + c] - mean);
+    var /= rows - 1;
+    want_running[c] = 0.75 * 0.5 + 0.25 * mean;
+    want_running[cols + c] = 0.75 * 2.0 + 0.25 * var;
+    const double rstd = 1.0 / std::sqrt(want_running[cols + c] + eps);
+    want_scale[c] = want_running[c];
+    want_scale[cols + c] = rstd;
+    want_scale[2 * cols + c] = rstd * gamma[c];
+  }
+  REQUIRE_CLOSE(running, want_running, 1e-4, 1e-5);
+  cpu::batchnorm_scale_running(running, gamma, from_running, cols, eps);
+  REQUIRE_CLOSE(from_running, want_scale, 1e-5, 1e-6);
+
   std::vector<float> grad_sums(2 * cols), dx(rows * cols);
   cpu::batchnorm_grad_stats(x, scale, w, grad_sums, rows, cols);
   cpu::batchnorm_grad(x, scale, grad_sums, w, dx, rows, cols, rows);

@@ -435,10 +435,20 @@ TEST_CASE("batch normalisation's tasks match the CPU dispatch", "[gpu][dispatch]
   b.at(ir::phase::backward);
   b.compute(op::batchnorm_grad_stats, "grad_stats", {x, scale, dy}, {grad_sums}, attrs);
   b.compute(op::batchnorm_grad, "grad", {x, scale, grad_sums, dy}, {dx}, attrs);
+  // The running statistics (a random mean, a positive variance) moved by the batch's, and the
+  // evaluation's scale from them.
+  const auto running = b.buffer("running", {2, cols}), eval_scale = b.buffer("eval_scale", {3, cols});
+  auto track = attrs;
+  track["num"] = ir::dropout_den / 10;
+  track["den"] = ir::dropout_den;
+  b.compute(op::batchnorm_track, "track", {sums, running}, {running}, track);
+  auto from_running = attrs;
+  from_running["running"] = 1;
+  b.compute(op::batchnorm_scale, "eval_scale", {running, gamma}, {eval_scale}, from_running);
   const auto graph = std::move(b).finish();
   twin tw(graph, {}, 1, 43);
   CHECK(tw.run() == 0);
-  CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == 5);
+  CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == 7);
 }
 
 TEST_CASE("losses over global counts with i64 targets match the CPU dispatch", "[gpu][dispatch][loss]") {

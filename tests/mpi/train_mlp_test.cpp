@@ -376,4 +376,44 @@ TEST_CASE("batch normalisation: synchronised statistics give the single-rank num
   checked_gradients(synced, normed_shapes, images(), normed_params, true);
 }
 
+TEST_CASE("batch normalisation's running statistics: every mesh keeps the single rank's, and evaluation normalises each "
+          "image by them alone",
+          "[mpi][train][conv2d][batchnorm]") {
+  constexpr auto& synced = normed_cnn<batchnorm_config{}>;
+  const auto compiled = [](MPI_Comm comm, int d, int t) {
+    int n = 0;
+    MPI_Comm_size(comm, &n);
+    return train::compile(synced, mesh::from_world(n, {{"dp", d}, {"tp", t}}), normed_shapes, {.sgd = {.lr = 0.1f}},
+                          {.policy = planner::policy::sync, .use_cache = false, .world = comm});
+  };
+  auto one = compiled(MPI_COMM_SELF, 1, 1);
+  // Before a step: mean 0, variance 1 (a framework's BatchNorm's start).
+  const auto start = one.parameter("g.running");
+  REQUIRE(start.size() == 2 * F);
+  CHECK(std::count(start.begin(), start.begin() + F, 0.0f) == F);
+  CHECK(std::count(start.begin() + F, start.end(), 1.0f) == F);
+  for (int s = 0; s < 3; ++s) (void)one(images());
+  const auto running = one.parameter("g.running");
+  CHECK(running != start);
+  on_every_mesh([&](MPI_Comm comm, int d, int t) {
+    auto step = compiled(comm, d, t);
+    for (int s = 0; s < 3; ++s) (void)step(images());
+    CHECK(tt::worst_relative(step.parameter("g.running"), running) <= tt::rel_tol);
+  });
+  // Evaluation normalises by the running statistics: an image's prediction does not depend on
+  // the other images of the batch (with the batch's statistics it would).
+  auto mixed = images();
+  for (std::size_t i = mixed.at("x").f32.size() / N; i < mixed.at("x").f32.size(); ++i) mixed.at("x").f32[i] *= -2.0f;
+  const auto first_image = [&](const train::batch& b) {
+    (void)one.evaluate(b);
+    const auto out = one.evaluated(one.prediction_name());
+    return std::vector<float>(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(out.size() / N));
+  };
+  CHECK(first_image(images()) == first_image(mixed));
+  // ... and leaves them as they are; the next training step moves them again.
+  CHECK(one.parameter("g.running") == running);
+  (void)one(images());
+  CHECK(one.parameter("g.running") != running);
+}
+
 CONCERTO_MPI_TEST_MAIN

@@ -31,6 +31,7 @@ enum class leaf_init : std::uint8_t {
   kernel_fan_in, ///< as fan_in over every dimension but the last: kernel_h·kernel_w·in of a kernel [kernel_h, kernel_w, in, out]
   zeros,
   ones,      ///< a normalisation's gain
+  running_stats, ///< a batch norm's running statistics [2, channels]: mean 0, variance 1 (the compiler's, not a param's)
 };
 
 /// @brief The initialisers a `param` can name: `param<"ln.g">(spec(replicate), init::ones)`.
@@ -81,6 +82,9 @@ struct pool_config {
 /// under data parallelism; the model then depends on the data-parallel degree).
 struct batchnorm_config {
   bool sync = true;
+  /// How far each training step moves the running statistics (mean, unbiased variance) that
+  /// evaluation normalises by towards the batch's: r ← (1 − momentum)·r + momentum·batch.
+  float momentum = 0.1f;
   friend constexpr bool operator==(const batchnorm_config&, const batchnorm_config&) = default;
 };
 

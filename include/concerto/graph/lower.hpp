@@ -983,16 +983,31 @@ private:
   // The batch normalisation's tasks: the image's rows and channels on this rank, and the rows its
   // statistics count: every rank's when synchronised, this rank's when local. The scale's
   // operand is the sums (reduced), made from the image.
+  // The scale reads the batch's sums while training and the running statistics (its third
+  // operand) in evaluation; the running statistics move in place while training only.
   void batchnorm(int i, const node& x) {
     int image = x.in[0];
-    if (x.op == op_code::batchnorm_scale) {
+    if (x.op == op_code::batchnorm_scale || x.op == op_code::batchnorm_track) {
       while (is_redistribution(p_.nodes[image].op)) image = p_.nodes[image].in[0];
       image = p_.nodes[image].in[0];
     }
     const auto& s = local_of(image);
     const auto& whole = global_of(image);
     const auto cols = s.back(), rows = elements(s) / cols;
-    compute(i, x.op, ins(x), {{"rows", rows}, {"cols", cols}, {"count", x.local_stats ? rows : elements(whole) / whole.back()}});
+    attrs a{{"rows", rows}, {"cols", cols}, {"count", x.local_stats ? rows : elements(whole) / whole.back()}};
+    if (x.op == op_code::batchnorm_track) {
+      const auto running = slot(i) = in(x, 1);
+      if (options_.forward_only) return;
+      a["num"] = std::llround(static_cast<double>(x.momentum) * static_cast<double>(ir::dropout_den));
+      a["den"] = ir::dropout_den;
+      b_.compute(x.op, name_, {in(x, 0), running}, {running}, std::move(a));
+      return;
+    }
+    if (x.op == op_code::batchnorm_scale) {
+      if (options_.forward_only) a["running"] = 1;
+      return compute(i, x.op, {in(x, options_.forward_only ? 2 : 0), in(x, 1)}, std::move(a));
+    }
+    compute(i, x.op, ins(x), std::move(a));
   }
 
   // sum_dim / mean_dim over x and their gradients (the node is dx, x's shape): the values around

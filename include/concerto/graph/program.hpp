@@ -177,7 +177,7 @@ struct program : program_info {
     if (x.name >= 0) {
       std::string base(names[x.name].view());
       if (is_leaf(x.op)) return base;
-      if (x.op == op_code::state) return base + (x.dim == 0 ? ".m" : ".v");
+      if (x.op == op_code::state) return base + (x.dim == state_m ? ".m" : x.dim == state_v ? ".v" : ".running");
       if (x.op == optimizer && x.kind == role::update) return base + ".update";
       if (x.has(flag_writes_param)) return base + ".new";
     }

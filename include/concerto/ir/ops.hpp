@@ -89,7 +89,7 @@ enum class op : std::uint8_t {
   // forward
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
-  sigmoid, transpose, tanh, conv2d, flatten, batchnorm, batchnorm_stats, batchnorm_scale, sum_dim, mean_dim, max_pool, avg_pool,
+  sigmoid, transpose, tanh, conv2d, flatten, batchnorm, batchnorm_stats, batchnorm_scale, batchnorm_track, sum_dim, mean_dim, max_pool, avg_pool,
   concat_dim, slice_dim, dropout,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
@@ -482,6 +482,10 @@ inline constexpr op_info table[op_count] = {
                   compute(op::batchnorm_stats, "batchnorm_stats", k::norm, list({"x"}), list({"sums"}), f::per_input, 3))),
     in_f32(formed(task_form::batchnorm, compute(op::batchnorm_scale, "batchnorm_scale", k::norm, list({"sums", "gamma"}),
                                                 list({"scale"}), f::per_output, 3))),
+    // The running statistics [2, channels] (a state: mean, variance) moved towards the batch's by
+    // the momentum, in place; evaluation's batchnorm_scale reads them instead of the sums.
+    in_f32(formed(task_form::batchnorm, compute(op::batchnorm_track, "batchnorm_track", k::norm, list({"sums", "running"}),
+                                                list({"running"}), f::per_output, 6))),
     // The sum and the mean over one dim (node::dims.first); the mean divides by its whole extent.
     dsl(formed(task_form::reduce_dim, with_attrs(compute(op::sum_dim, "sum_dim", k::elementwise, list({"x"}), list({"out"}),
                                                          f::per_input, 1),

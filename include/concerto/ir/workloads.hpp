@@ -1024,7 +1024,8 @@ private:
 // bottleneck blocks (1×1 reduce, 3×3, 1×1 expand, each batch-normalised, relu between; the
 // first block of a stage strided with a 1×1 projection shortcut, the others identity shortcuts);
 // global average pooling, a linear head, cross-entropy. Each batch norm all-reduces its sums
-// (2·channels values) over dp forward and its gradient's sums backward, which are then the
+// (2·channels values) over dp forward (and moves its running statistics by them) and its
+// gradient's sums backward, which are then the
 // gain's and the shift's gradients, summed; each convolution's and the head's gradient is
 // all-reduced over dp. Images per rank: workload_options::micro_batch.
 struct conv_net_spec {
@@ -1144,6 +1145,12 @@ private:
     const auto sums = act(name + ".sums", {2, c}, dtype::f32);
     task(name + ".stats", {x}, {sums}, info(op::batchnorm_stats, attrs));
     if (dp_axis_ >= 0) b_.collective(op_kind::all_reduce, name + ".sums.ar", dp_axis_, sums, sums);
+    // The running statistics (mean, variance) moved by the batch's, for evaluation.
+    const auto running = b_.buffer(name + ".g.running", {2, c}, buffer_role::optimizer_state, dtype::f32);
+    auto track = attrs;
+    track["num"] = ir::dropout_den / 10; // momentum 0.1
+    track["den"] = ir::dropout_den;
+    task(name + ".track", {sums, running}, {running}, info(op::batchnorm_track, track));
     n.scale = act(name + ".scale", {3, c}, dtype::f32);
     task(name + ".scale", {sums, n.gain->store}, {n.scale}, info(op::batchnorm_scale, attrs));
     n.y = act(name + ".out", xs);

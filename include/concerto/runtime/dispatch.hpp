@@ -481,7 +481,11 @@ inline void run_call(cpu_frame& f) {
   case op::tanh_grad: cpu::tanh_grad(f.in(0), f.in(1), f.out(0)); return;
   case op::transpose: cpu::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k); return;
   case op::batchnorm_stats: cpu::batchnorm_stats(f.in(0), f.out(0), c.rows, c.cols); return;
-  case op::batchnorm_scale: cpu::batchnorm_scale(f.in(0), f.in(1), f.out(0), c.cols, c.count, f.s.batchnorm_eps); return;
+  case op::batchnorm_scale:
+    if (c.from_running) cpu::batchnorm_scale_running(f.in(0), f.in(1), f.out(0), c.cols, f.s.batchnorm_eps);
+    else cpu::batchnorm_scale(f.in(0), f.in(1), f.out(0), c.cols, c.count, f.s.batchnorm_eps);
+    return;
+  case op::batchnorm_track: cpu::batchnorm_track(f.in(0), f.out(0), c.cols, c.count, c.scale); return;
   case op::batchnorm: cpu::batchnorm(f.in(0), f.in(1), f.in(2), f.out(0), c.rows, c.cols); return;
   case op::batchnorm_grad_stats: cpu::batchnorm_grad_stats(f.in(0), f.in(1), f.in(2), f.out(0), c.rows, c.cols); return;
   case op::batchnorm_grad: cpu::batchnorm_grad(f.in(0), f.in(1), f.in(2), f.in(3), f.out(0), c.rows, c.cols, c.count); return;

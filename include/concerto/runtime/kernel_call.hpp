@@ -96,6 +96,7 @@ struct kernel_call {
   ir::buffer_id grad_norm_sq = -1; ///< an update with global-norm clipping: the step's squared gradient norm
   float scale = 1.0f;            ///< scale's factor; a loss's share of the global mean (times dloss for a gradient)
   bool keep = true;              ///< keep_one: this rank keeps the value (others hold zero)
+  bool from_running = false;     ///< batchnorm_scale in evaluation: from the running statistics, not a batch's sums
   std::vector<rows_in_whole> parts; ///< slice / concat / shard_slice: the parts' geometry (bytes)
   cpu::moe_shape moe{};          ///< the MoE ops: groups, tokens per group, experts, hidden, capacity, top_k
   ir::conv_geometry conv{};      ///< conv2d, pooling and their gradients: the image, the kernel (or window), stride and padding
@@ -661,7 +662,15 @@ inline void decode_batchnorm(const call_reader& r, kernel_call& c) {
   };
   switch (c.fn) {
   case ir::op::batchnorm_stats: check({image}, sums); break;
-  case ir::op::batchnorm_scale: check({sums, channels}, scale); break;
+  case ir::op::batchnorm_scale:
+    c.from_running = r.task().attr("running", 0) != 0;
+    check({sums, channels}, scale);
+    break;
+  case ir::op::batchnorm_track:
+    check({sums, sums}, sums);
+    if (c.out[0] != c.in[1]) r.bad("moves the running statistics in place: its write must be its second read");
+    c.scale = r.ratio("num", "den");
+    break;
   case ir::op::batchnorm: check({image, scale, channels}, image); break;
   case ir::op::batchnorm_grad_stats: check({image, scale, image}, sums); break;
   default: check({image, scale, sums, image}, image); break;
@@ -867,6 +876,7 @@ inline void decode_operands(const call_reader& r, kernel_call& c) {
   case op::batchnorm:
   case op::batchnorm_stats:
   case op::batchnorm_scale:
+  case op::batchnorm_track:
   case op::batchnorm_grad_stats:
   case op::batchnorm_grad: detail::decode_batchnorm(r, c); break;
   // not compute ops, or priced only

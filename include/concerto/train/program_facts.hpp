@@ -27,7 +27,7 @@ struct program_facts {
     op_code op = op_code::param;
     pspec spec{};
     std::vector<std::int64_t> global{};    ///< its global shape (no ZeRO padding)
-    leaf_init init = leaf_init::automatic; ///< a parameter's rule
+    leaf_init init = leaf_init::automatic; ///< a parameter's rule (running_stats: a batch norm's running statistics)
     std::string written; ///< as the user wrote it: a name, or the op applied to its operands
     std::string written_later; ///< in a repeated block, as layers after the first compute it
   };
@@ -52,6 +52,7 @@ program_facts facts_of(const graph::program<N>& p) {
     n.op = x.op;
     n.spec = x.spec;
     if (x.op == op_code::param) n.init = p.inits[x.name];
+    if (x.op == op_code::state && x.dim == graph::state_running) n.init = leaf_init::running_stats;
     // describe() looks through the collectives the compiler inserted; name the one that is here.
     const auto as_written = [&](bool later_layer) {
       return graph::is_redistribution(x.op) && x.name < 0

@@ -217,7 +217,9 @@ public:
     // The parameters as training left them, once per change (validating on several batches
     // copies them once): a rank's own shard where both graphs shard alike.
     if (e.copied != parameters_version_) {
-      for (const auto& name : tensors_.params()) {
+      auto copied = tensors_.params();
+      copied.insert(copied.end(), tensors_.running_stats().begin(), tensors_.running_stats().end());
+      for (const auto& name : copied) {
         const auto& from = tensors_.info(name);
         const auto& to = e.tensors.info(name);
         const auto bytes = from.id >= 0 ? static_cast<std::size_t>(ex_->plan().graph.buffer_at(from.id).bytes) : 0;

@@ -90,6 +90,7 @@ public:
           init_of_[name] = x.init;
         }
         if (x.op == op_code::state) states_.push_back(name);
+        if (x.init == leaf_init::running_stats) running_.push_back(name);
       }
     loss_id_ = info(facts.loss).id;
     // The loss is a sum over the axes it is pending on and a copy over the others (pipelined:
@@ -106,6 +107,8 @@ public:
     return it->second;
   }
   [[nodiscard]] const std::vector<std::string>& params() const noexcept { return params_; }
+  /// Batch norms' running statistics: evaluation reads them, training moves them.
+  [[nodiscard]] const std::vector<std::string>& running_stats() const noexcept { return running_; }
   /// Parameters, then optimizer states: what a checkpoint holds.
   [[nodiscard]] std::vector<std::string> state_names() const {
     auto all = params_;
@@ -185,6 +188,14 @@ public:
         const float scale = std::sqrt(3.0f / static_cast<float>(fan_in));
         for (std::size_t i = 0; i < global.size(); ++i) global[i] = scale * uniform(seed, name, i);
       }
+      set(backend, name, global);
+    }
+    // Running statistics [2, channels]: mean 0, variance 1, as a framework's BatchNorm starts.
+    for (const auto& name : running_) {
+      const auto& t = info(name);
+      if (t.id < 0) continue;
+      std::vector<float> global(static_cast<std::size_t>(count(t.blk.global)), 0.0f);
+      std::fill(global.begin() + static_cast<std::ptrdiff_t>(global.size() / 2), global.end(), 1.0f);
       set(backend, name, global);
     }
   }
@@ -337,6 +348,7 @@ private:
   int stage_axis_ = -1;           ///< pipelined: the pipeline axis's index in the mesh
   std::map<std::string, tensor_info> tensors_;
   std::vector<std::string> inputs_, params_, states_;
+  std::vector<std::string> running_; ///< batch norms' running statistics: states the forward pass reads in evaluation
   std::map<std::string, leaf_init> init_of_; ///< each parameter's rule, from its leaf
   ir::buffer_id loss_id_ = -1;
   double loss_copies_ = 1;

@@ -21,6 +21,8 @@ namespace concerto::graph {
 
 /// @brief What a node's value is.
 enum class role : std::uint8_t { input, data, param, activation, gradient, state, loss, update };
+/// What a state node (node::dim) holds: AdamW's first or second moment, a batch norm's running statistics.
+inline constexpr std::int8_t state_m = 0, state_v = 1, state_running = 2;
 
 inline constexpr std::uint8_t flag_trans_a = 1;
 inline constexpr std::uint8_t flag_trans_b = 2;
@@ -81,6 +83,7 @@ struct node {
   std::int16_t forward = -1;
   std::int8_t operand = -1;
   bool local_stats = false; ///< batchnorm's tasks: statistics over this rank's rows only (batchnorm_config::sync off)
+  float momentum = 0.0f;    ///< batchnorm_track: how far a step moves the running statistics (batchnorm_config::momentum)
   [[nodiscard]] constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
   /// The op's settings (a routing's, a convolution's or pooling's, the dims), which its
   /// compiled node and its gradients' nodes carry as the DSL node had them.
@@ -557,7 +560,7 @@ struct work {
       if (rank(0) < 2 || rank(1) != 1 || rank(2) != 1) return refuse(errc::rank_mismatch);
       if (pinned_sum_1 || (pinned(in[2]) && sp(in[2]).has_partial())) return refuse(errc::partial_into_nonlinear);
       if (const auto x_whole = lead(); x_whole.err != errc::none) return x_whole;
-      map[r] = static_cast<std::int16_t>(batch_norm(in[0], in[1], in[2], x.local_stats, ng));
+      map[r] = static_cast<std::int16_t>(batch_norm(in[0], in[1], in[2], x, ng));
       emitted = true;
       return {};
     case ir::sharding::convolution:
@@ -680,7 +683,8 @@ struct work {
   /// Batch normalisation of x (made whole) by gamma and beta laid out like its channels: the
   /// sums [2, channels] (all-reduced over the axes splitting x's rows unless `local`), the scale
   /// [3, channels] from them and gamma, then the normalisation, which reads x, the scale and beta.
-  constexpr int batch_norm(int x_in, int gamma_in, int beta_in, bool local, std::uint8_t ng) noexcept {
+  constexpr int batch_norm(int x_in, int gamma_in, int beta_in, const node& settings, std::uint8_t ng) noexcept {
+    const bool local = settings.local_stats;
     const auto fwd = ir::phase::forward;
     const int A = axes.count;
     const pspec xs = sp(x_in).without_partial();
@@ -693,9 +697,19 @@ struct work {
     pspec summed = stats;
     if (!local) summed.partial = rules::axes_splitting(xs, 0, xs.rank - 2, A);
     const int sums = emit(op_code::batchnorm_stats, {x}, summed, fwd, role::activation);
-    const int scale = emit(op_code::batchnorm_scale, {convert(sums, stats, fwd), gamma}, stats, fwd, role::activation);
+    const int reduced = convert(sums, stats, fwd);
+    // The running statistics: a state named after the gain (`<gain>.running`), moved by every
+    // training step (batchnorm_track) and read by evaluation's scale (its third operand).
+    int gain_leaf = gamma_in;
+    while (is_redistribution(nodes[gain_leaf].op)) gain_leaf = nodes[gain_leaf].in[0];
+    const int running = emit(op_code::state, {}, stats, fwd, role::state, 0, reduced);
+    nodes[running].name = nodes[gain_leaf].name;
+    nodes[running].dim = state_running;
+    const int track = emit(op_code::batchnorm_track, {reduced, running}, stats, fwd, role::activation, 0, reduced);
+    nodes[track].momentum = settings.momentum;
+    const int scale = emit(op_code::batchnorm_scale, {reduced, gamma, running}, stats, fwd, role::activation);
     const int y = emit(op_code::batchnorm, {x, scale, beta}, xs, fwd, role::activation, ng);
-    nodes[sums].local_stats = nodes[scale].local_stats = nodes[y].local_stats = local;
+    nodes[sums].local_stats = nodes[track].local_stats = nodes[scale].local_stats = nodes[y].local_stats = local;
     return y;
   }
 
@@ -958,8 +972,8 @@ struct work {
         m = emit(op_code::state, {}, shard, opt_phase, role::state, 0, p);
         v = emit(op_code::state, {}, shard, opt_phase, role::state, 0, p);
         nodes[m].name = nodes[v].name = static_cast<std::int16_t>(l);
-        nodes[m].dim = 0;
-        nodes[v].dim = 1;
+        nodes[m].dim = state_m;
+        nodes[v].dim = state_v;
       }
       const int u = opt == op_code::adamw ? emit(opt, {ps, gs, m, v}, shard, opt_phase, role::update, 0, p)
                                           : emit(opt, {ps, gs}, shard, opt_phase, role::update, 0, p);
@@ -1006,7 +1020,10 @@ struct tracer<node_expr<Op, Extra, Args...>> {
         proto.conv = {Extra::value.step(), Extra::value.padding};
         proto.window = static_cast<std::int8_t>(Extra::value.window);
       }
-      else if constexpr (std::is_same_v<settings, batchnorm_config>) proto.local_stats = !Extra::value.sync;
+      else if constexpr (std::is_same_v<settings, batchnorm_config>) {
+        proto.local_stats = !Extra::value.sync;
+        proto.momentum = Extra::value.momentum;
+      }
       else static_assert(std::is_same_v<settings, moe_config>, "an op's settings of a type the node does not hold");
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
     } else if constexpr (std::is_same_v<Extra, concerto::detail::bidirectional_extra>) {

@@ -270,6 +270,38 @@ inline void batchnorm_scale(std::span<const float> sums, std::span<const float> 
   }
 }
 
+/// @brief The scale for evaluation, from the running statistics [2, cols] (mean, variance)
+/// instead of a batch's sums.
+inline void batchnorm_scale_running(std::span<const float> running, std::span<const float> gamma, std::span<float> scale,
+                                    std::size_t cols, float eps) {
+  detail::require_size(running, 2 * cols, "batchnorm_scale", "running");
+  detail::require_size(gamma, cols, "batchnorm_scale", "gamma");
+  detail::require_size(scale, 3 * cols, "batchnorm_scale", "scale");
+  for (std::size_t c = 0; c < cols; ++c) {
+    const double rstd = 1.0 / std::sqrt(std::max(static_cast<double>(running[cols + c]), 0.0) + static_cast<double>(eps));
+    scale[c] = running[c];
+    scale[cols + c] = static_cast<float>(rstd);
+    scale[2 * cols + c] = static_cast<float>(rstd * gamma[c]);
+  }
+}
+
+/// @brief The running statistics [2, cols] (mean, variance) moved towards this batch's by
+/// `momentum`: r ← (1 − m)·r + m·batch, the batch's variance unbiased (count / (count − 1)), as
+/// a framework's BatchNorm keeps them for evaluation. The sums are those of batchnorm_stats.
+inline void batchnorm_track(std::span<const float> sums, std::span<float> running, std::size_t cols, std::size_t count,
+                            float momentum) {
+  detail::require_size(sums, 2 * cols, "batchnorm_track", "sums");
+  detail::require_size(running, 2 * cols, "batchnorm_track", "running");
+  CONCERTO_CHECK(count > 0, "batchnorm_track: statistics over 0 rows");
+  const double n = static_cast<double>(count), m = static_cast<double>(momentum);
+  for (std::size_t c = 0; c < cols; ++c) {
+    const double mean = static_cast<double>(sums[c]) / n;
+    const double var = std::max(static_cast<double>(sums[cols + c]) / n - mean * mean, 0.0) * (count > 1 ? n / (n - 1) : 1.0);
+    running[c] = static_cast<float>((1 - m) * running[c] + m * mean);
+    running[cols + c] = static_cast<float>((1 - m) * running[cols + c] + m * var);
+  }
+}
+
 /// @brief y = (x − mean)·gamma/σ + beta per channel, from the scale of batchnorm_scale.
 inline void batchnorm(std::span<const float> x, std::span<const float> scale, std::span<const float> beta, std::span<float> y,
                       std::size_t rows, std::size_t cols) {

@@ -453,7 +453,10 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::tanh_grad: cuda::tanh_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::transpose: cuda::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k, st); return;
   case op::batchnorm_stats: cuda::batchnorm_stats(f.in(0), f.out(0), c.rows, c.cols, st); return;
-  case op::batchnorm_scale: cuda::batchnorm_scale(f.in(0), f.in(1), f.out(0), c.cols, c.count, f.s.batchnorm_eps, st); return;
+  case op::batchnorm_scale:
+    cuda::batchnorm_scale(f.in(0), f.in(1), f.out(0), c.cols, c.count, f.s.batchnorm_eps, c.from_running, st);
+    return;
+  case op::batchnorm_track: cuda::batchnorm_track(f.in(0), f.out(0), c.cols, c.count, c.scale, st); return;
   case op::batchnorm: cuda::batchnorm(f.in(0), f.in(1), f.in(2), f.out(0), c.rows, c.cols, st); return;
   case op::batchnorm_grad_stats: cuda::batchnorm_grad_stats(f.in(0), f.in(1), f.in(2), f.out(0), c.rows, c.cols, st); return;
   case op::batchnorm_grad:

@@ -758,14 +758,28 @@ __global__ void batchnorm_stats_k(const float* x, float* sums, std::size_t rows,
 }
 template <int = 0>
 __global__ void batchnorm_scale_k(const float* sums, const float* gamma, float* scale, std::size_t cols, std::size_t count,
-                                  float eps) {
+                                  float eps, bool from_running) {
   CONCERTO_GRID_STRIDE(c, cols) {
-    const double mean = static_cast<double>(sums[c]) / static_cast<double>(count);
-    const double var = fmax(static_cast<double>(sums[cols + c]) / static_cast<double>(count) - mean * mean, 0.0);
+    // From a batch's sums, or (evaluation) from the running mean and variance.
+    const double n = from_running ? 1.0 : static_cast<double>(count);
+    const double mean = static_cast<double>(sums[c]) / n;
+    const double var = from_running ? fmax(static_cast<double>(sums[cols + c]), 0.0)
+                                    : fmax(static_cast<double>(sums[cols + c]) / n - mean * mean, 0.0);
     const double rstd = 1.0 / sqrt(var + static_cast<double>(eps));
     scale[c] = static_cast<float>(mean);
     scale[cols + c] = static_cast<float>(rstd);
     scale[2 * cols + c] = static_cast<float>(rstd * gamma[c]);
+  }
+}
+// The running statistics moved towards the batch's, as cpu::batchnorm_track; one thread per channel.
+template <int = 0>
+__global__ void batchnorm_track_k(const float* sums, float* running, std::size_t cols, std::size_t count, float momentum) {
+  CONCERTO_GRID_STRIDE(c, cols) {
+    const double n = static_cast<double>(count), m = static_cast<double>(momentum);
+    const double mean = static_cast<double>(sums[c]) / n;
+    const double var = fmax(static_cast<double>(sums[cols + c]) / n - mean * mean, 0.0) * (count > 1 ? n / (n - 1) : 1.0);
+    running[c] = static_cast<float>((1 - m) * running[c] + m * mean);
+    running[cols + c] = static_cast<float>((1 - m) * running[cols + c] + m * var);
   }
 }
 template <int = 0>
@@ -1135,13 +1149,21 @@ inline void batchnorm_stats(const float* x, float* sums, std::size_t rows, std::
   CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::batchnorm_stats_k<>)(x, sums, rows, cols);
   detail::launched("batchnorm_stats");
 }
-/// @brief (mean, 1/σ, gamma/σ) per channel, as cpu::batchnorm_scale.
+/// @brief (mean, 1/σ, gamma/σ) per channel, as cpu::batchnorm_scale (from_running: as
+/// cpu::batchnorm_scale_running, `sums` the running statistics).
 inline void batchnorm_scale(const float* sums, const float* gamma, float* scale, std::size_t cols, std::size_t count, float eps,
-                            cudaStream_t s) {
+                            bool from_running, cudaStream_t s) {
   if (cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::batchnorm_scale_k<>)(sums, gamma, scale, cols, count,
-                                                                                                 eps);
+                                                                                                 eps, from_running);
   detail::launched("batchnorm_scale");
+}
+/// @brief The running statistics moved towards the batch's, as cpu::batchnorm_track.
+inline void batchnorm_track(const float* sums, float* running, std::size_t cols, std::size_t count, float momentum, cudaStream_t s) {
+  if (cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(cols), detail::block, 0, s, detail::batchnorm_track_k<>)(sums, running, cols, count,
+                                                                                                 momentum);
+  detail::launched("batchnorm_track");
 }
 /// @brief y = (x − mean)·gamma/σ + beta, as cpu::batchnorm.
 inline void batchnorm(const float* x, const float* scale, const float* beta, float* y, std::size_t rows, std::size_t cols,
