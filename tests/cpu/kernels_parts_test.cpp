@@ -1,6 +1,7 @@
 // CPU kernels of the parts of one dim -- concat_dim (two parts, either one a table repeated over
-// the leading dims), slice_dim and their gradients -- against index loops written here, the
-// gradients also against central differences of the forward kernels.
+// the leading dims), slice_dim and their gradients -- and of a table broadcast over the leading
+// dims (scale_table), against index loops written here, the gradients also against central
+// differences of the forward kernels.
 
 #include "kernels_testing.hpp"
 
@@ -106,4 +107,35 @@ TEST_CASE("the parts' kernels refuse a part outside the dim and buffers of other
   std::vector<float> a(4), b(8), out(10);
   REQUIRE_THROWS_WITH(cpu::concat_dim(a, b, out, ir::dim_part{1, 2, 6, 1, 0, 2, 0}), ContainsSubstring("concat_dim: `out` holds 10"));
   REQUIRE_THROWS_WITH(cpu::concat_dim(a, b, out, ir::dim_part{1, 2, 2, 1, 0, 2, 0}), ContainsSubstring("leaves nothing"));
+}
+
+TEST_CASE("scale_table multiplies by a table of the last dims; its gradients are dy times the table and Σ x·dy",
+          "[cpu][kernels][parts]") {
+  const std::size_t rows = 7, cols = 5;
+  std::mt19937 rng(17);
+  auto x = random_floats(rng, rows * cols), table = random_floats(rng, cols);
+  const auto dy = random_floats(rng, rows * cols);
+  std::vector<float> y(rows * cols), dx(rows * cols), dtable(cols, 1.0f);
+  cpu::scale_table(x, table, y, rows, cols);
+  std::vector<double> want(y.size()), want_dtable(cols);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) {
+      want[r * cols + c] = double(x[r * cols + c]) * table[c];
+      want_dtable[c] += double(x[r * cols + c]) * dy[r * cols + c];
+    }
+  REQUIRE_CLOSE(y, want, 1e-6, 1e-7);
+  cpu::scale_table(dy, table, dx, rows, cols);
+  cpu::scale_table_grad(x, dy, dtable, rows, cols);
+  REQUIRE_CLOSE(dtable, want_dtable, 1e-5, 1e-6);
+  std::vector<float> scratch(y.size());
+  const auto loss = [&] {
+    cpu::scale_table(x, table, scratch, rows, cols);
+    return project(dy, scratch);
+  };
+  REQUIRE_CLOSE(dx, central_difference(x, loss), fd_tol, fd_tol);
+  REQUIRE_CLOSE(dtable, central_difference(table, loss), fd_tol, fd_tol);
+  // Accumulating adds this batch's sums to what dtable held.
+  cpu::scale_table_grad(x, dy, dtable, rows, cols, true);
+  for (auto& v : want_dtable) v *= 2;
+  REQUIRE_CLOSE(dtable, want_dtable, 1e-5, 1e-6);
 }

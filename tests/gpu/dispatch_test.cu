@@ -276,7 +276,7 @@ TEST_CASE("bf16 operands: casts, staged kernels and mixed products match the CPU
   CHECK(dispatch_testing::compare_written(tw, 1e-2f, 1e-3f) == 6);
 }
 
-TEST_CASE("tanh and its gradient match the CPU dispatch", "[gpu][dispatch][tanh]") {
+TEST_CASE("tanh, a table broadcast over rows and their gradients match the CPU dispatch", "[gpu][dispatch][tanh]") {
   CONCERTO_REQUIRE_GPU();
   const std::int64_t n = 1000;
   ir::builder b("tanh");
@@ -284,10 +284,17 @@ TEST_CASE("tanh and its gradient match the CPU dispatch", "[gpu][dispatch][tanh]
   b.compute(op::tanh, "tanh", {x}, {y});
   b.at(ir::phase::backward);
   b.compute(op::tanh_grad, "tanh.grad", {y, dy}, {dx});
+  // A table of the last dim broadcast over the rows: the product and the table's gradient.
+  const std::int64_t rows = 8, cols = n / rows;
+  const auto table = b.buffer("table", {cols}), scaled = b.buffer("scaled", {rows, cols}), dtable = b.buffer("dtable", {cols});
+  b.at(ir::phase::forward);
+  b.compute(op::scale_table, "scale", {x, table}, {scaled});
+  b.at(ir::phase::backward);
+  b.compute(op::scale_table_grad, "scale.dtable", {x, dy}, {dtable});
   const auto graph = std::move(b).finish();
   twin tw(graph, {}, 1, 29);
   CHECK(tw.run() == 0);
-  CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-6f) == 2);
+  CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-6f) == 4);
 }
 
 TEST_CASE("conv2d and its gradients match the CPU dispatch: strides, padding, a pointwise kernel, accumulation",

@@ -109,16 +109,17 @@ const std::vector<std::string> classifier_params{"k", "pos", "head"};
 // A class token: a learned table [1, F] joined before the pixels (a table repeated over the
 // batch, its gradient summed over it), positions added, and the features the token's slice next
 // to the pixels' mean (equal ranks joined along the channels, which tp splits: gathered first).
-constexpr auto tokens = bias(concat<1>(param<"cls">(spec(replicate, shard(tp))), pixels), param<"pos">(spec(replicate, shard(tp))));
+constexpr auto tokens = scale(bias(concat<1>(param<"cls">(spec(replicate, shard(tp))), pixels), param<"pos">(spec(replicate, shard(tp)))),
+                              param<"ls">(spec(shard(tp)), init::ones)); // a per-channel scale (LayerScale)
 constexpr auto token_classifier =
     program(cross_entropy(matmul(concat<1>(flatten<1, 2>(slice<1, 0, 1>(relu(tokens))), mean<1>(relu(tokens))),
                                  param<"head">(spec(replicate, replicate))),
                           data<"labels">(spec(shard(dp)))),
             sgd{}, on(dp, tp));
 static_assert(token_classifier.count(op_code::concat_dim_grad) == 4 && token_classifier.count(op_code::slice_dim_grad) == 1);
-const shape_map token_shapes{{"x", {N, S, S, C}},       {"k", {3, 3, C, F}},          {"cls", {1, F}},
+const shape_map token_shapes{{"x", {N, S, S, C}},       {"k", {3, 3, C, F}},          {"cls", {1, F}}, {"ls", {F}},
                              {"pos", {S * S + 1, F}}, {"head", {2 * F, classes}}, {"labels", {N}}};
-const std::vector<std::string> token_params{"k", "cls", "pos", "head"};
+const std::vector<std::string> token_params{"k", "cls", "pos", "ls", "head"};
 
 train::batch labelled_images() {
   auto b = images();
@@ -350,7 +351,8 @@ TEST_CASE("max and average pooling train to the single-rank numbers on every mes
   checked_gradients(pooled_cnn, pooled_shapes, pooled_images(), cnn_params, true);
 }
 
-TEST_CASE("a class token joined to the pixels and sliced back trains alike on every mesh", "[mpi][train][conv2d][parts]") {
+TEST_CASE("a class token joined to the pixels, scaled per channel and sliced back trains alike on every mesh",
+          "[mpi][train][conv2d][parts]") {
   same_on_every_mesh(token_classifier, token_shapes, labelled_images(), 0.5f, token_params, false);
   checked_gradients(token_classifier, token_shapes, labelled_images(), token_params, true);
 }

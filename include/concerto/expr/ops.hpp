@@ -31,6 +31,13 @@ template <expression A, expression B>
 [[nodiscard]] constexpr detail::op_t<op_code::add, A, B> operator+(A, B) noexcept {
   return {};
 }
+/// @brief x · t broadcast over x's leading dims, t the shape of x's last dims: a per-channel
+/// scale `g[n]` of `x[..., n]` (LayerScale), a table of positions. Sharded as `bias`: t laid out
+/// like x's last dims; t's gradient is summed over the others.
+template <expression X, expression T>
+[[nodiscard]] constexpr detail::op_t<op_code::scale_table, X, T> scale(X, T) noexcept {
+  return {};
+}
 /// @brief x + b broadcast over x's leading dims, b the shape of x's last dims: a bias `b[n]` of
 /// `x[..., n]`, a learned position table `p[seq, hidden]` of `x[batch, seq, hidden]`.
 template <expression X, expression Bv>

@@ -247,7 +247,7 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
   case ir::sharding::bias:
     if (in(1).size() > in(0).size() || !std::equal(in(1).begin(), in(1).end(), in(0).end() - static_cast<std::ptrdiff_t>(in(1).size())))
       fail(what() + ": '" + p.name_of(x.in[1]) + "' " + dims_text(in(1)) + " is not the shape of the last dims of " + operand(0) +
-           ", which it is added to (broadcast over the others)");
+           ", which it is " + (x.op == op_code::scale_table ? "multiplied" : "added") + " to (broadcast over the others)");
     return in(0);
   case ir::sharding::batchnorm: // x, its scale (whose gamma batchnorm_scale checked), beta
     if (in(2).size() != 1 || in(2)[0] != in(0).back())

@@ -90,13 +90,13 @@ enum class op : std::uint8_t {
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
   sigmoid, transpose, tanh, conv2d, flatten, batchnorm, batchnorm_stats, batchnorm_scale, batchnorm_track, sum_dim, mean_dim, max_pool, avg_pool,
-  concat_dim, slice_dim, dropout,
+  concat_dim, slice_dim, dropout, scale_table,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
   cross_entropy_grad, vocab_ce_grad, moe_route_grad, moe_dispatch_grad, moe_combine_grad, sigmoid_grad,
   tanh_grad, conv2d_grad_input, conv2d_grad_weight, batchnorm_grad_stats, batchnorm_grad, flatten_grad, sum_dim_grad,
-  mean_dim_grad, max_pool_grad, avg_pool_grad, concat_dim_grad, slice_dim_grad, dropout_grad,
+  mean_dim_grad, max_pool_grad, avg_pool_grad, concat_dim_grad, slice_dim_grad, dropout_grad, scale_table_grad,
   // redistribution (the DSL inserts them; the first four are collectives)
   all_reduce, all_gather, reduce_scatter, all_to_all, shard_slice, keep_one,
   // optimizer updates, and the global gradient norm that clipping scales them by
@@ -516,6 +516,10 @@ inline constexpr op_info table[op_count] = {
                                                       f::per_output, 2),
                                               {"num", "den", "seed", "rank"})),
         1, r::linear, b::terms, {term(op::dropout_grad, {a::dout})}),
+    // x times a table of its last dims broadcast over the others (bias_add's rule): x's gradient
+    // the same product of dy, the table's the column sums of x·dy.
+    dsl(compute(op::scale_table, "scale_table", k::elementwise, list({"x", "table"}), list({"out"}), f::per_output, 1), 2, r::bias,
+        b::terms, {term(op::scale_table, {a::dout, a::in1}), term(op::scale_table_grad, {a::in0, a::dout}, s::summed_over_rows)}),
     // ---- backward ----
     accumulating(compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1)),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),
@@ -584,6 +588,8 @@ inline constexpr op_info table[op_count] = {
     formed(task_form::dropout, with_attrs(compute(op::dropout_grad, "dropout_grad", k::elementwise, list({"dy"}), list({"dx"}),
                                                   f::per_output, 2),
                                           {"num", "den", "seed", "rank"})),
+    accumulating(compute(op::scale_table_grad, "scale_table_grad", k::elementwise, list({"x", "dy"}), list({"dtable"}),
+                         f::per_input, 2)),
     // ---- redistribution ----
     collective(op::all_reduce, "all_reduce", k::all_reduce, true),
     collective(op::all_gather, "all_gather", k::all_gather, true),

@@ -434,6 +434,8 @@ inline void run_call(cpu_frame& f) {
   case op::scale: cpu::scale(f.in(0), c.scale, f.out(0)); return;
   case op::bias_add: cpu::bias_add(f.in(0), f.in(1), f.out(0), c.rows, c.cols); return;
   case op::bias_grad: cpu::bias_add_grad(f.in(0), f.out(0), c.rows, c.cols, c.accumulate); return;
+  case op::scale_table: cpu::scale_table(f.in(0), f.in(1), f.out(0), c.rows, c.cols); return;
+  case op::scale_table_grad: cpu::scale_table_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols, c.accumulate); return;
   case op::gelu: cpu::gelu(f.in(0), f.out(0)); return;
   case op::relu: cpu::relu(f.in(0), f.out(0)); return;
   case op::gelu_grad: cpu::gelu_grad(f.in(0), f.in(1), f.out(0)); return;

@@ -801,6 +801,8 @@ inline void decode_operands(const call_reader& r, kernel_call& c) {
     break;
   case op::bias_add: detail::decode_rows(r, c, 0, 1, false); break;
   case op::bias_grad: detail::decode_rows(r, c, 0, 0, true); break;
+  case op::scale_table: detail::decode_rows(r, c, 0, 1, false); break;
+  case op::scale_table_grad: detail::decode_rows(r, c, 0, 0, true); break;
   case op::layernorm: detail::decode_rows(r, c, 0, 1, false, 2); break;
   case op::layernorm_grad: detail::decode_rows(r, c, 0, 1, false); break;
   case op::layernorm_grad_gamma: detail::decode_rows(r, c, 0, 0, true); break;

@@ -67,6 +67,28 @@ inline void bias_add(std::span<const float> x, std::span<const float> bias, std:
   }
 }
 
+/// @brief `out[r, c] = x[r, c] · table[c]`: x times a table of its last dims broadcast over the
+/// rows (a per-channel scale, LayerScale); its x-gradient is the same product of dout.
+inline void scale_table(std::span<const float> x, std::span<const float> table, std::span<float> out, std::size_t rows,
+                        std::size_t cols) {
+  detail::require_size(x, rows * cols, "scale_table", "x");
+  detail::require_size(table, cols, "scale_table", "table");
+  detail::require_size(out, rows * cols, "scale_table", "out");
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) out[r * cols + c] = x[r * cols + c] * table[c];
+}
+
+/// @brief The table's gradient of scale_table: `dtable[c] = Σ_r x[r, c]·dout[r, c]` (`+=` with accumulate).
+inline void scale_table_grad(std::span<const float> x, std::span<const float> dout, std::span<float> dtable, std::size_t rows,
+                             std::size_t cols, bool accumulate = false) {
+  detail::require_size(x, rows * cols, "scale_table_grad", "x");
+  detail::require_size(dout, rows * cols, "scale_table_grad", "dout");
+  detail::require_size(dtable, cols, "scale_table_grad", "dtable");
+  if (!accumulate) std::fill(dtable.begin(), dtable.end(), 0.0f);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) dtable[c] += x[r * cols + c] * dout[r * cols + c];
+}
+
 /// @brief Bias gradient: `dbias[c] = Σ_r dout[r,c]` (the column sums); dx of bias_add is dout itself.
 ///
 /// With `accumulate` the sums are added to dbias instead of overwriting it.

@@ -402,6 +402,8 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::scale: cuda::scale(f.in(0), c.scale, f.out(0), c.n, st); return;
   case op::bias_add: cuda::bias_add(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
   case op::bias_grad: cuda::bias_add_grad(f.in(0), f.out(0), c.rows, c.cols, c.accumulate, st); return;
+  case op::scale_table: cuda::scale_table(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
+  case op::scale_table_grad: cuda::scale_table_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols, c.accumulate, st); return;
   case op::gelu: cuda::gelu(f.in(0), f.out(0), c.n, st); return;
   case op::relu: cuda::relu(f.in(0), f.out(0), c.n, st); return;
   case op::gelu_grad: cuda::gelu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;

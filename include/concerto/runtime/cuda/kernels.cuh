@@ -171,6 +171,18 @@ __global__ void column_sum_k(const float* x, float* out, std::size_t rows, std::
   float* const outs[1] = {out};
   column_sums(rows, cols, accumulate, outs, [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = x[r * cols + c]; });
 }
+// dtable[c] (+)= Σ_r x[r, c]·dout[r, c], the column sums of a product.
+template <int = 0>
+__global__ void scale_table_grad_k(const float* x, const float* dout, float* dtable, std::size_t rows, std::size_t cols,
+                                   bool accumulate) {
+  float* const outs[1] = {dtable};
+  column_sums(rows, cols, accumulate, outs,
+              [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = x[r * cols + c] * dout[r * cols + c]; });
+}
+template <int = 0>
+__global__ void scale_table_k(const float* x, const float* table, float* out, std::size_t n, std::size_t cols) {
+  CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] * table[i % cols];
+}
 template <int = 0>
 __global__ void widen_bf16_k(const std::uint16_t* x, float* out, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) { out[i] = from_bf16(x[i]); }
@@ -1055,6 +1067,20 @@ inline void bias_add_grad(const float* dout, float* dbias, std::size_t rows, std
   if (cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::column_sum_k<>)(dout, dbias, rows, cols, accumulate);
   detail::launched("bias_add_grad");
+}
+/// @brief x times a table of its last dims, as cpu::scale_table.
+inline void scale_table(const float* x, const float* table, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols), detail::block, 0, s, detail::scale_table_k<>)(x, table, out, rows * cols, cols);
+  detail::launched("scale_table");
+}
+/// @brief The table's gradient of scale_table, as cpu::scale_table_grad (column sums of x·dout).
+inline void scale_table_grad(const float* x, const float* dout, float* dtable, std::size_t rows, std::size_t cols, bool accumulate,
+                             cudaStream_t s) {
+  if (cols == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::scale_table_grad_k<>)(x, dout, dtable, rows,
+                                                                                                               cols, accumulate);
+  detail::launched("scale_table_grad");
 }
 /// @brief bf16 values widened to f32, exactly (core/bfloat16.hpp's from_bf16).
 inline void widen_bf16(const std::uint16_t* x, float* out, std::size_t n, cudaStream_t s) {
