@@ -331,6 +331,31 @@ inline longest_paths node_starts(const replay_graph& g) {
   return r;
 }
 
+// Per link (an ordered pair of different stages) and sending pass (F: activations, B: input
+// gradients), the link's messages, each named by its sending block: in the sender's order, and
+// in the order the receiver's blocks take them. One pass over the orders.
+struct link_orders {
+  std::vector<std::vector<block>> sent, received; // at link_index
+};
+[[nodiscard]] inline std::size_t link_index(const problem& p, int from, int to, pass kind) {
+  return (static_cast<std::size_t>(from) * static_cast<std::size_t>(p.stages) + static_cast<std::size_t>(to)) * 2 +
+         (kind == pass::forward ? 0 : 1);
+}
+[[nodiscard]] inline link_orders link_messages(const problem& p, const schedule& s) {
+  const auto links = static_cast<std::size_t>(p.stages) * static_cast<std::size_t>(p.stages) * 2;
+  link_orders out{std::vector<std::vector<block>>(links), std::vector<std::vector<block>>(links)};
+  for (int st = 0; st < p.stages; ++st)
+    for (const auto& b : s.order[static_cast<std::size_t>(st)]) {
+      if (b.kind == pass::weight_grad) continue;
+      if (const auto r = receiver(p, b); r && p.stage_of(r->chunk) != st)
+        out.sent[link_index(p, st, p.stage_of(r->chunk), b.kind)].push_back(b);
+      const int c = b.kind == pass::forward ? b.chunk - 1 : b.chunk + 1; // the chunk it receives from
+      if (c >= 0 && c < p.chunk_count() && p.stage_of(c) != st)
+        out.received[link_index(p, p.stage_of(c), st, b.kind)].push_back({c, b.microbatch, b.kind});
+    }
+  return out;
+}
+
 } // namespace detail
 
 /// @brief Replays a schedule exactly (no contention between stages; a stage runs one block at
@@ -413,8 +438,11 @@ inline timing simulate(const problem& p, const schedule& s) {
 
 /// @brief Checks a schedule before it runs: every block once on its own stage; every pair of
 /// neighbouring stages sends and receives each boundary's messages in the same micro-batch
-/// order (a mismatch names both stages, the boundary and the first position that differs);
-/// no deadlock; every stage's peak within the problem's memory cap. Returns the replay.
+/// order (a mismatch names both stages, the boundary and the first position that differs),
+/// and, where several chunk boundaries share a link (chunks interleaved over the stages), the
+/// link's messages in one order at both ends (a mismatch names both stages and the first
+/// message that differs); no deadlock; every stage's peak within the problem's memory cap.
+/// Returns the replay.
 inline timing verify(const problem& p, const schedule& s) {
   p.check();
   detail::check_orders(p, s);
@@ -447,6 +475,35 @@ inline timing verify(const problem& p, const schedule& s) {
            std::to_string(to) + " in order " + join(received) + " (first difference at message " + std::to_string(i) +
            "); with untagged point-to-point messages (NCCL) the two stages would exchange the wrong tensors or hang");
     }
+  // With several chunks per stage, several boundaries share a link: stage a's activations for
+  // stage b come from every chunk of a whose successor lies on b, and one lane carries them all
+  // (the stages' plans issue a link's messages in their blocks' order, values forward and
+  // gradients back on lanes of their own: pipeline/stages.hpp). The two ends must then agree on
+  // how the boundaries interleave, not only on each boundary's micro-batch order (above): else
+  // the training step's check of the stages' plans (train::detail::check_stage_agreement) stops
+  // the run, and without that check a stage would wait for ever or read another tensor.
+  if (p.virtual_stages > 1) { // with one chunk per stage a link carries one boundary, checked above
+    const auto links = detail::link_messages(p, s);
+    for (int from = 0; from < p.stages; ++from)
+      for (int to = 0; to < p.stages; ++to)
+        for (const auto kind : {pass::forward, pass::input_grad}) {
+          if (from == to) continue;
+          const auto& sent = links.sent[detail::link_index(p, from, to, kind)];
+          const auto& received = links.received[detail::link_index(p, from, to, kind)];
+          if (sent == received) continue;
+          std::size_t i = 0;
+          while (i < sent.size() && i < received.size() && sent[i] == received[i]) ++i;
+          const auto named = [&](const std::vector<block>& v) {
+            return i < v.size() ? "the message of " + to_string(v[i]) : std::string("none");
+          };
+          fail("pipeline schedule '" + s.policy + "': stage " + std::to_string(from) + " sends its " +
+               (kind == pass::forward ? "activations" : "input gradients") + " for stage " + std::to_string(to) +
+               " in another order than stage " + std::to_string(to) + " receives them: message " + std::to_string(i) +
+               " on that link is " + named(sent) + " at the sender but " + named(received) +
+               " at the receiver (several chunk boundaries share the link); the two stages' plans would disagree on "
+               "their messages");
+        }
+  }
   auto t = detail::replay(p, s);
   if (p.memory_cap_bytes > 0)
     for (int st = 0; st < p.stages; ++st)

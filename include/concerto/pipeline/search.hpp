@@ -20,6 +20,14 @@
 /// whole schedule, replayed and verified (deadlock, message order, exact memory), gets shorter;
 /// a local search that swaps neighbouring blocks on the exact replay alternates with the
 /// windows. So the result is never slower than the start and always within the cap.
+///
+/// With several chunks per stage, several chunk boundaries share a link, and the verifier also
+/// wants its two ends to take its messages in one order (the stages' plans issue them so; see
+/// `verify`). The greedy seeds take a link's messages in the order they were sent; a window's
+/// solution or a swap that breaks that is first repaired (`detail::align_links`: the receiver
+/// follows the sender) and then replayed and verified like any other proposal. However short
+/// the search (its budget, or the machine's load, decides how far it gets), what it returns
+/// has passed `verify`.
 
 #include <concerto/pipeline/policies.hpp>
 #include <concerto/planner/z3_window.hpp>
@@ -28,12 +36,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <map>
 #include <optional>
 #include <numeric>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace concerto::pipeline {
@@ -203,6 +213,23 @@ inline std::optional<schedule> greedy(const problem& p, bool forward_first, bool
   std::vector<double> end(static_cast<std::size_t>(C * M * 3), inf), arrival_f(static_cast<std::size_t>(C * M), inf),
       arrival_b(static_cast<std::size_t>(C * M), inf), free_at(static_cast<std::size_t>(P), 0);
   std::map<std::pair<int, int>, double> link_free;
+  // Per link and pass (F or B), the blocks its messages go to, in the order they were sent:
+  // a receiver takes them in that order (verify: with chunks interleaved, several boundaries
+  // share a link, and the two ends' plans must agree on its order).
+  std::map<std::tuple<int, int, pass>, std::deque<block>> unread;
+  const auto sending_chunk = [&](const block& to) { return to.kind == pass::forward ? to.chunk - 1 : to.chunk + 1; };
+  const auto link_of = [&](const block& to) {
+    return std::tuple{p.stage_of(sending_chunk(to)), p.stage_of(to.chunk), to.kind};
+  };
+  const auto receives = [&](const block& b) { // a message from another stage
+    const int c = sending_chunk(b);
+    return b.kind != pass::weight_grad && c >= 0 && c < C && p.stage_of(c) != p.stage_of(b.chunk);
+  };
+  const auto next_on_link = [&](const block& b) {
+    if (!receives(b)) return true;
+    const auto it = unread.find(link_of(b));
+    return it != unread.end() && !it->second.empty() && it->second.front() == b;
+  };
   std::vector<int> next_f(static_cast<std::size_t>(C), 0), next_b = next_f, next_w = next_f;
   const auto cm = [&](int c, int m) { return static_cast<std::size_t>(c * M + m); };
   const auto ready = [&](const block& b) {
@@ -214,8 +241,10 @@ inline std::optional<schedule> greedy(const problem& p, bool forward_first, bool
   const auto place = [&](const block& b, double at) {
     const double e = at + duration_us(p, b, true);
     end[block_index(p, b)] = e;
+    if (receives(b)) unread[link_of(b)].pop_front(); // b is its front (next_on_link)
     const auto to = receiver(p, b);
     if (!to) return;
+    if (receives(*to)) unread[link_of(*to)].push_back(*to);
     auto& link = link_free[{p.stage_of(b.chunk), p.stage_of(to->chunk)}];
     link = std::max(link, e) + p.send_us[static_cast<std::size_t>(std::min(b.chunk, to->chunk))];
     (b.kind == pass::forward ? arrival_f : arrival_b)[cm(to->chunk, b.microbatch)] = link;
@@ -239,8 +268,12 @@ inline std::optional<schedule> greedy(const problem& p, bool forward_first, bool
         for (int c = st; c < C; c += P) {
           const auto j = static_cast<std::size_t>(c);
           const block nb{c, next_b[j], pass::input_grad}, nf{c, next_f[j], pass::forward}, nw{c, next_w[j], pass::weight_grad};
-          if (next_b[j] < M && ready(nb) <= t && (!b || nb.microbatch < b->microbatch || nb.microbatch == b->microbatch)) b = nb;
-          if (next_f[j] < M && ready(nf) <= t && held + p.chunk(c).activation_bytes <= cap && (!f || !shallow_first)) f = nf;
+          if (next_b[j] < M && ready(nb) <= t && next_on_link(nb) &&
+              (!b || nb.microbatch < b->microbatch || nb.microbatch == b->microbatch))
+            b = nb;
+          if (next_f[j] < M && ready(nf) <= t && next_on_link(nf) && held + p.chunk(c).activation_bytes <= cap &&
+              (!f || !shallow_first))
+            f = nf;
           if (next_w[j] < next_b[j] && (!w || nw.microbatch < w->microbatch || nw.microbatch == w->microbatch)) w = nw;
         }
         const auto pick = b && !(forward_first && f) ? b : f ? f : w;
@@ -295,6 +328,47 @@ inline schedule interleaved_any_microbatches(const problem& p) {
   return s;
 }
 
+// With several chunks per stage, a link carries the messages of several chunk boundaries, and
+// its two ends must take them in one order (verify; the stages' plans issue them in their
+// blocks' order). What the search proposes keeps each chunk's passes in micro-batch order but
+// not that: a greedy seed, a window's solution or a swap may let the receiver take a later
+// message first. This puts the receiver's blocks that take a link's messages, in the places
+// they hold in its order, in the order the messages leave the sender (where the replay has them
+// arrive). A receiver is a sender further on, so it goes over the links in the direction the
+// messages flow, again while something moves (a bounded number of times: with three or more
+// chunks per stage two links can feed each other). The result still has to verify (it can
+// deadlock or exceed the cap); the caller replays it. Returns whether anything moved.
+inline bool align_links(const problem& p, schedule& s) {
+  if (p.virtual_stages == 1 || p.stages == 1 || s.order.size() != static_cast<std::size_t>(p.stages)) return false;
+  bool any = false;
+  for (int round = 0; round < 2 * p.chunk_count(); ++round) {
+    bool moved = false;
+    auto links = link_messages(p, s);
+    for (const auto kind : {pass::forward, pass::input_grad})
+      for (int i = 0; i < p.stages; ++i) {
+        const int from = kind == pass::forward ? i : p.stages - 1 - i;
+        for (int to = 0; to < p.stages; ++to) {
+          if (to == from) continue;
+          const auto& sent = links.sent[link_index(p, from, to, kind)];
+          const auto& received = links.received[link_index(p, from, to, kind)];
+          if (sent == received || sent.size() != received.size()) continue; // the latter: not a whole schedule
+          std::size_t k = 0;
+          for (auto& b : s.order[static_cast<std::size_t>(to)]) {
+            const int c = kind == pass::forward ? b.chunk - 1 : b.chunk + 1;
+            if (b.kind != kind || c < 0 || c >= p.chunk_count() || p.stage_of(c) != from) continue;
+            const auto& m = sent[k++];
+            b = {kind == pass::forward ? m.chunk + 1 : m.chunk - 1, m.microbatch, kind};
+          }
+          moved = true;
+          links = link_messages(p, s); // what `to` sends on follows what it now receives first
+        }
+      }
+    if (!moved) break;
+    any = true;
+  }
+  return any;
+}
+
 } // namespace detail
 
 /// @brief The schedule whose activation memory `concerto` matches by default (the cap: the
@@ -335,7 +409,14 @@ schedule exchange_neighbours(const problem& p, schedule s, int passes, const Sto
         const auto a = o[i], b = o[i + 1];
         if (a.chunk == b.chunk && (a.kind == b.kind || a.microbatch == b.microbatch)) continue;
         std::swap(o[i], o[i + 1]);
-        const auto sc = score(s);
+        auto sc = score(s);
+        if (!sc && p.virtual_stages > 1) {
+          // The swap may only have put a link's messages out of order at one end: the swap
+          // with the receivers following the senders is judged instead.
+          auto aligned = s;
+          if (align_links(p, aligned) && (sc = score(aligned)) && better(*sc, current))
+            for (std::size_t st = 0; st < s.order.size(); ++st) s.order[st] = aligned.order[st]; // `o` stays valid
+        }
         if (sc && better(*sc, current)) {
           current = *sc;
           ++exchanges;
@@ -361,8 +442,8 @@ struct improve_stats {
 };
 
 /// @brief Improves a schedule of `p` window by window (see the file comment); never returns a
-/// slower one, nor one over `p.memory_cap_bytes`. A problem of at most `whole_problem` blocks
-/// and messages is first solved as one window.
+/// slower one, nor one over `p.memory_cap_bytes`, nor one that `verify` refuses (`s` must pass
+/// it). A problem of at most `whole_problem` blocks and messages is first solved as one window.
 inline schedule improve(const problem& p, schedule s, const search_options& o, improve_stats* stats = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto left_s = [&] {
@@ -388,6 +469,8 @@ inline schedule improve(const problem& p, schedule s, const search_options& o, i
     auto next = detail::solve_one_window(p, s, g, start, sorted, from, to, step, limit_s, o.window_work_limit, optimal,
                                          model_makespan);
     ++st.windows_solved;
+    // Z3's model has each link's messages in any order at the receiver (see align_links).
+    detail::align_links(p, next);
     try {
       const auto t = verify(p, next);
       if (t.step_us < step * (1 - 1e-9)) {
@@ -449,7 +532,10 @@ inline search_result plan_concerto(std::span<const problem> layouts, const searc
       candidate c{name, p.virtual_stages, 0, 0, false, ""};
       try {
         const auto s = baseline(name, p);
-        const auto t = simulate(p, s);
+        // Verified (the cap is judged below): the start must run as it is.
+        auto uncapped = p;
+        uncapped.memory_cap_bytes = 0;
+        const auto t = verify(uncapped, s);
         c.step_us = t.step_us;
         c.peak_memory_bytes = peak_memory(t);
         c.fits = c.peak_memory_bytes <= cap * (1 + 1e-9);
@@ -479,6 +565,7 @@ inline search_result plan_concerto(std::span<const problem> layouts, const searc
       else if (variant == 4) seed = detail::deferred_within_cap(p);
       else if (p.virtual_stages > 1 && p.microbatches % p.stages != 0) seed = split_backward(memory_reference(p));
       if (!seed) continue;
+      detail::align_links(p, *seed); // the greedy seeds need not (they keep link order), but a start must verify
       try {
         const auto t = verify(p, *seed);
         if (t.step_us < res.warm_start_us) {

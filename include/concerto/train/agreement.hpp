@@ -136,7 +136,8 @@ inline void check_agreement(const settings_record& mine, const runtime::mpi::con
                          {"allow_tf32", flag(options.allow_tf32)},
                          {"pipeline", nlohmann::json{options.pipeline.microbatches, options.pipeline.schedule,
                                                      options.pipeline.virtual_stages, options.pipeline.axis,
-                                                     options.pipeline.search_budget_s}
+                                                     options.pipeline.search_budget_s,
+                                                     options.pipeline.search_work_limit}
                                           .dump()},
                          {"plan choice", nlohmann::json{options.choice.enabled, options.choice.warmup_steps,
                                                         options.choice.profile_steps, options.choice.trial_steps,

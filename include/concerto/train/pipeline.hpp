@@ -37,6 +37,12 @@ struct pipeline_options {
   int virtual_stages = 1;         ///< chunks per stage (2 or more: gpipe, interleaved_1f1b, concerto)
   std::string axis = "pp";        ///< the mesh axis the stages lie along
   double search_budget_s = 10;    ///< concerto: the schedule search's time
+  /// concerto: when positive, the search is bounded by this much Z3 work per window instead of
+  /// by search_budget_s (pipeline::search_options::window_work_limit): for one problem, the same
+  /// schedule on any machine however loaded. (The problem itself follows the kernels' measured
+  /// factors unless step_options::measure_kernels is false.) Either way rank 0 alone searches and
+  /// sends the schedule, and the search only returns one whose stages agree on their messages.
+  std::uint64_t search_work_limit = 0;
 };
 
 namespace detail {
@@ -72,10 +78,13 @@ inline void check_pipeline_options(const pipeline_options& o, int stages) {
 
 /// Rank 0's choice: a baseline from its definition, or the search (at the memory of
 /// pipeline::memory_reference: 1F1B's, or interleaved 1F1B's with several chunks per stage).
+/// Whatever the search's budget leaves it time for, what it returns has passed pipeline::verify,
+/// which refuses a schedule whose two ends of a link order its messages differently.
 inline pipeline::schedule choose_schedule(const pipeline_options& o, const pipeline::problem& p) {
   if (const auto* policy = pipeline::find_policy(o.schedule); policy && policy->baseline) return policy->baseline(p);
   pipeline::search_options s;
   s.time_budget_s = o.search_budget_s;
+  s.window_work_limit = o.search_work_limit;
   return pipeline::plan_concerto(std::span(&p, 1), s).best;
 }
 
