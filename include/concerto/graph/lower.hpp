@@ -813,11 +813,7 @@ private:
     case ir::task_form::pooling: return pooling(i, x);
     case ir::task_form::parts: return parts(i, x);
     case ir::task_form::dropout: return dropout(i, x);
-    case ir::task_form::reshape: { // its operand's buffer in its own shape: a view, no task
-      const auto src = in(x, 0);
-      slot(i) = b_.view(name_, src, 0, b_.peek().buffers.at(static_cast<std::size_t>(src)).bytes, local_of(i));
-      return;
-    }
+    case ir::task_form::reshape: return view_of_operand(i, x);
     case ir::task_form::reduce_dim: return reduce_dim(i, x);
     case ir::task_form::batchnorm: return batchnorm(i, x);
     case ir::task_form::update: return update(i, x);
@@ -950,21 +946,23 @@ private:
     compute(i, x.op, ins(x), g.attrs());
   }
 
+  // Node i as its operand's buffer in its own shape: a view, no task (flatten; evaluation's dropout).
+  void view_of_operand(int i, const node& x) {
+    const auto src = in(x, 0);
+    slot(i) = b_.view(name_, src, 0, b_.peek().buffers.at(static_cast<std::size_t>(src)).bytes, local_of(i));
+  }
+
   // dropout and its gradient: the rate, a seed of the user's seed, the forward node and the layer
   // (a repeat's layers draw their own masks; the gradient the forward's), and this rank's block
   // of the whole tensor: per dim its extents and the mesh axes splitting it (major, minor),
   // whose coordinates the kernel reads. Evaluation passes x through: a view, no task.
   void dropout(int i, const node& x) {
-    if (options_.forward_only) {
-      const auto src = in(x, 0);
-      slot(i) = b_.view(name_, src, 0, b_.peek().buffers.at(static_cast<std::size_t>(src)).bytes, local_of(i));
-      return;
-    }
+    if (options_.forward_only) return view_of_operand(i, x);
     const auto &local = local_of(i), &global = global_of(i);
     const int forward = x.op == op_code::dropout ? i : x.forward;
     const auto salt = static_cast<std::int64_t>(forward) * 4096 + (cur_layer_ + 1); // the kernel mixes the bits
-    attrs a{{"num", std::llround(static_cast<double>(x.drop.rate) * static_cast<double>(ir::dropout_den))},
-            {"den", ir::dropout_den},
+    attrs a{{"num", ir::fraction_num(x.drop.rate)},
+            {"den", ir::fraction_den},
             {"seed", static_cast<std::int64_t>(x.drop.seed) << 31 ^ salt},
             {"rank", static_cast<std::int64_t>(local.size())}};
     const auto& spec = p_.nodes[i].spec;
@@ -998,8 +996,8 @@ private:
     if (x.op == op_code::batchnorm_track) {
       const auto running = slot(i) = in(x, 1);
       if (options_.forward_only) return;
-      a["num"] = std::llround(static_cast<double>(x.momentum) * static_cast<double>(ir::dropout_den));
-      a["den"] = ir::dropout_den;
+      a["num"] = ir::fraction_num(x.momentum);
+      a["den"] = ir::fraction_den;
       b_.compute(x.op, name_, {in(x, 0), running}, {running}, std::move(a));
       return;
     }

@@ -13,6 +13,7 @@
 #include <concerto/ir/graph.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -111,9 +112,12 @@ struct dim_part {
   }
 };
 
-/// @brief A dropout task's rate is num / den with den = 2²⁴: the draw's top 24 bits fall below
-/// num for a dropped value (runtime::dropout_layout).
-inline constexpr std::int64_t dropout_den = std::int64_t{1} << 24;
+/// @brief A fraction in [0, 1) in a task's integer attrs: num / den with den = 2²⁴ (a dropout's
+/// rate, whose draw's top 24 bits fall below num for a dropped value, runtime::dropout_layout;
+/// a batch norm's momentum).
+inline constexpr std::int64_t fraction_den = std::int64_t{1} << 24;
+/// @brief The attr `num` of fraction f (its `den` is fraction_den).
+[[nodiscard]] inline std::int64_t fraction_num(double f) { return std::llround(f * static_cast<double>(fraction_den)); }
 
 /// @brief Sets a matmul task's row count (a chunk of its rows).
 inline void set_matmul_rows(task& t, std::int64_t m) { t.attrs["m"] = m; }

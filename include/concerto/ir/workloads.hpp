@@ -1148,8 +1148,8 @@ private:
     // The running statistics (mean, variance) moved by the batch's, for evaluation.
     const auto running = b_.buffer(name + ".g.running", {2, c}, buffer_role::optimizer_state, dtype::f32);
     auto track = attrs;
-    track["num"] = ir::dropout_den / 10; // momentum 0.1
-    track["den"] = ir::dropout_den;
+    track["num"] = ir::fraction_num(0.1); // batchnorm_config's default momentum
+    track["den"] = ir::fraction_den;
     task(name + ".track", {sums, running}, {running}, info(op::batchnorm_track, track));
     n.scale = act(name + ".scale", {3, c}, dtype::f32);
     task(name + ".scale", {sums, n.gain->store}, {n.scale}, info(op::batchnorm_scale, attrs));

@@ -483,19 +483,24 @@ inline void decode_transpose(const call_reader& r, kernel_call& c) {
   if (c.in[0] == c.out[0]) r.bad("transposes into its own input");
 }
 
+// A window task's geometry (a convolution's or a pooling's: ir::conv_geometry's attrs, padding
+// the one that may be 0), its operands f32.
+inline ir::conv_geometry read_window_task(const call_reader& r, const kernel_call& c) {
+  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
+  r.need_float(c, 0, true);
+  return ir::conv_geometry::read([&](const char* key, std::int64_t fallback) {
+    return static_cast<std::int64_t>(key == std::string_view("padding") ? r.attr(key, fallback) : r.positive_attr(key, fallback));
+  });
+}
+
 // conv2d (x, w -> y), conv2d_grad_input (dy, w -> dx), conv2d_grad_weight (x, dy -> dw): each
 // operand holds the values its geometry gives it.
 inline void decode_convolution(const call_reader& r, kernel_call& c) {
-  auto& g = c.conv;
-  g = ir::conv_geometry::read([&](const char* key, std::int64_t fallback) {
-    return static_cast<std::int64_t>(key == std::string_view("padding") ? r.attr(key, fallback) : r.positive_attr(key, fallback));
-  });
+  const auto& g = c.conv = read_window_task(r, c);
   if (g.out_h() < 1 || g.out_w() < 1)
     r.bad("a kernel of " + std::to_string(g.kernel_h) + "x" + std::to_string(g.kernel_w) + " at stride " +
           std::to_string(g.stride) + " with padding " + std::to_string(g.padding) + " does not fit an image of " +
           std::to_string(g.height) + "x" + std::to_string(g.width));
-  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
-  r.need_float(c, 0, true);
   const auto x = static_cast<std::size_t>(g.x_values()), w = static_cast<std::size_t>(g.w_values()),
              y = static_cast<std::size_t>(g.y_values());
   constexpr auto image = "batch·height·width·in_channels", kernel = "kernel_h·kernel_w·in_channels·out_channels",
@@ -547,7 +552,7 @@ inline void decode_dropout(const call_reader& r, kernel_call& c) {
     values *= local;
   }
   const auto num = static_cast<std::int64_t>(r.attr("num")), den = static_cast<std::int64_t>(r.attr("den"));
-  if (den != ir::dropout_den || num >= den)
+  if (den != ir::fraction_den || num >= den)
     r.bad("rate num / den = " + std::to_string(num) + " / " + std::to_string(den) + " is not a fraction in [0, 1) over 2^24");
   l.threshold = static_cast<std::uint32_t>(num);
   l.scale = static_cast<float>(static_cast<double>(den) / static_cast<double>(den - num));
@@ -562,18 +567,13 @@ inline void decode_dropout(const call_reader& r, kernel_call& c) {
 // max_pool, avg_pool (x -> y) and their gradients (max: x, dy -> dx; avg: dy -> dx): a
 // convolution's geometry whose kernel is the window over the image's channels.
 inline void decode_pooling(const call_reader& r, kernel_call& c) {
-  auto& g = c.conv;
-  g = ir::conv_geometry::read([&](const char* key, std::int64_t fallback) {
-    return static_cast<std::int64_t>(key == std::string_view("padding") ? r.attr(key, fallback) : r.positive_attr(key, fallback));
-  });
+  const auto& g = c.conv = read_window_task(r, c);
   if (g.in_channels != g.out_channels || g.kernel_h != g.kernel_w)
     r.bad("pools a square window over the channels it keeps (kernel_h = kernel_w, in_channels = out_channels)");
   if (g.out_h() < 1 || g.out_w() < 1 || 2 * g.padding > g.kernel_h)
     r.bad("a window of " + std::to_string(g.kernel_h) + " at stride " + std::to_string(g.stride) + " with padding " +
           std::to_string(g.padding) + " does not fit an image of " + std::to_string(g.height) + "x" + std::to_string(g.width) +
           " (or is padding for more than half of it)");
-  for (std::size_t i = 0; i < c.n_in; ++i) r.need_float(c, i, false);
-  r.need_float(c, 0, true);
   const auto x = static_cast<std::size_t>(g.x_values()), y = static_cast<std::size_t>(g.y_values());
   constexpr auto image = "batch·height·width·channels", output = "batch·out_h·out_w·channels";
   const bool forward = c.fn == ir::op::max_pool || c.fn == ir::op::avg_pool;
@@ -776,6 +776,15 @@ inline std::size_t staged_values(const call_reader& r, const kernel_call& c) {
   return values;
 }
 
+// A gradient shard's squared norm (one value), counted once over its replicas.
+inline void decode_grad_sq_norm(const call_reader& r, kernel_call& c) {
+  r.need_float(c, 0, false);
+  r.need_float(c, 0, true);
+  c.n = r.count(c.in[0]);
+  r.need_count(c, 0, true, 1, "one value");
+  c.replicas = static_cast<std::int64_t>(r.positive_attr("replicas"));
+}
+
 inline void decode_copy(const call_reader& r, kernel_call& c) {
   if (bytes_of(r, c.in[0]) != bytes_of(r, c.out[0]))
     r.bad("copies " + std::to_string(bytes_of(r, c.in[0])) + " bytes into a buffer of " + std::to_string(bytes_of(r, c.out[0])));
@@ -823,13 +832,7 @@ inline void decode_operands(const call_reader& r, kernel_call& c) {
   case op::vocab_ce_grad: detail::decode_vocab_ce(r, c); break;
   case op::sgd:
   case op::adamw: detail::decode_update(r, c); break;
-  case op::grad_sq_norm:
-    r.need_float(c, 0, false);
-    r.need_float(c, 0, true);
-    c.n = r.count(c.in[0]);
-    r.need_count(c, 0, true, 1, "one value");
-    c.replicas = static_cast<std::int64_t>(r.positive_attr("replicas"));
-    break;
+  case op::grad_sq_norm: detail::decode_grad_sq_norm(r, c); break;
   case op::zero: break;
   case op::copy:
   case op::keep_one: detail::decode_copy(r, c); break;

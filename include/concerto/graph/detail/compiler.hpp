@@ -95,6 +95,10 @@ struct node {
     part = from.part;
     drop = from.drop;
   }
+  /// Whether two nodes' op settings (those take_settings copies) are equal.
+  [[nodiscard]] constexpr bool same_settings(const node& o) const noexcept {
+    return moe == o.moe && conv == o.conv && window == o.window && dims == o.dims && part == o.part && drop == o.drop;
+  }
 };
 
 [[nodiscard]] constexpr bool is_redistribution(op_code op) noexcept {
@@ -315,7 +319,7 @@ struct work {
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
-          o.use == x.use && o.block == cur_block && o.moe == x.moe && o.conv == x.conv && o.window == x.window && o.dims == x.dims && o.part == x.part && o.drop == x.drop && o.local_stats == x.local_stats &&
+          o.use == x.use && o.block == cur_block && o.same_settings(x) && o.local_stats == x.local_stats && o.momentum == x.momentum &&
           o.flags == x.flags)
         return i;
     }

@@ -6,7 +6,7 @@
 ///
 /// @code
 /// runtime::dropout_layout l{.rank = 1, .local = {n}, .offset = {0}, .global_stride = {1}, .key = 7,
-///                           .threshold = 0.1 * runtime::dropout_den, .scale = 1 / 0.9f};
+///                           .threshold = ir::fraction_num(0.1), .scale = 1 / 0.9f};
 /// cpu::dropout(x, y, l, step);
 /// @endcode
 

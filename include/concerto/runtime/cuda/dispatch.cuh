@@ -304,20 +304,30 @@ inline const float* grad_norm_sq(device_frame& f) {
   return f.c.grad_norm_sq < 0 ? nullptr : reinterpret_cast<const float*>(f.ptr(f.c.grad_norm_sq));
 }
 
+// The optimizer step in device memory, which a kernel that depends on it reads (a captured graph
+// replays with the current step); `what` names the kernel's need in the error.
+inline const std::int64_t* device_step(const device_frame& f, const char* what) {
+  CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for " + what);
+  return f.ctx.step;
+}
+
 inline void run_sgd(device_frame& f) {
   float* momentum = nullptr;
   if (f.s.sgd.momentum != 0.0f) {
     if (f.c.n_out < 2) fail(call_ref(f.c) + ": SGD with momentum needs a momentum buffer as its second write");
     momentum = f.out(1);
   }
-  CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for SGD's scheduled rate");
-  sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.s.schedule, f.ctx.step, grad_norm_sq(f), f.s.clip_norm, f.st);
+  sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.s.schedule, device_step(f, "SGD's scheduled rate"), grad_norm_sq(f),
+             f.s.clip_norm, f.st);
 }
 
 inline void run_adamw(device_frame& f) {
-  CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for AdamW");
-  adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.s.schedule, f.ctx.step, grad_norm_sq(f),
+  adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.s.schedule, device_step(f, "AdamW"), grad_norm_sq(f),
                f.s.clip_norm, f.st);
+}
+
+inline void run_dropout(device_frame& f) {
+  dropout(f.in(0), f.out(0), f.c.drop, device_step(f, "the dropout's mask"), f.c.n, f.st);
 }
 
 // slice and shard_slice copy their part out of the whole buffer's rows; concat places each part.
@@ -469,10 +479,7 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::sum_dim_grad:
   case op::mean_dim_grad: cuda::sum_dim_grad(f.in(0), f.out(0), c.rows, c.k, c.cols, c.scale, st); return;
   case op::dropout:
-  case op::dropout_grad:
-    CONCERTO_CHECK(f.ctx.step != nullptr, call_ref(f.c) + ": no device step counter for the dropout's mask");
-    cuda::dropout(f.in(0), f.out(0), c.drop, f.ctx.step, c.n, st);
-    return;
+  case op::dropout_grad: run_dropout(f); return;
   case op::concat_dim: cuda::assemble_parts(f.in(0), f.in(1), f.out(0), c.part, st); return;
   case op::slice_dim_grad: cuda::assemble_parts(f.in(0), nullptr, f.out(0), c.part, st); return;
   case op::slice_dim: cuda::extract_part(f.in(0), f.out(0), c.part, false, st); return;
