@@ -26,7 +26,7 @@ dropout_layout whole(std::int64_t rows, std::int64_t cols, double rate, std::uin
   l.global_stride[0] = cols;
   l.global_stride[1] = 1;
   l.key = key;
-  l.threshold = static_cast<std::uint32_t>(rate * static_cast<double>(ir::dropout_den));
+  l.threshold = static_cast<std::uint32_t>(rate * static_cast<double>(ir::fraction_den));
   l.scale = static_cast<float>(1.0 / (1.0 - rate));
   return l;
 }

@@ -398,7 +398,7 @@ TEST_CASE("dropout and its gradient match the CPU dispatch: the same mask from t
   ir::builder b("dropout");
   const auto x = b.buffer("x", {rows, cols}), y = b.buffer("y", {rows, cols});
   const auto dy = b.buffer("dy", {rows, cols}), dx = b.buffer("dx", {rows, cols});
-  const ir::attr_map attrs{{"num", ir::dropout_den / 3}, {"den", ir::dropout_den}, {"seed", 12345}, {"rank", 2},
+  const ir::attr_map attrs{{"num", ir::fraction_den / 3}, {"den", ir::fraction_den}, {"seed", 12345}, {"rank", 2},
                            {"local0", rows},          {"global0", rows},          {"local1", cols}, {"global1", cols}};
   b.compute(op::dropout, "dropout", {x}, {y}, attrs);
   b.at(ir::phase::backward);
@@ -446,8 +446,8 @@ TEST_CASE("batch normalisation's tasks match the CPU dispatch", "[gpu][dispatch]
   // evaluation's scale from them.
   const auto running = b.buffer("running", {2, cols}), eval_scale = b.buffer("eval_scale", {3, cols});
   auto track = attrs;
-  track["num"] = ir::dropout_den / 10;
-  track["den"] = ir::dropout_den;
+  track["num"] = ir::fraction_den / 10;
+  track["den"] = ir::fraction_den;
   b.compute(op::batchnorm_track, "track", {sums, running}, {running}, track);
   auto from_running = attrs;
   from_running["running"] = 1;
