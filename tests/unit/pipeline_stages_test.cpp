@@ -13,6 +13,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,50 @@ TEST_CASE("with two chunks per stage, every schedule that takes them gives stage
   for (const char* base : {"layers.0.matmul#9", "layers.2.matmul#9"})
     CHECK(std::count_if(stage0.buffers.begin(), stage0.buffers.end(),
                         [&](const auto& b) { return b.name.starts_with(std::string(base) + "@buf"); }) == m);
+}
+
+TEST_CASE("with two chunks per stage, any verified schedule gives stages that agree on each link's order",
+          "[pipeline][stages]") {
+  // Seeded mutations of the baselines, with the backward split into B and W and not, each
+  // repaired (align_links) and kept if it verifies: the first chunk's backward is all W
+  // (nothing waits for its input gradient), and its B block must still be where its gradient
+  // arrives, else the two ends of the link 1 -> 0 take its two boundaries' gradients in
+  // different orders (the step's stage check stopped runs whose search ended on such a schedule).
+  const int pp = 2, m = 4;
+  const auto g = gpt_graph(pp, 1, 1);
+  const auto s = pipeline::split(g, {.microbatches = m, .virtual_stages = 2});
+  const auto model = cost::model::preset("h100x64");
+  const auto problem = pipeline::problem_of(s, g, model);
+  std::mt19937 rng(7);
+  int checked = 0, split = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    auto sched = iter % 2 ? pipeline::gpipe(problem) : pipeline::interleaved_one_f_one_b(problem);
+    if (iter % 4 >= 2) sched = pipeline::split_backward(sched);
+    for (int k = 0; k < 30; ++k) {
+      auto& o = sched.order[rng() % 2];
+      const auto i = rng() % (o.size() - 1);
+      if (o[i].chunk == o[i + 1].chunk && (o[i].kind == o[i + 1].kind || o[i].microbatch == o[i + 1].microbatch)) continue;
+      std::swap(o[i], o[i + 1]);
+    }
+    pipeline::detail::align_links(problem, sched);
+    try {
+      pipeline::verify(problem, sched);
+    } catch (const error&) {
+      continue;
+    }
+    ++checked;
+    split += sched.split_backward;
+    std::vector<plan::plan> plans;
+    for (int st = 0; st < pp; ++st) plans.push_back(pipeline::stage_plan(pipeline::stage_graph(g, s, st, sched), model, "mutated"));
+    for (const auto& [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
+      const auto [sent, received] = link(plans[static_cast<std::size_t>(from)], from, plans[static_cast<std::size_t>(to)], to, s.axis);
+      CAPTURE(iter, from, to);
+      REQUIRE(sent.size() == static_cast<std::size_t>(3 * m));
+      REQUIRE(sent == received);
+    }
+  }
+  CHECK(checked >= 100);
+  CHECK(split >= 40);
 }
 
 TEST_CASE("stages built from two different schedules disagree on their messages", "[pipeline][stages]") {

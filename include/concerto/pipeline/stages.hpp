@@ -25,7 +25,8 @@
 ///   write of the step overwrites them, every later one adds (the kernels' `accumulate`, or a
 ///   scratch buffer and an `add` for a kernel without one); one copy of parameters and optimizer
 ///   state. A value one chunk computes and a chunk on another stage reads is a **message**: a
-///   `send` after its last writer, a `recv` before its first reader, on the `pp` lane, with tag
+///   `send` after its last writer, a `recv` at the start of the F or B block that reads it
+///   (the schedule's model of where a message arrives), on the `pp` lane, with tag
 ///   `message × microbatches + m`.
 ///
 /// Global-norm gradient clipping's reduction (the tasks from the norm's parts to
@@ -445,7 +446,14 @@ public:
       else (s_.tasks[t].role == task_role::prologue ? prologue : epilogue_).push_back(t);
     }
     for (const auto t : prologue) emit(t, 0);
+    const auto arrivals = block_arrivals(chunk_tasks);
     for (const auto& blk : sched.order.at(static_cast<std::size_t>(stage_))) {
+      if (blk.kind != pass::weight_grad)
+        for (const auto& [r, reader] : arrivals[static_cast<std::size_t>(blk.chunk)][blk.kind == pass::forward ? 0 : 1]) {
+          received_[r][static_cast<std::size_t>(blk.microbatch)] = 1;
+          b_.at(g_.tasks[reader].step_phase, g_.tasks[reader].layer);
+          message(ir::op_kind::recv, r, blk.microbatch, peer_of_chunk(s_.buffers[r].owner));
+        }
       for (const auto t : chunk_tasks[static_cast<std::size_t>(blk.chunk)]) {
         const auto k = s_.tasks[t].kind;
         const bool in_block = k == blk.kind || (!sched.split_backward && blk.kind == pass::input_grad && k == pass::weight_grad);
@@ -475,6 +483,32 @@ private:
     return s_.tasks[t].every_stage || s_.stage_of_chunk(s_.tasks[t].chunk) == stage_;
   }
   [[nodiscard]] std::size_t root(ir::buffer_id b) const { return static_cast<std::size_t>(g_.root_of(b)); }
+
+  // Per chunk of this stage, the messages its F blocks [0] and its B blocks [1] receive from
+  // another stage, each with its first reader: a block receives its messages before its first
+  // task, whether or not that task reads them (chunk 0's backward is all W: nothing waits for
+  // its input gradient), so each link's messages arrive in the order of the receiving blocks,
+  // which pipeline::verify checks against the sender's. Within a block, in the order the
+  // sender's tasks write them (it sends each after its last writer).
+  using arrival = std::pair<std::size_t, std::size_t>; // root buffer, first reader
+  [[nodiscard]] std::vector<std::array<std::vector<arrival>, 2>>
+  block_arrivals(const std::vector<std::vector<std::size_t>>& chunk_tasks) const {
+    std::vector<std::array<std::vector<arrival>, 2>> out(chunk_tasks.size());
+    std::vector<char> seen(g_.buffers.size(), 0);
+    for (std::size_t c = 0; c < chunk_tasks.size(); ++c)
+      for (const auto t : chunk_tasks[c])
+        for (const auto rb : g_.tasks[t].reads) {
+          const auto r = root(rb);
+          if (seen[r] || s_.buffers[r].message < 0 || s_.buffers[r].message_to != static_cast<int>(c)) continue;
+          if (s_.stage_of_chunk(s_.buffers[r].owner) == stage_) continue; // same stage: shared, no message
+          seen[r] = 1;
+          out[c][gradient(r) ? 1 : 0].emplace_back(r, t);
+        }
+    for (auto& passes : out)
+      for (auto& list : passes)
+        std::ranges::sort(list, {}, [&](const arrival& a) { return s_.buffers[a.first].last_writer; });
+    return out;
+  }
 
   [[nodiscard]] bool ready(std::size_t t) const {
     for (const auto p : s_.tasks[t].producers) {
@@ -566,15 +600,14 @@ private:
   void emit(std::size_t t, int m) {
     const auto& src = g_.tasks[t];
     const bool mb = s_.tasks[t].role == task_role::microbatch;
-    // Values from a chunk on another stage arrive first.
+    // Values from a chunk on another stage arrived at the start of their block (run).
     if (mb)
       for (const auto rb : src.reads) {
         const auto r = root(rb);
-        if (s_.buffers[r].message < 0 || s_.buffers[r].message_to != s_.tasks[t].chunk || received_[r][static_cast<std::size_t>(m)]) continue;
-        if (s_.stage_of_chunk(s_.buffers[r].owner) == stage_) continue; // same stage: shared, no message
-        received_[r][static_cast<std::size_t>(m)] = 1;
-        b_.at(src.step_phase, src.layer);
-        message(ir::op_kind::recv, r, m, peer_of_chunk(s_.buffers[r].owner));
+        if (s_.buffers[r].message < 0 || s_.buffers[r].message_to != s_.tasks[t].chunk) continue;
+        if (s_.stage_of_chunk(s_.buffers[r].owner) == stage_ || received_[r][static_cast<std::size_t>(m)]) continue;
+        fail("pipeline: task '" + src.name + "' of stage " + std::to_string(stage_) + " reads message '" + g_.buffers[r].name +
+             "' of micro-batch " + std::to_string(m) + " before its block received it (the schedule runs a W block before its B)");
       }
     std::vector<ir::buffer_id> reads, writes;
     for (const auto b : src.reads) reads.push_back(buffer(b, m));
