@@ -4,7 +4,10 @@
 // --reps), their GFLOP/s, and the rate of one BLAS product of the same FLOPs (m = output
 // positions, n = output channels, k = the patch) for the "% of our product rate" the issue
 // sizes them by. `--csv` prints one line per shape for bench/cpu_kernels/conv_vs_torch.py,
-// which times PyTorch's CPU convolution (oneDNN) on the same shapes in the same run.
+// which times PyTorch's CPU convolution (oneDNN) on the same shapes in the same run. The ViT's
+// patch embedding is timed a second way too: the image cut into patches by views and one
+// transpose (cpu::swap_dims: unflatten, transpose<1>, flatten in the DSL) and one product, its
+// gradients a product each and the transpose back (the path a user who reshapes would run).
 //
 //   build/bench/cpu_kernels/cpu-conv [--reps 9] [--csv]
 #include <concerto/core/statistics.hpp>
@@ -39,6 +42,28 @@ std::vector<float> random(std::size_t n, std::mt19937& rng) {
   std::vector<float> v(n);
   for (auto& x : v) x = u(rng);
   return v;
+}
+
+// The ViT patch shape of the table (16 images 16 × 16 × 3, 4 × 4 patches, 64 channels) as views,
+// a transpose and products: forward = transpose + product, dx = product + transpose back, dw = product.
+void patches_by_reshape(int reps, std::mt19937& rng) {
+  constexpr std::size_t n = 16, side = 16, c = 3, p = 4, out = 64, grid = side / p;
+  constexpr std::size_t positions = n * grid * grid, patch = p * p * c;
+  const auto x = random(n * side * side * c, rng), w = random(patch * out, rng), dy = random(positions * out, rng);
+  std::vector<float> patches(x.size()), y(positions * out), dpatches(x.size()), dx(x.size()), dw(w.size());
+  // x [n·grid, p, grid, p·c] -> [n·grid, grid, p, p·c]: the patches' rows [positions, patch].
+  const double fwd = median_ms(reps, [&] {
+    cpu::swap_dims(x, patches, n * grid, p, grid, p * c);
+    cpu::matmul(patches, w, y, positions, out, patch);
+  });
+  const double gin = median_ms(reps, [&] {
+    cpu::matmul(dy, w, dpatches, positions, patch, out, {.trans_b = true});
+    cpu::swap_dims(dpatches, dx, n * grid, grid, p, p * c);
+  });
+  const double gw = median_ms(reps, [&] { cpu::matmul(patches, dy, dw, patch, out, positions, {.trans_a = true}); });
+  const double flops = 3 * 2.0 * positions * out * patch;
+  std::printf("%-18s %9.4f %9.3f %9.3f %9.3f %9.2f %9s %10s\n", "vit patch reshape", flops / 1e9, fwd, gin, gw,
+              flops / ((fwd + gin + gw) * 1e6), "", "");
 }
 
 } // namespace
@@ -96,5 +121,6 @@ int main(int argc, char** argv) {
       std::printf("%-18s %9.4f %9.3f %9.3f %9.3f %9.2f %9.2f %9.0f%%\n", s.what, flops / 1e9, fwd, gin, gw, rate, gemm_rate,
                   100 * rate / gemm_rate);
   }
+  if (!csv) patches_by_reshape(reps, rng);
   return 0;
 }

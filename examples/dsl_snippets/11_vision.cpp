@@ -20,6 +20,18 @@ constexpr auto h = max_pool<{.window = 3, .stride = 2, .padding = 1}>(
 constexpr auto features = conv2d(h, param<"k2">(row)); // a pending sum over tp, made by the next nonlinear op
 // Global average pooling: the pixels as a sequence (a view), their mean; then a linear head.
 constexpr auto pooled = mean<1>(flatten<1, 2>(relu(features)));
+// A ViT's patch embedding without a convolution: 32 × 32 images cut into 4 × 4 patches by views
+// and one transpose, each patch's 48 values (row, column, channel) times a [48, hidden] weight.
+constexpr int side = 32, p = 4, c = 3;
+constexpr auto rows = flatten<0, 1>(unflatten<1, p>(flatten<2, 3>(input<"img">(images, no_grad)))); // [batch·8, 4, 32·3]
+constexpr auto cut = flatten<2, 3>(transpose<1>(unflatten<2, p * c>(rows)));                     // [batch·8, 8, 4·4·3]
+constexpr auto patches = unflatten<0, (side / p) * (side / p)>(flatten<0, 1>(cut));               // [batch, 64, 48]
+constexpr auto embedded = matmul(patches, param<"patch">(spec(replicate, shard(tp))));           // [batch, 64, hidden]
+constexpr auto vit = program(cross_entropy(matmul(mean<1>(relu(embedded)), param<"head">(spec(shard(tp), replicate))),
+                                           data<"labels">(spec(shard(dp)))),
+                             adamw{}, on(dp, tp));
+static_assert(vit.count(op_code::transpose) == 1 && vit.count(collective::all_gather) == 0); // views and one copy
+
 constexpr auto step = program(cross_entropy(matmul(pooled, param<"head">(spec(replicate, replicate))),
                                             data<"labels">(spec(shard(dp)))),
                               adamw{}, on(dp, tp));
@@ -34,4 +46,6 @@ int main() {
                         {"head", {32, 10}}, {"labels", {8}}},
                        m);
   std::printf("%s\n%zu tasks\n", step.dump().c_str(), g.tasks.size());
+  const auto v = lower(vit, {{"img", {8, side, side, c}}, {"patch", {p * p * c, 32}}, {"head", {32, 10}}, {"labels", {8}}}, m);
+  std::printf("%zu tasks in the patch-embedding classifier\n", v.tasks.size());
 }

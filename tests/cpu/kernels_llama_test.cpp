@@ -209,7 +209,7 @@ TEST_CASE("tanh and its gradient from the output", "[cpu][kernels][tanh]") {
                 fd_tol, fd_tol);
 }
 
-TEST_CASE("sigmoid and its gradient from the output; the leading transpose and its inverse", "[cpu][kernels][dap]") {
+TEST_CASE("sigmoid and its gradient from the output; a transpose of two dims and its inverse", "[cpu][kernels][dap]") {
   std::mt19937 rng(53);
   auto x = random_floats(rng, 37, -4.0f, 4.0f);
   std::vector<float> y(x.size());
@@ -227,10 +227,22 @@ TEST_CASE("sigmoid and its gradient from the output; the leading transpose and i
   const std::size_t rows = 3, cols = 4, inner = 2;
   const auto z = random_floats(rng, rows * cols * inner);
   std::vector<float> t(z.size()), back(z.size());
-  cpu::transpose_leading(z, t, rows, cols, inner);
+  cpu::swap_dims(z, t, 1, rows, cols, inner);
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t c = 0; c < cols; ++c)
       for (std::size_t e = 0; e < inner; ++e) CHECK(t[(c * rows + r) * inner + e] == z[(r * cols + c) * inner + e]);
-  cpu::transpose_leading(t, back, cols, rows, inner);
+  cpu::swap_dims(t, back, 1, cols, rows, inner);
   CHECK(back == z);
+  // A pair inside: [2, 3, 4, 2] -> [2, 4, 3, 2] (transpose<1>; an image's patches gathered).
+  const std::size_t outer = 2, block = rows * cols * inner;
+  const auto u = random_floats(rng, outer * block);
+  std::vector<float> ut(u.size()), uback(u.size());
+  cpu::swap_dims(u, ut, outer, rows, cols, inner);
+  for (std::size_t o = 0; o < outer; ++o)
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c)
+        for (std::size_t e = 0; e < inner; ++e)
+          CHECK(ut[o * block + (c * rows + r) * inner + e] == u[o * block + (r * cols + c) * inner + e]);
+  cpu::swap_dims(ut, uback, outer, cols, rows, inner);
+  CHECK(uback == u);
 }

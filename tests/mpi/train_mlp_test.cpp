@@ -130,6 +130,34 @@ train::batch labelled_images() {
   return b;
 }
 
+// A ViT's patch embedding two ways: the image cut into 2×2 patches by views and one transpose
+// ([N, S, S, C] -> [N, S·S/4, 4·C], each patch's values in a kernel's order: row, column,
+// channel) times a column-parallel [4·C, F], and a convolution at stride 2 whose kernel
+// [2, 2, C, F] holds the same values (both are "k": one initialiser, one fan-in). The features
+// are transposed to [N, F, patches] (the tp split follows the channels to dim 1) and averaged
+// over the patches; a row-parallel head and cross-entropy.
+constexpr std::int64_t P = 2;
+constexpr auto patches = [](auto x) {
+  auto rows = flatten<0, 1>(unflatten<1, P>(flatten<2, 3>(x)));          // [N·S/P, P, S·C]
+  auto cut = flatten<2, 3>(transpose<1>(unflatten<2, P * C>(rows)));      // [N·S/P, S/P, P·P·C]
+  return unflatten<0, (S / P) * (S / P)>(flatten<0, 1>(cut));             // [N, patches, P·P·C]
+};
+constexpr auto patch_head = [](auto features) { // [N, patches, F] -> logits
+  return matmul(mean<2>(transpose<1>(relu(features))), param<"head">(spec(shard(tp), replicate)));
+};
+constexpr auto patch_classifier =
+    program(cross_entropy(patch_head(matmul(patches(input<"x">(image, no_grad)), param<"k">(spec(replicate, shard(tp))))),
+                          data<"labels">(spec(shard(dp)))),
+            sgd{}, on(dp, tp));
+static_assert(patch_classifier.count(op_code::transpose) == 3); // the patches', the features' and the latter's gradient
+constexpr auto strided_classifier = program(
+    cross_entropy(patch_head(flatten<1, 2>(conv2d<{.stride = P}>(input<"x">(image, no_grad),
+                                                                 param<"k">(spec(replicate, replicate, replicate, shard(tp)))))),
+                  data<"labels">(spec(shard(dp)))),
+    sgd{}, on(dp, tp));
+const shape_map patch_shapes{{"x", {N, S, S, C}}, {"k", {P * P * C, F}}, {"head", {F, classes}}, {"labels", {N}}};
+const std::vector<std::string> patch_params{"k", "head"};
+
 // Pooling between convolutions: a column-parallel 3×3 convolution, a ResNet stem's max pooling
 // (3×3 windows at stride 2, padded: the channels stay split), a row-parallel 1×1 convolution (a
 // pending sum) and an average pooling that lets the pending sum through (it is linear).
@@ -355,6 +383,17 @@ TEST_CASE("a class token joined to the pixels, scaled per channel and sliced bac
           "[mpi][train][conv2d][parts]") {
   same_on_every_mesh(token_classifier, token_shapes, labelled_images(), 0.5f, token_params, false);
   checked_gradients(token_classifier, token_shapes, labelled_images(), token_params, true);
+}
+
+TEST_CASE("patches cut by unflatten, transpose and flatten give the strided convolution's numbers on every mesh",
+          "[mpi][train][conv2d][reshape]") {
+  const auto patched = same_on_every_mesh(patch_classifier, patch_shapes, labelled_images(), 0.5f, patch_params, true);
+  checked_gradients(patch_classifier, patch_shapes, labelled_images(), patch_params, true);
+  auto strided_shapes = patch_shapes;
+  strided_shapes["k"] = {P, P, C, F};
+  const auto strided = tt::run(strided_classifier, strided_shapes, MPI_COMM_SELF, {{"dp", 1}, {"tp", 1}}, labelled_images(), 3,
+                               {.sgd = {.lr = 0.5f}}, {.policy = planner::policy::sync}, patch_params);
+  tt::check_same(strided, patched);
 }
 
 TEST_CASE("batch normalisation: synchronised statistics give the single-rank numbers on every mesh, local ones each rank's",

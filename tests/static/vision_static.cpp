@@ -86,6 +86,22 @@ constexpr auto merged = program(mse(flatten<0, 1>(input<"x">(spec(shard(dp), sha
 static_assert(merged.count(collective::all_gather, tp, fwd) == 1);
 static_assert(merged.spec_at(first_node(merged, op_code::flatten)) == spec(shard(dp)));
 
+// unflatten: the first of the two dims split as the dim was, the second whole, no collective
+// (a view); transpose<1>: each axis follows its dim (tp moves from dim 2 to dim 1), linear.
+constexpr auto unmerged = program(mse(flatten<0, 1>(unflatten<0, 4>(input<"x">(spec(shard(dp), shard(tp))))), input<"target">(spec(shard(dp), shard(tp)))),
+                                  sgd{}, on(dp, tp));
+static_assert(unmerged.spec_at(first_node(unmerged, op_code::unflatten)) == spec(shard(dp), replicate, shard(tp)));
+static_assert(unmerged.count(collective::all_gather, dp) == 0);
+constexpr auto swapped = program(mse(transpose<1>(input<"x">(spec(shard(dp), replicate, shard(tp)))), input<"target">(spec(shard(dp), shard(tp), replicate))),
+                                 sgd{}, on(dp, tp));
+static_assert(swapped.spec_at(first_node(swapped, op_code::transpose)) == spec(shard(dp), shard(tp), replicate));
+static_assert(swapped.count(collective::all_gather) == 0 && swapped.count(collective::all_to_all) == 0);
+constexpr auto pending = program(mse(transpose<1>(input<"x">(spec(shard(dp), replicate, replicate, partial(tp)))),
+                                     input<"target">(spec(shard(dp), replicate, replicate))),
+                                 sgd{}, on(dp, tp));
+static_assert(pending.spec_at(first_node(pending, op_code::transpose)) == spec(shard(dp), replicate, replicate, partial(tp)));
+static_assert(pending.count(collective::all_reduce, tp, fwd) == 1); // made after the transpose, for the loss
+
 // Batch normalisation between the convolutions, gamma and beta split like the channels.
 // Synchronised: the sums are all-reduced over dp forward and backward, and the backward sums are
 // dgamma and dbeta already summed (no all-reduce of their own); local: no forward all-reduce,

@@ -464,3 +464,30 @@ TEST_CASE("the Evoformer pair stack over dap exchanges rows and columns by all-t
   CHECK_THROWS_WITH(lower(stack, {{"z", {6, 6, 4}}, {"t", {6, 6, 4}}, {"w", {4, 4}}}, m, {.heads = 2}),
                     ContainsSubstring("'z' dimension 0 (size 6) does not divide over mesh axis 'dap' (size 4)"));
 }
+
+TEST_CASE("unflatten is a view whose parts must divide; transpose<d> swaps a pair inside the tensor", "[dsl][lower][reshape]") {
+  // [rows·4, h] split over dp as [rows, 4, h], transposed to [rows, h, 4] and merged back.
+  constexpr auto swapped = program(mse(flatten<1, 2>(transpose<1>(unflatten<0, 4>(input<"x">(spec(shard(dp), replicate), no_grad)))),
+                                       input<"target">(spec(shard(dp), replicate))),
+                                   sgd{}, on(dp));
+  const auto m = mesh::from_world(2, {{"dp", 2}});
+  const auto g = lower(swapped, {{"x", {16, 3}}, {"target", {4, 12}}}, m);
+  int transposes = 0;
+  for (const auto& t : g.tasks) {
+    if (t.fn != ir::op::transpose) continue;
+    ++transposes; // [2 rows of this rank, 4, 3] -> [2, 3, 4]
+    CHECK(t.attr("outer") == 2);
+    CHECK(t.attr("rows") == 4);
+    CHECK(t.attr("cols") == 3);
+    CHECK(t.attr("inner") == 1);
+    CHECK_NOTHROW(runtime::decode(g, t));
+  }
+  CHECK(transposes == 1); // x has no gradient: the forward's alone
+  // No task views: an unflatten is the operand's buffer in another shape.
+  for (const auto& t : g.tasks) CHECK(t.fn != ir::op::unflatten);
+  // Parts that do not divide the dim, and a first part whose split over dp does not divide.
+  CHECK_THROWS_WITH(lower(swapped, {{"x", {18, 3}}, {"target", {4, 12}}}, m),
+                    ContainsSubstring("does not divide into parts of 4") && ContainsSubstring("unflatten<Dim, Inner>"));
+  CHECK_THROWS_WITH(lower(swapped, {{"x", {12, 3}}, {"target", {3, 12}}}, mesh::from_world(2, {{"dp", 2}})),
+                    ContainsSubstring("does not divide over mesh axis 'dp'"));
+}

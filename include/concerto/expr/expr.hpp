@@ -88,10 +88,12 @@ struct batchnorm_config {
   friend constexpr bool operator==(const batchnorm_config&, const batchnorm_config&) = default;
 };
 
-/// @brief The dims an op works along: flatten's first..last, the one dim a sum or mean reduces.
+/// @brief The dims an op works along: flatten's first..last, the one dim a sum or mean reduces,
+/// the pair a transpose swaps, the two an unflatten makes of one (`inner`: the second's extent).
 struct dim_range {
   int first = -1;
   int last = -1;
+  int inner = 0;
   friend constexpr bool operator==(const dim_range&, const dim_range&) = default;
 };
 

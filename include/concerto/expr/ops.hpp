@@ -180,6 +180,16 @@ template <int First, int Last = First + 1, expression X>
   static_assert(First >= 0 && Last > First, "flatten<First, Last>: merges dims First..Last, so 0 <= First < Last");
   return {};
 }
+/// @brief x with dim `Dim` as two, `[n / Inner, Inner]`: `unflatten<1, 4>(x)` of `[batch, 32,
+/// c]` is `[batch, 8, 4, c]` (flatten's inverse; with flatten and transpose, any reshape, such
+/// as cutting an image into patches). A view of x's buffer (no copy). The first of the two is
+/// split as dim `Dim` was (its extent must divide by the split), the second whole.
+template <int Dim, int Inner, expression X>
+[[nodiscard]] constexpr node_expr<op_code::unflatten, detail::settings_extra<dim_range{Dim, Dim + 1, Inner}>, std::remove_cvref_t<X>>
+unflatten(X) noexcept {
+  static_assert(Dim >= 0 && Inner >= 1, "unflatten<Dim, Inner>: dim Dim >= 0 becomes [extent / Inner, Inner], Inner >= 1");
+  return {};
+}
 /// @brief a and b joined along dim `Dim`: `[..., la, ...]` and `[..., lb, ...]` give `[..., la + lb, ...]`,
 /// every other dim equal. An operand of lower rank is a table of the other's last dims repeated
 /// over its leading ones (as `bias` adds one): a ViT's class token `cls [1, hidden]` before the
@@ -226,11 +236,14 @@ template <int Dim, expression X>
   static_assert(Dim >= 0, "mean<Dim>: Dim is a dimension of the operand (0 is the first)");
   return {};
 }
-/// @brief x `[a, b, ...]` as `[b, a, ...]`: the two leading dimensions swapped (column attention
-/// as row attention of the transposed pair representation). Each mesh axis follows its
-/// dimension: a split of a becomes a split of dimension 1.
-template <expression X>
-[[nodiscard]] constexpr detail::op_t<op_code::transpose, X> transpose(X) noexcept {
+/// @brief x `[..., a, b, ...]` as `[..., b, a, ...]`: dims `Dim` and `Dim + 1` swapped (by default
+/// the two leading ones: column attention as row attention of the transposed pair
+/// representation; `transpose<2>` of `[batch, rows, p, cols, p, c]` gathers an image's patches).
+/// Each mesh axis follows its dimension. Linear: a pending sum goes through.
+template <int Dim = 0, expression X>
+[[nodiscard]] constexpr node_expr<op_code::transpose, detail::settings_extra<dim_range{Dim, Dim + 1}>, std::remove_cvref_t<X>>
+transpose(X) noexcept {
+  static_assert(Dim >= 0, "transpose<Dim>: swaps dims Dim >= 0 and Dim + 1");
   return {};
 }
 /// @brief Rows of `table[vocab, hidden]` picked by integer `ids[...]`; a vocabulary split over an

@@ -236,6 +236,18 @@ inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
   return r;
 }
 
+/// @brief unflatten: dim `dim` of x as two, the first split as it was, the second whole (its
+/// rows are whole blocks of the first's: a rank's contiguous block of dim `dim` stays one).
+[[nodiscard]] constexpr result unmerge(const pspec& x, int dim) noexcept {
+  result r;
+  r.need[0] = x;
+  r.out.rank = static_cast<std::int8_t>(x.rank + 1);
+  r.out.partial = x.partial;
+  for (int d = 0; d < r.out.rank; ++d)
+    for (int k = 0; k < max_dim_axes; ++k) r.out.dims[d][k] = d == dim + 1 ? std::int8_t{-1} : x.dims[d <= dim ? d : d - 1][k];
+  return r;
+}
+
 /// @brief Pooling over the windows of x [batch, h, w, c]: height and width whole (a split is
 /// gathered: windows cross it), the batch and the channels as they are. The average is linear (a
 /// pending sum goes through); the maximum is not.
@@ -305,12 +317,12 @@ inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
   return r;
 }
 
-/// @brief The spec of `s`'s tensor with its two leading dimensions swapped (transpose).
-[[nodiscard]] constexpr pspec swap_leading(pspec s) noexcept {
+/// @brief The spec of `s`'s tensor with dimensions `d` and `d + 1` swapped (transpose<d>).
+[[nodiscard]] constexpr pspec swap_dims(pspec s, int d) noexcept {
   for (int i = 0; i < max_dim_axes; ++i) {
-    const auto a = s.dims[0][i];
-    s.dims[0][i] = s.dims[1][i];
-    s.dims[1][i] = a;
+    const auto a = s.dims[d][i];
+    s.dims[d][i] = s.dims[d + 1][i];
+    s.dims[d + 1][i] = a;
   }
   return s;
 }

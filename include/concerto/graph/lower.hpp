@@ -261,6 +261,16 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
     out.erase(first + 1, last);
     return out;
   }
+  case ir::sharding::unmerge: {
+    auto out = in(0);
+    const auto d = static_cast<std::size_t>(x.dims.first);
+    if (out[d] % x.dims.inner != 0)
+      fail(what() + ": dim " + std::to_string(d) + " of " + operand(0) + " does not divide into parts of " +
+           std::to_string(x.dims.inner) + " (unflatten<Dim, Inner> needs Inner to divide the dim's extent)");
+    out[d] /= x.dims.inner;
+    out.insert(out.begin() + x.dims.first + 1, x.dims.inner);
+    return out;
+  }
   case ir::sharding::reduce_dim: {
     auto out = in(0);
     out.erase(out.begin() + x.dims.first);
@@ -285,9 +295,9 @@ extents op_shape(const program<N>& p, int i, const std::vector<extents>& global,
     if (!std::equal(in(1).begin(), in(1).end(), in(0).begin()))
       fail(what() + ": labels " + dims_text(in(1)) + " do not match logits " + dims_text(in(0)));
     return {};
-  case ir::sharding::swap_leading: {
+  case ir::sharding::swap_dims: {
     auto out = in(0);
-    std::swap(out[0], out[1]);
+    std::swap(out[static_cast<std::size_t>(x.dims.first)], out[static_cast<std::size_t>(x.dims.first) + 1]);
     return out;
   }
   case ir::sharding::routing:
@@ -804,7 +814,9 @@ private:
     case ir::task_form::attention: return attention(i, x);
     case ir::task_form::transpose: {
       const auto& s = local_of(x.in[0]);
-      return compute(i, x.op, ins(x), {{"rows", s[0]}, {"cols", s[1]}, {"inner", elements(s) / (s[0] * s[1])}});
+      const auto d = static_cast<std::size_t>(x.dims.first);
+      const auto outer = std::accumulate(s.begin(), s.begin() + x.dims.first, std::int64_t{1}, std::multiplies<>{});
+      return compute(i, x.op, ins(x), {{"outer", outer}, {"rows", s[d]}, {"cols", s[d + 1]}, {"inner", elements(s) / (outer * s[d] * s[d + 1])}});
     }
     case ir::task_form::embedding: return embedding(i, x);
     case ir::task_form::loss: return loss(i, x);

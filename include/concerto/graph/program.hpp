@@ -344,7 +344,8 @@ struct diagnose {
                 "concerto: spec rank does not match the tensor rank the op needs: give the operand's spec one "
                 "placement per dimension (matmul: rank>=2 and [k,n] or same-rank weights; bias/layernorm gain: rank 1; "
                 "attention: [batch,seq,hidden]; conv2d: x [batch,height,width,in] and w [kernel_h,kernel_w,in,out]; bias: b of "
-                "rank at most x's; flatten<first, last> and sum/mean<dim>: dims the operand has; add/mse: equal ranks)");
+                "rank at most x's; flatten<first, last>, transpose<d> (d + 1) and sum/mean<dim>: dims the operand has; "
+                "unflatten<d, inner>: d a dim of a tensor of rank at most 3; add/mse: equal ranks)");
   static_assert(E != errc::unknown_axis,
                 "concerto: unknown axis: a spec or zero<...>(opt, axis) names a mesh axis that on(...) does not declare; "
                 "add the axis to on(...) or fix the spec");

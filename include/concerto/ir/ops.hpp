@@ -90,7 +90,7 @@ enum class op : std::uint8_t {
   matmul, add, bias_add, gelu, relu, silu, mul, swiglu, layernorm, rmsnorm, softmax, attention, rope, embedding, mse,
   cross_entropy, vocab_ce_max, vocab_ce_target, vocab_ce_sumexp, vocab_ce_loss, moe_route, moe_dispatch, moe_combine,
   sigmoid, transpose, tanh, conv2d, flatten, batchnorm, batchnorm_stats, batchnorm_scale, batchnorm_track, sum_dim, mean_dim, max_pool, avg_pool,
-  concat_dim, slice_dim, dropout, scale_table,
+  concat_dim, slice_dim, dropout, scale_table, unflatten,
   // backward
   bias_grad, gelu_grad, relu_grad, silu_grad, swiglu_grad, layernorm_grad, layernorm_grad_gamma,
   rmsnorm_grad, rmsnorm_grad_gain, softmax_grad, attention_grad, rope_grad, embedding_grad, mse_grad,
@@ -139,9 +139,10 @@ enum class sharding : std::uint8_t {
   routing,       ///< moe_route: logits [groups, tokens, experts], a group's tokens and the experts whole
   dispatch,      ///< moe_dispatch: x [groups, tokens, h] and its gates -> [experts, groups·capacity, h], groups split as x's
   combine,       ///< moe_combine: y [experts, groups·capacity, h] with groups split as the gates' -> [groups, tokens, h]
-  swap_leading,  ///< transpose: [a, b, ...] -> [b, a, ...], each axis following its dimension; linear
+  swap_dims,     ///< transpose<d>: [..., a, b, ...] -> [..., b, a, ...] at dims d, d + 1, each axis following its dimension; linear
   convolution,   ///< conv2d: the einsum rule over x [batch, h, w, in] and w [kh, kw, in, out], the window's dimensions whole
   merge,         ///< flatten: dims first..last as one, split as the first of them (the others whole); linear
+  unmerge,       ///< unflatten: one dim as two, the first split as it was (the second whole); linear
   reduce_dim,    ///< sum_dim / mean_dim: the dim's axes become pending sums, later dims move down; linear
   batchnorm,     ///< x [..., channels] whole (no pending sum), gamma and beta like its channels; the compiler makes the statistics' tasks
   pooling,       ///< max_pool / avg_pool: x [batch, h, w, c] with h and w whole; the average is linear, the maximum is not
@@ -174,12 +175,12 @@ enum class task_form : std::uint8_t {
   matmul,      ///< m, n, k, batch and the transposes
   rope,        ///< its rows, head_dim (from the program's attention) and theta
   attention,   ///< batch, seq, heads, kv_heads, group, head_dim, causal (whole heads per rank, checked)
-  transpose,   ///< rows, cols and the inner size of its operand
+  transpose,   ///< the pair's extents (rows, cols), the sizes before (outer) and after (inner) it
   embedding,   ///< tokens, vocab, hidden, and the mesh axis splitting the table's vocabulary
   loss,        ///< rows of the first operand and the entry's `loss_attrs`
   moe,         ///< experts, group, capacity (and top_k, the balance loss's weight) from the routing
   convolution, ///< the image's batch, height, width, channels, the kernel's size and channels, stride, padding
-  reshape,     ///< flatten and its gradient: the operand's buffer viewed in the node's shape, no task
+  reshape,     ///< flatten, unflatten and their gradient: the operand's buffer viewed in the node's shape, no task
   reduce_dim,  ///< outer, extent, inner around the reduced dim; a mean's 1/extent over the whole dim as num/den
   batchnorm,   ///< rows and channels of the image, and the rows its statistics count (every rank's when synchronised)
   pooling,     ///< the image's batch, height, width, channels, the window's side as kernel_h and kernel_w, stride, padding
@@ -458,8 +459,8 @@ inline constexpr op_info table[op_count] = {
         b::terms, {term(op::sigmoid_grad, {a::out, a::dout})}),
     dsl(formed(task_form::transpose, with_attrs(compute(op::transpose, "transpose", k::copy, list({"x"}), list({"out"}),
                                                         f::none, 0),
-                                                {"rows", "cols", "inner"})),
-        1, r::swap_leading, b::terms, {term(op::transpose, {a::dout})}),
+                                                {"outer", "rows", "cols", "inner"})),
+        1, r::swap_dims, b::terms, {term(op::transpose, {a::dout})}),
     dsl(compute(op::tanh, "tanh", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise, b::terms,
         {term(op::tanh_grad, {a::out, a::dout})}),
     // A 2-D convolution over NHWC images (runtime/cpu/convolution.hpp): y[n, oh, ow, o] =
@@ -520,6 +521,9 @@ inline constexpr op_info table[op_count] = {
     // the same product of dy, the table's the column sums of x·dy.
     dsl(compute(op::scale_table, "scale_table", k::elementwise, list({"x", "table"}), list({"out"}), f::per_output, 1), 2, r::bias,
         b::terms, {term(op::scale_table, {a::dout, a::in1}), term(op::scale_table_grad, {a::in0, a::dout}, s::summed_over_rows)}),
+    // flatten's inverse, a view; its gradient dy viewed in x's shape, as flatten's is.
+    dsl(formed(task_form::reshape, compute(op::unflatten, "unflatten", k::copy, list({"x"}), list({"out"}), f::none, 0, false)),
+        1, r::unmerge, b::terms, {term(op::flatten_grad, {a::dout})}),
     // ---- backward ----
     accumulating(compute(op::bias_grad, "bias_grad", k::elementwise, list({"dout"}), list({"dbias"}), f::per_input, 1)),
     compute(op::gelu_grad, "gelu_grad", k::elementwise, list({"x", "dout"}), list({"dx"}), f::per_output, 12),

@@ -481,7 +481,7 @@ inline void run_call(cpu_frame& f) {
   case op::sigmoid_grad: cpu::sigmoid_grad(f.in(0), f.in(1), f.out(0)); return;
   case op::tanh: cpu::tanh(f.in(0), f.out(0)); return;
   case op::tanh_grad: cpu::tanh_grad(f.in(0), f.in(1), f.out(0)); return;
-  case op::transpose: cpu::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k); return;
+  case op::transpose: cpu::swap_dims(f.in(0), f.out(0), c.batch, c.rows, c.cols, c.k); return;
   case op::batchnorm_stats: cpu::batchnorm_stats(f.in(0), f.out(0), c.rows, c.cols); return;
   case op::batchnorm_scale:
     if (c.from_running) cpu::batchnorm_scale_running(f.in(0), f.in(1), f.out(0), c.cols, f.s.batchnorm_eps);
@@ -526,7 +526,7 @@ inline void run_call(cpu_frame& f) {
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: case op::flatten: case op::flatten_grad: break;
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: case op::flatten: case op::unflatten: case op::flatten_grad: break;
   }
   fail(task_ref(*c.task) + ": the CPU has no kernel for fn '" + std::string(ir::to_string(c.fn)) + "'");
 }

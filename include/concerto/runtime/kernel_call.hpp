@@ -80,7 +80,7 @@ struct kernel_call {
   std::size_t rows = 0, cols = 0; ///< row-wise ops, losses, broadcasts: [rows, cols]
   bool accumulate = false;       ///< add to the output instead of overwriting it
   // matmul
-  std::size_t m = 0, k = 0, gemm_n = 0, batch = 1;
+  std::size_t m = 0, k = 0, gemm_n = 0, batch = 1; ///< batch: also a transpose's dims before its pair
   bool trans_a = false, trans_b = false;
   gemm_form form = gemm_form::single;
   // attention
@@ -474,12 +474,13 @@ inline void decode_moe(const call_reader& r, kernel_call& c) {
 inline void decode_transpose(const call_reader& r, kernel_call& c) {
   r.need_float(c, 0, false);
   r.need_float(c, 0, true);
+  c.batch = r.positive_attr("outer", 1); // the dims before the pair (1: the pair leads)
   c.rows = r.positive_attr("rows");
   c.cols = r.positive_attr("cols");
   c.k = r.positive_attr("inner");
-  c.n = c.rows * c.cols * c.k;
-  r.need_count(c, 0, false, c.n, "rows·cols·inner");
-  r.need_count(c, 0, true, c.n, "rows·cols·inner");
+  c.n = c.batch * c.rows * c.cols * c.k;
+  r.need_count(c, 0, false, c.n, "outer·rows·cols·inner");
+  r.need_count(c, 0, true, c.n, "outer·rows·cols·inner");
   if (c.in[0] == c.out[0]) r.bad("transposes into its own input");
 }
 
@@ -908,6 +909,7 @@ inline void decode_operands(const call_reader& r, kernel_call& c) {
   case op::position_embedding_grad:
   case op::transpose_blocks:
   case op::flatten: // views the lowering makes without a task
+  case op::unflatten:
   case op::flatten_grad: r.bad("has no kernel to decode");
   }
 }

@@ -75,7 +75,7 @@ struct node {
   moe_config moe{};       ///< moe_route and its gradient: the routing's settings
   conv_config conv{};     ///< conv2d, max_pool, avg_pool and their gradients: stride and padding
   std::int8_t window = 0; ///< max_pool, avg_pool and their gradients: the window's side
-  dim_range dims{};       ///< flatten, sum_dim, mean_dim, concat_dim and their gradients: the dims they work along
+  dim_range dims{};       ///< flatten, unflatten, transpose, sum_dim, mean_dim, concat_dim and their gradients: the dims they work along
   dim_slice part{};       ///< slice_dim and its gradient: the dim and the positions kept
   dropout_config drop{};  ///< dropout and its gradient: the rate and the seed
   /// Gradient tasks: the forward node and which of its operands this is the gradient of (a
@@ -494,7 +494,7 @@ struct work {
   }
 
   /// The rules of the ops that move or reduce values within a layout (convolutions, pooling,
-  /// flatten, sums over a dim, concat, slice, dropout, transpose): the dims each keeps whole.
+  /// flatten, unflatten, sums over a dim, concat, slice, dropout, transpose): the dims each keeps whole.
   constexpr rules::result layout_rule(const node& x, const int* in) const noexcept {
     const int A = axes.count;
     const auto rank = [&](int k) { return static_cast<int>(sp(in[k]).rank); };
@@ -524,11 +524,14 @@ struct work {
       rr.need[0] = rr.out = sp(in[0]);
       return rr;
     }
-    case ir::sharding::swap_leading: { // linear: pending sums go through
-      if (rank(0) < 2) return refuse(errc::rank_mismatch);
+    case ir::sharding::unmerge:
+      if (x.dims.first < 0 || x.dims.first >= rank(0) || rank(0) + 1 > max_rank) return refuse(errc::rank_mismatch);
+      return rules::unmerge(sp(in[0]), x.dims.first);
+    case ir::sharding::swap_dims: { // linear: pending sums go through
+      if (x.dims.first < 0 || x.dims.first + 1 >= rank(0)) return refuse(errc::rank_mismatch);
       rules::result rr;
       rr.need[0] = sp(in[0]);
-      rr.out = rules::swap_leading(sp(in[0]));
+      rr.out = rules::swap_dims(sp(in[0]), x.dims.first);
       return rr;
     }
     default: break;
@@ -574,7 +577,8 @@ struct work {
     case ir::sharding::join:
     case ir::sharding::part:
     case ir::sharding::linear:
-    case ir::sharding::swap_leading: return layout_rule(x, in);
+    case ir::sharding::unmerge:
+    case ir::sharding::swap_dims: return layout_rule(x, in);
     case ir::sharding::pointwise: return lead();
     case ir::sharding::pointwise_two: {
       // Not linear in the pair: both operands whole (pending sums made) and laid out alike.

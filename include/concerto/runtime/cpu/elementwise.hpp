@@ -262,16 +262,19 @@ inline void tanh_grad(std::span<const float> y, std::span<const float> dout, std
   for (std::size_t i = 0; i < n; ++i) pd[i] = pg[i] * (1.0f - py[i] * py[i]);
 }
 
-/// @brief `out[c, r, :] = x[r, c, :]` for x `[rows, cols, inner]`: the two leading dimensions
-/// swapped (column attention as row attention of the transposed pair representation). Its
-/// gradient is the same function with rows and cols exchanged. out must not alias x.
-inline void transpose_leading(std::span<const float> x, std::span<float> out, std::size_t rows, std::size_t cols,
-                              std::size_t inner) {
-  detail::require_size(x, rows * cols * inner, "transpose", "x");
-  detail::require_size(out, rows * cols * inner, "transpose", "out");
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c)
-      std::copy_n(x.data() + (r * cols + c) * inner, inner, out.data() + (c * rows + r) * inner);
+/// @brief `out[o, c, r, :] = x[o, r, c, :]` for x `[outer, rows, cols, inner]`: a pair of
+/// neighbouring dimensions swapped (outer = 1: the two leading ones, column attention as row
+/// attention of the transposed pair representation; an image's patches gathered). Its gradient
+/// is the same function with rows and cols exchanged. out must not alias x.
+inline void swap_dims(std::span<const float> x, std::span<float> out, std::size_t outer, std::size_t rows,
+                      std::size_t cols, std::size_t inner) {
+  const auto block = rows * cols * inner;
+  detail::require_size(x, outer * block, "transpose", "x");
+  detail::require_size(out, outer * block, "transpose", "out");
+  for (std::size_t o = 0; o < outer; ++o)
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c)
+        std::copy_n(x.data() + o * block + (r * cols + c) * inner, inner, out.data() + o * block + (c * rows + r) * inner);
 }
 
 /// @brief `out = a·b`, element by element. out may alias a or b. Its gradients are products too:

@@ -463,7 +463,7 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::sigmoid_grad: cuda::sigmoid_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::tanh: cuda::tanh(f.in(0), f.out(0), c.n, st); return;
   case op::tanh_grad: cuda::tanh_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::transpose: cuda::transpose_leading(f.in(0), f.out(0), c.rows, c.cols, c.k, st); return;
+  case op::transpose: cuda::swap_dims(f.in(0), f.out(0), c.batch, c.rows, c.cols, c.k, st); return;
   case op::batchnorm_stats: cuda::batchnorm_stats(f.in(0), f.out(0), c.rows, c.cols, st); return;
   case op::batchnorm_scale:
     cuda::batchnorm_scale(f.in(0), f.in(1), f.out(0), c.cols, c.count, f.s.batchnorm_eps, c.from_running, st);
@@ -507,7 +507,7 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::none: case op::input: case op::data: case op::param: case op::state: case op::to: case op::repeat_in:
   case op::repeat_out: case op::select: case op::all_reduce: case op::all_gather: case op::reduce_scatter:
   case op::all_to_all: case op::send: case op::recv: case op::broadcast: case op::sum: case op::max: case op::min:
-  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: case op::flatten: case op::flatten_grad: break;
+  case op::add_position: case op::position_embedding_grad: case op::transpose_blocks: case op::flatten: case op::unflatten: case op::flatten_grad: break;
   }
   fail(call_ref(c) + ": the GPU has no kernel for this op");
 }

@@ -670,12 +670,14 @@ template <int = 0>
 __global__ void tanh_grad_k(const float* y, const float* dout, float* dx, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) dx[i] = dout[i] * (1.0f - y[i] * y[i]);
 }
-// out[c, r, :] = x[r, c, :] over x [rows, cols, inner], one thread per value.
+// out[o, c, r, :] = x[o, r, c, :] over x [outer, rows, cols, inner], one thread per value.
 template <int = 0>
-__global__ void transpose_leading_k(const float* x, float* out, std::size_t rows, std::size_t cols, std::size_t inner) {
-  CONCERTO_GRID_STRIDE(i, rows * cols * inner) {
-    const std::size_t e = i % inner, rc = i / inner, r = rc / cols, c = rc % cols;
-    out[(c * rows + r) * inner + e] = x[i];
+__global__ void swap_dims_k(const float* x, float* out, std::size_t outer, std::size_t rows, std::size_t cols,
+                            std::size_t inner) {
+  const std::size_t block = rows * cols * inner;
+  CONCERTO_GRID_STRIDE(i, outer * block) {
+    const std::size_t o = i / block, e = i % inner, rc = i % block / inner, r = rc / cols, c = rc % cols;
+    out[o * block + (c * rows + r) * inner + e] = x[i];
   }
 }
 template <int = 0>
@@ -1294,12 +1296,12 @@ inline void extract_part(const float* whole, float* part, const ir::dim_part& g,
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::extract_k<>)(whole, part, d);
   detail::launched(summed ? "concat_dim_grad" : "slice_dim");
 }
-/// @brief The two leading dimensions of x [rows, cols, inner] swapped, as cpu::transpose_leading.
-inline void transpose_leading(const float* x, float* out, std::size_t rows, std::size_t cols, std::size_t inner,
-                              cudaStream_t s) {
-  if (rows * cols * inner == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols * inner), detail::block, 0, s, detail::transpose_leading_k<>)(
-      x, out, rows, cols, inner);
+/// @brief Dims rows and cols of x [outer, rows, cols, inner] swapped, as cpu::swap_dims.
+inline void swap_dims(const float* x, float* out, std::size_t outer, std::size_t rows, std::size_t cols, std::size_t inner,
+                      cudaStream_t s) {
+  if (outer * rows * cols * inner == 0) return;
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(outer * rows * cols * inner), detail::block, 0, s, detail::swap_dims_k<>)(
+      x, out, outer, rows, cols, inner);
   detail::launched("transpose");
 }
 /// @brief `dx = dout·silu'(x)`.
