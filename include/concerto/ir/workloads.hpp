@@ -1018,21 +1018,24 @@ private:
   std::vector<buffer_id> saved_z2_; // the transition's input
 };
 
-// A Wide-ResNet as examples/wresnet writes it, data parallel over every rank with batch
-// statistics synchronised over dp: a 7×7 stride-2 stem convolution, relu and 3×3 max pooling
-// at stride 2 (the stages start at a quarter of the image's side); four stages of
-// bottleneck blocks (1×1 reduce, 3×3, 1×1 expand, each batch-normalised, relu between; the
-// first block of a stage strided with a 1×1 projection shortcut, the others identity shortcuts);
-// global average pooling, a linear head, cross-entropy. Each batch norm all-reduces its sums
-// (2·channels values) over dp forward (and moves its running statistics by them) and its
-// gradient's sums backward, which are then the
-// gain's and the shift's gradients, summed; each convolution's and the head's gradient is
-// all-reduced over dp. Images per rank: workload_options::micro_batch.
+// The Wide-ResNet of Alpa's benchmark suite at its smallest size (250M: 50 layers, 160 base
+// channels, width factor 2; its flax model's blocks), data parallel over every rank with batch
+// statistics synchronised over dp: a 7×7 stride-2 stem convolution, batch norm, relu and 3×3
+// max pooling at stride 2 (the stages start at a quarter of the image's side); four stages of
+// bottleneck blocks (1×1 reduce to f = 160·2^s channels, 3×3 to f·2, 1×1 expand to 4f, each
+// batch-normalised, relu between; the first block of a stage strided, its shortcut a 1×1
+// projection with a batch norm, the others identity shortcuts), as examples/wresnet writes a
+// block; global average pooling, a linear head, cross-entropy. Each batch norm all-reduces its
+// sums (2·channels values) over dp forward (and moves its running statistics by them) and its
+// gradient's sums backward, which are then the gain's and the shift's gradients, summed; each
+// convolution's and the head's gradient is all-reduced over dp. Images per rank:
+// workload_options::micro_batch.
 struct conv_net_spec {
-  i64 image = 224, stem = 64, classes = 1000;
-  std::array<i64, 4> blocks{3, 4, 23, 3};
-  std::array<i64, 4> mid{128, 256, 512, 1024}; ///< bottleneck widths (wide: twice ResNet's)
-  std::array<i64, 4> out{256, 512, 1024, 2048};
+  i64 image = 224, stem = 160, classes = 1000;
+  std::array<i64, 4> blocks{3, 4, 6, 3};
+  std::array<i64, 4> reduce{160, 320, 640, 1280}; ///< the 1×1 reduce's output: f
+  std::array<i64, 4> mid{320, 640, 1280, 2560};   ///< the 3×3's output: f · width factor
+  std::array<i64, 4> out{640, 1280, 2560, 5120};  ///< the 1×1 expand's: 4f
 };
 
 class wide_resnet : workload_writer {
@@ -1049,7 +1052,8 @@ public:
     auto x = b_.buffer("x", {batch_, m_.image, m_.image, 3}, buffer_role::input, type_);
     auto& stem = make_weight("embed.stem", {7, 7, 3, m_.stem}, -1);
     saved_stem_ = conv(x, stem, 2, 3, "embed.stem");
-    const auto stem_out = relu_forward("embed.stem.relu", saved_stem_.y);
+    stem_norm_ = norm(saved_stem_.y, "embed.stem.n", -1);
+    const auto stem_out = relu_forward("embed.stem.relu", stem_norm_.y);
     const auto ss = shape_of(stem_out);
     const ir::conv_geometry pool{ss[0], ss[1], ss[2], ss[3], ss[3], 3, 3, 2, 1};
     auto h = act("embed.pool.out", {pool.batch, pool.out_h(), pool.out_w(), pool.out_channels});
@@ -1085,7 +1089,7 @@ public:
     b_.at(phase::backward, -1);
     const auto dpool = act("embed.pool.in.grad", ss);
     task("embed.pool.grad", {stem_out, dh}, {dpool}, info(op::max_pool_grad, pool.attrs()));
-    dh = relu_backward("embed.stem.relu", saved_stem_.y, dpool);
+    dh = norm_backward(stem_norm_, relu_backward("embed.stem.relu", stem_norm_.y, dpool), "embed.stem.n");
     conv_backward(saved_stem_, stem, dh, "embed.stem", false);
     weights_.update_all();
   }
@@ -1103,7 +1107,7 @@ private:
   struct block_saved {
     buffer_id x = -1, sum = -1;
     conv_saved a, b, c, shortcut;
-    norm_saved na, nb, nc;
+    norm_saved na, nb, nc, ns;
     buffer_id ra = -1, rb = -1; // relu outputs
     weight *wa = nullptr, *wb = nullptr, *wc = nullptr, *ws = nullptr;
     bool projected = false;
@@ -1198,16 +1202,16 @@ private:
   buffer_id block_forward(int l, buffer_id x, std::size_t stage, bool first) {
     const auto L = layer_prefix(l);
     b_.at(phase::forward, l);
-    const i64 in = shape_of(x)[3], mid = m_.mid[stage], out = m_.out[stage];
+    const i64 in = shape_of(x)[3], reduce = m_.reduce[stage], mid = m_.mid[stage], out = m_.out[stage];
     const i64 stride = first && stage > 0 ? 2 : 1; // stage 1 starts at the stem's max pool's size
     block_saved s;
     s.x = x;
     s.projected = first;
-    s.wa = &make_weight(L + "wa", {1, 1, in, mid}, l);
+    s.wa = &make_weight(L + "wa", {1, 1, in, reduce}, l);
     s.a = conv(x, *s.wa, 1, 0, L + "a");
     s.na = norm(s.a.y, L + "na", l);
     s.ra = relu_forward(L + "a.relu", s.na.y);
-    s.wb = &make_weight(L + "wb", {3, 3, mid, mid}, l);
+    s.wb = &make_weight(L + "wb", {3, 3, reduce, mid}, l);
     s.b = conv(s.ra, *s.wb, stride, 1, L + "b");
     s.nb = norm(s.b.y, L + "nb", l);
     s.rb = relu_forward(L + "b.relu", s.nb.y);
@@ -1218,7 +1222,8 @@ private:
     if (first) {
       s.ws = &make_weight(L + "ws", {1, 1, in, out}, l);
       s.shortcut = conv(x, *s.ws, stride, 0, L + "shortcut");
-      shortcut = s.shortcut.y;
+      s.ns = norm(s.shortcut.y, L + "ns", l);
+      shortcut = s.ns.y;
     }
     s.sum = add(L + "resid", s.nc.y, shortcut);
     saved_.push_back(s);
@@ -1236,7 +1241,8 @@ private:
     d = conv_backward(s.b, *s.wb, d, L + "b");
     d = norm_backward(s.na, relu_backward(L + "a.relu", s.na.y, d), L + "na");
     d = conv_backward(s.a, *s.wa, d, L + "a");
-    const auto through = s.projected ? conv_backward(s.shortcut, *s.ws, dsum, L + "shortcut") : dsum;
+    const auto through =
+        s.projected ? conv_backward(s.shortcut, *s.ws, norm_backward(s.ns, dsum, L + "ns"), L + "shortcut") : dsum;
     return add(L + "in.grad", through, d);
   }
 
@@ -1244,6 +1250,7 @@ private:
   int dp_ = 1, dp_axis_ = -1;
   i64 batch_ = 1;
   conv_saved saved_stem_;
+  norm_saved stem_norm_;
   replicated_weights weights_{b_, type_};
   std::vector<block_saved> saved_;
 };
@@ -1264,9 +1271,11 @@ struct workload_entry {
 // 32 layers, 16 heads, MLP 5120, a class token and 16 × 16 = 256 patches per image, 1000 classes;
 // one "sequence" of micro_batch is one image) under ZeRO-2, as examples/vit writes it
 // (model_spec::vit: patch embedding by a strided convolution, the class token joined before the
-// patches, a position table, attention without a mask, the class token's state to the head), which tests/unit/workloads_test.cpp compares block by block. Wide-ResNet-101-2 (conv_net_spec: [3, 4, 23, 3] bottleneck
-// blocks of widths 128·2^s and outputs 256·2^s, 126.9M parameters) on 224 × 224 images, data
-// parallel with synchronised batch norm (workload_options::micro_batch images per rank).
+// patches, a position table, attention without a mask, the class token's state to the head), which
+// tests/unit/workloads_test.cpp compares block by block. Alpa's Wide-ResNet at 250M (conv_net_spec:
+// [3, 4, 6, 3] bottleneck blocks reducing to 160·2^s channels, 3×3s of twice that, outputs
+// 640·2^s; 254.0M parameters) on 224 × 224 images, data parallel with synchronised batch norm
+// (workload_options::micro_batch images per rank).
 inline constexpr workload_entry workload_table[] = {
     {"gpt-dp", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::all_reduce},
     {"gpt-zero3", {2048, 24, 2048, 16, 16, 4 * 2048, 50257, false, 0, 0}, false, grad_sync::zero3},

@@ -332,16 +332,18 @@ public:
     return std::move(trainer);
   }
 
-  /// @brief Writes the parameters, gathered to their global shapes and named as the program names
-  /// them, to `path` in the safetensors format (F32 or BF16), which PyTorch and Hugging Face code
-  /// load (rank 0 writes, atomically). Collective. Format and checks: train/safetensors.hpp.
+  /// @brief Writes the parameters and the batch norms' running statistics (`<gain>.running`),
+  /// gathered to their global shapes and named as the program names them, to `path` in the
+  /// safetensors format (F32 or BF16), which PyTorch and Hugging Face code load (rank 0 writes,
+  /// atomically). Collective. Format and checks: train/safetensors.hpp.
   void export_safetensors(const std::filesystem::path& path, safetensors::dtype type = safetensors::dtype::f32) {
     prepare();
     tensors_.export_safetensors(*backend_, *control_, path, type);
   }
   /// @brief Sets every parameter from a safetensors file (F32, BF16 or F16; written here on any
-  /// mesh, or by another framework) holding exactly the program's parameters. Collective: a file
-  /// that fails a check on any rank makes every rank throw, naming it, before a value changes.
+  /// mesh, or by another framework) holding exactly the program's parameters, and the running
+  /// statistics it holds. Collective: a file that fails a check on any rank makes every rank
+  /// throw, naming it, before a value changes.
   void import_safetensors(const std::filesystem::path& path) {
     prepare();
     tensors_.import_safetensors(*backend_, *control_, path);

@@ -251,21 +251,26 @@ public:
     return {file.step, std::move(file.trainer)};
   }
 
-  /// Writes every parameter (not the optimizer state), gathered, to `path` in the safetensors
-  /// format as `type`, named as the program names them (rank 0 writes, atomically). Collective.
+  /// Writes every parameter (not the optimizer state) and every batch norm's running statistics
+  /// (`<gain>.running` [2, channels]: the means, then the variances; what evaluation normalises
+  /// by), gathered, to `path` in the safetensors format as `type`, named as the program names
+  /// them (rank 0 writes, atomically). Collective.
   template <class Backend>
   void export_safetensors(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path,
                           safetensors::dtype type) const {
     safetensors::writer file;
     for (const auto& name : params_) file.add(name, info(name).blk.global, gather(backend, control, name), type);
+    for (const auto& name : running_) file.add(name, info(name).blk.global, gather(backend, control, name), type);
     if (control.rank() == 0) write_file_atomically(path, std::move(file).finish({{"format", "pt"}, {"written_by", "concerto"}}));
     control.barrier("the end of exporting '" + path.string() + "'");
   }
 
   /// Reads every parameter from a safetensors file (F32, BF16 or F16; from any mesh or
-  /// framework) into this rank's shards. The file holds exactly the program's parameters with
-  /// their shapes; when it does not, or fails a check, on any rank, every rank throws naming it
-  /// before a value is written. Collective.
+  /// framework) into this rank's shards, and the running statistics the file holds (those it
+  /// lacks keep their values: another framework's file may carry them under its own names). The
+  /// file holds exactly the program's parameters with their shapes, and nothing but them and
+  /// running statistics; when it does not, or fails a check, on any rank, every rank throws
+  /// naming it before a value is written. Collective.
   template <class Backend>
   void import_safetensors(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path) const {
     std::optional<safetensors::contents> file;
@@ -276,11 +281,17 @@ public:
         if (it == file->tensors.end()) fail(what + " has no tensor '" + name + "', a parameter of the program");
         check_shape(what, name, it->second.shape);
       }
-      for (const auto& [name, e] : file->tensors)
-        if (std::find(params_.begin(), params_.end(), name) == params_.end())
-          fail(what + " holds tensor '" + name + "', which is no parameter of the program (rename it, or drop it from the file)");
+      for (const auto& [name, e] : file->tensors) {
+        if (std::find(params_.begin(), params_.end(), name) != params_.end()) continue;
+        if (std::find(running_.begin(), running_.end(), name) == running_.end())
+          fail(what + " holds tensor '" + name +
+               "', which is no parameter (nor batch norm's running statistics) of the program (rename it, or drop it from the file)");
+        check_shape(what, name, e.shape);
+      }
     });
     for (const auto& name : params_) set(backend, name, file->values(name));
+    for (const auto& name : running_)
+      if (file->tensors.contains(name)) set(backend, name, file->values(name));
   }
 
 private:
