@@ -73,9 +73,18 @@ template <class F>
 inline void each_run(const ir::conv_geometry& g, std::size_t first, std::size_t rows, F&& f) {
   const auto out_w = g.out_w(), out_h = g.out_h();
   const auto tap_values = static_cast<std::size_t>(g.in_channels);
-  for (std::size_t r = 0; r < rows; ++r) {
-    const auto pos = static_cast<std::int64_t>(first + r);
-    const auto ow = pos % out_w, oh = (pos / out_w) % out_h, n = pos / (out_w * out_h);
+  // The first position's coordinates by division, the others by counting (a division per
+  // position costs as much as a stem's copies).
+  const auto start = static_cast<std::int64_t>(first);
+  std::int64_t ow = start % out_w, oh = (start / out_w) % out_h, n = start / (out_w * out_h);
+  for (std::size_t r = 0; r < rows; ++r, ++ow) {
+    if (ow == out_w) {
+      ow = 0;
+      if (++oh == out_h) {
+        oh = 0;
+        ++n;
+      }
+    }
     const auto w0 = ow * g.stride - g.padding;
     const bool row_inside = w0 >= 0 && w0 + g.kernel_w <= g.width;
     for (std::int64_t i = 0; i < g.kernel_h; ++i) {
@@ -97,13 +106,26 @@ inline void each_run(const ir::conv_geometry& g, std::size_t first, std::size_t 
   }
 }
 
+// `values` floats from src to dst (not overlapping) in blocks of 8 of a fixed size, the last one
+// overlapping the one before, which the compiler turns into vector moves: a kernel row of a
+// three-channel image is 9 floats, and a call to memcpy per row costs more than the copy.
+inline void copy_run(const float* src, float* dst, std::size_t values) {
+  constexpr std::size_t block = 8;
+  if (values < block) {
+    for (std::size_t c = 0; c < values; ++c) dst[c] = src[c];
+    return;
+  }
+  for (std::size_t c = 0; c + block < values; c += block) std::memcpy(dst + c, src + c, block * sizeof(float));
+  std::memcpy(dst + values - block, src + values - block, block * sizeof(float));
+}
+
 // The patches of positions [first, first + rows) into cols [rows, patch].
 inline void gather_patches(const float* x, float* cols, const ir::conv_geometry& g, std::size_t first, std::size_t rows) {
   const auto patch = static_cast<std::size_t>(g.patch());
   each_run(g, first, rows, [&](std::size_t r, std::size_t offset, std::int64_t pixel, std::size_t values) {
     float* dst = cols + r * patch + offset;
     if (pixel < 0) std::fill(dst, dst + values, 0.0f);
-    else std::memcpy(dst, x + pixel, values * sizeof(float));
+    else copy_run(x + pixel, dst, values);
   });
 }
 
