@@ -198,26 +198,32 @@ inline void read_environment(step_options& o) {
   if (const auto on = env_flag("CONCERTO_TF32", "fp32 products", "TF32 tensor cores on the GPU")) o.allow_tf32 = *on;
 }
 
-/// Throws concerto::error naming the first option (or the schedule's field) that cannot be.
-/// What the step lowers with: the user's options, and what the optimizer settings and the
-/// mesh imply (clipping's tasks, the pipeline's axis).
-inline lower_options lowering_options(const step_options& o, const optimizer_settings& opt, const mesh& m) {
+/// The user's lowering, which the training step and evaluation both start from: the lowering
+/// options and the precision policy (a step option, so that evaluation cannot miss it).
+inline lower_options users_lowering(const step_options& o) {
   auto out = o.lower;
   out.precision = o.precision;
+  return out;
+}
+
+/// What the step lowers with: the user's lowering, and what the optimizer settings and the
+/// mesh imply (clipping's tasks, the pipeline's axis).
+inline lower_options lowering_options(const step_options& o, const optimizer_settings& opt, const mesh& m) {
+  auto out = users_lowering(o);
   out.clip_gradients = opt.clip_norm > 0.0f;
   if (m.index_of(o.pipeline.axis)) out.pipeline_axis = o.pipeline.axis;
   return out;
 }
 
-/// What `evaluate` lowers with: the user's options and precision, the forward pass alone (no
-/// gradient to clip, no pipeline stages).
+/// What `evaluate` lowers with: the user's lowering, the forward pass alone (no gradient to
+/// clip, no pipeline stages).
 inline lower_options evaluation_lowering_options(const step_options& o) {
-  auto out = o.lower;
-  out.precision = o.precision;
+  auto out = users_lowering(o);
   out.forward_only = true;
   return out;
 }
 
+/// Throws concerto::error naming the first option (or the schedule's field) that cannot be.
 inline void check_options(const step_options& o, const runtime::kernel_settings& settings) {
   settings.schedule.check();
   if (!(settings.clip_norm >= 0.0f) || !std::isfinite(settings.clip_norm))
