@@ -1,7 +1,8 @@
 #pragma once
 // The example's Vision Transformer: patch embedding as a convolution whose stride is its kernel
-// (each patch × its weights: one product per patch, the same as a reshape and a matmul, without
-// the copy), the patches as a sequence (flatten: a view) after a learned class token (concat of
+// (each patch × its weights; the same numbers as cutting the image into patches with unflatten,
+// transpose<1> and flatten and one product, which needs the image's side at compile time:
+// docs/tutorial.md, and bench/cpu_kernels times both), the patches as a sequence (flatten: a view) after a learned class token (concat of
 // a [1, hidden] table, repeated over the batch) plus a learned position table, the GPT example's
 // pre-norm transformer block with bidirectional attention in a `repeat`, the class token's final
 // state (slice) normalised into a linear head. Under sequence parallelism (`--sp`) the sequence
