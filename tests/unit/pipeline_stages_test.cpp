@@ -122,37 +122,48 @@ TEST_CASE("neighbouring stages send and receive the same messages in one order u
   }
 }
 
-TEST_CASE("with two chunks per stage, every schedule that takes them gives stages that agree on their messages",
-          "[pipeline][stages]") {
-  const int pp = 2, m = 4;
-  const auto g = gpt_graph(pp, 1, 1);
-  const auto s = pipeline::split(g, {.microbatches = m, .virtual_stages = 2});
-  const auto model = cost::model::preset("h100x64");
-  const auto problem = pipeline::problem_of(s, g, model);
-  REQUIRE(problem.chunks.size() == 4);
-  std::vector<pipeline::schedule> schedules{pipeline::gpipe(problem), pipeline::interleaved_one_f_one_b(problem),
-                                            pipeline::plan_concerto(std::span(&problem, 1), {.time_budget_s = 1}).best};
-  for (const auto& sched : schedules) {
-    CAPTURE(sched.policy);
-    pipeline::verify(problem, sched);
+// The GPT on 2 stages of 2 chunks each, 4 micro-batches: two chunk boundaries share each link.
+struct two_chunks_per_stage {
+  static constexpr int pp = 2, m = 4;
+  ir::graph g = gpt_graph(pp, 1, 1);
+  pipeline::stage_split s = pipeline::split(g, {.microbatches = m, .virtual_stages = 2});
+  cost::model model = cost::model::preset("h100x64");
+  pipeline::problem problem = pipeline::problem_of(s, g, model);
+
+  // Both stages' plans under `sched`, each verified; each way, the sender's and the receiver's
+  // messages agree, three per micro-batch (stage 0 sends chunk 0's and chunk 2's values and
+  // chunk 2's gradient, stage 1 chunk 1's values and chunk 1's and chunk 3's gradients).
+  void check_links_agree(const pipeline::schedule& sched) const {
     std::vector<plan::plan> plans;
     for (int st = 0; st < pp; ++st) {
       plans.push_back(pipeline::stage_plan(pipeline::stage_graph(g, s, st, sched), model, sched.policy));
       plan::verify(plans.back());
     }
-    // Each way, three messages per micro-batch: stage 0 sends chunk 0's and chunk 2's values and
-    // chunk 2's gradient, stage 1 chunk 1's values and chunk 1's and chunk 3's gradients.
     for (const auto& [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
       const auto [sent, received] = link(plans[static_cast<std::size_t>(from)], from, plans[static_cast<std::size_t>(to)], to, s.axis);
-      CHECK(sent.size() == static_cast<std::size_t>(3 * m));
-      CHECK(sent == received);
+      CAPTURE(from, to);
+      REQUIRE(sent.size() == static_cast<std::size_t>(3 * m));
+      REQUIRE(sent == received);
     }
   }
+};
+
+TEST_CASE("with two chunks per stage, every schedule that takes them gives stages that agree on their messages",
+          "[pipeline][stages]") {
+  const two_chunks_per_stage p;
+  REQUIRE(p.problem.chunks.size() == 4);
+  std::vector<pipeline::schedule> schedules{pipeline::gpipe(p.problem), pipeline::interleaved_one_f_one_b(p.problem),
+                                            pipeline::plan_concerto(std::span(&p.problem, 1), {.time_budget_s = 1}).best};
+  for (const auto& sched : schedules) {
+    CAPTURE(sched.policy);
+    pipeline::verify(p.problem, sched);
+    p.check_links_agree(sched);
+  }
   // GPipe holds every micro-batch of both chunks of a stage.
-  const auto stage0 = pipeline::stage_graph(g, s, 0, schedules[0]);
+  const auto stage0 = pipeline::stage_graph(p.g, p.s, 0, schedules[0]);
   for (const char* base : {"layers.0.matmul#9", "layers.2.matmul#9"})
     CHECK(std::count_if(stage0.buffers.begin(), stage0.buffers.end(),
-                        [&](const auto& b) { return b.name.starts_with(std::string(base) + "@buf"); }) == m);
+                        [&](const auto& b) { return b.name.starts_with(std::string(base) + "@buf"); }) == p.m);
 }
 
 TEST_CASE("with two chunks per stage, any verified schedule gives stages that agree on each link's order",
@@ -162,15 +173,11 @@ TEST_CASE("with two chunks per stage, any verified schedule gives stages that ag
   // (nothing waits for its input gradient), and its B block must still be where its gradient
   // arrives, else the two ends of the link 1 -> 0 take its two boundaries' gradients in
   // different orders (the step's stage check stopped runs whose search ended on such a schedule).
-  const int pp = 2, m = 4;
-  const auto g = gpt_graph(pp, 1, 1);
-  const auto s = pipeline::split(g, {.microbatches = m, .virtual_stages = 2});
-  const auto model = cost::model::preset("h100x64");
-  const auto problem = pipeline::problem_of(s, g, model);
+  const two_chunks_per_stage p;
   std::mt19937 rng(7);
   int checked = 0, split = 0;
   for (int iter = 0; iter < 400; ++iter) {
-    auto sched = iter % 2 ? pipeline::gpipe(problem) : pipeline::interleaved_one_f_one_b(problem);
+    auto sched = iter % 2 ? pipeline::gpipe(p.problem) : pipeline::interleaved_one_f_one_b(p.problem);
     if (iter % 4 >= 2) sched = pipeline::split_backward(sched);
     for (int k = 0; k < 30; ++k) {
       auto& o = sched.order[rng() % 2];
@@ -178,22 +185,16 @@ TEST_CASE("with two chunks per stage, any verified schedule gives stages that ag
       if (o[i].chunk == o[i + 1].chunk && (o[i].kind == o[i + 1].kind || o[i].microbatch == o[i + 1].microbatch)) continue;
       std::swap(o[i], o[i + 1]);
     }
-    pipeline::detail::align_links(problem, sched);
+    pipeline::detail::align_links(p.problem, sched);
     try {
-      pipeline::verify(problem, sched);
+      pipeline::verify(p.problem, sched);
     } catch (const error&) {
       continue;
     }
     ++checked;
     split += sched.split_backward;
-    std::vector<plan::plan> plans;
-    for (int st = 0; st < pp; ++st) plans.push_back(pipeline::stage_plan(pipeline::stage_graph(g, s, st, sched), model, "mutated"));
-    for (const auto& [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
-      const auto [sent, received] = link(plans[static_cast<std::size_t>(from)], from, plans[static_cast<std::size_t>(to)], to, s.axis);
-      CAPTURE(iter, from, to);
-      REQUIRE(sent.size() == static_cast<std::size_t>(3 * m));
-      REQUIRE(sent == received);
-    }
+    CAPTURE(iter);
+    p.check_links_agree(sched);
   }
   CHECK(checked >= 100);
   CHECK(split >= 40);
