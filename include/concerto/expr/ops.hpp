@@ -238,7 +238,7 @@ template <int Dim, expression X>
 }
 /// @brief x `[..., a, b, ...]` as `[..., b, a, ...]`: dims `Dim` and `Dim + 1` swapped (by default
 /// the two leading ones: column attention as row attention of the transposed pair
-/// representation; `transpose<2>` of `[batch, rows, p, cols, p, c]` gathers an image's patches).
+/// representation; `transpose<1>` of `[batch·rows, p, cols, p·c]` gathers an image's patches).
 /// Each mesh axis follows its dimension. Linear: a pending sum goes through.
 template <int Dim = 0, expression X>
 [[nodiscard]] constexpr node_expr<op_code::transpose, detail::settings_extra<dim_range{Dim, Dim + 1}>, std::remove_cvref_t<X>>

@@ -175,7 +175,7 @@ enum class task_form : std::uint8_t {
   matmul,      ///< m, n, k, batch and the transposes
   rope,        ///< its rows, head_dim (from the program's attention) and theta
   attention,   ///< batch, seq, heads, kv_heads, group, head_dim, causal (whole heads per rank, checked)
-  transpose,   ///< the pair's extents (rows, cols), the sizes before (outer) and after (inner) it
+  transpose,   ///< the pair's extents (rows, cols), the size after it (inner) and, optional, before it (outer, 1 by default)
   embedding,   ///< tokens, vocab, hidden, and the mesh axis splitting the table's vocabulary
   loss,        ///< rows of the first operand and the entry's `loss_attrs`
   moe,         ///< experts, group, capacity (and top_k, the balance loss's weight) from the routing
@@ -459,7 +459,7 @@ inline constexpr op_info table[op_count] = {
         b::terms, {term(op::sigmoid_grad, {a::out, a::dout})}),
     dsl(formed(task_form::transpose, with_attrs(compute(op::transpose, "transpose", k::copy, list({"x"}), list({"out"}),
                                                         f::none, 0),
-                                                {"outer", "rows", "cols", "inner"})),
+                                                {"rows", "cols", "inner"})),
         1, r::swap_dims, b::terms, {term(op::transpose, {a::dout})}),
     dsl(compute(op::tanh, "tanh", k::elementwise, list({"x"}), list({"out"}), f::per_output, 4), 1, r::pointwise, b::terms,
         {term(op::tanh_grad, {a::out, a::dout})}),

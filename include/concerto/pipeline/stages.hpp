@@ -489,7 +489,7 @@ private:
   // task, whether or not that task reads them (chunk 0's backward is all W: nothing waits for
   // its input gradient), so each link's messages arrive in the order of the receiving blocks,
   // which pipeline::verify checks against the sender's. Within a block, in the order the
-  // sender's tasks write them (it sends each after its last writer).
+  // sender sends them: by last writer, and one writer's in the order of its writes.
   using arrival = std::pair<std::size_t, std::size_t>; // root buffer, first reader
   [[nodiscard]] std::vector<std::array<std::vector<arrival>, 2>>
   block_arrivals(const std::vector<std::vector<std::size_t>>& chunk_tasks) const {
@@ -504,9 +504,15 @@ private:
           seen[r] = 1;
           out[c][gradient(r) ? 1 : 0].emplace_back(r, t);
         }
+    const auto send_order = [&](const arrival& a) {
+      const auto writer = s_.buffers[a.first].last_writer;
+      const auto& writes = g_.tasks[static_cast<std::size_t>(writer)].writes;
+      std::size_t k = 0;
+      while (k < writes.size() && root(writes[k]) != a.first) ++k;
+      return std::pair{writer, k};
+    };
     for (auto& passes : out)
-      for (auto& list : passes)
-        std::ranges::sort(list, {}, [&](const arrival& a) { return s_.buffers[a.first].last_writer; });
+      for (auto& list : passes) std::ranges::sort(list, {}, send_order);
     return out;
   }
 
