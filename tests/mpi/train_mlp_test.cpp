@@ -7,6 +7,8 @@
 // the central differences of the loss.
 #include "train_testing.hpp"
 
+#include <catch2/matchers/catch_matchers_string.hpp>
+
 #include <concerto/concerto.hpp>
 
 #include <cmath>
@@ -467,6 +469,17 @@ TEST_CASE("batch normalisation's running statistics: every mesh keeps the single
   fresh.import_safetensors(file);
   CHECK(fresh.parameter("g.running") == running);
   CHECK(fresh.evaluate(images()) == one.evaluate(images()));
+  // Running statistics of another shape, or a tensor that is neither, are refused by name.
+  const auto write = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    train::safetensors::writer w;
+    for (const auto& [tensor, t] : contents.tensors) w.add(tensor, t.shape, contents.values(tensor));
+    w.add(name, shape, std::vector<float>(static_cast<std::size_t>(shape[0] * shape[1]), 1.0f));
+    write_file_atomically(file, std::move(w).finish());
+  };
+  write("g.running.extra", {2, F});
+  CHECK_THROWS_WITH(fresh.import_safetensors(file),
+                    Catch::Matchers::ContainsSubstring("'g.running.extra', which is no parameter of the program nor one of its "
+                                                       "batch norms' running statistics"));
   std::filesystem::remove(file);
   (void)one(images());
   CHECK(one.parameter("g.running") != running);

@@ -284,8 +284,8 @@ public:
       for (const auto& [name, e] : file->tensors) {
         if (std::find(params_.begin(), params_.end(), name) != params_.end()) continue;
         if (std::find(running_.begin(), running_.end(), name) == running_.end())
-          fail(what + " holds tensor '" + name +
-               "', which is no parameter (nor batch norm's running statistics) of the program (rename it, or drop it from the file)");
+          fail(what + " holds tensor '" + name + "', which is no parameter of the program" +
+               (running_.empty() ? "" : " nor one of its batch norms' running statistics") + " (rename it, or drop it from the file)");
         check_shape(what, name, e.shape);
       }
     });
