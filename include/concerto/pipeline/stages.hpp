@@ -491,6 +491,11 @@ private:
   // which pipeline::verify checks against the sender's. Within a block, in the order the
   // sender sends them: by last writer, and one writer's in the order of its writes.
   using arrival = std::pair<std::size_t, std::size_t>; // root buffer, first reader
+  // Whether root buffer r is a message that chunk c of this stage receives (from a chunk of
+  // another stage; a value of a chunk on the same stage is shared, no message).
+  [[nodiscard]] bool received_by(std::size_t r, int c) const {
+    return s_.buffers[r].message >= 0 && s_.buffers[r].message_to == c && s_.stage_of_chunk(s_.buffers[r].owner) != stage_;
+  }
   [[nodiscard]] std::vector<std::array<std::vector<arrival>, 2>>
   block_arrivals(const std::vector<std::vector<std::size_t>>& chunk_tasks) const {
     std::vector<std::array<std::vector<arrival>, 2>> out(chunk_tasks.size());
@@ -499,8 +504,7 @@ private:
       for (const auto t : chunk_tasks[c])
         for (const auto rb : g_.tasks[t].reads) {
           const auto r = root(rb);
-          if (seen[r] || s_.buffers[r].message < 0 || s_.buffers[r].message_to != static_cast<int>(c)) continue;
-          if (s_.stage_of_chunk(s_.buffers[r].owner) == stage_) continue; // same stage: shared, no message
+          if (seen[r] || !received_by(r, static_cast<int>(c))) continue;
           seen[r] = 1;
           out[c][gradient(r) ? 1 : 0].emplace_back(r, t);
         }
@@ -610,8 +614,7 @@ private:
     if (mb)
       for (const auto rb : src.reads) {
         const auto r = root(rb);
-        if (s_.buffers[r].message < 0 || s_.buffers[r].message_to != s_.tasks[t].chunk) continue;
-        if (s_.stage_of_chunk(s_.buffers[r].owner) == stage_ || received_[r][static_cast<std::size_t>(m)]) continue;
+        if (!received_by(r, s_.tasks[t].chunk) || received_[r][static_cast<std::size_t>(m)]) continue;
         fail("pipeline: task '" + src.name + "' of stage " + std::to_string(stage_) + " reads message '" + g_.buffers[r].name +
              "' of micro-batch " + std::to_string(m) + " before its block received it (the schedule runs a W block before its B)");
       }
