@@ -28,19 +28,28 @@ if(NOT TARGET concerto_blas)
   target_include_directories(concerto_blas INTERFACE ${CONCERTO_CBLAS_INCLUDE_DIR})
 endif()
 
-# CUDA Toolkit and NCCL are optional: without them the GPU target is not defined.
+# CUDA Toolkit, NCCL and cuDNN are optional: without them the GPU target is not defined.
+# (cuDNN runs the convolutions, runtime/cuda/convolution.hpp; it installs beside the toolkit.)
 set(CONCERTO_HAS_NCCL OFF)
 find_package(CUDAToolkit QUIET)
 if(CUDAToolkit_FOUND)
   find_library(CONCERTO_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64)
   find_path(CONCERTO_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-  if(CONCERTO_NCCL_LIBRARY AND CONCERTO_NCCL_INCLUDE_DIR)
+  find_library(CONCERTO_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+  find_path(CONCERTO_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(CONCERTO_NCCL_LIBRARY AND CONCERTO_NCCL_INCLUDE_DIR AND CONCERTO_CUDNN_LIBRARY AND CONCERTO_CUDNN_INCLUDE_DIR)
     if(NOT TARGET concerto_nccl_lib)
       add_library(concerto_nccl_lib UNKNOWN IMPORTED)
       set_target_properties(concerto_nccl_lib PROPERTIES
         IMPORTED_LOCATION ${CONCERTO_NCCL_LIBRARY}
         INTERFACE_INCLUDE_DIRECTORIES ${CONCERTO_NCCL_INCLUDE_DIR})
+      add_library(concerto_cudnn_lib UNKNOWN IMPORTED)
+      set_target_properties(concerto_cudnn_lib PROPERTIES
+        IMPORTED_LOCATION ${CONCERTO_CUDNN_LIBRARY}
+        INTERFACE_INCLUDE_DIRECTORIES ${CONCERTO_CUDNN_INCLUDE_DIR})
     endif()
     set(CONCERTO_HAS_NCCL ON)
+  elseif(NOT CONCERTO_CUDNN_LIBRARY OR NOT CONCERTO_CUDNN_INCLUDE_DIR)
+    message(STATUS "concerto: cuDNN not found beside the CUDA Toolkit, the GPU backend is not built")
   endif()
 endif()

@@ -6,10 +6,14 @@
 // changes nothing): those rows are labelled as such, and measure copy contention, not NCCL's.
 // Then the time of each kernel one block of the GPU-sized GPT of bench/gpu/run calls (width
 // 1024, 16 heads, 256 tokens x 32 sequences, ffn 4096; fp32 products with and without TF32),
-// so that its measured step can be taken apart kernel by kernel.
+// so that its measured step can be taken apart kernel by kernel. Then convolutions at Wide-ResNet
+// shapes (the 250M model's stem, a 1x1 reduce, 3x3 convs at stride 1 and 2; 8 images): forward
+// and both gradients, concerto's own kernels next to cuDNN's plans (fp32 and TF32).
 // Writes JSON to argv[1] (default gpu_bench.json).
 // Build: bench/gpu/run does it (nvcc, one translation unit).
+#include <concerto/ir/task_attrs.hpp>
 #include <concerto/runtime/cuda/blas.hpp>
+#include <concerto/runtime/cuda/convolution.hpp>
 #include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
 #include <concerto/runtime/cuda/stream.hpp>
@@ -65,6 +69,64 @@ float time_ms(cudaStream_t s, int reps, F&& f) {
   b.record(s);
   b.synchronize();
   return cu::event::elapsed_ms(a, b) / static_cast<float>(reps);
+}
+
+// Convolutions at Wide-ResNet shapes (8 images), each pass by concerto's own kernels and by
+// cuDNN's plans (fp32, TF32): JSON rows, printed as they are measured. A, B, C are random
+// buffers large enough for every operand.
+std::string conv_rows(const cu::device_buffer& A, const cu::device_buffer& B, const cu::device_buffer& C,
+                      const cu::device_buffer& ws, cudaStream_t s) {
+  std::string json;
+  bool first = true;
+  struct conv_case {
+    const char* name;
+    concerto::ir::conv_geometry g;
+  };
+  const conv_case cases[] = {{"stem 7x7/2 3->160 224^2", {8, 224, 224, 3, 160, 7, 7, 2, 3}},
+                             {"reduce 1x1 640->160 56^2", {8, 56, 56, 640, 160, 1, 1, 1, 0}},
+                             {"mid 3x3 320->320 56^2", {8, 56, 56, 320, 320, 3, 3, 1, 1}},
+                             {"mid 3x3/2 640->640 56^2", {8, 56, 56, 640, 640, 3, 3, 2, 1}}};
+  const char* pass_names[] = {"forward", "grad_input", "grad_weight"};
+  cu::dnn_handle dnn;
+  float* x = A.as<float>();  // x, or dy for the image's gradient
+  float* w = B.as<float>();  // w, or dy for the kernel's gradient
+  float* y = C.as<float>();
+  for (const auto& c : cases)
+    for (int pass = 0; pass < 3; ++pass) {
+      const auto& g = c.g;
+      const float own = time_ms(s, 3, [&] {
+        if (pass == 0) cu::conv2d(x, w, y, g, s);
+        else if (pass == 1) cu::conv2d_grad_input(x, w, y, g, s);
+        else cu::conv2d_grad_weight(x, w, y, g, false, s);
+      });
+      float dnn_ms[2] = {-1.0f, -1.0f};
+      std::string layout[2] = {"none", "none"};
+      for (const bool tf32 : {false, true}) {
+        const cu::conv_plan plan(dnn, {.geometry = g, .pass = static_cast<cu::conv_pass>(pass), .allow_tf32 = tf32,
+                                       .workspace_limit = ws.size()});
+        if (!plan) {
+          std::printf("conv %s %s: cuDNN %s: %s\n", c.name, pass_names[pass], tf32 ? "tf32" : "fp32", plan.reason().c_str());
+          continue;
+        }
+        // A KRSC plan's kernel transpose (dispatch.cuh stages it) is not timed: it moves the weights once.
+        layout[tf32] = plan.filter() == cu::filter_layout::hwio ? "hwio" : "krsc";
+        dnn_ms[tf32] = time_ms(s, 5, [&] { plan.run(dnn, x, w, y, ws.data(), s); });
+      }
+      const double tflop = g.flops() / 1e12;
+      char row[400];
+      std::snprintf(row, sizeof row,
+                    "%s    {\"conv\": \"%s\", \"pass\": \"%s\", \"gflop\": %.2f, \"own_ms\": %.4f, "
+                    "\"cudnn_fp32_ms\": %.4f, \"cudnn_tf32_ms\": %.4f, \"cudnn_filter\": [\"%s\", \"%s\"]}",
+                    first ? "" : ",\n", c.name, pass_names[pass], tflop * 1e3, own, dnn_ms[0], dnn_ms[1],
+                    layout[0].c_str(), layout[1].c_str());
+      json += row;
+      first = false;
+      std::printf("conv %-26s %-11s own %8.3f ms (%6.1f TFLOP/s)  cuDNN fp32 %8.3f ms (%6.1f)  tf32 %8.3f ms (%6.1f)\n",
+                  c.name, pass_names[pass], own, tflop / (own * 1e-3), dnn_ms[0],
+                  dnn_ms[0] > 0 ? tflop / (dnn_ms[0] * 1e-3) : 0.0, dnn_ms[1],
+                  dnn_ms[1] > 0 ? tflop / (dnn_ms[1] * 1e-3) : 0.0);
+    }
+  return json;
 }
 
 } // namespace
@@ -153,7 +215,7 @@ int main(int argc, char** argv) {
     const auto s = compute.get();
     kernel_row("causal_attention", time_ms(s, 10, [&] { cu::causal_attention(f(0), f(1), f(2), f(3), f(4), att, s); }));
     kernel_row("causal_attention_grad", time_ms(s, 10, [&] {
-                 cu::causal_attention_grad(f(0), f(1), f(2), f(5), f(4), f(6), f(7), f(3), C.as<float>(), att, s);
+                 cu::causal_attention_grad(f(0), f(1), f(2), f(3), f(5), f(4), f(6), f(7), f(3), C.as<float>(), att, s);
                }));
     kernel_row("layernorm", time_ms(s, 10, [&] { cu::layernorm(f(0), f(1), f(2), f(3), f(4), f(5), rows, width, 1e-5f, s); }));
     kernel_row("layernorm_grad", time_ms(s, 10, [&] {
@@ -173,6 +235,7 @@ int main(int argc, char** argv) {
                  cu::cross_entropy_grad(f(0), targets.as<std::int32_t>(), f(1), f(2), rows, vocab, 1.0f, s);
                }));
   }
+  json += "\n  ],\n  \"conv\": [\n" + conv_rows(A, B, C, ws, compute.get());
   // Overlap: a bf16 4096^3 matmul alone, then
   // while a 256 MiB D2D copy or an NCCL all-reduce of 256 MiB runs on a second stream. With
   // one rank the all-reduce is a device copy (see the file comment), labelled so.

@@ -17,7 +17,10 @@
 #include <concerto/runtime/dispatch.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -25,6 +28,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ir = concerto::ir;
@@ -48,6 +52,10 @@ struct twin {
   cu::blas_handle blas;
   cu::device_buffer blas_ws{blas_bytes}, words{2 * sizeof(std::int64_t)};
   std::vector<cu::gemm> products;
+  cu::dnn_handle dnn;
+  bool use_cudnn = true;  // convolutions through cuDNN plans (else the own kernels)
+  bool allow_tf32 = false;
+  std::vector<cu::conv_plan> convs;
 
   twin(const ir::graph& graph, std::vector<int> coords, std::int64_t id_bound, std::uint32_t seed)
       : g(graph), host(g, rt::make_layout(g, rt::workspace_bytes(g))),
@@ -88,6 +96,7 @@ struct twin {
               "cudaMemcpy");
     const cu::device_context ctx{lane.get(),
                                  &blas,
+                                 &dnn,
                                  blas_ws.data(),
                                  blas_bytes,
                                  reinterpret_cast<float*>(dev.scratch() + blas_bytes),
@@ -95,15 +104,21 @@ struct twin {
                                  reinterpret_cast<const std::int64_t*>(words.data() + sizeof(std::int64_t)),
                                  static_cast<std::size_t>(ws) / sizeof(float)};
     products.reserve(g.tasks.size());
+    convs.reserve(g.tasks.size());
     for (const auto& t : g.tasks) {
       const auto call = rt::decode(g, t, settings.coords);
       rt::run_kernel(call, host, settings);
       const cu::gemm* product = nullptr;
+      const cu::conv_plan* conv = nullptr;
       if (t.fn == ir::op::matmul) {
         products.push_back(cu::describe_gemm(call, dev, blas, blas_bytes));
         product = &products.back();
       }
-      cu::run_kernel(call, dev, settings, ctx, product);
+      if (use_cudnn && (t.fn == ir::op::conv2d || t.fn == ir::op::conv2d_grad_input || t.fn == ir::op::conv2d_grad_weight)) {
+        convs.push_back(cu::describe_conv(call, dev, dnn, blas_bytes, allow_tf32));
+        conv = &convs.back();
+      }
+      cu::run_kernel(call, dev, settings, ctx, product, conv);
     }
     cu::check(cudaStreamSynchronize(lane.get()), "cudaStreamSynchronize");
     int status = -1;
@@ -299,14 +314,15 @@ TEST_CASE("tanh, a table broadcast over rows and their gradients match the CPU d
   CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-6f) == 4);
 }
 
-TEST_CASE("conv2d and its gradients match the CPU dispatch: strides, padding, a pointwise kernel, accumulation",
-          "[gpu][dispatch][conv2d]") {
-  CONCERTO_REQUIRE_GPU();
+namespace dispatch_testing {
+// Forward, both gradients and an accumulated kernel gradient of three convolutions: strides,
+// padding, a pointwise kernel. Returns the graph and the number of buffers it writes.
+inline std::pair<ir::graph, std::size_t> conv_graph() {
   struct shape {
     std::int64_t batch, height, width, in, out, kernel, stride, padding;
   };
   ir::builder b("conv");
-  int written = 0;
+  std::size_t written = 0;
   for (const auto& s : {shape{2, 7, 6, 3, 5, 3, 2, 1}, shape{1, 5, 5, 4, 2, 1, 1, 0}, shape{2, 6, 6, 2, 3, 5, 1, 2}}) {
     const ir::conv_geometry g{s.batch, s.height, s.width, s.in, s.out, s.kernel, s.kernel, s.stride, s.padding};
     const std::string at = std::to_string(written);
@@ -327,10 +343,67 @@ TEST_CASE("conv2d and its gradients match the CPU dispatch: strides, padding, a 
     b.compute(op::conv2d_grad_weight, "conv.dw+" + at, {x, y}, {dw}, accumulated); // a second micro-batch's sum
     written += 3;
   }
-  const auto graph = std::move(b).finish();
-  twin tw(graph, {}, 1, 37);
-  CHECK(tw.run() == 0);
-  CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == static_cast<std::size_t>(written));
+  return {std::move(b).finish(), written};
+}
+} // namespace dispatch_testing
+
+TEST_CASE("conv2d and its gradients match the CPU dispatch: strides, padding, a pointwise kernel, accumulation",
+          "[gpu][dispatch][conv2d]") {
+  CONCERTO_REQUIRE_GPU();
+  const auto [graph, written] = dispatch_testing::conv_graph();
+  SECTION("the own kernels") {
+    twin tw(graph, {}, 1, 37);
+    tw.use_cudnn = false;
+    CHECK(tw.run() == 0);
+    CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == written);
+  }
+  SECTION("cuDNN plans, the kernel described as HWIO by strides") {
+    twin tw(graph, {}, 1, 37);
+    CHECK(tw.run() == 0);
+    CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == written);
+    for (const auto& plan : tw.convs) CHECK(static_cast<bool>(plan));
+  }
+#ifdef CONCERTO_CUDA_EMULATION
+  // What only the emulated cuDNN can be made to do: engines that refuse a strided kernel (the
+  // kernel then goes to cuDNN as KRSC, staged by a transpose), none at all, and TF32 allowed.
+  auto& emulated = cudnn_emulation::settings;
+  const auto before = emulated.executions;
+  SECTION("engines that take only a packed KRSC kernel: staged, its gradient transposed back and accumulated") {
+    emulated.packed_filters_only = true;
+    twin tw(graph, {}, 1, 37);
+    CHECK(tw.run() == 0);
+    emulated.packed_filters_only = false;
+    CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == written);
+    for (const auto& plan : tw.convs) CHECK(plan.filter() == cu::filter_layout::krsc);
+    CHECK(emulated.executions - before == static_cast<long long>(tw.convs.size()));
+  }
+  SECTION("without an engine the own kernels run, and the plan says why") {
+    emulated.no_engines = true;
+    twin tw(graph, {}, 1, 37);
+    CHECK(tw.run() == 0);
+    emulated.no_engines = false;
+    CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-5f) == written);
+    CHECK(emulated.executions == before);
+    REQUIRE_FALSE(tw.convs.empty());
+    CHECK_THAT(tw.convs.front().reason(), Catch::Matchers::ContainsSubstring("no engine for a HWIO filter") &&
+                                              Catch::Matchers::ContainsSubstring("no TF32"));
+  }
+  SECTION("the heuristic's first engine is a TF32 one: taken only when allowed (its rounding shows at 1e-4)") {
+    twin strict(graph, {}, 1, 37);
+    CHECK(strict.run() == 0);
+    twin fast(graph, {}, 1, 37);
+    fast.allow_tf32 = true;
+    CHECK(fast.run() == 0);
+    CHECK(dispatch_testing::compare_written(fast, 5e-2f, 5e-3f) == written);
+    double worst = 0;
+    for (const auto& t : graph.tasks)
+      for (const auto b : t.writes) {
+        const auto a = strict.gpu(b), f = fast.gpu(b);
+        for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - f[i]));
+      }
+    CHECK(worst > 1e-5); // the TF32 engine ran
+  }
+#endif
 }
 
 TEST_CASE("max and average pooling and their gradients match the CPU dispatch: overlapping, padded and disjoint windows",

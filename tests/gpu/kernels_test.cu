@@ -159,13 +159,19 @@ TEST_CASE("Llama's kernels (rmsnorm, silu, mul, swiglu, rope) match the CPU kern
 TEST_CASE("causal attention matches the CPU kernel forward and backward", "[gpu][kernels][attention]") {
   CONCERTO_REQUIRE_GPU();
   cu::stream s;
-  // Multi-head; grouped-query (3 q heads per kv head); and a rank holding q heads 2..3 of 6 with
-  // both kv heads (kv replicated while q is split): its dk, dv are the partial sums of its heads.
+  // Multi-head; grouped-query (3 q heads per kv head); a rank holding q heads 2..3 of 6 with
+  // both kv heads (kv replicated while q is split): its dk, dv are the partial sums of its heads;
+  // then each tile shape of the tiled kernels (head_dim up to 64, 128, 256) over several tiles
+  // of rows and a partial last one, causal and not.
   for (const cpu::attention_shape& sh : {cpu::attention_shape{.batch = 2, .seq = 33, .heads = 3, .head_dim = 16},
                                         cpu::attention_shape{.batch = 2, .seq = 17, .heads = 6, .head_dim = 8, .kv_heads = 2, .group = 3},
                                         cpu::attention_shape{.batch = 1, .seq = 9, .heads = 2, .head_dim = 4, .kv_heads = 2, .group = 3,
-                                                             .first_head = 2}}) {
-    CAPTURE(sh.heads, sh.kv(), sh.first_head);
+                                                             .first_head = 2},
+                                        cpu::attention_shape{.batch = 1, .seq = 70, .heads = 2, .head_dim = 64, .causal = false},
+                                        cpu::attention_shape{.batch = 1, .seq = 45, .heads = 2, .head_dim = 96, .kv_heads = 1, .group = 2},
+                                        cpu::attention_shape{.batch = 1, .seq = 37, .heads = 1, .head_dim = 160},
+                                        cpu::attention_shape{.batch = 1, .seq = 21, .heads = 1, .head_dim = 130, .causal = false}}) {
+    CAPTURE(sh.seq, sh.heads, sh.kv(), sh.first_head, sh.head_dim, sh.causal);
     const auto n = sh.q_floats(), nkv = sh.kv_floats(), nl = sh.lse_floats();
     const auto q = random(n, 21), k = random(nkv, 22), v = random(nkv, 23), dout = random(n, 24);
     std::vector<float> out(n), lse(nl), dq(n), dk(nkv), dv(nkv), ws(cpu::causal_attention_grad_workspace_floats(sh));
@@ -176,7 +182,8 @@ TEST_CASE("causal attention matches the CPU kernel forward and backward", "[gpu]
     cu::causal_attention(gq.p(), gk.p(), gv.p(), gout.p(), glse.p(), sh, s.get());
     check_close(gout.get(), out, 1e-3f, 1e-5f);
     check_close(glse.get(), lse, 1e-4f, 1e-5f);
-    cu::causal_attention_grad(gq.p(), gk.p(), gv.p(), gdout.p(), glse.p(), gdq.p(), gdk.p(), gdv.p(), gws.p(), sh, s.get());
+    cu::causal_attention_grad(gq.p(), gk.p(), gv.p(), gout.p(), gdout.p(), glse.p(), gdq.p(), gdk.p(), gdv.p(), gws.p(), sh,
+                              s.get());
     check_close(gdq.get(), dq, 1e-3f, 1e-5f);
     check_close(gdk.get(), dk, 1e-3f, 1e-5f);
     check_close(gdv.get(), dv, 1e-3f, 1e-5f);

@@ -73,6 +73,72 @@ def env_int(*names):
     sys.exit(f"torch_peer.py: none of {', '.join(names)} is set; launch it with mpirun (one rank per host)")
 
 
+def gpt_model(hidden, heads, layers, vocab, seq):
+    """examples/gpt's model in PyTorch (the module comment says what it is); also the model that
+    bench/cpu_kernels/gpt_vs_torch.py times op by op."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class gpt(nn.Module):
+        """examples/gpt/model.hpp in PyTorch: the same parameters, named and shaped as there."""
+
+        def __init__(self):
+            super().__init__()
+            if hidden % heads:
+                sys.exit(f"torch_peer.py: hidden {hidden} is not divisible by {heads} heads")
+            torch.manual_seed(1234)  # the same weights on every rank, as DDP expects
+
+            # As concerto's train::step: matrices uniform with variance 1/rows, gains 1, biases 0.
+            def matrix(rows, cols):
+                return nn.Parameter((torch.rand(rows, cols) * 2 - 1) * (3 / rows) ** 0.5)
+
+            def norm():
+                return nn.ParameterDict({"g": nn.Parameter(torch.ones(hidden)), "b": nn.Parameter(torch.zeros(hidden))})
+
+            # Registered about in the order of use (DDP fills its first buckets in reverse order); DDP
+            # rebuilds its buckets in the order the gradients came after the first (warm-up) step.
+            self.wte = matrix(vocab, hidden)
+            self.blocks = nn.ModuleList()
+            for _ in range(layers):
+                blk = nn.Module()
+                blk.ln1 = norm()
+                blk.wq, blk.wk, blk.wv, blk.wo = (matrix(hidden, hidden) for _ in range(4))
+                blk.ln2 = norm()
+                blk.fc1, blk.fc2 = matrix(hidden, 4 * hidden), matrix(4 * hidden, hidden)
+                self.blocks.append(blk)
+            self.lnf = norm()
+            # In a submodule: a module's own parameters come before its submodules' in parameters().
+            self.out = nn.ParameterDict({"head": matrix(hidden, vocab)})
+            # A plain attribute, not a buffer: DDP would broadcast a buffer before every forward.
+            self.future = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+
+        @staticmethod
+        def layernorm(x, ln):
+            return F.layer_norm(x, (x.shape[-1],), ln["g"], ln["b"], eps=1e-5)
+
+        def attention(self, q, k, v):
+            b, t, _ = q.shape
+            d = hidden // heads
+            # [b, t, heads*d] -> [b, heads, t, d]: head i is columns [i*d, (i+1)*d), as concerto's kernel.
+            q, k, v = (x.view(b, t, heads, d).transpose(1, 2) for x in (q, k, v))
+            scores = (q @ k.transpose(-2, -1)) * d ** -0.5
+            scores = scores.masked_fill(self.future[:t, :t], float("-inf"))
+            return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, hidden)
+
+        def forward(self, ids):
+            x = F.embedding(ids, self.wte)
+            for blk in self.blocks:
+                m = self.layernorm(x, blk.ln1)
+                x = x + self.attention(m @ blk.wq, m @ blk.wk, m @ blk.wv) @ blk.wo
+                m = self.layernorm(x, blk.ln2)
+                x = x + F.gelu(m @ blk.fc1, approximate="tanh") @ blk.fc2
+            return self.layernorm(x, self.lnf) @ self.out["head"]
+
+
+    return gpt()
+
+
 def main():
     a = parse()
     rank = env_int("OMPI_COMM_WORLD_RANK", "RANK")
@@ -135,61 +201,6 @@ def main():
             out = reduce_from_tp.apply(F.linear(y, self.w2))
             return out if self.b2 is None else out + self.b2
 
-    class gpt(nn.Module):
-        """examples/gpt/model.hpp in PyTorch: the same parameters, named and shaped as there."""
-
-        def __init__(self):
-            super().__init__()
-            if h % a.heads:
-                sys.exit(f"torch_peer.py: hidden {h} is not divisible by {a.heads} heads")
-            torch.manual_seed(1234)  # the same weights on every rank, as DDP expects
-
-            # As concerto's train::step: matrices uniform with variance 1/rows, gains 1, biases 0.
-            def matrix(rows, cols):
-                return nn.Parameter((torch.rand(rows, cols) * 2 - 1) * (3 / rows) ** 0.5)
-
-            def norm():
-                return nn.ParameterDict({"g": nn.Parameter(torch.ones(h)), "b": nn.Parameter(torch.zeros(h))})
-
-            # Registered about in the order of use (DDP fills its first buckets in reverse order); DDP
-            # rebuilds its buckets in the order the gradients came after the first (warm-up) step.
-            self.wte = matrix(a.vocab, h)
-            self.blocks = nn.ModuleList()
-            for _ in range(a.layers):
-                blk = nn.Module()
-                blk.ln1 = norm()
-                blk.wq, blk.wk, blk.wv, blk.wo = (matrix(h, h) for _ in range(4))
-                blk.ln2 = norm()
-                blk.fc1, blk.fc2 = matrix(h, 4 * h), matrix(4 * h, h)
-                self.blocks.append(blk)
-            self.lnf = norm()
-            # In a submodule: a module's own parameters come before its submodules' in parameters().
-            self.out = nn.ParameterDict({"head": matrix(h, a.vocab)})
-            # A plain attribute, not a buffer: DDP would broadcast a buffer before every forward.
-            self.future = torch.ones(a.seq, a.seq, dtype=torch.bool).triu(1)
-
-        @staticmethod
-        def layernorm(x, ln):
-            return F.layer_norm(x, (x.shape[-1],), ln["g"], ln["b"], eps=1e-5)
-
-        def attention(self, q, k, v):
-            b, t, _ = q.shape
-            d = h // a.heads
-            # [b, t, heads*d] -> [b, heads, t, d]: head i is columns [i*d, (i+1)*d), as concerto's kernel.
-            q, k, v = (x.view(b, t, a.heads, d).transpose(1, 2) for x in (q, k, v))
-            scores = (q @ k.transpose(-2, -1)) * d ** -0.5
-            scores = scores.masked_fill(self.future[:t, :t], float("-inf"))
-            return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h)
-
-        def forward(self, ids):
-            x = F.embedding(ids, self.wte)
-            for blk in self.blocks:
-                m = self.layernorm(x, blk.ln1)
-                x = x + self.attention(m @ blk.wq, m @ blk.wk, m @ blk.wv) @ blk.wo
-                m = self.layernorm(x, blk.ln2)
-                x = x + F.gelu(m @ blk.fc1, approximate="tanh") @ blk.fc2
-            return self.layernorm(x, self.lnf) @ self.out["head"]
-
     def run(mode):
         torch.manual_seed(99 + rank)
         if mode == "gpt" or mode.startswith("gpt:"):
@@ -234,7 +245,7 @@ def main():
             sys.exit(f"torch_peer.py: batch {a.batch} is not divisible by {world} ranks")
         bucket = float(mode.split(":")[1]) if ":" in mode else None
         kwargs = {} if bucket is None else {"bucket_cap_mb": bucket}
-        model = nn.parallel.DistributedDataParallel(gpt(), **kwargs)
+        model = nn.parallel.DistributedDataParallel(gpt_model(h, a.heads, a.layers, a.vocab, a.seq), **kwargs)
         torch.manual_seed(99 + rank)  # each rank its own sequences
         ids = torch.randint(0, a.vocab, (a.batch // world, a.seq))
         labels = torch.randint(0, a.vocab, (a.batch // world, a.seq))

@@ -23,6 +23,7 @@
 #include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/runtime/cuda/blas.hpp>
+#include <concerto/runtime/cuda/convolution.hpp>
 #include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
 #include <concerto/runtime/cuda/moe.cuh>
@@ -36,11 +37,13 @@
 
 namespace concerto::runtime::cuda {
 
-/// @brief What a kernel call needs besides its buffers: the stream, the cuBLASLt handle and the
-/// device words the backend owns. All pointers are device pointers except `blas`.
+/// @brief What a kernel call needs besides its buffers: the stream, the cuBLASLt and cuDNN handles
+/// and the device words the backend owns. All pointers are device pointers except the handles.
+/// cuBLASLt and cuDNN share one library workspace: both run on the compute stream, one at a time.
 struct device_context {
   cudaStream_t stream = nullptr;
   const blas_handle* blas = nullptr;
+  const dnn_handle* dnn = nullptr;
   void* blas_workspace = nullptr;
   std::size_t blas_workspace_bytes = 0;
   float* workspace = nullptr;             ///< device_workspace_bytes(graph) bytes
@@ -87,6 +90,9 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
   case op::moe_dispatch_grad:
   case op::moe_combine:
   case op::moe_combine_grad: return detail::padded(moe_workspace_floats(c.fn, c.moe));
+  case op::conv2d:
+  case op::conv2d_grad_input:
+  case op::conv2d_grad_weight: return 2 * detail::padded(static_cast<std::size_t>(c.conv.w_values())); // a KRSC kernel staged for cuDNN
   default: return 0;
   }
 }
@@ -273,8 +279,8 @@ inline void run_attention_grad(device_frame& f) {
   float* delta = f.take(a.lse_floats(), "delta");
   causal_attention(f.in(0), f.in(1), f.in(2), out, lse, a, f.st);
   float* d = f.out(0);
-  causal_attention_grad(f.in(0), f.in(1), f.in(2), f.in(3), lse, d, d + a.q_floats(), d + a.q_floats() + a.kv_floats(), delta,
-                        a, f.st);
+  causal_attention_grad(f.in(0), f.in(1), f.in(2), out, f.in(3), lse, d, d + a.q_floats(), d + a.q_floats() + a.kv_floats(),
+                        delta, a, f.st);
 }
 
 inline void run_cross_entropy(device_frame& f) {
@@ -392,8 +398,49 @@ inline void run_cast(device_frame& f) {
   }
 }
 
+// A convolution's pass through its cuDNN plan, or the own kernels where the backend described
+// none. A plan that takes the kernel as KRSC gets it transposed into the workspace ([patch, out]
+// to [out, patch]); its kernel gradient comes back the same way and is added when accumulating.
+inline void run_conv(device_frame& f, const conv_plan* plan) {
+  using ir::op;
+  const auto& c = f.c;
+  const auto st = f.st;
+  if (plan == nullptr || !*plan) {
+    if (c.fn == op::conv2d) cuda::conv2d(f.in(0), f.in(1), f.out(0), c.conv, st);
+    else if (c.fn == op::conv2d_grad_input) cuda::conv2d_grad_input(f.in(0), f.in(1), f.out(0), c.conv, st);
+    else cuda::conv2d_grad_weight(f.in(0), f.in(1), f.out(0), c.conv, c.accumulate, st);
+    return;
+  }
+  const auto& dnn = *f.ctx.dnn;
+  const auto patch = static_cast<std::size_t>(c.conv.patch()), out = static_cast<std::size_t>(c.conv.out_channels);
+  const bool staged = plan->filter() == filter_layout::krsc;
+  if (c.fn != op::conv2d_grad_weight) { // forward (x, w) and the image's gradient (dy, w)
+    const float* w = f.in(1);
+    if (staged) {
+      float* krsc = f.take(patch * out, "a convolution kernel as KRSC");
+      cuda::swap_dims(w, krsc, 1, patch, out, 1, st);
+      w = krsc;
+    }
+    plan->run(dnn, f.in(0), w, f.out(0), f.ctx.blas_workspace, st);
+    return;
+  }
+  if (!staged) {
+    plan->run(dnn, f.in(0), f.in(1), f.out(0), f.ctx.blas_workspace, st);
+    return;
+  }
+  float* krsc = f.take(patch * out, "a convolution kernel's gradient as KRSC");
+  plan->run(dnn, f.in(0), f.in(1), krsc, f.ctx.blas_workspace, st);
+  if (!c.accumulate) {
+    cuda::swap_dims(krsc, f.out(0), 1, out, patch, 1, st);
+    return;
+  }
+  float* hwio = f.take(patch * out, "a convolution kernel's gradient as HWIO");
+  cuda::swap_dims(krsc, hwio, 1, out, patch, 1, st);
+  cuda::add_inplace(f.out(0), hwio, patch * out, st);
+}
+
 // The kernel of the call's op; bf16 operands are staged by the frame (see the file comment).
-inline void run_call(device_frame& f, const gemm* product) {
+inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv) {
   using ir::op;
   const auto& c = f.c;
   const auto& ctx = f.ctx;
@@ -488,9 +535,9 @@ inline void run_call(device_frame& f, const gemm* product) {
   case op::avg_pool: cuda::pool(f.in(0), f.out(0), c.conv, true, st); return;
   case op::max_pool_grad: cuda::pool_grad(f.in(0), f.in(1), f.out(0), c.conv, false, st); return;
   case op::avg_pool_grad: cuda::pool_grad(nullptr, f.in(0), f.out(0), c.conv, true, st); return;
-  case op::conv2d: cuda::conv2d(f.in(0), f.in(1), f.out(0), c.conv, st); return;
-  case op::conv2d_grad_input: cuda::conv2d_grad_input(f.in(0), f.in(1), f.out(0), c.conv, st); return;
-  case op::conv2d_grad_weight: cuda::conv2d_grad_weight(f.in(0), f.in(1), f.out(0), c.conv, c.accumulate, st); return;
+  case op::conv2d:
+  case op::conv2d_grad_input:
+  case op::conv2d_grad_weight: run_conv(f, conv); return;
   case op::silu_grad: cuda::silu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::mul: cuda::mul(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::swiglu: cuda::swiglu(f.in(0), f.in(1), f.out(0), c.n, st); return;
@@ -550,15 +597,39 @@ inline void run_call(device_frame& f, const gemm* product) {
   return gemm(h, s, workspace_bytes);
 }
 
-/// @brief Enqueues one decoded compute task on `ctx.stream`; `product` is the task's
-/// describe_gemm result for a matmul (ignored otherwise).
+/// @brief Describes a decoded convolution pass (conv2d, conv2d_grad_input, conv2d_grad_weight)
+/// for cuDNN, with the alignment its operands have in the arena. The plan may be empty (no engine
+/// suits: `reason()`), and run_kernel then runs the own kernels.
 /// @code
-/// cuda::run_kernel(calls[t.id], arena, settings, ctx, &products[t.id]);
+/// convs[t.id] = cuda::describe_conv(calls[t.id], arena, dnn, cuda::gemm::default_workspace);
+/// @endcode
+[[nodiscard]] inline conv_plan describe_conv(const kernel_call& c, const device_arena& mem, const dnn_handle& h,
+                                             std::size_t workspace_bytes, bool allow_tf32 = false) {
+  using ir::op;
+  CONCERTO_CHECK(c.fn == op::conv2d || c.fn == op::conv2d_grad_input || c.fn == op::conv2d_grad_weight,
+                 detail::call_ref(c) + ": describe_conv takes a convolution's pass");
+  conv_request r;
+  r.geometry = c.conv;
+  r.pass = c.fn == op::conv2d ? conv_pass::forward : c.fn == op::conv2d_grad_input ? conv_pass::grad_input : conv_pass::grad_weight;
+  r.accumulate = c.accumulate;
+  r.allow_tf32 = allow_tf32;
+  r.workspace_limit = workspace_bytes;
+  // bf16 operands are widened into the workspace, whose pieces start on 256 bytes.
+  const auto align = [&](ir::buffer_id b) { return mem.type(b) == ir::dtype::bf16 ? 256u : operand_alignment(mem.ptr(b)); };
+  r.align = std::min({align(c.in[0]), align(c.in[1]), align(c.out[0])});
+  return conv_plan(h, r);
+}
+
+/// @brief Enqueues one decoded compute task on `ctx.stream`; `product` is the task's
+/// describe_gemm result for a matmul, `conv` its describe_conv result for a convolution's pass
+/// (each ignored otherwise; no plan runs the own convolution kernels).
+/// @code
+/// cuda::run_kernel(calls[t.id], arena, settings, ctx, &products[t.id], &convs[t.id]);
 /// @endcode
 inline void run_kernel(const kernel_call& c, const device_arena& mem, const kernel_settings& s, const device_context& ctx,
-                       const gemm* product) {
+                       const gemm* product, const conv_plan* conv = nullptr) {
   detail::device_frame f(c, mem, s, ctx);
-  detail::run_call(f, product);
+  detail::run_call(f, product, conv);
   f.commit();
 }
 } // namespace concerto::runtime::cuda

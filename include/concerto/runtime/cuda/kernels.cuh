@@ -10,7 +10,7 @@
 /// so the two backends agree to rounding: the tests check each pair on random data. The
 /// kernels are simple and correct rather than fast: one block per row for row-wise ops
 /// (deterministic block reductions, no atomics), grid-stride loops for elementwise ones, and
-/// an attention that keeps one row of scores in shared memory (not flash attention). Kernels
+/// a tiled attention with an online softmax (FlashAttention's recurrence; fp32, no tensor cores). Kernels
 /// are templates so that a header included by several translation units links.
 ///
 /// Where the CPU kernel throws on bad data (a target or id outside its range), a device kernel
@@ -60,7 +60,6 @@ namespace concerto::runtime::cuda {
 namespace detail {
 
 inline constexpr int block = 256;       // threads of elementwise and row-wise kernels
-inline constexpr int attention_block = 128;
 
 inline unsigned grid_for(std::size_t n, int threads = block) {
   const std::size_t blocks = (n + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
@@ -301,17 +300,24 @@ __global__ void softmax_grad_k(const float* y, const float* dy, float* dx, std::
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) dx[off + c] = y[off + c] * (dy[off + c] - dot);
 }
 
-// ---- causal attention -----------------------------------------------------------------------
+// ---- attention, tiled: no row of scores is ever held whole ---------------------------------
 // Layout as the CPU kernel: q, out [batch, seq, heads·head_dim]; k, v [batch, seq, kv_heads·head_dim]
 // (grouped-query attention: q head h reads kv head kv_of(h)); lse [batch, heads, seq].
-// Forward and dq: grid (seq, batch·heads), block i of a q head owns query row i. dk, dv: grid
-// (seq, batch·kv_heads), block j of a kv head owns key row j and sums over its group's q heads.
+// A block owns `Rows` rows, 4 threads a row (a quad of one warp), and walks the other side in
+// tiles of `Tile` rows that it stages in shared memory beside its own; the forward's softmax is
+// online (a running maximum and sum, the earlier tiles' output rescaled when the maximum grows:
+// FlashAttention's recurrence), so any sequence length fits and K and V are read once per block
+// of query rows, not once per row. Staged rows have a pitch of head_dim + 1 floats, so the rows
+// the quads of a warp read at once fall in different banks. Forward and dq: grid (query tiles,
+// batch·heads); dk and dv: grid (key tiles, batch·kv_heads), each key row summing every q head of
+// its group on this rank. The backward is FlashAttention-2's without atomics: dq over key tiles,
+// dk and dv over query tiles, both from P = exp(S − lse) and dS = P ∘ (dP − delta), delta =
+// rowsum(dout ∘ out): deterministic.
 struct attention_dims {
   std::size_t seq, heads, kv_heads, head_dim, group, first_head, kv_first_head;
   float scale;
   bool causal;
-  __device__ std::size_t last_key(std::size_t i) const { return causal ? i : seq - 1; }   // as cpu::attention_shape
-  __device__ std::size_t first_query(std::size_t j) const { return causal ? j : 0; }     // the first query key j serves
+  __device__ bool sees(std::size_t i, std::size_t j) const { return i < seq && j < seq && (!causal || j <= i); } // as cpu::attention_shape
   __device__ std::size_t ld() const { return heads * head_dim; }
   __device__ std::size_t ld_kv() const { return kv_heads * head_dim; }
   __device__ std::size_t kv_of(std::size_t h) const { return (first_head + h) / group - kv_first_head; }
@@ -319,104 +325,216 @@ struct attention_dims {
   __device__ std::size_t q_base(std::size_t b, std::size_t h) const { return b * seq * ld() + h * head_dim; }
   __device__ std::size_t kv_base(std::size_t b, std::size_t g) const { return b * seq * ld_kv() + g * head_dim; }
 };
+
+// The four lanes of a row's quad agree on a maximum or a sum.
+__device__ inline float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ inline float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+// Rows [first, first + n) of a head (row r at src + r·ld) into shared rows of pitch D + 1; rows
+// past `limit` are zeros.
+__device__ inline void stage_rows(float* dst, const float* src, std::size_t first, std::size_t n, std::size_t limit,
+                                  std::size_t ld, std::size_t D) {
+  for (std::size_t e = threadIdx.x; e < n * D; e += blockDim.x) {
+    const std::size_t r = e / D, d = e % D;
+    dst[r * (D + 1) + d] = first + r < limit ? src[(first + r) * ld + d] : 0.0f;
+  }
+}
 __device__ inline float dot_rows(const float* a, const float* b, std::size_t n) {
   float s = 0.0f;
   for (std::size_t d = 0; d < n; ++d) s += a[d] * b[d];
   return s;
 }
-template <int = 0>
+
+// A block of query rows (forward, dq): its sequence and q head, where the head's rows and its kv
+// head's start, its first row, and this thread's row and lane in the row's quad.
+struct query_block {
+  std::size_t bh, base, kv_base, first, row, lane, i;
+  __device__ query_block(const attention_dims& a, std::size_t rows)
+      : bh(blockIdx.y), base(a.q_base(bh / a.heads, bh % a.heads)), kv_base(a.kv_base(bh / a.heads, a.kv_of(bh % a.heads))),
+        first(std::size_t{blockIdx.x} * rows), row(threadIdx.x / 4), lane(threadIdx.x % 4), i(first + row) {}
+};
+
+template <int MaxD, int Rows, int Tile>
 __global__ void attention_k(const float* q, const float* k, const float* v, float* out, float* lse, attention_dims a) {
+  static_assert(Tile % 4 == 0 && MaxD % 4 == 0);
   CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
-  float* red = sh;
-  float* p = sh + 32;
-  const std::size_t i = blockIdx.x, bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, D = a.head_dim;
-  const std::size_t ld = a.ld(), ldkv = a.ld_kv(), base = a.q_base(b, h), kvb = a.kv_base(b, a.kv_of(h));
-  const float* qi = q + base + i * ld;
-  float m = -INFINITY;
-  for (std::size_t j = threadIdx.x; j <= a.last_key(i); j += blockDim.x) {
-    p[j] = a.scale * dot_rows(qi, k + kvb + j * ldkv, D);
-    m = fmaxf(m, p[j]);
+  const std::size_t D = a.head_dim, pitch = D + 1, T = a.seq;
+  float* qs = sh;
+  float* ks = qs + Rows * pitch;
+  float* vs = ks + Tile * pitch;
+  float* ps = vs + Tile * pitch; // [Rows][Tile + 1]
+  const query_block blk(a, Rows);
+  const std::size_t bh = blk.bh, base = blk.base, kvb = blk.kv_base, i0 = blk.first, r = blk.row, lane = blk.lane, i = blk.i;
+  stage_rows(qs, q + base, i0, Rows, T, a.ld(), D);
+  float o[MaxD / 4] = {};
+  float m = -INFINITY, l = 0.0f;
+  const std::size_t key_end = a.causal && i0 + Rows < T ? i0 + Rows : T;
+  for (std::size_t j0 = 0; j0 < key_end; j0 += Tile) {
+    __syncthreads(); // the previous tile is read (and, the first time, q is staged)
+    stage_rows(ks, k + kvb, j0, Tile, T, a.ld_kv(), D);
+    stage_rows(vs, v + kvb, j0, Tile, T, a.ld_kv(), D);
+    __syncthreads();
+    float s[Tile / 4];
+    float tile_max = -INFINITY;
+    for (int t = 0; t < Tile / 4; ++t) {
+      const std::size_t c = lane + 4 * static_cast<std::size_t>(t);
+      s[t] = a.sees(i, j0 + c) ? a.scale * dot_rows(qs + r * pitch, ks + c * pitch, D) : -INFINITY;
+      tile_max = fmaxf(tile_max, s[t]);
+    }
+    const float m_new = fmaxf(m, quad_max(tile_max));
+    // A row that has seen no key yet keeps m = -inf: nothing to rescale, every p is 0.
+    const float rescale = m_new == -INFINITY ? 1.0f : expf(m - m_new);
+    float sum = 0.0f;
+    for (int t = 0; t < Tile / 4; ++t) {
+      const float p = s[t] == -INFINITY ? 0.0f : expf(s[t] - m_new);
+      ps[r * (Tile + 1) + lane + 4 * static_cast<std::size_t>(t)] = p;
+      sum += p;
+    }
+    l = l * rescale + quad_sum(sum);
+    m = m_new;
+    __syncthreads(); // the quad's p are published
+    for (int t = 0; t < MaxD / 4; ++t) {
+      const std::size_t d = lane + 4 * static_cast<std::size_t>(t);
+      if (d >= D) break;
+      float acc = 0.0f;
+      for (int c = 0; c < Tile; ++c) acc += ps[r * (Tile + 1) + c] * vs[c * pitch + d];
+      o[t] = o[t] * rescale + acc;
+    }
   }
-  m = block_reduce(m, max_op{}, red);
-  float s = 0.0f;
-  for (std::size_t j = threadIdx.x; j <= a.last_key(i); j += blockDim.x) {
-    p[j] = expf(p[j] - m);
-    s += p[j];
+  if (i >= T) return;
+  const float inv = 1.0f / l; // l > 0: every row sees at least key 0
+  for (int t = 0; t < MaxD / 4; ++t) {
+    const std::size_t d = lane + 4 * static_cast<std::size_t>(t);
+    if (d >= D) break;
+    out[base + i * a.ld() + d] = o[t] * inv;
   }
-  s = block_reduce(s, sum_op{}, red); // its barriers also publish p[]
-  const float inv = 1.0f / s;
-  for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (std::size_t j = 0; j <= a.last_key(i); ++j) acc += p[j] * v[kvb + j * ldkv + d];
-    out[base + i * ld + d] = acc * inv;
-  }
-  if (threadIdx.x == 0) lse[bh * a.seq + i] = m + logf(s);
+  if (lane == 0) lse[bh * T + i] = m + logf(l);
 }
-// dq for query row i, and delta_i = Σ_j P_ij·dP_ij, which the key-row kernel needs.
+
+// delta_i = Σ_d dout[i, d]·out[i, d] for every (sequence, q head, row), one thread per row.
 template <int = 0>
+__global__ void attention_delta_k(const float* out, const float* dout, float* delta, attention_dims a, std::size_t rows) {
+  for (std::size_t e = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; e < rows; e += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t i = e % a.seq, bh = e / a.seq, at = a.q_base(bh / a.heads, bh % a.heads) + i * a.ld();
+    delta[e] = dot_rows(out + at, dout + at, a.head_dim);
+  }
+}
+
+// dq for a block of query rows, over key tiles.
+template <int MaxD, int Rows, int Tile>
 __global__ void attention_dq_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                               float* dq, float* delta, attention_dims a) {
+                               const float* delta, float* dq, attention_dims a) {
   CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
-  float* red = sh;
-  float* p = sh + 32;
-  float* ds = p + a.seq;
-  const std::size_t i = blockIdx.x, bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, D = a.head_dim;
-  const std::size_t ld = a.ld(), ldkv = a.ld_kv(), base = a.q_base(b, h), kvb = a.kv_base(b, a.kv_of(h));
-  const float* qi = q + base + i * ld;
-  const float* gi = dout + base + i * ld;
-  const float l = lse[bh * a.seq + i];
-  float dot = 0.0f;
-  for (std::size_t j = threadIdx.x; j <= a.last_key(i); j += blockDim.x) {
-    p[j] = expf(a.scale * dot_rows(qi, k + kvb + j * ldkv, D) - l);
-    ds[j] = dot_rows(gi, v + kvb + j * ldkv, D);
-    dot += p[j] * ds[j];
+  const std::size_t D = a.head_dim, pitch = D + 1, T = a.seq;
+  float* qs = sh;
+  float* gs = qs + Rows * pitch;
+  float* ks = gs + Rows * pitch;
+  float* vs = ks + Tile * pitch;
+  float* ds = vs + Tile * pitch; // [Rows][Tile + 1]
+  const query_block blk(a, Rows);
+  const std::size_t bh = blk.bh, base = blk.base, kvb = blk.kv_base, i0 = blk.first, r = blk.row, lane = blk.lane, i = blk.i;
+  stage_rows(qs, q + base, i0, Rows, T, a.ld(), D);
+  stage_rows(gs, dout + base, i0, Rows, T, a.ld(), D);
+  const float li = i < T ? lse[bh * T + i] : 0.0f, di = i < T ? delta[bh * T + i] : 0.0f;
+  float acc[MaxD / 4] = {};
+  const std::size_t key_end = a.causal && i0 + Rows < T ? i0 + Rows : T;
+  for (std::size_t j0 = 0; j0 < key_end; j0 += Tile) {
+    __syncthreads();
+    stage_rows(ks, k + kvb, j0, Tile, T, a.ld_kv(), D);
+    stage_rows(vs, v + kvb, j0, Tile, T, a.ld_kv(), D);
+    __syncthreads();
+    for (int t = 0; t < Tile / 4; ++t) {
+      const std::size_t c = lane + 4 * static_cast<std::size_t>(t);
+      float g = 0.0f;
+      if (a.sees(i, j0 + c)) {
+        const float p = expf(a.scale * dot_rows(qs + r * pitch, ks + c * pitch, D) - li);
+        g = p * (dot_rows(gs + r * pitch, vs + c * pitch, D) - di);
+      }
+      ds[r * (Tile + 1) + c] = g;
+    }
+    __syncthreads();
+    for (int t = 0; t < MaxD / 4; ++t) {
+      const std::size_t d = lane + 4 * static_cast<std::size_t>(t);
+      if (d >= D) break;
+      float sum = 0.0f;
+      for (int c = 0; c < Tile; ++c) sum += ds[r * (Tile + 1) + c] * ks[c * pitch + d];
+      acc[t] += sum;
+    }
   }
-  dot = block_reduce(dot, sum_op{}, red);
-  for (std::size_t j = threadIdx.x; j <= a.last_key(i); j += blockDim.x) ds[j] = p[j] * (ds[j] - dot);
-  __syncthreads();
-  for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (std::size_t j = 0; j <= a.last_key(i); ++j) acc += ds[j] * k[kvb + j * ldkv + d];
-    dq[base + i * ld + d] = a.scale * acc;
+  if (i >= T) return;
+  for (int t = 0; t < MaxD / 4; ++t) {
+    const std::size_t d = lane + 4 * static_cast<std::size_t>(t);
+    if (d >= D) break;
+    dq[base + i * a.ld() + d] = a.scale * acc[t];
   }
-  if (threadIdx.x == 0) delta[bh * a.seq + i] = dot;
 }
-// dk and dv for key row j of one kv head, from every query row i >= j of every q head of its
+
+// dk and dv for a block of key rows of one kv head, over the query tiles of every q head of its
 // group on this rank (none: zeros, a partial sum another rank completes).
-template <int = 0>
+template <int MaxD, int Rows, int Tile>
 __global__ void attention_dkv_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
                                 const float* delta, float* dk, float* dv, attention_dims a) {
   CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
-  float* p = sh + 32;
-  float* ds = p + a.seq;
-  const std::size_t j = blockIdx.x, bg = blockIdx.y, b = bg / a.kv_heads, g = bg % a.kv_heads, D = a.head_dim, T = a.seq;
-  const std::size_t ld = a.ld(), ldkv = a.ld_kv(), kvb = a.kv_base(b, g);
-  const float* kj = k + kvb + j * ldkv;
-  const float* vj = v + kvb + j * ldkv;
+  const std::size_t D = a.head_dim, pitch = D + 1, T = a.seq;
+  float* ks = sh;
+  float* vs = ks + Rows * pitch;
+  float* qs = vs + Rows * pitch;
+  float* gs = qs + Tile * pitch;
+  float* ps = gs + Tile * pitch;      // [Rows][Tile + 1]
+  float* ds = ps + Rows * (Tile + 1); // [Rows][Tile + 1]
+  const std::size_t bg = blockIdx.y, b = bg / a.kv_heads, g = bg % a.kv_heads, kvb = a.kv_base(b, g);
+  const std::size_t j0 = std::size_t{blockIdx.x} * Rows, r = threadIdx.x / 4, lane = threadIdx.x % 4, j = j0 + r;
+  stage_rows(ks, k + kvb, j0, Rows, T, a.ld_kv(), D);
+  stage_rows(vs, v + kvb, j0, Rows, T, a.ld_kv(), D);
+  float acc_k[MaxD / 4] = {}, acc_v[MaxD / 4] = {};
   // The q heads of this kv head: a contiguous range, kv_of being monotonic.
   const std::size_t global_first = (g + a.kv_first_head) * a.group;
   const std::size_t h_lo = global_first > a.first_head ? global_first - a.first_head : 0;
   const std::size_t h_end = global_first + a.group > a.first_head ? global_first + a.group - a.first_head : 0;
   const std::size_t h_hi = h_end < a.heads ? h_end : a.heads;
-  for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) dv[kvb + j * ldkv + d] = dk[kvb + j * ldkv + d] = 0.0f;
+  const std::size_t query_start = a.causal ? j0 / Tile * Tile : 0; // causal: no query before j0 sees these keys
   for (std::size_t h = h_lo; h < h_hi; ++h) {
     const std::size_t base = a.q_base(b, h), row = (b * a.heads + h) * T;
-    __syncthreads(); // the previous head's p and ds are read
-    for (std::size_t i = a.first_query(j) + threadIdx.x; i < T; i += blockDim.x) {
-      const float pij = expf(a.scale * dot_rows(q + base + i * ld, kj, D) - lse[row + i]);
-      p[i] = pij;
-      ds[i] = pij * (dot_rows(dout + base + i * ld, vj, D) - delta[row + i]);
-    }
-    __syncthreads();
-    for (std::size_t d = threadIdx.x; d < D; d += blockDim.x) {
-      float acc_v = 0.0f, acc_k = 0.0f;
-      for (std::size_t i = a.first_query(j); i < T; ++i) {
-        acc_v += p[i] * dout[base + i * ld + d];
-        acc_k += ds[i] * q[base + i * ld + d];
+    for (std::size_t i0 = query_start; i0 < T; i0 += Tile) {
+      __syncthreads();
+      stage_rows(qs, q + base, i0, Tile, T, a.ld(), D);
+      stage_rows(gs, dout + base, i0, Tile, T, a.ld(), D);
+      __syncthreads();
+      for (int t = 0; t < Tile / 4; ++t) {
+        const std::size_t c = lane + 4 * static_cast<std::size_t>(t), i = i0 + c;
+        float p = 0.0f, gr = 0.0f;
+        if (a.sees(i, j)) {
+          p = expf(a.scale * dot_rows(qs + c * pitch, ks + r * pitch, D) - lse[row + i]);
+          gr = p * (dot_rows(gs + c * pitch, vs + r * pitch, D) - delta[row + i]);
+        }
+        ps[r * (Tile + 1) + c] = p;
+        ds[r * (Tile + 1) + c] = gr;
       }
-      dv[kvb + j * ldkv + d] += acc_v;
-      dk[kvb + j * ldkv + d] += a.scale * acc_k;
+      __syncthreads();
+      for (int t = 0; t < MaxD / 4; ++t) {
+        const std::size_t d = lane + 4 * static_cast<std::size_t>(t);
+        if (d >= D) break;
+        float sv = 0.0f, sk = 0.0f;
+        for (int c = 0; c < Tile; ++c) {
+          sv += ps[r * (Tile + 1) + c] * gs[c * pitch + d];
+          sk += ds[r * (Tile + 1) + c] * qs[c * pitch + d];
+        }
+        acc_v[t] += sv;
+        acc_k[t] += sk;
+      }
     }
+  }
+  if (j >= T) return;
+  for (int t = 0; t < MaxD / 4; ++t) {
+    const std::size_t d = lane + 4 * static_cast<std::size_t>(t);
+    if (d >= D) break;
+    dv[kvb + j * a.ld_kv() + d] = acc_v[t];
+    dk[kvb + j * a.ld_kv() + d] = a.scale * acc_k[t];
   }
 }
 
@@ -869,62 +987,92 @@ __device__ void windows_holding(const conv_dims& d, long long h, long long col, 
     }
   }
 }
-// y[n, oh, ow, o] = Σ_{i, j, c} x[n, oh·s − p + i, ow·s − p + j, c] · w[i, j, c, o], one thread per value.
-template <int = 0>
-__global__ void conv2d_k(const float* x, const float* w, float* y, conv_dims d) {
-  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.out_h * d.out_w * d.out)) {
-    const long long o = static_cast<long long>(e) % d.out, pos = static_cast<long long>(e) / d.out;
-    const long long ow = pos % d.out_w, oh = (pos / d.out_w) % d.out_h, n = pos / (d.out_w * d.out_h);
-    float acc = 0.0f;
-    for (long long i = 0; i < d.kernel_h; ++i) {
-      const long long h = oh * d.stride - d.padding + i;
-      if (h < 0 || h >= d.height) continue;
-      for (long long j = 0; j < d.kernel_w; ++j) {
-        const long long col = ow * d.stride - d.padding + j;
-        if (col < 0 || col >= d.width) continue;
-        const float* px = x + ((n * d.height + h) * d.width + col) * d.in;
-        const float* pw = w + (i * d.kernel_w + j) * d.in * d.out + o;
-        for (long long c = 0; c < d.in; ++c) acc += px[c] * pw[c * d.out];
-      }
+// The convolutions as implicit GEMMs: C[m, n] (+)= Σ_k A(m, k) · B(k, n), C row-major [M, N], with
+// A and B read through gathers so that no patch matrix is ever written. One block computes a
+// 64 × 64 tile of C, 256 threads 4 × 4 values each, stepping through K 8 at a time with both
+// operand tiles in shared memory; an element outside the image (padding) or the matrix is 0.
+//   forward      y[(n, oh, ow), o]  = Σ_{(i, j, c)} x[n, oh·s − p + i, ow·s − p + j, c] · w[(i, j, c), o]
+//   image grad   dx[(n, h, w), c]   = Σ_{(i, j, o)} dy[n, (h + p − i)/s, (w + p − j)/s, o] · w[i, j, c, o]
+//   kernel grad  dw[(i, j, c), o]   = Σ_{(n, oh, ow)} x[n, oh·s − p + i, ow·s − p + j, c] · dy[(n, oh, ow), o]
+inline constexpr int gemm_tile = 64, gemm_step = 8, gemm_threads = 256;
+
+template <class A, class B>
+__global__ void implicit_gemm_k(A a, B b, float* c, long long rows, long long cols, long long depth, bool accumulate) {
+  __shared__ float as[gemm_step][gemm_tile];
+  __shared__ float bs[gemm_step][gemm_tile];
+  const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
+  const long long m0 = static_cast<long long>(blockIdx.x) * gemm_tile, n0 = static_cast<long long>(blockIdx.y) * gemm_tile;
+  float acc[4][4] = {};
+  for (long long k0 = 0; k0 < depth; k0 += gemm_step) {
+    for (int e = static_cast<int>(threadIdx.x); e < gemm_step * gemm_tile; e += gemm_threads) {
+      // A along k (a pixel's channels are contiguous), B along n (a row of w or dy is).
+      const int ak = e % gemm_step, am = e / gemm_step, bk = e / gemm_tile, bn = e % gemm_tile;
+      as[ak][am] = m0 + am < rows && k0 + ak < depth ? a(m0 + am, k0 + ak) : 0.0f;
+      bs[bk][bn] = k0 + bk < depth && n0 + bn < cols ? b(k0 + bk, n0 + bn) : 0.0f;
     }
-    y[e] = acc;
+    __syncthreads();
+    for (int k = 0; k < gemm_step; ++k) {
+      float ar[4], br[4];
+      for (int i = 0; i < 4; ++i) ar[i] = as[k][ty + 16 * i];
+      for (int j = 0; j < 4; ++j) br[j] = bs[k][tx + 16 * j];
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] += ar[i] * br[j];
+    }
+    __syncthreads();
   }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) {
+      const long long m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+      if (m >= rows || n >= cols) continue;
+      float& out = c[m * cols + n];
+      out = accumulate ? out + acc[i][j] : acc[i][j];
+    }
 }
-// dx[n, h, w, c] = Σ over the taps (i, j) whose output position (oh, ow) reads pixel (h, w) of
-// Σ_o dy[n, oh, ow, o] · w[i, j, c, o], one thread per value.
-template <int = 0>
-__global__ void conv2d_grad_input_k(const float* dy, const float* w, float* dx, conv_dims d) {
-  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.height * d.width * d.in)) {
-    const auto [n, h, col, c] = pixel_at(e, d);
-    float acc = 0.0f;
-    windows_holding(d, h, col, [&](long long oh, long long ow, long long i, long long j) {
-      const float* pdy = dy + ((n * d.out_h + oh) * d.out_w + ow) * d.out;
-      const float* pw = w + ((i * d.kernel_w + j) * d.in + c) * d.out;
-      for (long long o = 0; o < d.out; ++o) acc += pdy[o] * pw[o];
-    });
-    dx[e] = acc;
+
+// x at output position m = (n, oh, ow) and patch entry k = (i, j, c): the forward's A.
+struct patch_gather {
+  const float* x;
+  conv_dims d;
+  __device__ float operator()(long long m, long long k) const {
+    const long long ow = m % d.out_w, oh = (m / d.out_w) % d.out_h, n = m / (d.out_w * d.out_h);
+    const long long c = k % d.in, j = (k / d.in) % d.kernel_w, i = k / (d.in * d.kernel_w);
+    const long long h = oh * d.stride - d.padding + i, col = ow * d.stride - d.padding + j;
+    return h < 0 || h >= d.height || col < 0 || col >= d.width ? 0.0f : x[((n * d.height + h) * d.width + col) * d.in + c];
   }
-}
-// dw[i, j, c, o] (+)= Σ_{n, oh, ow} x[n, oh·s − p + i, ow·s − p + j, c] · dy[n, oh, ow, o], one thread per value.
-template <int = 0>
-__global__ void conv2d_grad_weight_k(const float* x, const float* dy, float* dw, conv_dims d, bool accumulate) {
-  CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.kernel_h * d.kernel_w * d.in * d.out)) {
-    const long long o = static_cast<long long>(e) % d.out, rest = static_cast<long long>(e) / d.out;
-    const long long c = rest % d.in, j = (rest / d.in) % d.kernel_w, i = rest / (d.in * d.kernel_w);
-    float acc = 0.0f;
-    for (long long n = 0; n < d.batch; ++n)
-      for (long long oh = 0; oh < d.out_h; ++oh) {
-        const long long h = oh * d.stride - d.padding + i;
-        if (h < 0 || h >= d.height) continue;
-        for (long long ow = 0; ow < d.out_w; ++ow) {
-          const long long col = ow * d.stride - d.padding + j;
-          if (col < 0 || col >= d.width) continue;
-          acc += x[((n * d.height + h) * d.width + col) * d.in + c] * dy[((n * d.out_h + oh) * d.out_w + ow) * d.out + o];
-        }
-      }
-    dw[e] = accumulate ? dw[e] + acc : acc;
+};
+// The same values transposed: patch entry m = (i, j, c), output position k (the kernel gradient's A).
+struct patch_gather_t {
+  patch_gather g;
+  __device__ float operator()(long long m, long long k) const { return g(k, m); }
+};
+// dy at pixel m = (n, h, w) for tap k = (i, j, o): the output position whose window holds the pixel at (i, j).
+struct window_gather {
+  const float* dy;
+  conv_dims d;
+  __device__ float operator()(long long m, long long k) const {
+    const long long col = m % d.width, h = (m / d.width) % d.height, n = m / (d.width * d.height);
+    const long long o = k % d.out, j = (k / d.out) % d.kernel_w, i = k / (d.out * d.kernel_w);
+    const long long sh = h + d.padding - i, sw = col + d.padding - j;
+    if (sh < 0 || sw < 0 || sh % d.stride != 0 || sw % d.stride != 0) return 0.0f;
+    const long long oh = sh / d.stride, ow = sw / d.stride;
+    return oh >= d.out_h || ow >= d.out_w ? 0.0f : dy[((n * d.out_h + oh) * d.out_w + ow) * d.out + o];
   }
-}
+};
+// A row-major [rows, cols] matrix (w as [patch, out], dy as [positions, out]).
+struct matrix_read {
+  const float* p;
+  long long cols;
+  __device__ float operator()(long long r, long long c) const { return p[r * cols + c]; }
+};
+// w[i, j, c, o] at k = (i, j, o), column c: the image gradient's B.
+struct kernel_by_tap {
+  const float* w;
+  conv_dims d;
+  __device__ float operator()(long long k, long long c) const {
+    const long long o = k % d.out, tap = k / d.out;
+    return w[(tap * d.in + c) * d.out + o];
+  }
+};
 // Pooling over windows (conv_dims with kernel_h the window, in = out the channels). The first
 // maximum in row-major window order wins, as in cpu::max_pool_grad; padding never does.
 __device__ inline long long pool_first_max(const float* x, conv_dims d, long long n, long long oh, long long ow, long long c) {
@@ -1022,17 +1170,43 @@ inline attention_dims make_dims(const cpu::attention_shape& a) {
   return {a.seq, a.heads, a.kv(), a.head_dim, a.group, a.first_head, a.kv_first_head,
           1.0f / std::sqrt(static_cast<float>(a.head_dim)), a.causal};
 }
-inline std::size_t attention_smem(std::size_t seq, std::size_t rows_of_seq, const char* kernel) {
-  const std::size_t bytes = (32 + rows_of_seq * seq) * sizeof(float);
-  CONCERTO_CHECK(bytes <= 48 * 1024, std::string(kernel) + ": seq = " + std::to_string(seq) +
-                                         " needs " + std::to_string(bytes) +
-                                         " bytes of shared memory per block, more than the 48 KiB these simple kernels use");
-  return bytes;
+inline dim3 attention_grid(std::size_t batch, std::size_t seq, std::size_t rows, std::size_t heads, const char* kernel) {
+  CONCERTO_CHECK(batch * heads <= 65535, std::string(kernel) + ": batch·heads = " + std::to_string(batch * heads) + " exceeds the grid");
+  return dim3(static_cast<unsigned>((seq + rows - 1) / rows), static_cast<unsigned>(batch * heads));
 }
-inline dim3 attention_grid(std::size_t batch, std::size_t seq, std::size_t heads, const char* kernel) {
-  CONCERTO_CHECK(batch * heads <= 65535 && seq <= 0x7fffffffu,
-                 std::string(kernel) + ": batch·heads = " + std::to_string(batch * heads) + " exceeds the grid");
-  return dim3(static_cast<unsigned>(seq), static_cast<unsigned>(batch * heads));
+// Shared bytes of the tiled attention kernels for head_dim D: staged rows of pitch D + 1 (own
+// rows and a tile of the other side; dq and dk/dv stage two of each) and the tile's p (dk/dv: p and dS).
+template <int Rows, int Tile>
+constexpr std::size_t attention_forward_smem(std::size_t D) {
+  return ((Rows + 2 * Tile) * (D + 1) + Rows * (Tile + 1)) * sizeof(float);
+}
+template <int Rows, int Tile>
+constexpr std::size_t attention_backward_smem(std::size_t D) {
+  return ((2 * Rows + 2 * Tile) * (D + 1) + 2 * Rows * (Tile + 1)) * sizeof(float);
+}
+// The kernels' shapes by head_dim, each within 48 KiB of shared memory: <max head_dim, rows, tile>.
+template <int MaxD, int Rows, int Tile>
+void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const attention_dims& d,
+                       std::size_t batch, cudaStream_t s) {
+  static_assert(attention_forward_smem<Rows, Tile>(MaxD) <= 48 * 1024);
+  const auto smem = attention_forward_smem<Rows, Tile>(d.head_dim); // not in the launch macro: its comma splits arguments
+  CONCERTO_CUDA_LAUNCH(attention_grid(batch, d.seq, Rows, d.heads, "attention"), 4 * Rows, smem, s,
+                       attention_k<MaxD, Rows, Tile>)(q, k, v, out, lse, d);
+}
+template <int MaxD, int Rows, int Tile>
+void attention_backward(const float* q, const float* k, const float* v, const float* dout, const float* lse,
+                        const float* delta, float* dq, float* dk, float* dv, const attention_dims& d, std::size_t batch,
+                        cudaStream_t s) {
+  static_assert(attention_backward_smem<Rows, Tile>(MaxD) <= 48 * 1024);
+  const auto smem = attention_backward_smem<Rows, Tile>(d.head_dim);
+  CONCERTO_CUDA_LAUNCH(attention_grid(batch, d.seq, Rows, d.heads, "attention_grad"), 4 * Rows, smem, s,
+                       attention_dq_k<MaxD, Rows, Tile>)(q, k, v, dout, lse, delta, dq, d);
+  CONCERTO_CUDA_LAUNCH(attention_grid(batch, d.seq, Rows, d.kv_heads, "attention_grad"), 4 * Rows, smem, s,
+                       attention_dkv_k<MaxD, Rows, Tile>)(q, k, v, dout, lse, delta, dk, dv, d);
+}
+inline void check_head_dim(std::size_t head_dim, const char* kernel) {
+  CONCERTO_CHECK(head_dim <= 256, std::string(kernel) + ": head_dim = " + std::to_string(head_dim) +
+                                      " is more than the 256 the GPU's tiled attention stages in shared memory");
 }
 
 } // namespace detail
@@ -1232,28 +1406,37 @@ inline void sum_dim_grad(const float* dout, float* dx, std::size_t outer, std::s
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sum_dim_grad_k<>)(dout, dx, extent, inner, n, scale);
   detail::launched("sum_dim_grad");
 }
-/// @brief conv2d over NHWC images by an HWIO kernel, as cpu::conv2d (a direct kernel, one thread per output value).
+namespace detail {
+template <class A, class B>
+void implicit_gemm(A a, B b, float* c, long long rows, long long cols, long long depth, bool accumulate, cudaStream_t s,
+                   const char* what) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((rows + gemm_tile - 1) / gemm_tile), static_cast<unsigned>((cols + gemm_tile - 1) / gemm_tile));
+  CONCERTO_CUDA_LAUNCH(grid, gemm_threads, 0, s, implicit_gemm_k<A, B>)(a, b, c, rows, cols, depth, accumulate);
+  launched(what);
+}
+} // namespace detail
+/// @brief conv2d over NHWC images by an HWIO kernel, as cpu::conv2d: an implicit GEMM (the fallback
+/// where no cuDNN engine suits, runtime/cuda/convolution.hpp).
 inline void conv2d(const float* x, const float* w, float* y, const ir::conv_geometry& g, cudaStream_t s) {
-  const auto n = static_cast<std::size_t>(g.y_values());
-  if (n == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::conv2d_k<>)(x, w, y, detail::dims_of(g));
-  detail::launched("conv2d");
+  const auto d = detail::dims_of(g);
+  detail::implicit_gemm(detail::patch_gather{x, d}, detail::matrix_read{w, d.out}, y, g.positions(), d.out, g.patch(), false,
+                        s, "conv2d");
 }
-/// @brief The image's gradient of conv2d, as cpu::conv2d_grad_input (one thread per pixel value).
+/// @brief The image's gradient of conv2d, as cpu::conv2d_grad_input: an implicit GEMM over the
+/// taps (i, j, o) of each pixel.
 inline void conv2d_grad_input(const float* dy, const float* w, float* dx, const ir::conv_geometry& g, cudaStream_t s) {
-  const auto n = static_cast<std::size_t>(g.x_values());
-  if (n == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::conv2d_grad_input_k<>)(dy, w, dx, detail::dims_of(g));
-  detail::launched("conv2d_grad_input");
+  const auto d = detail::dims_of(g);
+  detail::implicit_gemm(detail::window_gather{dy, d}, detail::kernel_by_tap{w, d}, dx, g.batch * g.height * g.width, d.in,
+                        g.kernel_h * g.kernel_w * d.out, false, s, "conv2d_grad_input");
 }
-/// @brief The kernel's gradient of conv2d, as cpu::conv2d_grad_weight (one thread per weight).
+/// @brief The kernel's gradient of conv2d, as cpu::conv2d_grad_weight: an implicit GEMM over the
+/// output positions.
 inline void conv2d_grad_weight(const float* x, const float* dy, float* dw, const ir::conv_geometry& g, bool accumulate,
                                cudaStream_t s) {
-  const auto n = static_cast<std::size_t>(g.w_values());
-  if (n == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::conv2d_grad_weight_k<>)(x, dy, dw, detail::dims_of(g),
-                                                                                                  accumulate);
-  detail::launched("conv2d_grad_weight");
+  const auto d = detail::dims_of(g);
+  detail::implicit_gemm(detail::patch_gather_t{{x, d}}, detail::matrix_read{dy, d.out}, dw, g.patch(), d.out, g.positions(),
+                        accumulate, s, "conv2d_grad_weight");
 }
 /// @brief Max (or, with `average`, mean) pooling of NHWC images, as cpu::max_pool and
 /// cpu::avg_pool (one thread per output value).
@@ -1381,32 +1564,35 @@ inline void softmax_grad(const float* y, const float* dy, float* dx, std::size_t
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "softmax_grad"), detail::block, 0, s, detail::softmax_grad_k<>)(y, dy, dx, cols);
   detail::launched("softmax_grad");
 }
-/// @brief Causal (grouped-query) attention forward (as cpu::causal_attention); seq ≤ about 12000.
+/// @brief Causal (grouped-query) attention forward (as cpu::causal_attention), tiled: any seq,
+/// head_dim ≤ 256; `lse` gets each row's log-sum-exp.
 inline void causal_attention(const float* q, const float* k, const float* v, float* out, float* lse,
                              const cpu::attention_shape& a, cudaStream_t s) {
   if (a.batch * a.seq * a.heads == 0) return;
-  const auto smem = detail::attention_smem(a.seq, 1, "causal_attention");
-  CONCERTO_CUDA_LAUNCH(detail::attention_grid(a.batch, a.seq, a.heads, "causal_attention"), detail::attention_block, smem, s,
-                       detail::attention_k<>)(q, k, v, out, lse, detail::make_dims(a));
+  detail::check_head_dim(a.head_dim, "causal_attention");
+  const auto d = detail::make_dims(a);
+  if (a.head_dim <= 64) detail::attention_forward<64, 32, 32>(q, k, v, out, lse, d, a.batch, s);
+  else if (a.head_dim <= 128) detail::attention_forward<128, 32, 16>(q, k, v, out, lse, d, a.batch, s);
+  else detail::attention_forward<256, 32, 4>(q, k, v, out, lse, d, a.batch, s);
   detail::launched("causal_attention");
 }
 /// @brief Floats of device workspace `causal_attention_grad` needs (one value per query row).
 [[nodiscard]] constexpr std::size_t causal_attention_grad_workspace_floats(const cpu::attention_shape& a) noexcept {
   return a.lse_floats();
 }
-/// @brief Causal (grouped-query) attention backward (as cpu::causal_attention_grad); `workspace`
-/// holds `causal_attention_grad_workspace_floats` floats; seq ≤ about 6000.
-inline void causal_attention_grad(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                                  float* dq, float* dk, float* dv, float* workspace, const cpu::attention_shape& a,
-                                  cudaStream_t s) {
+/// @brief Causal (grouped-query) attention backward (as cpu::causal_attention_grad) from the
+/// forward's `out` and `lse`; `workspace` holds `causal_attention_grad_workspace_floats` floats.
+inline void causal_attention_grad(const float* q, const float* k, const float* v, const float* out, const float* dout,
+                                  const float* lse, float* dq, float* dk, float* dv, float* workspace,
+                                  const cpu::attention_shape& a, cudaStream_t s) {
   if (a.batch * a.seq * a.heads == 0) return;
-  const auto smem = detail::attention_smem(a.seq, 2, "causal_attention_grad");
-  const auto dims = detail::make_dims(a);
-  CONCERTO_CUDA_LAUNCH(detail::attention_grid(a.batch, a.seq, a.heads, "causal_attention_grad"), detail::attention_block, smem,
-                       s, detail::attention_dq_k<>)(q, k, v, dout, lse, dq, workspace, dims);
-  detail::launched("causal_attention_grad");
-  CONCERTO_CUDA_LAUNCH(detail::attention_grid(a.batch, a.seq, a.kv(), "causal_attention_grad"), detail::attention_block, smem,
-                       s, detail::attention_dkv_k<>)(q, k, v, dout, lse, workspace, dk, dv, dims);
+  detail::check_head_dim(a.head_dim, "causal_attention_grad");
+  const auto d = detail::make_dims(a);
+  const auto rows = a.lse_floats();
+  CONCERTO_CUDA_LAUNCH(detail::grid_for(rows), detail::block, 0, s, detail::attention_delta_k<>)(out, dout, workspace, d, rows);
+  if (a.head_dim <= 64) detail::attention_backward<64, 32, 32>(q, k, v, dout, lse, workspace, dq, dk, dv, d, a.batch, s);
+  else if (a.head_dim <= 128) detail::attention_backward<128, 32, 8>(q, k, v, dout, lse, workspace, dq, dk, dv, d, a.batch, s);
+  else detail::attention_backward<256, 16, 4>(q, k, v, dout, lse, workspace, dq, dk, dv, d, a.batch, s);
   detail::launched("causal_attention_grad");
 }
 /// @brief Mean cross-entropy times `share` into `loss[0]` (device), saving lse per row. A target

@@ -120,6 +120,7 @@ public:
     const auto range = cuda::stream_priorities();
     compute_.emplace(range.least);
     blas_.emplace();
+    if (options_.use_cudnn) dnn_.emplace();
     words_ = cuda::device_buffer(2 * sizeof(std::int64_t));
     cuda::check(cudaMallocHost(reinterpret_cast<void**>(&host_step_), sizeof(std::int64_t)), "cudaMallocHost");
   }
@@ -238,6 +239,8 @@ public:
     kernels_.assign(g.tasks.size(), {});
     products_.clear();
     products_.resize(g.tasks.size());
+    convs_.clear();
+    convs_.resize(g.tasks.size());
     calls_.assign(g.tasks.size(), {});
     events_.clear();
     events_.reserve(g.tasks.size());
@@ -253,6 +256,8 @@ public:
       kernels_[i] = decode(g, t, coords_);
       if (t.fn == ir::op::matmul)
         products_[i] = cuda::describe_gemm(kernels_[i], arena_, *blas_, options_.blas_workspace_bytes, options_.allow_tf32);
+      if (dnn_ && (t.fn == ir::op::conv2d || t.fn == ir::op::conv2d_grad_input || t.fn == ir::op::conv2d_grad_weight))
+        convs_[i] = cuda::describe_conv(kernels_[i], arena_, *dnn_, options_.blas_workspace_bytes, options_.allow_tf32);
     }
     make_staging(g);
     // A send next to a recv on the same lane becomes one NCCL group (see the file comment),
@@ -291,6 +296,7 @@ public:
     last_issued_.assign(g.streams.size(), -1);
     ctx_ = {compute_->get(),
             &*blas_,
+            dnn_ ? &*dnn_ : nullptr,
             arena_.scratch(),
             options_.blas_workspace_bytes,
             reinterpret_cast<float*>(arena_.scratch() + blas_bytes),
@@ -375,7 +381,8 @@ public:
   void run_compute(const ir::task& t) {
     if (mode_ == mode::replay) return;
     const auto i = static_cast<std::size_t>(t.id);
-    cuda::run_kernel(kernels_[i], arena_, options_.kernels, ctx_, t.fn == ir::op::matmul ? &products_[i] : nullptr);
+    cuda::run_kernel(kernels_[i], arena_, options_.kernels, ctx_, t.fn == ir::op::matmul ? &products_[i] : nullptr,
+                     &convs_[i]);
   }
 
   handle start_collective(const ir::task& t) {
@@ -718,6 +725,7 @@ private:
   std::vector<int> coords_;
   std::optional<cuda::stream> compute_;
   std::optional<cuda::blas_handle> blas_;
+  std::optional<cuda::dnn_handle> dnn_;  ///< with backend_options::use_cudnn
   /// The lanes' streams and NCCL communicators of `g`, one per comm stream.
   void make_lanes(const ir::graph& g) {
     const auto range = cuda::stream_priorities();
@@ -750,6 +758,7 @@ private:
   std::int64_t* host_step_ = nullptr;   // pinned, the source of the step counter's copy
   std::vector<kernel_call> kernels_;
   std::vector<cuda::gemm> products_;
+  std::vector<cuda::conv_plan> convs_;  ///< per convolution pass: its cuDNN plan (empty: the own kernels)
   std::vector<call> calls_;
   std::vector<staging> staging_;        // per lane (slot 0 unused)
   std::vector<cuda::event> events_;     // per task: recorded after it on its stream

@@ -28,7 +28,10 @@ struct backend_options {
   bool comm_high_priority = true;
   comm_options comm{};              ///< NCCL channels / CTA policy of every lane's communicator
   bool capture_graph = false;       ///< replay each step from step 2 on as one CUDA graph
-  bool allow_tf32 = false;          ///< fp32 products on TF32 tensor cores (faster, ~1e-3 relative error)
+  bool allow_tf32 = false;          ///< fp32 products and convolutions on TF32 tensor cores (faster, ~1e-3 relative error)
+  /// Convolutions through cuDNN (runtime/cuda/convolution.hpp), each pass on the first engine the
+  /// heuristic offers that suits; false, or a pass no engine suits: concerto's own kernels.
+  bool use_cudnn = true;
   std::size_t blas_workspace_bytes = cuda::gemm::default_workspace;
   /// Longest wait in `end_step` for the device to finish a step (the executor's
   /// executor_options::timeout_s, which bounds every wait on MPI): past it, or as soon as NCCL
