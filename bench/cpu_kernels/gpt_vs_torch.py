@@ -9,7 +9,9 @@ torch.profiler's self CPU time per aten op over the timed steps. Both are groupe
 attention, layernorm, GELU, loss, embedding, optimizer, the rest), each group's median over
 --runs runs, and the step's own median.
 
-    OPENBLAS_NUM_THREADS=1 python3 bench/cpu_kernels/gpt_vs_torch.py [--batch 4] [--runs 5]
+    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/cpu_kernels/gpt_vs_torch.py [--batch 4] [--runs 5]
+
+/usr/bin/python3 is Debian's, with python3-torch (1.13, the emulated cluster's peer; bench/cluster/run installs it).
 
 --batch is the sequences one rank holds (the cluster's 4 x 1 rows hold 16 / 4 = 4).
 """
@@ -35,7 +37,8 @@ OURS = {
     "attention": {"attention", "attention_grad"},
     "layernorm": {"layernorm", "layernorm_grad", "layernorm_grad_gamma"},
     "gelu": {"gelu", "gelu_grad"},
-    "loss": {"cross_entropy", "cross_entropy_grad"},
+    "loss": {"cross_entropy", "cross_entropy_grad", "vocab_ce_max", "vocab_ce_sumexp", "vocab_ce_target", "vocab_ce_loss",
+             "vocab_ce_grad"},
     "embedding": {"embedding", "embedding_grad"},
     "optimizer": {"adamw", "grad_sq_norm"},
 }
@@ -77,7 +80,7 @@ def ours_once(a, trace_dir):
         if e.get("ph") != "X":
             continue
         first, last = min(first, e["ts"]), max(last, e["ts"] + e["dur"])
-        if e.get("cat") == "compute":
+        if e.get("tid") == 0:  # the compute stream; one rank's collectives (copies) count in the step only
             ms[group_of(e.get("args", {}).get("fn", ""), OURS)] += e["dur"] / 1e3
     ms["step"] = (last - first) / 1e3
     return ms
@@ -140,7 +143,9 @@ def main():
         t = statistics.median(r[g] for r in theirs)
         print(f"{g:<11} {o:8.2f} {t:8.2f} {o / t if t > 0 else float('nan'):10.2f}")
     print("(ours: the sync plan's last step, tasks summed by op; its step includes the gaps between tasks.\n"
-          " torch: profiler self CPU time per aten op; its step is timed without the profiler.)")
+          " torch: profiler self CPU time per aten op; its step is timed without the profiler.\n"
+          " attention: ours is the whole kernel, its two products per head included; torch's products\n"
+          " (bmm) are under products, its softmax and mask here.)")
 
 
 if __name__ == "__main__":

@@ -183,21 +183,6 @@ private:
   std::size_t n_staged_ = 0;
 };
 
-// Row statistics of layernorm (biased variance, as cpu::layernorm) into mean and rstd.
-inline void row_stats(std::span<const float> x, std::size_t rows, std::size_t cols, float eps, std::span<float> mean,
-                      std::span<float> rstd) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float* px = x.data() + r * cols;
-    float sum = 0;
-    for (std::size_t c = 0; c < cols; ++c) sum += px[c];
-    const float mu = sum / static_cast<float>(cols);
-    float sq = 0;
-    for (std::size_t c = 0; c < cols; ++c) sq += (px[c] - mu) * (px[c] - mu);
-    mean[r] = mu;
-    rstd[r] = 1.0f / std::sqrt(sq / static_cast<float>(cols) + eps);
-  }
-}
-
 // `outer` rows of `len` bytes from a row pitch of `src_row` to one of `dst_row`; decode checked the extents.
 inline void copy_rows(std::span<const std::byte> src, std::span<std::byte> dst, std::size_t outer, std::size_t src_row,
                       std::size_t dst_row, std::size_t src_off, std::size_t dst_off, std::size_t len) {
@@ -228,7 +213,7 @@ inline void run_layernorm(cpu_frame& f) {
 inline void run_layernorm_grad(cpu_frame& f) {
   const auto& c = f.c;
   const auto mean = f.scratch(c.rows), rstd = f.scratch(c.rows);
-  row_stats(f.in(0), c.rows, c.cols, f.s.layernorm_eps, mean, rstd);
+  cpu::layernorm_stats(f.in(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps);
   cpu::layernorm_grad(f.in(2), f.in(0), f.in(1), mean, rstd, f.out(0), f.scratch(c.cols), f.scratch(c.cols), c.rows, c.cols);
 }
 
@@ -238,7 +223,7 @@ inline void run_layernorm_grad_gamma(cpu_frame& f) {
   const auto x = f.in(0), dy = f.in(1);
   const auto dgamma = f.out(0);
   const auto mean = f.scratch(c.rows), rstd = f.scratch(c.rows);
-  row_stats(x, c.rows, c.cols, f.s.layernorm_eps, mean, rstd);
+  cpu::layernorm_stats(x, mean, rstd, c.rows, c.cols, f.s.layernorm_eps);
   if (!c.accumulate) std::fill(dgamma.begin(), dgamma.end(), 0.0f);
   for (std::size_t r = 0; r < c.rows; ++r)
     for (std::size_t k = 0; k < c.cols; ++k) dgamma[k] += dy[r * c.cols + k] * (x[r * c.cols + k] - mean[r]) * rstd[r];

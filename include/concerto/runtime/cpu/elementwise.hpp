@@ -113,7 +113,7 @@ inline constexpr float gelu_k1 = 0.044715f;
 
 /// @brief GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`. out may alias x
 /// only when the caller no longer needs x: the backward reads the input x.
-inline void gelu(std::span<const float> x, std::span<float> out) {
+CONCERTO_VECTOR_KERNEL inline void gelu(std::span<const float> x, std::span<float> out) {
   detail::require_size(out, x.size(), "gelu", "out");
   const float* px = x.data();
   float* po = out.data();
@@ -126,7 +126,7 @@ inline void gelu(std::span<const float> x, std::span<float> out) {
 }
 
 /// @brief `dx = dout · gelu'(x)` from the forward's input x. dx may alias dout.
-inline void gelu_grad(std::span<const float> x, std::span<const float> dout, std::span<float> dx) {
+CONCERTO_VECTOR_KERNEL inline void gelu_grad(std::span<const float> x, std::span<const float> dout, std::span<float> dx) {
   detail::require_size(dout, x.size(), "gelu_grad", "dout");
   detail::require_size(dx, x.size(), "gelu_grad", "dx");
   const float* px = x.data();
@@ -171,7 +171,7 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
 
 /// @brief SiLU (swish): `x·σ(x)`. out may alias x only when the caller no longer needs x: the
 /// backward reads the input x.
-inline void silu(std::span<const float> x, std::span<float> out) {
+CONCERTO_VECTOR_KERNEL inline void silu(std::span<const float> x, std::span<float> out) {
   detail::require_size(out, x.size(), "silu", "out");
   const float* px = x.data();
   float* po = out.data();
@@ -180,7 +180,7 @@ inline void silu(std::span<const float> x, std::span<float> out) {
 }
 
 /// @brief `dx = dout·σ(x)·(1 + x·(1 - σ(x)))` from the forward's input x. dx may alias dout.
-inline void silu_grad(std::span<const float> x, std::span<const float> dout, std::span<float> dx) {
+CONCERTO_VECTOR_KERNEL inline void silu_grad(std::span<const float> x, std::span<const float> dout, std::span<float> dx) {
   detail::require_size(dout, x.size(), "silu_grad", "dout");
   detail::require_size(dx, x.size(), "silu_grad", "dx");
   const float* px = x.data();
@@ -194,7 +194,7 @@ inline void silu_grad(std::span<const float> x, std::span<const float> dout, std
 }
 
 /// @brief The logistic function `1 / (1 + e^-x)`, elementwise (AlphaFold's attention gates). out may alias x.
-inline void sigmoid(std::span<const float> x, std::span<float> out) {
+CONCERTO_VECTOR_KERNEL inline void sigmoid(std::span<const float> x, std::span<float> out) {
   detail::require_size(out, x.size(), "sigmoid", "out");
   const float* px = x.data();
   float* po = out.data();
@@ -203,7 +203,7 @@ inline void sigmoid(std::span<const float> x, std::span<float> out) {
 }
 
 /// @brief `dx = dout·y·(1 - y)` from the forward's output y. dx may alias dout.
-inline void sigmoid_grad(std::span<const float> y, std::span<const float> dout, std::span<float> dx) {
+CONCERTO_VECTOR_KERNEL inline void sigmoid_grad(std::span<const float> y, std::span<const float> dout, std::span<float> dx) {
   detail::require_size(dout, y.size(), "sigmoid_grad", "dout");
   detail::require_size(dx, y.size(), "sigmoid_grad", "dx");
   const float* py = y.data();
@@ -243,7 +243,7 @@ inline void sum_dim_grad(std::span<const float> dout, std::span<float> dx, std::
 }
 
 /// @brief The hyperbolic tangent, elementwise (detail::tanh_approx, which vectorises). out may alias x.
-inline void tanh(std::span<const float> x, std::span<float> out) {
+CONCERTO_VECTOR_KERNEL inline void tanh(std::span<const float> x, std::span<float> out) {
   detail::require_size(out, x.size(), "tanh", "out");
   const float* px = x.data();
   float* po = out.data();
@@ -252,7 +252,7 @@ inline void tanh(std::span<const float> x, std::span<float> out) {
 }
 
 /// @brief `dx = dout·(1 - y²)` from the forward's output y. dx may alias dout.
-inline void tanh_grad(std::span<const float> y, std::span<const float> dout, std::span<float> dx) {
+CONCERTO_VECTOR_KERNEL inline void tanh_grad(std::span<const float> y, std::span<const float> dout, std::span<float> dx) {
   detail::require_size(dout, y.size(), "tanh_grad", "dout");
   detail::require_size(dx, y.size(), "tanh_grad", "dx");
   const float* py = y.data();
@@ -291,7 +291,7 @@ inline void mul(std::span<const float> a, std::span<const float> b, std::span<fl
 
 /// @brief SwiGLU's gate: `out = silu(gate)·up` (the two halves of Llama's MLP input projection).
 /// out may alias up.
-inline void swiglu(std::span<const float> gate, std::span<const float> up, std::span<float> out) {
+CONCERTO_VECTOR_KERNEL inline void swiglu(std::span<const float> gate, std::span<const float> up, std::span<float> out) {
   detail::require_size(up, gate.size(), "swiglu", "up");
   detail::require_size(out, gate.size(), "swiglu", "out");
   const float* pa = gate.data();
@@ -303,7 +303,7 @@ inline void swiglu(std::span<const float> gate, std::span<const float> up, std::
 
 /// @brief Backward of `swiglu`: `dgate = dout·up·silu'(gate)`, `dup = dout·silu(gate)`.
 /// dgate and dup may not alias the inputs.
-inline void swiglu_grad(std::span<const float> gate, std::span<const float> up, std::span<const float> dout,
+CONCERTO_VECTOR_KERNEL inline void swiglu_grad(std::span<const float> gate, std::span<const float> up, std::span<const float> dout,
                         std::span<float> dgate, std::span<float> dup) {
   const std::size_t n = gate.size();
   detail::require_size(up, n, "swiglu_grad", "up");

@@ -14,6 +14,25 @@
 
 namespace concerto::runtime::cpu {
 
+/// @brief Each row's mean and 1/√(variance + eps): layernorm's statistics, which its forward
+/// saves and its backward tasks recompute (the same function, so the same values).
+inline void layernorm_stats(std::span<const float> x, std::span<float> mean, std::span<float> rstd, std::size_t rows,
+                            std::size_t cols, float eps = 1e-5f) {
+  detail::require_size(x, rows * cols, "layernorm", "x");
+  detail::require_size(mean, rows, "layernorm", "mean");
+  detail::require_size(rstd, rows, "layernorm", "rstd");
+  CONCERTO_CHECK(cols > 0 || rows == 0, "layernorm: a row needs at least one column");
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* px = x.data() + r * cols;
+    const float mu = detail::lane_sum(cols, [px](std::size_t c) { return px[c]; }) * inv_cols;
+    // Two passes: the variance from squared deviations does not cancel the way E[x²]-E[x]² does.
+    const float sq = detail::lane_sum(cols, [px, mu](std::size_t c) { return (px[c] - mu) * (px[c] - mu); });
+    mean[r] = mu;
+    rstd[r] = 1.0f / std::sqrt(sq * inv_cols + eps);
+  }
+}
+
 /// @brief Layer normalisation over the last dimension:
 /// `out = (x - mean)·rstd·gamma + beta`, `rstd = 1/√(var + eps)` (biased variance).
 ///
@@ -25,32 +44,17 @@ namespace concerto::runtime::cpu {
 inline void layernorm(std::span<const float> x, std::span<const float> gamma,
                       std::span<const float> beta, std::span<float> out, std::span<float> mean,
                       std::span<float> rstd, std::size_t rows, std::size_t cols, float eps = 1e-5f) {
-  detail::require_size(x, rows * cols, "layernorm", "x");
   detail::require_size(gamma, cols, "layernorm", "gamma");
   detail::require_size(beta, cols, "layernorm", "beta");
   detail::require_size(out, rows * cols, "layernorm", "out");
-  detail::require_size(mean, rows, "layernorm", "mean");
-  detail::require_size(rstd, rows, "layernorm", "rstd");
-  CONCERTO_CHECK(cols > 0 || rows == 0, "layernorm: a row needs at least one column");
+  layernorm_stats(x, mean, rstd, rows, cols, eps); // checks x, mean, rstd and cols
   const float* pg = gamma.data();
   const float* pb = beta.data();
-  const float inv_cols = 1.0f / static_cast<float>(cols);
   for (std::size_t r = 0; r < rows; ++r) {
     const float* px = x.data() + r * cols;
     float* po = out.data() + r * cols;
-    float sum = 0.0f;
-    for (std::size_t c = 0; c < cols; ++c) sum += px[c];
-    const float mu = sum * inv_cols;
-    // Two passes: the variance from squared deviations does not cancel the way E[x²]-E[x]² does.
-    float sq = 0.0f;
-    for (std::size_t c = 0; c < cols; ++c) {
-      const float d = px[c] - mu;
-      sq += d * d;
-    }
-    const float rs = 1.0f / std::sqrt(sq * inv_cols + eps);
+    const float mu = mean[r], rs = rstd[r];
     for (std::size_t c = 0; c < cols; ++c) po[c] = (px[c] - mu) * rs * pg[c] + pb[c];
-    mean[r] = mu;
-    rstd[r] = rs;
   }
 }
 
@@ -84,18 +88,13 @@ inline void layernorm_grad(std::span<const float> dout, std::span<const float> x
     float* pdx = dx.data() + r * cols;
     const float mu = mean[r];
     const float rs = rstd[r];
-    float sum_g = 0.0f;
-    float sum_gx = 0.0f;
+    const float mg = detail::lane_sum(cols, [pgo, pgam](std::size_t c) { return pgo[c] * pgam[c]; }) * inv_cols;
+    const float mgx =
+        detail::lane_sum(cols, [=](std::size_t c) { return pgo[c] * pgam[c] * ((px[c] - mu) * rs); }) * inv_cols;
     for (std::size_t c = 0; c < cols; ++c) {
-      const float xhat = (px[c] - mu) * rs;
-      const float g = pgo[c] * pgam[c];
-      sum_g += g;
-      sum_gx += g * xhat;
-      pdg[c] += pgo[c] * xhat;
+      pdg[c] += pgo[c] * ((px[c] - mu) * rs);
       pdb[c] += pgo[c];
     }
-    const float mg = sum_g * inv_cols;
-    const float mgx = sum_gx * inv_cols;
     for (std::size_t c = 0; c < cols; ++c) {
       const float xhat = (px[c] - mu) * rs;
       pdx[c] = rs * (pgo[c] * pgam[c] - mg - xhat * mgx);
@@ -113,8 +112,7 @@ inline void rmsnorm_stats(std::span<const float> x, std::span<float> rstd, std::
   const float inv_cols = 1.0f / static_cast<float>(cols);
   for (std::size_t r = 0; r < rows; ++r) {
     const float* px = x.data() + r * cols;
-    float sq = 0.0f;
-    for (std::size_t c = 0; c < cols; ++c) sq += px[c] * px[c];
+    const float sq = detail::lane_sum(cols, [px](std::size_t c) { return px[c] * px[c]; });
     rstd[r] = 1.0f / std::sqrt(sq * inv_cols + eps);
   }
 }

@@ -13,6 +13,10 @@
 #include <span>
 #include <string>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace concerto::runtime::cpu {
 
 /// @brief SGD hyperparameters (the semantics of torch.optim.SGD with dampening 0, no Nesterov).
@@ -89,7 +93,26 @@ inline void adamw_update(std::span<float> params, std::span<const float> grads, 
   float* pm = m.data();
   float* pv = v.data();
   const std::size_t n = params.size();
-  for (std::size_t i = 0; i < n; ++i) {
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  // Four at a time with SSE's exact square root: a loop over std::sqrt stays scalar, since the
+  // compiler must keep errno for negative inputs (4.1 ms a step of the GPT example; GCC's
+  // optimize("no-math-errno") attribute does not change it). Each operation is the scalar one's,
+  // in the same order, so the lanes give the tail's values bit for bit (where no FMA contracts them).
+  const __m128 b1v = _mm_set1_ps(b1), b2v = _mm_set1_ps(b2), one_minus_b1 = _mm_set1_ps(1.0f - b1),
+               one_minus_b2 = _mm_set1_ps(1.0f - b2), scale_v = _mm_set1_ps(grad_scale), decay_v = _mm_set1_ps(decay),
+               step_v = _mm_set1_ps(step_size), bc2_v = _mm_set1_ps(inv_sqrt_bc2), eps_v = _mm_set1_ps(eps);
+  for (; i + 4 <= n; i += 4) {
+    const __m128 gi = _mm_mul_ps(_mm_loadu_ps(g + i), scale_v);
+    const __m128 mi = _mm_add_ps(_mm_mul_ps(b1v, _mm_loadu_ps(pm + i)), _mm_mul_ps(one_minus_b1, gi));
+    const __m128 vi = _mm_add_ps(_mm_mul_ps(b2v, _mm_loadu_ps(pv + i)), _mm_mul_ps(_mm_mul_ps(one_minus_b2, gi), gi));
+    _mm_storeu_ps(pm + i, mi);
+    _mm_storeu_ps(pv + i, vi);
+    const __m128 denominator = _mm_add_ps(_mm_mul_ps(_mm_sqrt_ps(vi), bc2_v), eps_v);
+    _mm_storeu_ps(p + i, _mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(p + i), decay_v), _mm_div_ps(_mm_mul_ps(step_v, mi), denominator)));
+  }
+#endif
+  for (; i < n; ++i) {
     const float gi = g[i] * grad_scale;
     pm[i] = b1 * pm[i] + (1.0f - b1) * gi;
     pv[i] = b2 * pv[i] + (1.0f - b2) * gi * gi;
