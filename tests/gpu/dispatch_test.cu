@@ -114,7 +114,7 @@ struct twin {
         products.push_back(cu::describe_gemm(call, dev, blas, blas_bytes));
         product = &products.back();
       }
-      if (use_cudnn && (t.fn == ir::op::conv2d || t.fn == ir::op::conv2d_grad_input || t.fn == ir::op::conv2d_grad_weight)) {
+      if (use_cudnn && cu::conv_pass_of(t.fn)) {
         convs.push_back(cu::describe_conv(call, dev, dnn, blas_bytes, allow_tf32));
         conv = &convs.back();
       }

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace concerto::runtime::cuda {
@@ -597,6 +598,16 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
   return gemm(h, s, workspace_bytes);
 }
 
+/// @brief The convolution pass an op runs (conv2d, conv2d_grad_input, conv2d_grad_weight), none for the rest.
+[[nodiscard]] constexpr std::optional<conv_pass> conv_pass_of(ir::op fn) noexcept {
+  switch (fn) {
+  case ir::op::conv2d: return conv_pass::forward;
+  case ir::op::conv2d_grad_input: return conv_pass::grad_input;
+  case ir::op::conv2d_grad_weight: return conv_pass::grad_weight;
+  default: return std::nullopt;
+  }
+}
+
 /// @brief Describes a decoded convolution pass (conv2d, conv2d_grad_input, conv2d_grad_weight)
 /// for cuDNN, with the alignment its operands have in the arena. The plan may be empty (no engine
 /// suits: `reason()`), and run_kernel then runs the own kernels.
@@ -605,12 +616,11 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
 /// @endcode
 [[nodiscard]] inline conv_plan describe_conv(const kernel_call& c, const device_arena& mem, const dnn_handle& h,
                                              std::size_t workspace_bytes, bool allow_tf32 = false) {
-  using ir::op;
-  CONCERTO_CHECK(c.fn == op::conv2d || c.fn == op::conv2d_grad_input || c.fn == op::conv2d_grad_weight,
-                 detail::call_ref(c) + ": describe_conv takes a convolution's pass");
+  const auto pass = conv_pass_of(c.fn);
+  CONCERTO_CHECK(pass.has_value(), detail::call_ref(c) + ": describe_conv takes a convolution's pass");
   conv_request r;
   r.geometry = c.conv;
-  r.pass = c.fn == op::conv2d ? conv_pass::forward : c.fn == op::conv2d_grad_input ? conv_pass::grad_input : conv_pass::grad_weight;
+  r.pass = *pass;
   r.accumulate = c.accumulate;
   r.allow_tf32 = allow_tf32;
   r.workspace_limit = workspace_bytes;

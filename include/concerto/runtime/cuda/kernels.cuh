@@ -973,19 +973,23 @@ __device__ inline pixel pixel_at(std::size_t e, const conv_dims& d) {
   const long long pix = static_cast<long long>(e) / d.in;
   return {pix / (d.width * d.height), (pix / d.width) % d.height, pix % d.width, static_cast<long long>(e) % d.in};
 }
-// Calls f(oh, ow, i, j) for each output position whose window holds pixel (h, col), which is
-// the window's row i and column j (a convolution's input gradient, a pooling's).
+// Whether pixel (h, col) is row i and column j of some output position's window, and which
+// (oh, ow): a convolution's image gradient by tap, a pooling's gradient over every tap.
+__device__ inline bool window_at_tap(const conv_dims& d, long long h, long long col, long long i, long long j, long long& oh,
+                                     long long& ow) {
+  const long long sh = h + d.padding - i, sw = col + d.padding - j;
+  if (sh < 0 || sw < 0 || sh % d.stride != 0 || sw % d.stride != 0) return false;
+  oh = sh / d.stride;
+  ow = sw / d.stride;
+  return oh < d.out_h && ow < d.out_w;
+}
+// Calls f(oh, ow) for each output position whose window holds pixel (h, col).
 template <class F>
 __device__ void windows_holding(const conv_dims& d, long long h, long long col, F&& f) {
-  for (long long i = 0; i < d.kernel_h; ++i) {
-    const long long sh = h + d.padding - i;
-    if (sh < 0 || sh % d.stride != 0 || sh / d.stride >= d.out_h) continue;
-    for (long long j = 0; j < d.kernel_w; ++j) {
-      const long long sw = col + d.padding - j;
-      if (sw < 0 || sw % d.stride != 0 || sw / d.stride >= d.out_w) continue;
-      f(sh / d.stride, sw / d.stride, i, j);
-    }
-  }
+  long long oh = 0, ow = 0;
+  for (long long i = 0; i < d.kernel_h; ++i)
+    for (long long j = 0; j < d.kernel_w; ++j)
+      if (window_at_tap(d, h, col, i, j, oh, ow)) f(oh, ow);
 }
 // The convolutions as implicit GEMMs: C[m, n] (+)= Σ_k A(m, k) · B(k, n), C row-major [M, N], with
 // A and B read through gathers so that no patch matrix is ever written. One block computes a
@@ -1052,10 +1056,8 @@ struct window_gather {
   __device__ float operator()(long long m, long long k) const {
     const long long col = m % d.width, h = (m / d.width) % d.height, n = m / (d.width * d.height);
     const long long o = k % d.out, j = (k / d.out) % d.kernel_w, i = k / (d.out * d.kernel_w);
-    const long long sh = h + d.padding - i, sw = col + d.padding - j;
-    if (sh < 0 || sw < 0 || sh % d.stride != 0 || sw % d.stride != 0) return 0.0f;
-    const long long oh = sh / d.stride, ow = sw / d.stride;
-    return oh >= d.out_h || ow >= d.out_w ? 0.0f : dy[((n * d.out_h + oh) * d.out_w + ow) * d.out + o];
+    long long oh = 0, ow = 0;
+    return window_at_tap(d, h, col, i, j, oh, ow) ? dy[((n * d.out_h + oh) * d.out_w + ow) * d.out + o] : 0.0f;
   }
 };
 // A row-major [rows, cols] matrix (w as [patch, out], dy as [positions, out]).
@@ -1111,7 +1113,7 @@ __global__ void pool_grad_k(const float* x, const float* dy, float* dx, conv_dim
   CONCERTO_GRID_STRIDE(e, static_cast<std::size_t>(d.batch * d.height * d.width * d.in)) {
     const auto [n, h, col, c] = pixel_at(e, d);
     float acc = 0.0f;
-    windows_holding(d, h, col, [&](long long oh, long long ow, long long, long long) {
+    windows_holding(d, h, col, [&](long long oh, long long ow) {
       if (average || pool_first_max(x, d, n, oh, ow, c) == static_cast<long long>(e))
         acc += dy[((n * d.out_h + oh) * d.out_w + ow) * d.in + c];
     });

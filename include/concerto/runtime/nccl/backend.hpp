@@ -256,7 +256,7 @@ public:
       kernels_[i] = decode(g, t, coords_);
       if (t.fn == ir::op::matmul)
         products_[i] = cuda::describe_gemm(kernels_[i], arena_, *blas_, options_.blas_workspace_bytes, options_.allow_tf32);
-      if (dnn_ && (t.fn == ir::op::conv2d || t.fn == ir::op::conv2d_grad_input || t.fn == ir::op::conv2d_grad_weight))
+      if (dnn_ && cuda::conv_pass_of(t.fn))
         convs_[i] = cuda::describe_conv(kernels_[i], arena_, *dnn_, options_.blas_workspace_bytes, options_.allow_tf32);
     }
     make_staging(g);
