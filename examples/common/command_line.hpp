@@ -69,8 +69,9 @@ inline void add_text_model_options(CLI::App& app, text_model_settings& s, const 
       ->check(non_negative)
       ->capture_default_str();
   app.add_option("--precision", s.precision,
-                 "fp32, or bf16: activations, gradients and collectives in bf16, f32 master weights and AdamW state")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+                 "fp32, or bf16: activations, gradients and collectives in bf16, f32 master weights and AdamW state; "
+                 "or fp16: the same in f16, with dynamic loss scaling")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   auto* data = app.add_option("--data", s.data, "train on token shards DIR/train*.bin (examples/shards writes them) instead of --text");
   app.add_option("--vocab", s.vocab, "with --data: the vocabulary, above every token id (256: byte-level)")

@@ -17,7 +17,7 @@ struct text_model_settings {
   float min_lr_ratio = 0.1f;            ///< the decay's floor as a share of --lr
   float weight_decay = 0.01f;           ///< AdamW's decoupled weight decay (torch.optim.AdamW's default)
   float clip = 0.0f;                    ///< global-norm gradient clipping's max norm (0: none)
-  std::string precision = "fp32";       ///< fp32, or bf16 (f32 masters and optimizer state)
+  std::string precision = "fp32";       ///< fp32, bf16 or fp16 (f32 masters and optimizer state; fp16 scales the loss)
   std::string data;                     ///< token shards: DIR/train*.bin and DIR/val*.bin (else --text)
   int vocab = 256;                      ///< with --data: above every token id (256: byte-level shards)
   std::uint64_t seed = 1;               ///< with --data: the order of the training windows

@@ -4,7 +4,8 @@
 // clipping (--clip), validation every N steps on the held-out shards (--val-every), checkpoints
 // that keep the data loader's position (--save, --save-every, --resume: a resumed run continues
 // with the exact next batch), one progress line per --log-every steps (loss, learning rate,
-// gradient norm, tokens/s, MFU against the cost preset's peak, ETA), a JSONL record per step
+// gradient norm, tokens/s, model FLOP/s (MFU against a GPU preset's peak), ETA; under fp16 the
+// steps its loss scaling skipped), a JSONL record per step
 // (--metrics FILE) and the trained parameters in safetensors (--export).
 #include "corpus.hpp"
 #include "settings.hpp"
@@ -216,6 +217,9 @@ run_stats train(Step& step, const text_model_settings& s, batch_source& source, 
     if (!metrics) concerto::fail("--metrics: cannot write '" + s.metrics + "'");
   }
   const double per_token = flops_per_token(step, layers, hidden, s.seq);
+  // MFU only against a GPU's peak: the cpu presets' peaks are planning figures, not this core's
+  // (its measured sgemm rate can pass them), so on CPU ranks the line gives model FLOP/s a rank.
+  const bool gpu_peak = s.cost_preset.rfind("cpu", 0) != 0;
   const double peak = concerto::cost::model::preset(s.cost_preset).hw().peak_tflops * 1e12 * world;
   const double tokens = static_cast<double>(s.batch) * s.seq;
   run_stats out;
@@ -241,18 +245,26 @@ run_stats train(Step& step, const text_model_settings& s, batch_source& source, 
     if (s.val_every > 0 && (r.step % s.val_every == 0 || r.step == s.steps)) val_loss = validate();
     if (root && metrics.is_open()) {
       nlohmann::json line{{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"step_s", wall}, {"tokens_per_s", tok_s},
-                          {"mfu", mfu}, {"exposed_comm_us", r.exposed_comm_us}};
+                          {"model_tflops", per_token * tok_s / 1e12}, {"exposed_comm_us", r.exposed_comm_us}};
+      if (gpu_peak) line["mfu"] = mfu;
       if (!std::isnan(r.grad_norm)) line["grad_norm"] = r.grad_norm;
+      if (r.loss_scale != 1.0f) line["loss_scale"] = r.loss_scale;
+      if (r.skipped) line["skipped"] = true;
       if (!std::isnan(val_loss)) line["val_loss"] = val_loss;
       metrics << line.dump() << '\n' << std::flush;
     }
-    if (root && (r.step % s.log_every == 0 || r.step == s.steps || r.step == start + 1)) {
+    if (root && r.skipped)
+      std::printf("step %5lld  skipped: a gradient overflowed f16 at loss scale %g (now %g)\n", static_cast<long long>(r.step),
+                  static_cast<double>(r.loss_scale), static_cast<double>(r.loss_scale) * 0.5);
+    if (root && !r.skipped && (r.step % s.log_every == 0 || r.step == s.steps || r.step == start + 1)) {
       const double mean_s = window_s / window;
-      char norm[32] = "";
+      char norm[32] = "", rate[48] = "";
       if (!std::isnan(r.grad_norm)) std::snprintf(norm, sizeof norm, "  norm %.3f", r.grad_norm);
-      std::printf("step %5lld/%d  loss %.4f  lr %.2e%s  %8.0f tok/s  MFU %.2f%%  ETA %s\n", static_cast<long long>(r.step),
-                  s.steps, r.loss, static_cast<double>(r.lr), norm, tokens / mean_s,
-                  100.0 * per_token * tokens / mean_s / peak, clock_text(mean_s * static_cast<double>(s.steps - r.step)).c_str());
+      if (gpu_peak) std::snprintf(rate, sizeof rate, "MFU %.2f%%", 100.0 * per_token * tokens / mean_s / peak);
+      else std::snprintf(rate, sizeof rate, "%.1f GFLOP/s/rank", per_token * tokens / mean_s / 1e9 / world);
+      std::printf("step %5lld/%d  loss %.4f  lr %.2e%s  %8.0f tok/s  %s  ETA %s\n", static_cast<long long>(r.step), s.steps,
+                  r.loss, static_cast<double>(r.lr), norm, tokens / mean_s, rate,
+                  clock_text(mean_s * static_cast<double>(s.steps - r.step)).c_str());
       window_s = 0;
       window = 0;
     }

@@ -36,8 +36,9 @@ inline void add_vision_options(CLI::App& app, vision_settings& s) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--precision", s.precision,
-                 "fp32, or bf16: activations, gradients and collectives in bf16, f32 master weights and AdamW state")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+                 "fp32, or bf16: activations, gradients and collectives in bf16, f32 master weights and AdamW state; "
+                 "or fp16: the same in f16, with dynamic loss scaling")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   app.add_option("--policy", s.policy, "plan policy, or a comma-separated list: sync, program_order, xla_lhs, concerto")
       ->capture_default_str();

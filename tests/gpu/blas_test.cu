@@ -1,7 +1,8 @@
-// The cuBLASLt products against the CPU matmul, for every flag combination and bf16 inputs, on
-// random data with fixed seeds. Skips (exit code 4) where no GPU is visible.
+// The cuBLASLt products against the CPU matmul, for every flag combination and bf16 and f16
+// inputs, on random data with fixed seeds. Skips (exit code 4) where no GPU is visible.
 #include "gpu_testing.hpp"
 
+#include <concerto/core/float16.hpp>
 #include <concerto/runtime/cpu/kernels.hpp>
 #include <concerto/runtime/cuda/blas.hpp>
 #include <concerto/runtime/cuda/stream.hpp>
@@ -11,6 +12,7 @@
 #include <cuda_bf16.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace cpu = concerto::runtime::cpu;
@@ -70,5 +72,31 @@ TEST_CASE("cuBLASLt products match the CPU matmul for every flag combination", "
     std::vector<float> got;
     for (const auto x : c16.get()) got.push_back(__bfloat162float(x));
     check_close(got, want, 8e-3f, 1e-3f); // bf16 keeps 8 bits of mantissa
+  }
+  SECTION("f16 inputs accumulate in fp32, into an fp32 or an f16 output; a bf16 output is refused") {
+    const auto half = [](const std::vector<float>& x, std::size_t count, std::vector<float>& rounded) {
+      std::vector<std::uint16_t> out(count);
+      rounded.resize(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        out[i] = concerto::to_f16(x[i]);
+        rounded[i] = concerto::from_f16(out[i]);
+      }
+      return out;
+    };
+    std::vector<float> ra, rb;
+    dev<std::uint16_t> ga(half(a, m * k, ra)), gb(half(b, k * n, rb));
+    std::vector<float> want(m * n);
+    cpu::matmul(ra, rb, want, m, n, k, {.trans_b = false});
+    dev<float> c32(m * n);
+    cu::gemm g32(lt, {.m = m, .n = n, .k = k, .ab = cu::gemm_type::f16, .c = cu::gemm_type::f32}, ws.size());
+    g32.run(lt, ga.p(), gb.p(), c32.p(), ws.data(), s.get());
+    check_close(c32.get(), want, 1e-4f, 1e-4f);
+    dev<std::uint16_t> c16(m * n);
+    cu::gemm g16(lt, {.m = m, .n = n, .k = k, .ab = cu::gemm_type::f16, .c = cu::gemm_type::f16}, ws.size());
+    g16.run(lt, ga.p(), gb.p(), c16.p(), ws.data(), s.get());
+    std::vector<float> got;
+    for (const auto x : c16.get()) got.push_back(concerto::from_f16(x));
+    check_close(got, want, 1e-3f, 1e-4f); // f16 keeps 11 bits of mantissa
+    CHECK_THROWS(cu::gemm(lt, {.m = m, .n = n, .k = k, .ab = cu::gemm_type::f16, .c = cu::gemm_type::bf16}, ws.size()));
   }
 }

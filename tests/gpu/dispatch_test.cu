@@ -1,13 +1,14 @@
 // The GPU dispatch against the CPU dispatch (the source of truth): small graphs of every op in
 // its one operand order (ir/ops.hpp) -- statistics not stored, the packed (grouped-query)
 // attention gradient, i64 ids and labels, global row counts, the vocabulary-parallel
-// cross-entropy at a rank's mesh coordinate, slice/concat, shard_slice, keep_one -- decoded once
-// and run task by task on both from the same random buffers; every buffer a task writes must
-// agree. That both dispatches have a case for every op of the table is a compile-time check
+// cross-entropy at a rank's mesh coordinate, slice/concat, shard_slice, keep_one, bf16 and f16
+// operands, dynamic loss scaling -- decoded once and run task by task on both from the same
+// random buffers; every buffer a task writes must agree. That both dispatches have a case for every op of the table is a compile-time check
 // (their run_kernel switches). Skips (exit code 4) where no GPU is visible.
 #include "gpu_testing.hpp"
 
 #include <concerto/core/bfloat16.hpp>
+#include <concerto/core/float16.hpp>
 #include <concerto/ir/builder.hpp>
 #include <concerto/ir/task_attrs.hpp>
 #include <concerto/runtime/buffers.hpp>
@@ -15,14 +16,17 @@
 #include <concerto/runtime/cuda/dispatch.cuh>
 #include <concerto/runtime/cuda/stream.hpp>
 #include <concerto/runtime/dispatch.hpp>
+#include <concerto/runtime/float16_values.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -71,8 +75,8 @@ struct twin {
         if (b.type == ir::dtype::f32) {
           const float v = real(rng);
           std::memcpy(bytes.data() + i * 4, &v, 4);
-        } else if (b.type == ir::dtype::bf16) {
-          const auto v = concerto::to_bf16(real(rng));
+        } else if (ir::is_16bit_float(b.type)) {
+          const auto v = b.type == ir::dtype::f16 ? concerto::to_f16(real(rng)) : concerto::to_bf16(real(rng));
           std::memcpy(bytes.data() + i * 2, &v, 2);
         } else if (b.type == ir::dtype::i32) {
           const auto v = static_cast<std::int32_t>(id(rng));
@@ -126,36 +130,54 @@ struct twin {
     return status;
   }
 
-  // A buffer's values as f32 (a bf16 one widened).
+  // Sets a buffer to `values` on both sides before `run` (rounded to nearest even in a 16-bit one).
+  void set(ir::buffer_id b, const std::vector<float>& values) {
+    const auto type = host.type(b);
+    if (!ir::is_16bit_float(type)) return set_stored(b, values);
+    std::vector<std::uint16_t> stored(values.size());
+    rt::round_to_16bit(type, values, stored);
+    set_stored(b, stored);
+  }
+  // Sets a buffer's stored values (of its own type) on both sides before `run`.
+  template <class T>
+  void set_stored(ir::buffer_id b, const std::vector<T>& values) {
+    auto bytes = host.bytes(b);
+    CONCERTO_CHECK(values.size() * sizeof(T) == bytes.size(), "twin::set: buffer '" + g.buffers[static_cast<std::size_t>(b)].name +
+                                                                   "' holds " + std::to_string(bytes.size()) + " bytes");
+    std::memcpy(bytes.data(), values.data(), bytes.size());
+    cu::check(cudaMemcpy(dev.ptr(b), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+
+  // A buffer's values as f32 (a 16-bit one widened).
   std::vector<float> cpu(ir::buffer_id b) {
-    if (host.type(b) == ir::dtype::bf16) {
+    if (ir::is_16bit_float(host.type(b))) {
       const auto raw = host.bytes(b);
       std::vector<std::uint16_t> h(raw.size() / 2);
       std::memcpy(h.data(), raw.data(), raw.size());
-      return widened(h);
+      return widened(host.type(b), h);
     }
     const auto v = host.f32(b);
     return {v.begin(), v.end()};
   }
   std::vector<float> gpu(ir::buffer_id b) const {
-    if (dev.type(b) == ir::dtype::bf16) return widened(dev.download<std::uint16_t>(b));
+    if (ir::is_16bit_float(dev.type(b))) return widened(dev.type(b), dev.download<std::uint16_t>(b));
     return dev.download<float>(b);
   }
-  static std::vector<float> widened(const std::vector<std::uint16_t>& h) {
+  static std::vector<float> widened(ir::dtype type, const std::vector<std::uint16_t>& h) {
     std::vector<float> out(h.size());
-    concerto::widen_bf16(h, out);
+    rt::widen_16bit(type, h, out);
     return out;
   }
 
 };
 
-// Every f32 (and bf16) buffer some task writes agrees; returns how many were compared.
+// Every f32 (and bf16, f16) buffer some task writes agrees; returns how many were compared.
 inline std::size_t compare_written(twin& tw, float rtol = 1e-4f, float atol = 1e-5f) {
   std::set<ir::buffer_id> seen;
   for (const auto& t : tw.g.tasks)
     for (const auto b : t.writes) {
       const auto& buf = tw.g.buffers[static_cast<std::size_t>(b)];
-      if ((buf.type != ir::dtype::f32 && buf.type != ir::dtype::bf16) || !seen.insert(b).second) continue;
+      if ((buf.type != ir::dtype::f32 && !ir::is_16bit_float(buf.type)) || !seen.insert(b).second) continue;
       INFO("buffer '" << buf.name << "' written by '" << t.name << "'");
       gpu_testing::check_close(tw.gpu(b), tw.cpu(b), rtol, atol);
     }
@@ -291,6 +313,231 @@ TEST_CASE("bf16 operands: casts, staged kernels and mixed products match the CPU
   CHECK(tw.run() == 0);
   // One bf16 rounding apart at most where the two f32 kernels round differently.
   CHECK(dispatch_testing::compare_written(tw, 1e-2f, 1e-3f) == 6);
+}
+
+TEST_CASE("f16 operands: staged kernels, casts and products in place or staged match the CPU dispatch",
+          "[gpu][dispatch][f16]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t rows = 8, cols = 16;
+  ir::builder b("f16");
+  const auto typed = [&](const char* name, std::vector<std::int64_t> shape, ir::dtype type) {
+    return b.buffer(name, std::move(shape), ir::buffer_role::activation, type);
+  };
+  const auto x = b.buffer("x", {rows, cols}), gain = b.buffer("gain", {cols}), shift = b.buffer("shift", {cols});
+  const auto xh = typed("x.f16", {rows, cols}, ir::dtype::f16), h = typed("h", {rows, cols}, ir::dtype::f16);
+  const auto w = typed("w", {cols, cols}, ir::dtype::f16), wb = typed("w.bf16", {cols, cols}, ir::dtype::bf16);
+  const auto normed = typed("normed", {rows, cols}, ir::dtype::f16), hb = typed("h.bf16", {rows, cols}, ir::dtype::bf16);
+  const auto prod = typed("prod", {rows, cols}, ir::dtype::f16), mixed = typed("mixed", {rows, cols}, ir::dtype::f16);
+  const auto crossed = typed("crossed", {rows, cols}, ir::dtype::f16);
+  const auto wide = b.buffer("wide", {rows, cols}), back = b.buffer("back", {rows, cols});
+  const auto shape = [&](std::int64_t n) { return ir::attr_map{{"n", n}, {"rows", rows}, {"cols", cols}}; };
+  b.compute(op::cast, "cast", {x}, {xh}, shape(rows * cols));
+  b.compute(op::gelu, "gelu", {xh}, {h}, shape(rows * cols));                         // elementwise, staged
+  b.compute(op::layernorm, "layernorm", {h, gain, shift}, {normed}, shape(rows * cols)); // a row op, staged
+  b.matmul("wide", h, w, wide, rows, cols, cols);                   // f16 inputs in place, f32 out
+  b.matmul("prod", h, w, prod, rows, cols, cols);                   // f16 inputs and C in place
+  b.matmul("prod.acc", xh, w, prod, rows, cols, cols, 1, false, false, true); // C += in f16
+  b.matmul("mixed", h, wb, mixed, rows, cols, cols);                // f16 beside bf16: both widened, C staged
+  b.compute(op::cast, "to.bf16", {h}, {hb}, shape(rows * cols));    // between the 16-bit types
+  b.matmul("crossed", hb, wb, crossed, rows, cols, cols);           // bf16 inputs in place, an f16 C staged
+  b.compute(op::cast, "back", {normed}, {back}, shape(rows * cols));
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 32);
+  CHECK(tw.run() == 0);
+  // f16 keeps 11 bits: one rounding apart at most where the two f32 kernels round differently.
+  CHECK(dispatch_testing::compare_written(tw, 2e-3f, 1e-4f) == 9);
+  // The staged kernel's values are the f32 kernel's on the widened input, rounded to f16.
+  const auto input = tw.gpu(xh);
+  std::vector<float> want(input.size());
+  rt::cpu::gelu(input, want);
+  for (auto& v : want) v = concerto::from_f16(concerto::to_f16(v));
+  gpu_testing::check_close(tw.gpu(h), want, 1e-3f, 1e-6f);
+}
+
+TEST_CASE("the cast between f32 and f16 rounds to nearest even, to infinity from 65520, and widens exactly",
+          "[gpu][dispatch][f16][cast]") {
+  CONCERTO_REQUIRE_GPU();
+  const float inf = std::numeric_limits<float>::infinity();
+  // value, its f16 bits: the largest finite value and the overflow threshold, ties to even in
+  // the normal and subnormal ranges, the smallest subnormal and half of it, signs, NaN.
+  const std::vector<std::pair<float, std::uint16_t>> edges{
+      {65504.0f, 0x7bff},        {std::nextafter(65520.0f, 0.0f), 0x7bff}, {65520.0f, 0x7c00},   {-65520.0f, 0xfc00},
+      {1e6f, 0x7c00},            {inf, 0x7c00},                            {-inf, 0xfc00},       {1.0f + 0x1p-11f, 0x3c00},
+      {1.0f + 0x3p-11f, 0x3c02}, {0.1f, 0x2e66},                           {0x1p-14f, 0x0400},   {0x1p-24f, 0x0001},
+      {0x1p-25f, 0x0000},        {0x1.8p-25f, 0x0001},                     {0x5p-25f, 0x0002},   {0x7p-25f, 0x0004},
+      {0x7ffp-25f, 0x0400},      {-0.0f, 0x8000},                          {-2.5f, 0xc100}};
+  const auto n = static_cast<std::int64_t>(edges.size() + 1), every = std::int64_t{1} << 16;
+  ir::builder b("f16-cast");
+  const auto x = b.buffer("x", {n}), back = b.buffer("back", {n}), wide = b.buffer("wide", {every});
+  const auto xh = b.buffer("x.f16", {n}, ir::buffer_role::activation, ir::dtype::f16);
+  const auto all = b.buffer("all", {every}, ir::buffer_role::activation, ir::dtype::f16);
+  const auto again = b.buffer("again", {every}, ir::buffer_role::activation, ir::dtype::f16);
+  b.compute(op::cast, "narrow", {x}, {xh});
+  b.compute(op::cast, "widen", {xh}, {back});
+  b.compute(op::cast, "widen.all", {all}, {wide});
+  b.compute(op::cast, "narrow.all", {wide}, {again});
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {}, 1, 33);
+  std::vector<float> values;
+  for (const auto& [v, bits] : edges) values.push_back(v);
+  values.push_back(std::numeric_limits<float>::quiet_NaN());
+  tw.set(x, values);
+  std::vector<std::uint16_t> patterns(static_cast<std::size_t>(every));
+  for (std::size_t i = 0; i < patterns.size(); ++i) patterns[i] = static_cast<std::uint16_t>(i);
+  tw.set_stored(all, patterns);
+  CHECK(tw.run() == 0);
+  const auto got = tw.dev.download<std::uint16_t>(xh);
+  const auto widened = tw.gpu(back);
+  for (std::size_t i = 0; i < edges.size(); ++i) {
+    INFO("f32 " << edges[i].first);
+    CHECK(got[i] == edges[i].second);
+    CHECK(std::bit_cast<std::uint32_t>(widened[i]) == std::bit_cast<std::uint32_t>(concerto::from_f16(edges[i].second)));
+  }
+  CHECK((got.back() & 0x7c00) == 0x7c00); // NaN stays NaN
+  CHECK((got.back() & 0x03ff) != 0);
+  CHECK(std::isnan(widened.back()));
+  // Every f16 value widens exactly (as core/float16.hpp does) and rounds back to itself; a NaN
+  // stays a NaN (a signalling one comes back quiet).
+  const auto all_wide = tw.gpu(wide);
+  const auto round_trip = tw.dev.download<std::uint16_t>(again);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    const auto h = patterns[i];
+    const bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0;
+    wrong += std::bit_cast<std::uint32_t>(all_wide[i]) != std::bit_cast<std::uint32_t>(concerto::from_f16(h));
+    wrong += nan ? !std::isnan(concerto::from_f16(round_trip[i])) : round_trip[i] != h;
+  }
+  CHECK(wrong == 0);
+  for (const auto id : {xh, back, wide, again}) { // the CPU dispatch's bits, NaNs included
+    INFO("buffer '" << graph.buffers[static_cast<std::size_t>(id)].name << "'");
+    const auto cpu = tw.host.bytes(id);
+    CHECK(tw.dev.download<std::uint8_t>(id) == std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(cpu.data()),
+                                                                         reinterpret_cast<const std::uint8_t*>(cpu.data() + cpu.size())));
+  }
+}
+
+TEST_CASE("loss gradients under dynamic loss scaling are the scale times the unscaled ones, as on the CPU",
+          "[gpu][dispatch][loss_scale]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t rows = 13, classes = 20, n = 300;
+  const std::int64_t G = 2, S = 6, E = 4, T = G * S;
+  const float scale = 1024.0f;
+  ir::builder b("loss-scaled gradients");
+  const int tp = b.axis("tp", 2);
+  const auto loss_scale = b.buffer(std::string(ir::loss_scale_buffer), {1}, ir::buffer_role::input);
+  const auto logits = b.buffer("logits", {rows, classes}), targets = b.buffer("targets", {rows}, ir::buffer_role::input, ir::dtype::i64);
+  const auto dl = b.buffer("dlogits", {rows, classes}), dl_s = b.buffer("dlogits.scaled", {rows, classes});
+  const auto pred = b.buffer("pred", {n}), target = b.buffer("target", {n}), dp = b.buffer("dpred", {n}),
+             dp_s = b.buffer("dpred.scaled", {n});
+  const auto mx = b.buffer("max", {rows}), sumexp = b.buffer("sumexp", {rows}), dv = b.buffer("dvocab", {rows, classes}),
+             dv_s = b.buffer("dvocab.scaled", {rows, classes});
+  const auto route_logits = b.buffer("route.logits", {T, E}), gates = b.buffer("gates", {T, E}), dgates = b.buffer("dgates", {T, E});
+  const auto dgates_s = b.buffer("dgates.scaled", {T, E}), dr = b.buffer("droute", {T, E}), dr_s = b.buffer("droute.scaled", {T, E});
+  const ir::attr_map ce{{"global_rows", 2 * rows}, {"dloss_num", 1}, {"dloss_den", 3}};
+  const ir::attr_map mse{{"global_n", 2 * n}, {"dloss_num", 2}, {"dloss_den", 5}};
+  const ir::attr_map vocab{{"cols", classes}, {"vocab_axis", tp}, {"global_rows", 2 * rows}, {"dloss_num", 1}, {"dloss_den", 2}};
+  const ir::attr_map route{{"experts", E}, {"group", S}, {"capacity", 3}, {"top_k", 2}};
+  auto route_grad = route;
+  route_grad.insert({{"weight_num", 1}, {"weight_den", 10}, {"global_groups", 2 * G}});
+  b.compute(op::vocab_ce_max, "vocab.max", {logits}, {mx}, {{"cols", classes}});
+  b.compute(op::vocab_ce_sumexp, "vocab.sumexp", {logits, mx}, {sumexp}, {{"cols", classes}});
+  b.compute(op::moe_route, "route", {route_logits}, {gates}, route);
+  b.at(ir::phase::backward);
+  b.compute(op::cross_entropy_grad, "ce.grad", {logits, targets}, {dl}, ce);
+  b.compute(op::cross_entropy_grad, "ce.grad.scaled", {logits, targets, loss_scale}, {dl_s}, ce);
+  b.compute(op::mse_grad, "mse.grad", {pred, target}, {dp}, mse);
+  b.compute(op::mse_grad, "mse.grad.scaled", {pred, target, loss_scale}, {dp_s}, mse);
+  b.compute(op::vocab_ce_grad, "vocab.grad", {logits, targets, mx, sumexp}, {dv}, vocab);
+  b.compute(op::vocab_ce_grad, "vocab.grad.scaled", {logits, targets, mx, sumexp, loss_scale}, {dv_s}, vocab);
+  // The routing's gradient reads gate gradients that are already scaled; it scales the balance
+  // loss's part, so that the whole is the scale times the unscaled gradient.
+  b.compute(op::scale, "dgates.scale", {dgates}, {dgates_s}, {{"num", static_cast<std::int64_t>(scale)}, {"den", 1}});
+  b.compute(op::moe_route_grad, "route.grad", {route_logits, gates, dgates}, {dr}, route_grad);
+  b.compute(op::moe_route_grad, "route.grad.scaled", {route_logits, gates, dgates_s, loss_scale}, {dr_s}, route_grad);
+  const auto graph = std::move(b).finish();
+  twin tw(graph, {0}, classes, 34);
+  tw.set(loss_scale, {scale});
+  CHECK(tw.run() == 0);
+  CHECK(dispatch_testing::compare_written(tw, 1e-4f, 1e-6f) == 12);
+  for (const auto& [plain, scaled] : {std::pair{dl, dl_s}, std::pair{dp, dp_s}, std::pair{dv, dv_s}, std::pair{dr, dr_s}}) {
+    INFO("buffer '" << graph.buffers[static_cast<std::size_t>(scaled)].name << "'");
+    auto want = tw.gpu(plain);
+    for (auto& v : want) v *= scale;
+    gpu_testing::check_close(tw.gpu(scaled), want, 1e-6f, 0.0f);
+  }
+}
+
+TEST_CASE("updates under dynamic loss scaling apply the unscaled gradient, and skip an overflowed step",
+          "[gpu][dispatch][loss_scale]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t n = 257;
+  const float scale = 1024.0f, norm_sq = 4.0f; // a gradient norm of 2: clipping to 1 halves it
+  ir::builder b("loss-scaled updates");
+  const auto loss_scale = b.buffer(std::string(ir::loss_scale_buffer), {1}, ir::buffer_role::input);
+  struct update {
+    std::string name;
+    ir::buffer_id p, g, m, v, norm;
+  };
+  const auto make = [&](const std::string& name) {
+    const auto state = ir::buffer_role::optimizer_state;
+    return update{name, b.buffer(name + ".p", {n}, ir::buffer_role::param), b.buffer(name + ".g", {n}, ir::buffer_role::gradient),
+                  b.buffer(name + ".m", {n}, state), b.buffer(name + ".v", {n}, state), b.buffer(name + ".norm_sq", {1})};
+  };
+  // AdamW and SGD with momentum: on unscaled gradients with clipping, on scaled ones with the
+  // scale, and on scaled ones whose norm overflowed (inf for AdamW, NaN for SGD).
+  const auto adam = make("adam"), adam_s = make("adam.scaled"), adam_o = make("adam.overflowed");
+  const auto sgd = make("sgd"), sgd_s = make("sgd.scaled"), sgd_o = make("sgd.overflowed");
+  b.at(ir::phase::optimizer);
+  b.compute(op::adamw, "adamw", {adam.p, adam.g, adam.m, adam.v, adam.norm}, {adam.p, adam.m, adam.v});
+  for (const auto& u : {adam_s, adam_o})
+    b.compute(op::adamw, u.name, {u.p, u.g, u.m, u.v, u.norm, loss_scale}, {u.p, u.m, u.v});
+  b.compute(op::sgd, "sgd", {sgd.p, sgd.g, sgd.norm}, {sgd.p, sgd.m});
+  for (const auto& u : {sgd_s, sgd_o}) b.compute(op::sgd, u.name, {u.p, u.g, u.norm, loss_scale}, {u.p, u.m});
+  const auto graph = std::move(b).finish();
+  for (const float clip : {1.0f, 0.0f}) {
+    DYNAMIC_SECTION("clip_norm " << clip) {
+      twin tw(graph, {}, 1, 35);
+      tw.settings.clip_norm = clip;
+      tw.settings.sgd.momentum = 0.9f;
+      tw.set(loss_scale, {scale});
+      // Every update of a kind starts from the same parameter and state; v is non-negative.
+      for (const auto& [first, others] : {std::pair{adam, std::vector{adam_s, adam_o}}, std::pair{sgd, std::vector{sgd_s, sgd_o}}}) {
+        auto v = tw.cpu(first.v);
+        for (auto& x : v) x = std::abs(x);
+        tw.set(first.v, v);
+        tw.set(first.norm, {norm_sq});
+        auto scaled = tw.cpu(first.g);
+        for (auto& x : scaled) x *= scale;
+        for (const auto& u : others) {
+          for (const auto& [to, from] : {std::pair{u.p, first.p}, std::pair{u.m, first.m}, std::pair{u.v, first.v}})
+            tw.set(to, tw.cpu(from));
+          tw.set(u.g, scaled);
+          tw.set(u.norm, {norm_sq * scale * scale});
+        }
+      }
+      tw.set(adam_o.norm, {std::numeric_limits<float>::infinity()});
+      tw.set(sgd_o.norm, {std::numeric_limits<float>::quiet_NaN()});
+      std::vector<std::vector<float>> before;
+      for (const auto& u : {adam_o, sgd_o})
+        for (const auto id : {u.p, u.m, u.v}) before.push_back(tw.gpu(id));
+      CHECK(tw.run() == 0);
+      CHECK(dispatch_testing::compare_written(tw, 1e-5f, 1e-7f) == 15);
+      // With a power-of-two scale the unscaling is exact: the same update as the unscaled one.
+      for (const auto& [plain, scaled] : {std::pair{adam, adam_s}, std::pair{sgd, sgd_s}})
+        for (const auto& [a, s] : {std::pair{plain.p, scaled.p}, std::pair{plain.m, scaled.m}, std::pair{plain.v, scaled.v}}) {
+          INFO("buffer '" << graph.buffers[static_cast<std::size_t>(s)].name << "'");
+          if (a == sgd.v) continue; // SGD keeps no second moment
+          gpu_testing::check_close(tw.gpu(s), tw.gpu(a), 1e-6f, 0.0f);
+        }
+      // An overflowed step writes nothing: parameter and state bit for bit as they were.
+      std::size_t k = 0;
+      for (const auto& u : {adam_o, sgd_o})
+        for (const auto id : {u.p, u.m, u.v}) {
+          INFO("buffer '" << graph.buffers[static_cast<std::size_t>(id)].name << "'");
+          CHECK(tw.gpu(id) == before[k++]);
+        }
+    }
+  }
 }
 
 TEST_CASE("tanh, a table broadcast over rows and their gradients match the CPU dispatch", "[gpu][dispatch][tanh]") {

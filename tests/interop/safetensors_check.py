@@ -1,7 +1,7 @@
 """The Python side of the safetensors interop test, with the `safetensors` package (PyPI).
 
     check FILE   loads a file concerto wrote and compares every tensor with the formulas below
-                 (bf16 tensors against numpy's float32 -> bfloat16 rounding, ml_dtypes)
+                 (bf16 and f16 tensors against numpy's float32 -> bfloat16 (ml_dtypes) and float16 rounding)
     write FILE   writes the same tensors as F32, BF16 and F16 for concerto to read
 
 The formulas are those of values.hpp, computed in float32. Exits 0 when all match.
@@ -28,13 +28,12 @@ def main():
         for name, value in tensors().items():
             out[name + ".f32"] = value
             out[name + ".bf16"] = value.astype(ml_dtypes.bfloat16)
-            if name != "sevenths":
-                out[name + ".f16"] = value.astype(np.float16)
+            out[name + ".f16"] = value.astype(np.float16)
         save_file(out, path, metadata={"format": "pt", "written_by": "safetensors " + __import__("safetensors").__version__})
         return 0
     loaded = load_file(path)
     for name, value in tensors().items():
-        for suffix, want in ((".f32", value), (".bf16", value.astype(ml_dtypes.bfloat16))):
+        for suffix, want in ((".f32", value), (".bf16", value.astype(ml_dtypes.bfloat16)), (".f16", value.astype(np.float16))):
             got = loaded[name + suffix]
             if got.dtype != want.dtype or got.shape != want.shape:
                 print(f"{name + suffix}: {got.dtype} {got.shape}, expected {want.dtype} {want.shape}")
@@ -43,7 +42,7 @@ def main():
                 bad = np.flatnonzero(got.astype(np.float32) != want.astype(np.float32))[0]
                 print(f"{name + suffix}[{bad}]: {got.reshape(-1)[bad]}, expected {want.reshape(-1)[bad]}")
                 return 1
-    print(f"{2 * len(tensors())} tensors written by concerto equal numpy's, bit for bit")
+    print(f"{3 * len(tensors())} tensors written by concerto equal numpy's, bit for bit")
     return 0
 
 

@@ -1,7 +1,7 @@
 // The C++ side of the safetensors interop test (tests/interop/CMakeLists.txt):
-//   write FILE   writes interop::tensors() as F32 and as BF16 (names suffixed .f32 / .bf16)
+//   write FILE   writes interop::tensors() as F32, BF16 and F16 (names suffixed .f32 / .bf16 / .f16)
 //   check FILE   reads a file safetensors_check.py wrote (F32, BF16 and F16) and compares every
-//                value with interop::tensors(), bf16 after concerto's own rounding of the f32
+//                value with interop::tensors(), bf16 and f16 after concerto's own rounding of the f32
 // Exits 0 when every tensor matches; otherwise prints the first mismatch and exits 1.
 #include "values.hpp"
 
@@ -26,6 +26,7 @@ int main(int argc, char** argv) try {
     for (const auto& t : interop::tensors()) {
       w.add(t.name + ".f32", t.shape, t.values, st::dtype::f32);
       w.add(t.name + ".bf16", t.shape, t.values, st::dtype::bf16);
+      w.add(t.name + ".f16", t.shape, t.values, st::dtype::f16);
     }
     concerto::write_file_atomically(file, std::move(w).finish({{"format", "pt"}, {"written_by", "concerto"}}));
     return 0;
@@ -35,7 +36,6 @@ int main(int argc, char** argv) try {
   for (const auto& t : interop::tensors())
     for (const auto type : {st::dtype::f32, st::dtype::bf16, st::dtype::f16}) {
       const auto name = t.name + "." + (type == st::dtype::f32 ? "f32" : type == st::dtype::bf16 ? "bf16" : "f16");
-      if (type == st::dtype::f16 && t.name == "sevenths") continue; // the Python side writes f16 of exact values only
       const auto& e = c.tensors.at(name);
       if (e.type != type || e.shape != t.shape) {
         std::fprintf(stderr, "%s: dtype or shape differs\n", name.c_str());
@@ -43,7 +43,9 @@ int main(int argc, char** argv) try {
       }
       const auto got = c.values(name);
       for (std::size_t i = 0; i < got.size(); ++i) {
-        const float want = type == st::dtype::bf16 ? st::from_bf16(st::to_bf16(t.values[i])) : t.values[i];
+        const float want = type == st::dtype::bf16  ? st::from_bf16(st::to_bf16(t.values[i]))
+                           : type == st::dtype::f16 ? st::from_f16(st::to_f16(t.values[i]))
+                                                    : t.values[i];
         if (std::memcmp(&got[i], &want, sizeof want) != 0) {
           std::fprintf(stderr, "%s[%zu]: read %.9g, expected %.9g\n", name.c_str(), i, got[i], want);
           return 1;

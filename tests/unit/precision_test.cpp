@@ -7,10 +7,12 @@
 #include <concerto/sim/simulate.hpp>
 #include <concerto/ir/hazards.hpp>
 #include <concerto/plan/verify.hpp>
+#include <concerto/runtime/kernel_call.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -163,4 +165,45 @@ TEST_CASE("bf16 planning: the plan of a bf16 graph verifies and prices its halve
   const auto orders = planner::list_schedule(planner::policy::program_order, b16, d16);
   const auto p = sim::to_plan(orders.graph, orders.order, d16, model.overlap_slowdown(), "program_order", model.hw().name);
   CHECK_NOTHROW(plan::verify(p));
+}
+
+TEST_CASE("fp16: f16 activations, and the loss scale every loss gradient and update reads", "[precision]") {
+  const auto g = lowered(zero1, ir::precision_policy::fp16(), 2, 1);
+  const auto& scale = buffer_named(g, std::string(ir::loss_scale_buffer));
+  CHECK(scale.type == ir::dtype::f32);
+  CHECK(scale.role == ir::buffer_role::optimizer_state); // kept between steps, never aliased
+  CHECK(scale.bytes == 4);
+  const auto norm = buffer_named(g, std::string(ir::grad_norm_sq_buffer)).id; // made for loss scaling, no clipping asked
+  int loss_grads = 0, updates = 0;
+  for (const auto& t : g.tasks) {
+    CAPTURE(t.name);
+    const bool reads_scale = std::find(t.reads.begin(), t.reads.end(), scale.id) != t.reads.end();
+    CHECK(reads_scale == ir::reads_loss_scale(t.fn));
+    if (t.fn == ir::op::mse_grad) {
+      ++loss_grads;
+      CHECK(g.buffer_at(t.writes[0]).type == ir::dtype::f16); // the scaled gradient is stored in f16
+    }
+    if (ir::info(t.fn).form == ir::task_form::update) {
+      ++updates;
+      REQUIRE(t.reads.size() >= 2);
+      CHECK(t.reads[t.reads.size() - 2] == norm); // the norm, then the scale: the order the decode takes them in
+      CHECK(t.reads.back() == scale.id);
+    }
+  }
+  CHECK(loss_grads == 1);
+  CHECK(updates == 3);
+  // Every task decodes: the scale is taken off the operands the kernels see.
+  for (const auto& t : g.tasks)
+    if (!ir::is_collective(t.kind) && ir::info(t.fn).executable) {
+      CAPTURE(t.name);
+      const auto c = runtime::decode(g, t, std::vector<int>{0});
+      CHECK((c.loss_scale == scale.id) == ir::reads_loss_scale(t.fn));
+      if (ir::info(t.fn).form == ir::task_form::update) CHECK(c.grad_norm_sq == norm);
+    }
+  // Evaluation's forward pass has no loss gradient: no loss scale.
+  lower_options forward{.name = "mlp"};
+  forward.precision = ir::precision_policy::fp16();
+  forward.forward_only = true;
+  const auto f = lower(zero1, shapes, mesh::from_world(2, {{"dp", 2}, {"tp", 1}}), forward);
+  for (const auto& b : f.buffers) CHECK(b.name != ir::loss_scale_buffer);
 }

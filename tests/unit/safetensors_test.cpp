@@ -84,6 +84,35 @@ TEST_CASE("bf16 rounds to nearest even; f16 widens exactly") {
   CHECK(std::isnan(st::from_f16(0x7e00)));
 }
 
+TEST_CASE("f16 rounds to nearest even, saturates to infinity past 65504, keeps subnormals; files hold it") {
+  CHECK(st::to_f16(1.0f) == 0x3c00);
+  CHECK(st::to_f16(-2.0f) == 0xc000);
+  CHECK(st::to_f16(1.0f + 0x1p-11f) == 0x3c00);              // a tie: to the even 0x3c00
+  CHECK(st::to_f16(1.0f + 3 * 0x1p-11f) == 0x3c02);          // a tie: to the even 0x3c02
+  CHECK(st::to_f16(1.0f + 0x1p-11f + 0x1p-20f) == 0x3c01);   // above the tie
+  CHECK(st::to_f16(65504.0f) == 0x7bff);
+  CHECK(st::to_f16(65519.0f) == 0x7bff);                     // below the halfway point to 65536
+  CHECK(st::to_f16(65520.0f) == 0x7c00);                     // the halfway point rounds to infinity
+  CHECK(st::to_f16(-1e6f) == 0xfc00);
+  CHECK(st::to_f16(0x1p-24f) == 0x0001);                     // the smallest subnormal
+  CHECK(st::to_f16(0x1p-25f) == 0x0000);                     // half of it: a tie, to the even zero
+  CHECK(st::to_f16(0x1.8p-25f) == 0x0001);                   // above the tie
+  CHECK(st::to_f16(3 * 0x1p-25f) == 0x0002);                 // 1.5 units: a tie, to the even 2
+  CHECK(st::to_f16(0x1.ffcp-15f) == 0x0400);                 // rounds up into the smallest normal
+  CHECK(std::isnan(st::from_f16(st::to_f16(std::numeric_limits<float>::quiet_NaN()))));
+  int changed = 0; // every finite f16 survives the round trip
+  for (std::uint32_t h = 0; h < 0x10000; ++h)
+    changed += (h & 0x7c00u) != 0x7c00u && st::to_f16(st::from_f16(static_cast<std::uint16_t>(h))) != h;
+  CHECK(changed == 0);
+  st::writer w;
+  w.add("h", {3}, std::vector<float>{0.1f, -70000.0f, 3.0f}, st::dtype::f16);
+  const auto c = st::parse(std::move(w).finish(), "h.safetensors");
+  const auto v = c.values("h");
+  CHECK(v[0] == st::from_f16(st::to_f16(0.1f)));
+  CHECK(v[1] == -std::numeric_limits<float>::infinity());
+  CHECK(v[2] == 3.0f);
+}
+
 TEST_CASE("a damaged or foreign file is refused naming the file and the tensor") {
   const auto file = small_file();
   const auto refuse = [](const std::string& bytes, const std::string& what) {

@@ -36,8 +36,10 @@ struct lower_options {
   std::int64_t heads = 1; ///< attention (query) heads over the whole model; head_dim = q's width / heads
   std::int64_t rope_theta = 10000; ///< the base of rope's angles (Llama 2: 10000, Llama 3: 500000)
   /// How values are stored and moved (ir/precision.hpp; train::step_options::precision sets it):
-  /// f32 throughout, or a bf16 working precision beside f32 master parameters. The lowering makes
-  /// f32 buffers; the policy's pass retypes them and adds the casts.
+  /// f32 throughout, or a bf16 or f16 working precision beside f32 master parameters. The lowering
+  /// makes f32 buffers; the policy's pass retypes them and adds the casts. With the policy's
+  /// loss scaling it makes `ir::loss_scale_buffer`, which the loss gradients and the updates read,
+  /// and the global gradient norm's tasks (as for clipping), whose sum says whether a step overflowed.
   ir::precision_policy precision = {};
   /// Depth of each `repeat<"name">` of the program, by name: its block is emitted that many times.
   std::map<std::string, int> depth = {};
@@ -499,12 +501,15 @@ public:
 
   // Nodes in order; a run of one block's nodes in one phase is emitted once per layer (backward
   // from the last layer down), so the layers chain through repeat_in and grad_in.
-  // With clipping, the nodes up to the updates first (the gradients' shards complete), then the
-  // global norm, then the updates and what follows them (ZeRO's gathers of the updated shards).
+  // With clipping or loss scaling, the nodes up to the updates first (the gradients' shards
+  // complete), then the global norm, then the updates and what follows them (ZeRO's gathers of
+  // the updated shards).
   ir::graph run() && {
+    if (!options_.forward_only && options_.precision.loss_scaling)
+      loss_scale_ = b_.buffer(std::string(ir::loss_scale_buffer), {1}, ir::buffer_role::optimizer_state, ir::dtype::f32);
     if (options_.forward_only) {
       emit_nodes([&](int j) { return p_.nodes[j].phase == ir::phase::forward; });
-    } else if (!options_.clip_gradients) {
+    } else if (!options_.clip_gradients && !options_.precision.loss_scaling) {
       emit_nodes([](int) { return true; });
     } else {
       const auto after = after_updates();
@@ -783,6 +788,7 @@ private:
   }
   // One compute task writing node i's buffer (made here unless a packed gradient made it).
   void compute(int i, ir::op fn, std::vector<ir::buffer_id> reads, attrs extra) {
+    if (loss_scale_ >= 0 && ir::reads_loss_scale(fn)) reads.push_back(loss_scale_); // a loss gradient
     const auto out = slot(i) >= 0 ? slot(i) : new_buffer(i);
     b_.compute(fn, name_, std::move(reads), {out}, std::move(extra));
   }
@@ -1118,7 +1124,8 @@ private:
       reads.insert(reads.end(), {in(x, 2), in(x, 3)});
       writes.insert(writes.end(), {in(x, 2), in(x, 3)});
     }
-    if (grad_norm_sq_ >= 0) reads.push_back(grad_norm_sq_); // the clipping factor's norm
+    if (grad_norm_sq_ >= 0) reads.push_back(grad_norm_sq_); // the clipping factor's norm, or whether the step overflowed
+    if (loss_scale_ >= 0) reads.push_back(loss_scale_);
     b_.compute(x.op, name_, reads, writes, {{"n", elements(local_of(i))}});
   }
 
@@ -1135,7 +1142,8 @@ private:
   int cur_block_ = -1, cur_layer_ = -1;              // what is being emitted
   std::string name_;                                  // the task being emitted
   std::int64_t head_dim_ = 0;
-  ir::buffer_id grad_norm_sq_ = -1;                   // with clipping: what every update reads
+  ir::buffer_id grad_norm_sq_ = -1;                   // with clipping or loss scaling: what every update reads
+  ir::buffer_id loss_scale_ = -1;                     // with loss scaling: what the loss gradients and updates read
   std::vector<std::pair<ir::task_id, attrs>> collective_attrs_;
   std::vector<padding> want_padded_;                  // per node: plan_padded_roots
   struct padded_root {

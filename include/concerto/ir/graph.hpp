@@ -48,6 +48,8 @@ enum class dtype : std::uint8_t { f32, bf16, f16, i32, i64 };
   constexpr std::string_view names[] = {"f32", "bf16", "f16", "i32", "i64"};
   return names[static_cast<int>(t)];
 }
+/// @brief bf16 or f16: stored in 16 bits, computed in f32 (a kernel widens and rounds them).
+[[nodiscard]] constexpr bool is_16bit_float(dtype t) noexcept { return t == dtype::bf16 || t == dtype::f16; }
 
 /// @brief What a buffer holds; the memory accounting and the checkpoint look at it.
 enum class buffer_role : std::uint8_t { input, param, activation, gradient, optimizer_state, workspace };
@@ -96,6 +98,11 @@ struct buffer {
 /// (graph/lower.hpp makes it): every update reads it, the pipeline's stage split runs the tasks
 /// that sum it on every stage, the training step reports it.
 inline constexpr std::string_view grad_norm_sq_buffer = "grad_norm_sq";
+
+/// @brief The buffer holding the step's loss scale under dynamic loss scaling (one f32 value,
+/// ir::precision_policy::loss_scaling): the training step writes it before each step, the loss
+/// gradients multiply by it and the updates divide by it (graph/lower.hpp makes it).
+inline constexpr std::string_view loss_scale_buffer = "loss_scale";
 
 /// @brief One task: a kernel on the compute stream or a collective on a comm lane.
 struct task {

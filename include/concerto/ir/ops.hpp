@@ -550,16 +550,19 @@ inline constexpr op_info table[op_count] = {
       i.flops_read = 1; // the gradient rows, not the ids
       return accumulating(formed(task_form::embedding, i));
     }(),
-    loss(compute(op::mse_grad, "mse_grad", k::loss, list({"pred", "target"}), list({"dpred"}), f::per_input, 3), {"global_n"}),
-    loss(compute(op::cross_entropy_grad, "cross_entropy_grad", k::loss, list({"logits", "targets"}), list({"dlogits"}),
+    loss(compute(op::mse_grad, "mse_grad", k::loss, list({"pred", "target", "loss_scale"}, 1), list({"dpred"}),
+                 f::per_input, 3),
+         {"global_n"}),
+    loss(compute(op::cross_entropy_grad, "cross_entropy_grad", k::loss, list({"logits", "targets", "loss_scale"}, 1),
+                 list({"dlogits"}),
                  f::per_input, 5),
          {"global_rows"}),
-    loss(with_attrs(compute(op::vocab_ce_grad, "vocab_ce_grad", k::loss, list({"logits", "labels", "max", "sumexp"}),
+    loss(with_attrs(compute(op::vocab_ce_grad, "vocab_ce_grad", k::loss, list({"logits", "labels", "max", "sumexp", "loss_scale"}, 1),
                             list({"dlogits"}), f::per_output, 4),
                     {"cols"}),
          {"vocab_axis", "global_rows"}),
     formed(task_form::moe, with_attrs(compute(op::moe_route_grad, "moe_route_grad", k::softmax,
-                                              list({"logits", "gates", "dgates"}), list({"dlogits"}), f::per_input, 12),
+                                              list({"logits", "gates", "dgates", "loss_scale"}, 1), list({"dlogits"}), f::per_input, 12),
                                       {"experts", "group", "top_k", "weight_num", "weight_den"})),
     formed(task_form::moe, with_attrs(compute(op::moe_dispatch_grad, "moe_dispatch_grad", k::copy, list({"dout", "gates"}),
                                               list({"dx"}), f::per_output, 2),
@@ -609,12 +612,13 @@ inline constexpr op_info table[op_count] = {
         1, r::none, b::none),
     // ---- optimizer ----
     // An update with global-norm clipping also reads the step's squared gradient norm (one value,
-    // summed over every rank: graph/lower.hpp) and scales its gradient by runtime::clip_factor.
-    dsl(formed(task_form::update, compute(op::sgd, "sgd", k::optimizer_update, list({"param", "grad", "grad_norm_sq"}, 1),
+    // summed over every rank: graph/lower.hpp) and scales its gradient by runtime::clip_factor;
+    // under dynamic loss scaling it reads the norm and then the loss scale (runtime/grad_clip.hpp).
+    dsl(formed(task_form::update, compute(op::sgd, "sgd", k::optimizer_update, list({"param", "grad", "grad_norm_sq", "loss_scale"}, 2),
                                           list({"param", "momentum"}, 1), f::per_output, 2)),
         2, r::none, b::none),
     dsl(formed(task_form::update, compute(op::adamw, "adamw", k::optimizer_update,
-                                          list({"param", "grad", "m", "v", "grad_norm_sq"}, 1), list({"param", "m", "v"}),
+                                          list({"param", "grad", "m", "v", "grad_norm_sq", "loss_scale"}, 2), list({"param", "m", "v"}),
                                           f::per_output, 12)),
         4, r::none, b::none),
     // This rank's share of the squared norm: Σ grad² / replicas, the ranks holding the same shard
@@ -689,6 +693,14 @@ inline constexpr op_info table[op_count] = {
   for (const auto& i : detail::ops::table)
     if (i.grad == backward::packed && i.terms[0].fn == o) return i.arity;
   return 0;
+}
+
+/// @brief Whether `o` takes the step's loss scale as its optional last read (dynamic loss
+/// scaling, ir/precision.hpp): the loss gradients, which multiply what they write by it, and
+/// the updates, which divide by it (runtime/grad_clip.hpp).
+[[nodiscard]] constexpr bool reads_loss_scale(op o) noexcept {
+  const auto& reads = info(o).reads;
+  return reads.count > 0 && reads.names[static_cast<std::size_t>(reads.count - 1)] == "loss_scale";
 }
 
 namespace detail::ops {

@@ -2,9 +2,9 @@
 /// @file
 /// @brief A training step's precision policy, and the pass that applies it to a task graph.
 ///
-/// Under a lower working precision (bf16), a step keeps f32 master parameters and optimizer
-/// state and runs everything else in the working type, as Megatron-Core, DeepSpeed and
-/// torchtitan do:
+/// Under a lower working precision (bf16, or f16 with dynamic loss scaling), a step keeps f32
+/// master parameters and optimizer state and runs everything else in the working type, as
+/// Megatron-Core, DeepSpeed and torchtitan do:
 /// - each parameter a kernel or a gathering collective reads is first cast into a working copy
 ///   (one `cast` task per parameter and step, before its first reader), so ZeRO-3 gathers and
 ///   tensor-parallel collectives move working-precision values; the updates read and write the
@@ -49,29 +49,42 @@ struct precision_policy {
   bool accumulate_gradients_in_f32 = true;
   /// Reduce weight gradients across ranks in f32; else in the working type (half the bytes).
   bool reduce_gradients_in_f32 = false;
+  /// Dynamic loss scaling, which f16's narrow range needs (its largest value is 65504, its
+  /// smallest normal 6.1e-5: small gradients flush to zero unless scaled up): the loss gradients
+  /// are multiplied by the step's loss scale (ir::loss_scale_buffer) and every update divides by
+  /// it; a step whose gradients overflowed is skipped on every rank and the scale halved
+  /// (train/loss_scaling.hpp). The lowering adds the global gradient norm's tasks for it.
+  bool loss_scaling = false;
 
   [[nodiscard]] static constexpr precision_policy fp32() noexcept { return {}; }
   [[nodiscard]] static constexpr precision_policy bf16() noexcept { return {.working = dtype::bf16}; }
+  [[nodiscard]] static constexpr precision_policy fp16() noexcept { return {.working = dtype::f16, .loss_scaling = true}; }
   [[nodiscard]] constexpr bool lowered() const noexcept { return working != dtype::f32; }
   friend constexpr bool operator==(const precision_policy&, const precision_policy&) = default;
 };
 
-/// @brief The policy's name for flags and messages: "fp32", "bf16", with "+f32-reduce" or
-/// "+bf16-accumulate" where it departs from the defaults.
+/// @brief The policy's name for flags and messages: "fp32", "bf16", "fp16" (with loss scaling),
+/// with "+f32-reduce", "+16bit-accumulate", "+loss-scaling" or "-unscaled" where it departs from
+/// the defaults.
 [[nodiscard]] inline std::string to_string(const precision_policy& p) {
-  std::string out = p.working == dtype::f32 ? "fp32" : p.working == dtype::bf16 ? "bf16" : std::string(to_string(p.working));
+  std::string out = p.working == dtype::f32    ? "fp32"
+                    : p.working == dtype::bf16 ? "bf16"
+                    : p.working == dtype::f16  ? "fp16"
+                                               : std::string(to_string(p.working));
   if (p.lowered() && p.reduce_gradients_in_f32) out += "+f32-reduce";
-  if (p.lowered() && !p.accumulate_gradients_in_f32) out += "+bf16-accumulate";
+  if (p.lowered() && !p.accumulate_gradients_in_f32) out += "+16bit-accumulate";
+  if (p.working == dtype::f16 && !p.loss_scaling) out += "-unscaled";
+  if (p.working != dtype::f16 && p.loss_scaling) out += "+loss-scaling";
   return out;
 }
 
-/// @brief The policy a flag names: "fp32" or "bf16". Throws naming `where` and the choices.
+/// @brief The policy a flag names: "fp32", "bf16" or "fp16" (with dynamic loss scaling).
+/// Throws naming `where` and the choices.
 [[nodiscard]] inline precision_policy parse_precision(std::string_view name, const std::string& where) {
   if (name == "fp32" || name == "f32") return precision_policy::fp32();
   if (name == "bf16") return precision_policy::bf16();
-  if (name == "fp16" || name == "f16")
-    fail(where + ": precision 'fp16' (with loss scaling) is not available yet; use bf16, which needs no loss scaling");
-  fail(where + ": precision '" + std::string(name) + "' is not one concerto knows; use fp32 or bf16");
+  if (name == "fp16" || name == "f16") return precision_policy::fp16();
+  fail(where + ": precision '" + std::string(name) + "' is not one concerto knows; use fp32, bf16 or fp16");
 }
 
 namespace detail::precision {
@@ -297,8 +310,7 @@ private:
 /// applies the same pass to the same graph, so collectives stay matched.
 [[nodiscard]] inline graph apply_precision(const graph& g, const precision_policy& p) {
   if (!p.lowered()) return g;
-  CONCERTO_CHECK(p.working == dtype::bf16,
-                 "precision " + to_string(p) + ": the working type must be f32 or bf16 (f16 needs loss scaling, not available yet)");
+  CONCERTO_CHECK(is_16bit_float(p.working), "precision " + to_string(p) + ": the working type must be f32, bf16 or f16");
   return detail::precision::pass(g, p).run();
 }
 

@@ -32,6 +32,8 @@
 /// Global-norm gradient clipping's reduction (the tasks from the norm's parts to
 /// ir::grad_norm_sq_buffer, graph/lower.hpp) runs on *every* stage, over the parts of its own
 /// gradients, and sums over the pipeline axis too: the one collective over it besides the messages.
+/// (Dynamic loss scaling reads that norm on every stage, so all stages skip an overflowed step
+/// together, and its scale, ir::loss_scale_buffer, is a copy on every stage.)
 ///
 /// `stage_graph` emits one stage's graph in the order the pipeline schedule runs its blocks
 /// (the prologue first; each epilogue collective as soon as the last micro-batch's gradient it
@@ -254,7 +256,8 @@ inline void assign_chunks(const ir::graph& g, stage_split& s, const std::vector<
 }
 
 // Buffers: the chunk that holds each, its last micro-batch writer; a parameter read by two chunks
-// is refused.
+// is refused. The loss scale (ir::loss_scale_buffer) belongs to no chunk: every stage reads its
+// own copy, which the step writes on every rank before each run, as the inputs are written.
 inline void place_buffers(const ir::graph& g, stage_split& s) {
   for (const auto& t : g.tasks) {
     const auto c = s.task(t.id).chunk;
@@ -268,6 +271,7 @@ inline void place_buffers(const ir::graph& g, stage_split& s) {
       const auto r = g.root_of(b);
       const auto role = g.buffer_at(r).role;
       if (role != ir::buffer_role::param && role != ir::buffer_role::optimizer_state) continue;
+      if (g.buffer_at(r).name == ir::loss_scale_buffer) continue;
       auto& owner = s.buffer(r).owner;
       if (owner >= 0 && owner != c)
         fail("pipeline: parameter " + quoted(g, r) + " is read by chunks " + std::to_string(owner) + " and " +

@@ -3,11 +3,11 @@
 /// @brief From a decoded compute task (runtime/kernel_call.hpp) to a CPU kernel call: one
 /// function per op, on fp32 host buffers.
 ///
-/// A bf16 operand (a lower working precision, ir/precision.hpp) is widened into f32 workspace
-/// when the kernel first asks for it, the kernel computes in f32, and what it wrote is rounded
-/// back to bf16 (to nearest even) when it returns: bf16 storage, f32 arithmetic, as the GPU's
-/// bf16 kernels do. A written operand is widened first too, so accumulating and in-place
-/// kernels see its values.
+/// A bf16 or f16 operand (a lower working precision, ir/precision.hpp) is widened into f32
+/// workspace when the kernel first asks for it, the kernel computes in f32, and what it wrote is
+/// rounded back (to nearest even) when it returns: 16-bit storage, f32 arithmetic, as the GPU's
+/// kernels do. A written operand is widened first too, so accumulating and in-place kernels see
+/// its values.
 ///
 /// A backend decodes its plan's tasks once (`runtime::decode`, which checks every operand
 /// against its op) and calls `run_kernel` per task and step: nothing here reads attrs or
@@ -23,11 +23,11 @@
 /// runtime::run_kernel(call, arena, settings);
 /// @endcode
 
-#include <concerto/core/bfloat16.hpp>
 #include <concerto/core/error.hpp>
 #include <concerto/ir/graph.hpp>
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/cpu/kernels.hpp>
+#include <concerto/runtime/float16_values.hpp>
 #include <concerto/runtime/grad_clip.hpp>
 #include <concerto/runtime/kernel_call.hpp>
 
@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,7 +45,7 @@
 namespace concerto::runtime {
 
 /// @brief Workspace floats the CPU kernel of a call takes from the scratch region besides its
-/// bf16 operands' f32 copies: i64 ids narrowed to i32, and the statistics and score blocks the
+/// 16-bit float operands' f32 copies: i64 ids narrowed to i32, and the statistics and score blocks the
 /// task does not store.
 [[nodiscard]] inline std::size_t kernel_workspace_floats(const kernel_call& c) {
   using ir::op;
@@ -52,7 +53,7 @@ namespace concerto::runtime {
   switch (c.fn) {
   case op::layernorm:
   case op::layernorm_grad_gamma: return 2 * c.rows;
-  case op::layernorm_grad: return 2 * c.rows + 2 * c.cols;
+  case op::layernorm_grad: return 2 * c.rows;
   case op::rmsnorm:
   case op::rmsnorm_grad:
   case op::rmsnorm_grad_gain: return c.rows;
@@ -81,7 +82,7 @@ namespace concerto::runtime {
   }
 }
 
-/// @brief Workspace floats the CPU kernel of a call takes: its bf16 operands' f32 copies and
+/// @brief Workspace floats the CPU kernel of a call takes: its 16-bit float operands' f32 copies and
 /// what the kernel itself takes (kernel_workspace_floats).
 [[nodiscard]] inline std::size_t workspace_floats(const kernel_call& c) { return c.staged + kernel_workspace_floats(c); }
 
@@ -109,24 +110,24 @@ public:
   std::span<std::byte> bytes(ir::buffer_id b) const { return mem_.bytes(b); }
   std::span<const float> floats(ir::buffer_id b) { return values(b); }
 
-  /// Buffer b as f32 values: itself, or (bf16) its values widened into scratch, once per call.
+  /// Buffer b as f32 values: itself, or (bf16, f16) its values widened into scratch, once per call.
   std::span<float> values(ir::buffer_id b) {
-    if (mem_.type(b) != ir::dtype::bf16) return mem_.f32(b);
+    if (!ir::is_16bit_float(mem_.type(b))) return mem_.f32(b);
     for (std::size_t k = 0; k < n_staged_; ++k)
       if (staged_[k].id == b) return staged_[k].values;
-    if (n_staged_ == staged_.size()) fail(task_ref(*c.task) + ": more bf16 operands than a kernel call stages");
-    const auto raw = bf16_of(b);
+    if (n_staged_ == staged_.size()) fail(task_ref(*c.task) + ": more 16-bit float operands than a kernel call stages");
+    const auto raw = bits_of(b);
     const auto wide = scratch(raw.size());
-    widen_bf16(raw, wide);
+    widen_16bit(mem_.type(b), raw, wide);
     staged_[n_staged_++] = {b, wide};
     return wide;
   }
-  /// Rounds the staged operands the kernel may have written back into their bf16 buffers.
+  /// Rounds the staged operands the kernel may have written back into their 16-bit buffers.
   void commit() {
     for (std::size_t k = 0; k < n_staged_; ++k)
       for (std::size_t i = 0; i < c.n_out; ++i)
         if (c.out[i] == staged_[k].id) {
-          round_to_bf16(staged_[k].values, bf16_of(staged_[k].id));
+          round_to_16bit(mem_.type(staged_[k].id), staged_[k].values, bits_of(staged_[k].id));
           break;
         }
   }
@@ -160,8 +161,8 @@ public:
     return {out, n};
   }
 
-  /// A bf16 buffer's raw values.
-  std::span<std::uint16_t> bf16_of(ir::buffer_id b) {
+  /// A 16-bit float buffer's stored values.
+  std::span<std::uint16_t> bits_of(ir::buffer_id b) {
     const auto raw = mem_.bytes(b);
     return {reinterpret_cast<std::uint16_t*>(raw.data()), raw.size() / sizeof(std::uint16_t)};
   }
@@ -209,12 +210,12 @@ inline void run_layernorm(cpu_frame& f) {
 }
 
 // dx from x, gamma, dy; the statistics are recomputed, dgamma and dbeta are other tasks
-// (layernorm_grad_gamma, bias_grad) and land in scratch here.
+// (layernorm_grad_gamma, bias_grad).
 inline void run_layernorm_grad(cpu_frame& f) {
   const auto& c = f.c;
   const auto mean = f.scratch(c.rows), rstd = f.scratch(c.rows);
   cpu::layernorm_stats(f.in(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps);
-  cpu::layernorm_grad(f.in(2), f.in(0), f.in(1), mean, rstd, f.out(0), f.scratch(c.cols), f.scratch(c.cols), c.rows, c.cols);
+  cpu::layernorm_grad(f.in(2), f.in(0), f.in(1), mean, rstd, f.out(0), {}, {}, c.rows, c.cols);
 }
 
 // dgamma[c] = Σ_r dy·x̂ from x and dy.
@@ -266,6 +267,12 @@ inline void run_attention_grad(cpu_frame& f) {
                              a);
 }
 
+// A loss gradient's factor: its share of the mean (kernel_call::scale) times, under dynamic loss
+// scaling, the step's loss scale (the balance loss's part for the routing's gradient).
+inline float loss_gradient_scale(cpu_frame& f) {
+  return f.c.loss_scale < 0 ? f.c.scale : f.c.scale * f.floats(f.c.loss_scale)[0];
+}
+
 inline void run_cross_entropy(cpu_frame& f) {
   const auto& c = f.c;
   const auto targets = f.ints(1);
@@ -275,7 +282,7 @@ inline void run_cross_entropy(cpu_frame& f) {
     return;
   }
   (void)cpu::cross_entropy(f.in(0), targets, lse, c.rows, c.cols); // the row log-sum-exp, recomputed
-  cpu::cross_entropy_grad(f.in(0), targets, lse, f.out(0), c.rows, c.cols, c.scale);
+  cpu::cross_entropy_grad(f.in(0), targets, lse, f.out(0), c.rows, c.cols, loss_gradient_scale(f));
 }
 
 inline void run_embedding(cpu_frame& f) {
@@ -287,21 +294,30 @@ inline void run_embedding(cpu_frame& f) {
 }
 
 // The optimizers at this step's scheduled rate, their gradient scaled by the clipping factor
-// when the update reads the global norm.
-inline float grad_scale(cpu_frame& f) {
-  return f.c.grad_norm_sq < 0 ? 1.0f : clip_factor(f.s.clip_norm, f.floats(f.c.grad_norm_sq)[0]);
+// when the update reads the global norm, and by one over the loss scale under loss scaling;
+// nothing to apply (nullopt) when the loss-scaled step overflowed.
+inline std::optional<float> grad_scale(cpu_frame& f) {
+  if (f.c.grad_norm_sq < 0) return 1.0f;
+  const float norm_sq = f.floats(f.c.grad_norm_sq)[0];
+  if (f.c.loss_scale < 0) return clip_factor(f.s.clip_norm, norm_sq);
+  if (overflowed(norm_sq)) return std::nullopt;
+  return gradient_factor(f.s.clip_norm, norm_sq, f.floats(f.c.loss_scale)[0]);
 }
 
 inline void run_adamw(cpu_frame& f) {
+  const auto factor = grad_scale(f);
+  if (!factor) return;
   auto cfg = f.s.adamw;
   cfg.lr = lr_at(f.s.schedule, cfg.lr, f.s.step);
-  cpu::adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), cfg, f.s.step, grad_scale(f));
+  cpu::adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), cfg, f.s.step, *factor);
 }
 
 inline void run_sgd(cpu_frame& f) {
+  const auto factor = grad_scale(f);
+  if (!factor) return;
   auto cfg = f.s.sgd;
   cfg.lr = lr_at(f.s.schedule, cfg.lr, f.s.step);
-  cpu::sgd_update(f.out(0), f.in(1), f.c.n_out > 1 ? f.out(1) : std::span<float>{}, cfg, grad_scale(f));
+  cpu::sgd_update(f.out(0), f.in(1), f.c.n_out > 1 ? f.out(1) : std::span<float>{}, cfg, *factor);
 }
 
 // slice copies its part out of the whole buffer's rows; concat places each part after the previous one.
@@ -360,10 +376,11 @@ inline void run_vocab_ce(cpu_frame& f) {
     return;
   }
   const auto sumexp = f.in(3);
+  const float scale = loss_gradient_scale(f);
   for (std::size_t r = 0; r < rows; ++r) {
-    const float inv = c.scale / sumexp[r];
+    const float inv = scale / sumexp[r];
     for (std::size_t k = 0; k < cols; ++k) out[r * cols + k] = inv * std::exp(logits[r * cols + k] - mx[r]);
-    if (const auto k = column(r); k >= 0) out[r * cols + static_cast<std::size_t>(k)] -= c.scale;
+    if (const auto k = column(r); k >= 0) out[r * cols + static_cast<std::size_t>(k)] -= scale;
   }
 }
 
@@ -378,7 +395,8 @@ inline void run_moe(cpu_frame& f) {
   switch (c.fn) {
   case ir::op::moe_route: cpu::moe_route(f.in(0), f.out(0), s, f.scratch(cpu::moe_route_workspace_floats(s))); return;
   case ir::op::moe_route_grad:
-    cpu::moe_route_grad(f.in(0), f.in(1), f.in(2), f.out(0), s, c.scale, f.scratch(cpu::moe_route_grad_workspace_floats(s)));
+    cpu::moe_route_grad(f.in(0), f.in(1), f.in(2), f.out(0), s, loss_gradient_scale(f),
+                        f.scratch(cpu::moe_route_grad_workspace_floats(s)));
     return;
   case ir::op::moe_dispatch: cpu::moe_dispatch(f.in(0), f.in(1), f.out(0), s, slots()); return;
   case ir::op::moe_dispatch_grad: cpu::moe_dispatch_grad(f.in(0), f.in(1), f.out(0), s, slots()); return;
@@ -393,21 +411,30 @@ inline void run_moe(cpu_frame& f) {
   }
 }
 
-// cast: f32 to bf16 rounds to nearest even, bf16 to f32 is exact, one type to itself copies.
+// cast: f32 to bf16 or f16 rounds to nearest even, back to f32 is exact, one type to itself
+// copies; between the two 16-bit types through f32, one value at a time.
 inline void run_cast(cpu_frame& f) {
   const auto from = f.c.in[0], to = f.c.out[0];
-  if (f.type(from) == f.type(to)) {
+  const auto from_type = f.type(from), to_type = f.type(to);
+  if (from_type == to_type) {
     if (f.bytes(from).data() != f.bytes(to).data()) std::memmove(f.bytes(to).data(), f.bytes(from).data(), f.bytes(from).size());
-  } else if (f.type(to) == ir::dtype::bf16) {
+  } else if (from_type == ir::dtype::f32) {
     const auto src = f.bytes(from);
-    round_to_bf16({reinterpret_cast<const float*>(src.data()), src.size() / sizeof(float)}, f.bf16_of(to));
-  } else {
+    round_to_16bit(to_type, {reinterpret_cast<const float*>(src.data()), src.size() / sizeof(float)}, f.bits_of(to));
+  } else if (to_type == ir::dtype::f32) {
     const auto dst = f.bytes(to);
-    widen_bf16(f.bf16_of(from), {reinterpret_cast<float*>(dst.data()), dst.size() / sizeof(float)});
+    widen_16bit(from_type, f.bits_of(from), {reinterpret_cast<float*>(dst.data()), dst.size() / sizeof(float)});
+  } else {
+    const auto src = f.bits_of(from);
+    const auto dst = f.bits_of(to);
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      const float v = widen_16bit(from_type, src[i]);
+      round_to_16bit(to_type, std::span(&v, 1), dst.subspan(i, 1));
+    }
   }
 }
 
-// The kernel of the call's op; bf16 operands are staged by the frame (see the file comment).
+// The kernel of the call's op; 16-bit float operands are staged by the frame (see the file comment).
 inline void run_call(cpu_frame& f) {
   namespace cpu = runtime::cpu;
   using ir::op;
@@ -438,7 +465,7 @@ inline void run_call(cpu_frame& f) {
   case op::cross_entropy:
   case op::cross_entropy_grad: run_cross_entropy(f); return;
   case op::mse: f.out(0)[0] = cpu::mse(f.in(0), f.in(1)) * c.scale; return;
-  case op::mse_grad: cpu::mse_grad(f.in(0), f.in(1), f.out(0), c.scale); return;
+  case op::mse_grad: cpu::mse_grad(f.in(0), f.in(1), f.out(0), loss_gradient_scale(f)); return;
   case op::embedding:
   case op::embedding_grad: run_embedding(f); return;
   case op::sgd: run_sgd(f); return;
@@ -518,7 +545,7 @@ inline void run_call(cpu_frame& f) {
 
 } // namespace detail
 
-/// @brief Runs one decoded compute task on the arena's buffers (f32 kernels, bf16 operands
+/// @brief Runs one decoded compute task on the arena's buffers (f32 kernels, 16-bit float operands
 /// staged; ids in i32).
 /// @code
 /// runtime::run_kernel(calls[t.id], arena, settings);

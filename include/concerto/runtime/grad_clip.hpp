@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// @brief Global-norm gradient clipping's factor (torch.nn.utils.clip_grad_norm_'s rule).
+/// @brief What an update scales its gradient by: global-norm clipping's factor
+/// (torch.nn.utils.clip_grad_norm_'s rule) and, under dynamic loss scaling, the loss scale.
 ///
 /// The step's tasks sum the squared gradient norm over every parameter and every rank
 /// (graph/lower.hpp); each update then scales its gradient by
@@ -13,7 +14,9 @@
 
 #include <concerto/runtime/lr_schedule.hpp> // CONCERTO_HOST_DEVICE
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 namespace concerto::runtime {
 
@@ -23,6 +26,22 @@ namespace concerto::runtime {
   if (!(max_norm > 0.0f)) return 1.0f;
   const double coef = static_cast<double>(max_norm) / (::sqrt(static_cast<double>(norm_sq)) + 1e-6);
   return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+/// @brief Under dynamic loss scaling (train/loss_scaling.hpp) the gradients an update reads are
+/// `loss_scale` times the true ones, and `norm_sq` is their squared norm: the factor is the true
+/// norm's clipping factor over the scale. An update with loss scaling first asks `overflowed`.
+[[nodiscard]] CONCERTO_HOST_DEVICE inline float gradient_factor(float max_norm, float norm_sq, float loss_scale) {
+  const double unscaled = static_cast<double>(norm_sq) / (static_cast<double>(loss_scale) * static_cast<double>(loss_scale));
+  return static_cast<float>(static_cast<double>(clip_factor(max_norm, static_cast<float>(unscaled))) / static_cast<double>(loss_scale));
+}
+
+/// @brief Under dynamic loss scaling: some gradient of the step overflowed (the squared global
+/// norm, summed over every rank, is infinite or NaN), so every update on every rank leaves its
+/// parameter and optimizer state as they were.
+/// (A bit test: it holds under any floating-point flags.)
+[[nodiscard]] CONCERTO_HOST_DEVICE inline bool overflowed(float norm_sq) {
+  return (std::bit_cast<std::uint32_t>(norm_sq) & 0x7f800000u) == 0x7f800000u;
 }
 
 } // namespace concerto::runtime

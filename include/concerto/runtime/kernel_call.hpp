@@ -94,6 +94,12 @@ struct kernel_call {
   std::size_t ids = 0;           ///< integer values read (ids, targets, labels, positions)
   std::int64_t replicas = 1;     ///< grad_sq_norm: ranks holding the same gradient values
   ir::buffer_id grad_norm_sq = -1; ///< an update with global-norm clipping: the step's squared gradient norm
+  /// Under dynamic loss scaling (ir::precision_policy::loss_scaling): the step's loss scale, one
+  /// f32 the step writes before it runs (ir::loss_scale_buffer). A loss gradient (cross_entropy_grad,
+  /// vocab_ce_grad, mse_grad, moe_route_grad) multiplies what it writes by it; an update (which
+  /// then also reads grad_norm_sq) skips when runtime::overflowed(norm²), else scales its gradient
+  /// by runtime::gradient_factor(clip_norm, norm², scale).
+  ir::buffer_id loss_scale = -1;
   float scale = 1.0f;            ///< scale's factor; a loss's share of the global mean (times dloss for a gradient)
   bool keep = true;              ///< keep_one: this rank keeps the value (others hold zero)
   bool from_running = false;     ///< batchnorm_scale in evaluation: from the running statistics, not a batch's sums
@@ -103,7 +109,7 @@ struct kernel_call {
   ir::dim_part part{};           ///< concat_dim, slice_dim and their gradients: the parts of the dim
   dropout_layout drop{};         ///< dropout and its gradient: this rank's block of the whole tensor, how it draws
   std::size_t count = 0;         ///< batch normalisation: the rows its statistics are over (every rank's when synchronised)
-  /// Values of its bf16 operands (each buffer once): a dispatch widens them into f32 workspace
+  /// Values of its bf16 and f16 operands (each buffer once): a dispatch widens them into f32 workspace
   /// before the kernel and rounds the written ones back after it (runtime/dispatch.hpp).
   std::size_t staged = 0;
 
@@ -142,14 +148,14 @@ public:
     out += "')";
     return out;
   }
-  /// Operand kinds: floating point (f32, or bf16, which a dispatch widens to f32 for the kernel
-  /// and rounds back: kernel_call::staged), integer.
+  /// Operand kinds: floating point (f32, or a 16-bit float: bf16 or f16, which a dispatch widens
+  /// to f32 for the kernel and rounds back: kernel_call::staged), integer.
   void need_float(const kernel_call& c, std::size_t i, bool write) const {
     const auto& l = write ? ir::info(t_.fn).writes : ir::info(t_.fn).reads;
     const auto b = write ? c.out[i] : c.in[i];
     const auto ty = buffer(b).type;
-    if (ty == ir::dtype::f32 || ty == ir::dtype::bf16) return;
-    bad(operand(l, i, b) + " holds " + std::string(ir::to_string(ty)) + ", the op takes f32 or bf16");
+    if (ty == ir::dtype::f32 || ir::is_16bit_float(ty)) return;
+    bad(operand(l, i, b) + " holds " + std::string(ir::to_string(ty)) + ", the op takes f32, bf16 or f16");
   }
   void need_int(const kernel_call& c, std::size_t i) const {
     if (!is_int(c.in[i]))
@@ -683,8 +689,10 @@ inline void decode_update(const call_reader& r, kernel_call& c) {
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_float(c, i, true);
   c.n = r.count(c.in[0]);
   // The optional last read: the squared global gradient norm that clipping scales by.
+  // The optional last reads: the squared global gradient norm that clipping (or loss scaling)
+  // scales by; the loss scale was taken off by take_loss_scale, and needs the norm.
   std::size_t values = c.n_in;
-  if (c.n_in == static_cast<std::size_t>(ir::info(c.fn).reads.count)) {
+  if (std::size_t{c.n_in} + 1 == static_cast<std::size_t>(ir::info(c.fn).reads.count)) {
     c.grad_norm_sq = c.in[--values];
     r.need_count(c, values, false, 1, "one value (the squared gradient norm)");
   }
@@ -757,7 +765,7 @@ inline void decode_cast(const call_reader& r, kernel_call& c) {
   r.need_count(c, 0, true, c.n, "its input's");
 }
 
-// The bf16 operands a kernel works on in f32 (each buffer once); byte moves and casts take none.
+// The 16-bit float operands a kernel works on in f32 (each buffer once); byte moves and casts take none.
 inline std::size_t staged_values(const call_reader& r, const kernel_call& c) {
   switch (c.fn) {
   case ir::op::copy: case ir::op::keep_one: case ir::op::slice: case ir::op::concat: case ir::op::shard_slice:
@@ -767,7 +775,7 @@ inline std::size_t staged_values(const call_reader& r, const kernel_call& c) {
   std::array<ir::buffer_id, 10> seen{};
   std::size_t n_seen = 0, values = 0;
   const auto add = [&](ir::buffer_id b) {
-    if (b < 0 || r.buffer(b).type != ir::dtype::bf16 || std::find(seen.begin(), seen.begin() + n_seen, b) != seen.begin() + n_seen)
+    if (b < 0 || !ir::is_16bit_float(r.buffer(b).type) || std::find(seen.begin(), seen.begin() + n_seen, b) != seen.begin() + n_seen)
       return;
     seen[n_seen++] = b;
     values += r.count(b);
@@ -775,6 +783,20 @@ inline std::size_t staged_values(const call_reader& r, const kernel_call& c) {
   for (std::size_t i = 0; i < c.n_in; ++i) add(c.in[i]);
   for (std::size_t i = 0; i < c.n_out; ++i) add(c.out[i]);
   return values;
+}
+
+// Dynamic loss scaling: an op that reads the loss scale has it as its last read when the step
+// scales (ir::reads_loss_scale); it is taken off the operands the op's own decoding sees.
+inline void take_loss_scale(const call_reader& r, kernel_call& c) {
+  if (!ir::reads_loss_scale(c.fn) || c.n_in != static_cast<std::size_t>(ir::info(c.fn).reads.count)) return;
+  const std::size_t last = c.n_in - 1;
+  if (r.buffer(c.in[last]).type != ir::dtype::f32) r.bad("its loss scale ('" + r.buffer(c.in[last]).name + "') must be f32");
+  r.need_count(c, last, false, 1, "one value (the loss scale)");
+  c.loss_scale = c.in[last];
+  c.in[last] = -1;
+  c.n_in = static_cast<std::uint8_t>(last);
+  if (ir::info(c.fn).form == ir::task_form::update && std::size_t{c.n_in} + 1 != static_cast<std::size_t>(ir::info(c.fn).reads.count))
+    r.bad("reads a loss scale without the gradient norm that says whether the step overflowed");
 }
 
 // A gradient shard's squared norm (one value), counted once over its replicas.
@@ -938,6 +960,7 @@ inline void decode_operands(const call_reader& r, kernel_call& c) {
   };
   take(t.reads, c.in, c.n_in, op.reads, "reads");
   take(t.writes, c.out, c.n_out, op.writes, "writes");
+  detail::take_loss_scale(r, c);
   detail::decode_operands(r, c);
   c.staged = detail::staged_values(r, c);
   return c;

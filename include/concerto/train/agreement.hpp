@@ -131,6 +131,14 @@ inline void check_agreement(const settings_record& mine, const runtime::mpi::con
                                              std::to_string(settings.schedule.decay_steps) + " min_ratio " +
                                              number(settings.schedule.min_ratio)},
                          {"clip_norm", number(settings.clip_norm)},
+                         {"loss_scaling", !options.precision.loss_scaling
+                                              ? std::string("off")
+                                              : "initial " + number(options.loss_scaling.initial_scale) + " growth " +
+                                                    number(options.loss_scaling.growth_factor) + " backoff " +
+                                                    number(options.loss_scaling.backoff_factor) + " every " +
+                                                    std::to_string(options.loss_scaling.growth_interval) + " within [" +
+                                                    number(options.loss_scaling.min_scale) + ", " +
+                                                    number(options.loss_scaling.max_scale) + "]"},
                          {"stop_on_non_finite_loss", flag(options.stop_on_non_finite_loss)},
                          {"check_replicas_every", std::to_string(options.check_replicas_every)},
                          {"allow_tf32", flag(options.allow_tf32)},

@@ -7,10 +7,11 @@
 ///     concerto-checkpoint <format version> <index bytes> <index checksum hex>\n
 ///     {"step": 40, "payload_bytes": N,
 ///      "tensors": [{"name": "wte", "shape": [32, 16], "offset": 0, "checksum": "<hex>"}, ...],
-///      "trainer": {...}}
+///      "trainer": {...}, "loss_scaling": {"scale": 32768, "good_steps": 17}}
 ///
 /// `trainer` (optional) is the trainer's own state, kept with the model so that a resumed run
-/// continues exactly: the examples keep their data loader's position there.
+/// continues exactly: the examples keep their data loader's position there. `loss_scaling`
+/// (optional) is the fp16 loss scaler's (train/loss_scaling.hpp).
 ///     <payload: each tensor's little-endian f32 values, at its offset>
 ///
 /// Checksums are FNV-1a (core/hash.hpp) over the index bytes and over each tensor's bytes: they
@@ -75,11 +76,13 @@ public:
   }
 
   /// The whole file: header, index and payload.
-  /// `trainer`: the trainer's own state (a JSON object), or null for none.
-  [[nodiscard]] std::string finish(std::int64_t step, nlohmann::json trainer = nullptr) && {
+  /// `trainer`: the trainer's own state (a JSON object), or null for none; `loss_scaling`: the
+  /// loss scaler's state (train::loss_scaler::state), or null.
+  [[nodiscard]] std::string finish(std::int64_t step, nlohmann::json trainer = nullptr, nlohmann::json loss_scaling = nullptr) && {
     if (!trainer.is_null() && !trainer.is_object()) fail("checkpoint: the trainer's state must be a JSON object");
     nlohmann::json fields{{"step", step}, {"payload_bytes", payload_.size()}, {"tensors", std::move(tensors_)}};
     if (!trainer.is_null()) fields["trainer"] = std::move(trainer);
+    if (!loss_scaling.is_null()) fields["loss_scaling"] = std::move(loss_scaling);
     const auto index = fields.dump();
     std::string out(magic);
     out += ' ';
@@ -114,6 +117,7 @@ public:
   std::int64_t step = 0;
   std::map<std::string, entry> tensors;
   nlohmann::json trainer; ///< the trainer's own state (writer::finish), null when none was saved
+  nlohmann::json loss_scaling; ///< the loss scaler's state (writer::finish), null when none was saved
 
   /// The raw bytes of a tensor (unaligned: copy before reading as floats).
   [[nodiscard]] std::span<const std::byte> bytes(const std::string& name) const {
@@ -226,6 +230,7 @@ inline entry check_tensor(const nlohmann::json& t, std::string_view payload, std
       !index["tensors"].is_array())
     bad("the index lacks 'step', 'payload_bytes' or 'tensors'");
   if (index.contains("trainer") && !index["trainer"].is_object()) bad("its trainer state is not a JSON object");
+  if (index.contains("loss_scaling") && !index["loss_scaling"].is_object()) bad("its loss scaling state is not a JSON object");
   const auto payload = rest.substr(index_bytes);
   if (const auto promised = index["payload_bytes"].get<std::size_t>(); promised != payload.size())
     bad((payload.size() < promised ? "truncated: the index promises " : "size mismatch: the index promises ") +
@@ -242,6 +247,7 @@ inline entry check_tensor(const nlohmann::json& t, std::string_view payload, std
   c.step = index["step"].get<std::int64_t>();
   c.tensors = std::move(tensors);
   if (index.contains("trainer")) c.trainer = std::move(index["trainer"]);
+  if (index.contains("loss_scaling")) c.loss_scaling = std::move(index["loss_scaling"]);
   return c;
 }
 

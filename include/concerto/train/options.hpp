@@ -17,6 +17,7 @@
 #include <concerto/runtime/executor.hpp>
 #include <concerto/runtime/kernel_call.hpp>
 #include <concerto/runtime/lr_schedule.hpp>
+#include <concerto/train/loss_scaling.hpp>
 #include <concerto/train/pipeline.hpp>
 #include <concerto/train/plan_choice.hpp>
 
@@ -81,8 +82,11 @@ struct step_options {
   lower_options lower{};             ///< name, attention heads, repeat depths
   /// How values are stored and moved (ir/precision.hpp, docs/training.md "Precision"): f32
   /// throughout (the default), or bf16 activations, gradients and collectives beside f32 master
-  /// parameters and optimizer state (`ir::precision_policy::bf16()`). Sets lower.precision.
+  /// parameters and optimizer state (`ir::precision_policy::bf16()`), or the same in f16 with
+  /// dynamic loss scaling (`ir::precision_policy::fp16()`). Sets lower.precision.
   ir::precision_policy precision{};
+  /// How the loss scale moves when the precision scales the loss (train/loss_scaling.hpp).
+  loss_scaling_settings loss_scaling{};
   std::string cost_preset = "cpu";   ///< cost::model preset the planner uses
   planner::windowed_options solver{.time_budget_s = 10, .progress = false};
   bool decompose = true;             ///< concerto policy: split exposed collectives with their matmuls
@@ -171,9 +175,15 @@ struct step_result {
   double exposed_comm_us = 0;   ///< compute idle while collectives were outstanding
   int rank = 0;
   float lr = 0;                 ///< the rate this step's optimizer used (optimizer_settings::schedule)
-  /// With clipping (optimizer_settings::clip_norm): the global gradient norm before clipping;
-  /// NaN without (the step computes no norm then).
+  /// With clipping (optimizer_settings::clip_norm) or loss scaling: the global gradient norm
+  /// before clipping (of the true gradients: the loss scale divided out; infinite or NaN when the
+  /// step overflowed); NaN without either (the step computes no norm then).
   double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  /// Under loss scaling: the scale this step's loss gradient was multiplied by; 1 without.
+  float loss_scale = 1.0f;
+  /// Under loss scaling: some gradient overflowed, so no parameter or optimizer state changed on
+  /// any rank and the step count did not advance (the next step has this step's number again).
+  bool skipped = false;
 };
 
 /// @brief One mixture-of-experts layer's load-balancing loss in the last step
@@ -230,6 +240,7 @@ inline void check_options(const step_options& o, const runtime::kernel_settings&
     fail("train step: optimizer_settings::clip_norm " + std::to_string(settings.clip_norm) +
          " must be a finite norm above 0 (or 0: no clipping)");
   if (o.check_replicas_every < 0) fail("train step: check_replicas_every must not be negative");
+  if (o.precision.loss_scaling) o.loss_scaling.check();
   if (const auto& c = o.choice; c.warmup_steps < 0 || c.profile_steps < 1 || c.trial_steps < 1 || c.rounds < 1)
     fail("train step: plan choice needs warmup_steps >= 0, profile_steps >= 1, trial_steps >= 1 and rounds >= 1 (got " +
          std::to_string(c.warmup_steps) + ", " + std::to_string(c.profile_steps) + ", " + std::to_string(c.trial_steps) +

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// @brief The safetensors format (Hugging Face's): parameters that PyTorch, JAX and Hugging Face
-/// code load, and that concerto loads from them, in fp32 or bf16.
+/// code load, and that concerto loads from them, in fp32, bf16 or fp16.
 ///
 /// A file is
 ///
@@ -15,8 +15,9 @@
 /// the header's size against the file, the JSON, each entry's dtype (F32, BF16 and F16 are read;
 /// others are refused by name), shape, and that its offsets hold exactly its values and lie in
 /// the data, which the tensors must cover without gaps or overlaps. A failure throws
-/// concerto::error naming the file and, where one is at fault, the tensor. bf16 is written with
-/// round-to-nearest-even from f32 (NaN stays NaN) and widened exactly when read.
+/// concerto::error naming the file and, where one is at fault, the tensor. bf16 and f16 are
+/// written with round-to-nearest-even from f32 (NaN stays NaN; f16 past 65504 is infinite) and
+/// widened exactly when read.
 ///
 /// @code
 /// train::safetensors::writer w;
@@ -28,6 +29,7 @@
 
 #include <concerto/core/error.hpp>
 #include <concerto/core/bfloat16.hpp>
+#include <concerto/core/float16.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -61,17 +63,9 @@ enum class dtype : std::uint8_t { f32, bf16, f16 };
 using concerto::from_bf16;
 using concerto::to_bf16;
 
-/// @brief IEEE f16 to f32, exactly (subnormals, infinities and NaN included).
-[[nodiscard]] inline float from_f16(std::uint16_t h) noexcept {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent == 0) { // zero or subnormal: mantissa · 2^-24
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign ? -magnitude : magnitude;
-  }
-  return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-}
+/// f32 <-> f16: concerto::to_f16 and from_f16 (core/float16.hpp).
+using concerto::from_f16;
+using concerto::to_f16;
 
 /// @brief Collects tensors in order and produces the file's bytes.
 class writer {
@@ -80,7 +74,6 @@ public:
   void add(const std::string& name, const std::vector<std::int64_t>& shape, std::span<const float> values,
            dtype type = dtype::f32) {
     if (name.empty() || name == "__metadata__") fail("safetensors: '" + name + "' cannot name a tensor");
-    if (type == dtype::f16) fail("safetensors: tensor '" + name + "': this writer stores F32 or BF16");
     std::int64_t n = 1;
     for (const auto d : shape) {
       if (d < 0) fail("safetensors: tensor '" + name + "' has a negative dimension");
@@ -97,7 +90,7 @@ public:
     } else {
       data_.resize(begin + values.size() * 2);
       for (std::size_t i = 0; i < values.size(); ++i) {
-        const auto b = to_bf16(values[i]);
+        const auto b = type == dtype::bf16 ? to_bf16(values[i]) : to_f16(values[i]);
         std::memcpy(data_.data() + begin + 2 * i, &b, 2);
       }
     }

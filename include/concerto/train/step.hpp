@@ -42,6 +42,7 @@
 #include <concerto/train/choice.hpp>
 #include <concerto/train/choice_store.hpp>
 #include <concerto/train/kernel_factors.hpp>
+#include <concerto/train/loss_scaling.hpp>
 #include <concerto/train/options.hpp>
 #include <concerto/train/pipeline.hpp>
 #include <concerto/train/plan_choice.hpp>
@@ -99,6 +100,7 @@ public:
            std::to_string(size_));
     detail::read_environment(options_);
     detail::check_options(options_, settings_);
+    scaler_ = loss_scaler(options_.loss_scaling);
     if (const auto& pp = options_.pipeline; const auto axis = mesh_.index_of(pp.axis)) {
       detail::check_pipeline_options(pp, mesh_.axes()[static_cast<std::size_t>(*axis)].size);
       // Checked here, on every rank, rather than at the first step.
@@ -177,6 +179,7 @@ public:
     prepare();
     start_pending_plan();
     tensors_.write_inputs(*backend_, load);
+    const float loss_scale = last_loss_scale_ = write_loss_scale();
     ++parameters_version_;
     const auto& rep = run_step();
     if (!options_.trace_dir.empty()) write_trace("measured", rep.measured);
@@ -192,8 +195,16 @@ public:
                          "helps; step_options::stop_on_non_finite_loss = false goes on)");
     if (options_.check_replicas_every > 0 && rep.step % options_.check_replicas_every == 0)
       detail::check_replicas(rep.step, tensors_, *backend_, *control_, graph_.name);
-    const step_result out{rep.step, loss, rep.measured.step_us, rep.measured.exposed_comm_us,
-                          rank_,    learning_rate(rep.step), grad_norm()};
+    step_result out{rep.step, loss, rep.measured.step_us, rep.measured.exposed_comm_us, rank_, learning_rate(rep.step)};
+    const float norm_sq = grad_norm_sq();
+    if (grad_norm_sq_ >= 0) out.grad_norm = std::sqrt(static_cast<double>(norm_sq)) / loss_scale;
+    if (loss_scale_ >= 0) {
+      // The norm is the same sum on every rank, so every rank skips (or not) and moves the scale alike.
+      out.loss_scale = loss_scale;
+      out.skipped = runtime::overflowed(norm_sq);
+      scaler_.after_step(out.skipped);
+      if (out.skipped) ex_->set_completed_steps(ex_->completed_steps() - 1); // no update was applied
+    }
     if (chooser_.active())
       chooser_.advance(rep, *control_, *backend_, ex_->plan(), [&] { return detail::planner_input(options_, graph_); });
     return out;
@@ -274,8 +285,14 @@ public:
   }
   /// @brief A parameter gathered to its global shape, on every rank (collective).
   [[nodiscard]] std::vector<float> parameter(const std::string& name) { return gather(name); }
-  /// @brief The final gradient of a parameter of the last step (`name` without ".grad"), global, on every rank.
-  [[nodiscard]] std::vector<float> gradient(const std::string& name) { return gather(name + ".grad"); }
+  /// @brief The final gradient of a parameter of the last step (`name` without ".grad"), global,
+  /// on every rank; under loss scaling the true gradient (the step's scale divided out).
+  [[nodiscard]] std::vector<float> gradient(const std::string& name) {
+    auto g = gather(name + ".grad");
+    if (last_loss_scale_ != 1.0f)
+      for (auto& v : g) v /= last_loss_scale_;
+    return g;
+  }
   /// @brief Sets a parameter (or optimizer state) from its global value; each rank keeps its shard.
   void set_parameter(const std::string& name, std::span<const float> global) {
     prepare();
@@ -315,7 +332,8 @@ public:
   /// load() returns. Collective. Format and checks: train/checkpoint.hpp.
   void save(const std::filesystem::path& path, const nlohmann::json& trainer = nullptr) {
     prepare();
-    tensors_.save(*backend_, *control_, path, completed_steps(), trainer);
+    tensors_.save(*backend_, *control_, path,
+                  {completed_steps(), trainer, loss_scale_ >= 0 ? scaler_.state() : nlohmann::json(nullptr)});
   }
 
   /// @brief Reads a checkpoint written by `save` (on any mesh): each rank keeps its shards;
@@ -326,15 +344,17 @@ public:
   /// it (null when none was).
   nlohmann::json load(const std::filesystem::path& path) {
     prepare();
-    auto [steps, trainer] = tensors_.load(*backend_, *control_, path);
+    auto saved = tensors_.load(*backend_, *control_, path);
     ++parameters_version_;
-    ex_->set_completed_steps(steps);
-    return std::move(trainer);
+    ex_->set_completed_steps(saved.steps);
+    // A checkpoint without a scaler's state (saved in another precision) keeps the initial scale.
+    if (loss_scale_ >= 0 && !saved.loss_scaling.is_null()) scaler_.restore(saved.loss_scaling, "checkpoint '" + path.string() + "'");
+    return std::move(saved.trainer);
   }
 
   /// @brief Writes the parameters and the batch norms' running statistics (`<gain>.running`),
   /// gathered to their global shapes and named as the program names them, to `path` in the
-  /// safetensors format (F32 or BF16), which PyTorch and Hugging Face code load (rank 0 writes,
+  /// safetensors format (F32, BF16 or F16), which PyTorch and Hugging Face code load (rank 0 writes,
   /// atomically). Collective. Format and checks: train/safetensors.hpp.
   void export_safetensors(const std::filesystem::path& path, safetensors::dtype type = safetensors::dtype::f32) {
     prepare();
@@ -376,13 +396,22 @@ private:
             planner::hash(detail::planning_options(options_)), options_.choice.confirm_within};
   }
 
-  // The global gradient norm the last step clipped by (the tasks of graph/lower.hpp leave its
-  // square in `grad_norm_sq`, the same on every rank); NaN when the step does not clip.
-  [[nodiscard]] double grad_norm() {
-    if (grad_norm_sq_ < 0) return std::numeric_limits<double>::quiet_NaN();
+  // The squared global gradient norm of the last step (the tasks of graph/lower.hpp leave it in
+  // `grad_norm_sq`, the same on every rank; loss-scaled under loss scaling); NaN when the step
+  // neither clips nor scales its loss.
+  [[nodiscard]] float grad_norm_sq() {
+    if (grad_norm_sq_ < 0) return std::numeric_limits<float>::quiet_NaN();
     float sq = 0;
     backend_->read(grad_norm_sq_, std::as_writable_bytes(std::span(&sq, 1)));
-    return std::sqrt(static_cast<double>(sq));
+    return sq;
+  }
+  // Under loss scaling: the scale this step multiplies its loss gradient by, written where its
+  // tasks read it (before the step, outside any captured graph); 1 otherwise.
+  float write_loss_scale() {
+    if (loss_scale_ < 0) return 1.0f;
+    const float scale = scaler_.scale();
+    backend_->write(loss_scale_, std::as_bytes(std::span(&scale, 1)));
+    return scale;
   }
 
   // The executor's step; a message names tasks by the lowering's names, and says what the
@@ -402,8 +431,12 @@ private:
   void index_tensors() {
     tensors_.build(ex_->plan().graph, graph_, split_ ? &*split_ : nullptr, facts_, mesh_, options_.lower.depth, rank_);
     const auto& buffers = ex_->plan().graph.buffers;
-    const auto norm = std::find_if(buffers.begin(), buffers.end(), [](const ir::buffer& b) { return b.name == ir::grad_norm_sq_buffer; });
-    grad_norm_sq_ = norm == buffers.end() ? -1 : norm->id;
+    const auto named = [&](std::string_view name) {
+      const auto it = std::find_if(buffers.begin(), buffers.end(), [&](const ir::buffer& b) { return b.name == name; });
+      return it == buffers.end() ? ir::buffer_id{-1} : it->id;
+    };
+    grad_norm_sq_ = named(ir::grad_norm_sq_buffer);
+    loss_scale_ = named(ir::loss_scale_buffer);
   }
 
   /// Before a step: the plan the choice switched to, on a new executor over the same backend,
@@ -476,7 +509,10 @@ private:
   std::optional<evaluation> eval_;
   std::optional<cost::model> model_; ///< what the training step was planned with
   std::uint64_t parameters_version_ = 1; ///< counts every change of the parameters (a step, set, load, import)
-  ir::buffer_id grad_norm_sq_ = -1;      ///< in the executed plan, with clipping
+  ir::buffer_id grad_norm_sq_ = -1;      ///< in the executed plan, with clipping or loss scaling
+  ir::buffer_id loss_scale_ = -1;        ///< in the executed plan, with loss scaling
+  loss_scaler scaler_;                   ///< with loss scaling: the scale of the next step
+  float last_loss_scale_ = 1.0f;         ///< the scale the last step's gradients carry
   std::optional<runtime::mpi::control> control_; ///< the step's own collectives, with deadlines
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<runtime::executor<Backend>> ex_;

@@ -16,7 +16,6 @@
 /// auto w = t.gather(backend, control, "layers.0.wq");   // collective
 /// @endcode
 
-#include <concerto/core/bfloat16.hpp>
 #include <concerto/core/error.hpp>
 #include <concerto/core/file.hpp>
 #include <concerto/graph/lower.hpp>
@@ -26,6 +25,7 @@
 #include <concerto/runtime/cpu/moe.hpp>
 #include <concerto/runtime/mpi/control.hpp>
 #include <concerto/runtime/executor.hpp>
+#include <concerto/runtime/float16_values.hpp>
 #include <concerto/train/checkpoint.hpp>
 #include <concerto/train/detail/shard.hpp>
 #include <concerto/train/options.hpp>
@@ -127,21 +127,21 @@ public:
   /// local_loss counts the loss this many times.
   [[nodiscard]] double loss_copies() const noexcept { return loss_copies_; }
 
-  /// Any named f32 or bf16 tensor (the working precision's activations and gradients: widened
+  /// Any named f32, bf16 or f16 tensor (the working precision's activations and gradients: widened
   /// exactly) gathered to its global shape on every rank, as f32. Collective.
   template <class Backend>
   [[nodiscard]] std::vector<float> gather(Backend& backend, const runtime::mpi::control& control, const std::string& name) const {
     const auto& t = info(name);
-    if (t.type != ir::dtype::f32 && t.type != ir::dtype::bf16)
+    if (t.type != ir::dtype::f32 && !ir::is_16bit_float(t.type))
       fail("train step: tensor '" + name + "' holds " + std::string(ir::to_string(t.type)) + ", not floating-point values");
     if (t.partial) fail("train step: tensor '" + name + "' is a pending sum on this mesh; it has no global value yet");
     const auto n = static_cast<std::size_t>(count(t.blk.local));
     const auto size = static_cast<std::size_t>(mesh_.rank_count());
     std::vector<float> mine(n), all(n * size), out(static_cast<std::size_t>(count(t.blk.global)));
-    if (t.id >= 0 && t.type == ir::dtype::bf16) {
+    if (t.id >= 0 && ir::is_16bit_float(t.type)) {
       std::vector<std::uint16_t> raw(n);
       backend.read(t.id, std::as_writable_bytes(std::span(raw)));
-      widen_bf16(raw, mine);
+      runtime::widen_16bit(t.type, raw, mine);
     } else if (t.id >= 0) {
       backend.read(t.id, std::as_writable_bytes(std::span(mine)));
     }
@@ -220,23 +220,29 @@ public:
     }
   }
 
-  /// Writes every parameter and optimizer state, gathered, and `steps` to `path` (rank 0 writes,
+  /// What a checkpoint holds besides the tensors.
+  struct saved_state {
+    std::int64_t steps = 0;
+    nlohmann::json trainer;      ///< the trainer's own state, or null
+    nlohmann::json loss_scaling; ///< the loss scaler's state, or null
+  };
+
+  /// Writes every parameter and optimizer state, gathered, and `state` to `path` (rank 0 writes,
   /// atomically). Collective. Format and checks: train/checkpoint.hpp.
   template <class Backend>
-  void save(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path, std::int64_t steps,
-            const nlohmann::json& trainer) const {
+  void save(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path,
+            const saved_state& state) const {
     checkpoint::writer file;
     for (const auto& name : state_names()) file.add(name, info(name).blk.global, gather(backend, control, name));
-    if (control.rank() == 0) write_file_atomically(path, std::move(file).finish(steps, trainer));
+    if (control.rank() == 0) write_file_atomically(path, std::move(file).finish(state.steps, state.trainer, state.loss_scaling));
     control.barrier("the end of saving checkpoint '" + path.string() + "'");
   }
 
-  /// Reads a checkpoint written by `save` (on any mesh) into this rank's shards and returns its
-  /// step count and trainer state; when the file fails a check on any rank, every rank throws
-  /// naming it before a value is written. Collective.
+  /// Reads a checkpoint written by `save` (on any mesh) into this rank's shards and returns what
+  /// it holds besides them; when the file fails a check on any rank, every rank throws naming it
+  /// before a value is written. Collective.
   template <class Backend>
-  [[nodiscard]] std::pair<std::int64_t, nlohmann::json> load(Backend& backend, const runtime::mpi::control& control,
-                                                             const std::filesystem::path& path) const {
+  [[nodiscard]] saved_state load(Backend& backend, const runtime::mpi::control& control, const std::filesystem::path& path) const {
     checkpoint::contents file;
     read_together(control, "checkpoint '" + path.string() + "'", [&](const std::string& what) {
       file = checkpoint::read(path);
@@ -248,7 +254,7 @@ public:
     });
     // Straight from the file's bytes (checked above), without a copy of the global tensor.
     for (const auto& name : state_names()) write_block(backend, info(name), file.bytes(name).data());
-    return {file.step, std::move(file.trainer)};
+    return {file.step, std::move(file.trainer), std::move(file.loss_scaling)};
   }
 
   /// Writes every parameter (not the optimizer state) and every batch norm's running statistics
@@ -318,9 +324,9 @@ private:
     if (t.id < 0) return;
     std::vector<float> local(static_cast<std::size_t>(count(t.blk.local)));
     copy_block(t.blk, sizeof(float), const_cast<std::byte*>(global), reinterpret_cast<std::byte*>(local.data()), true);
-    if (t.type == ir::dtype::bf16) {
+    if (ir::is_16bit_float(t.type)) {
       std::vector<std::uint16_t> rounded(local.size());
-      round_to_bf16(local, rounded);
+      runtime::round_to_16bit(t.type, local, rounded);
       backend.write(t.id, std::as_bytes(std::span(rounded)));
       return;
     }

@@ -62,7 +62,8 @@ inline void layernorm(std::span<const float> x, std::span<const float> gamma,
 /// `dgamma[c] = Σ_r dout·x̂`, `dbeta[c] = Σ_r dout`, with `x̂ = (x - mean)·rstd`.
 ///
 /// `dx = rstd·(g - mean_c(g) - x̂·mean_c(g·x̂))` where `g = dout·gamma`. With `accumulate`,
-/// dgamma and dbeta are added to; dx is always overwritten. dx must not alias dout or x.
+/// dgamma and dbeta are added to; dx is always overwritten. dx must not alias dout or x. Empty
+/// dgamma and dbeta: dx alone (a graph's separate tasks sum them).
 inline void layernorm_grad(std::span<const float> dout, std::span<const float> x,
                            std::span<const float> gamma, std::span<const float> mean,
                            std::span<const float> rstd, std::span<float> dx, std::span<float> dgamma,
@@ -74,12 +75,15 @@ inline void layernorm_grad(std::span<const float> dout, std::span<const float> x
   detail::require_size(mean, rows, "layernorm_grad", "mean");
   detail::require_size(rstd, rows, "layernorm_grad", "rstd");
   detail::require_size(dx, rows * cols, "layernorm_grad", "dx");
-  detail::require_size(dgamma, cols, "layernorm_grad", "dgamma");
-  detail::require_size(dbeta, cols, "layernorm_grad", "dbeta");
+  const bool sums = !dgamma.empty() || !dbeta.empty();
+  if (sums) {
+    detail::require_size(dgamma, cols, "layernorm_grad", "dgamma");
+    detail::require_size(dbeta, cols, "layernorm_grad", "dbeta");
+  }
   const float* pgam = gamma.data();
   float* pdg = dgamma.data();
   float* pdb = dbeta.data();
-  if (!accumulate)
+  if (sums && !accumulate)
     for (std::size_t c = 0; c < cols; ++c) pdg[c] = pdb[c] = 0.0f;
   const float inv_cols = cols > 0 ? 1.0f / static_cast<float>(cols) : 0.0f;
   for (std::size_t r = 0; r < rows; ++r) {
@@ -91,10 +95,11 @@ inline void layernorm_grad(std::span<const float> dout, std::span<const float> x
     const float mg = detail::lane_sum(cols, [pgo, pgam](std::size_t c) { return pgo[c] * pgam[c]; }) * inv_cols;
     const float mgx =
         detail::lane_sum(cols, [=](std::size_t c) { return pgo[c] * pgam[c] * ((px[c] - mu) * rs); }) * inv_cols;
-    for (std::size_t c = 0; c < cols; ++c) {
-      pdg[c] += pgo[c] * ((px[c] - mu) * rs);
-      pdb[c] += pgo[c];
-    }
+    if (sums)
+      for (std::size_t c = 0; c < cols; ++c) {
+        pdg[c] += pgo[c] * ((px[c] - mu) * rs);
+        pdb[c] += pgo[c];
+      }
     for (std::size_t c = 0; c < cols; ++c) {
       const float xhat = (px[c] - mu) * rs;
       pdx[c] = rs * (pgo[c] * pgam[c] - mg - xhat * mgx);

@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// @brief Matrix products on the GPU through cuBLASLt: fp32, and bf16 inputs with fp32 accumulation.
+/// @brief Matrix products on the GPU through cuBLASLt: fp32, and 16-bit float inputs (bf16 or
+/// f16) with fp32 accumulation.
 ///
 /// Conventions are those of the CPU kernel (runtime/cpu/matmul.hpp): row-major,
 /// `C[m,n] = alpha·op(A)·op(B) (+ C with accumulate)`, A stored `[m,k]` (`[k,m]` when trans_a),
@@ -52,8 +53,9 @@ private:
   detail::lt_owned<cublasLtHandle_t, cublasLtDestroy> h_;
 };
 
-/// @brief Element types of a product: inputs A and B share one, C may differ (bf16 inputs, fp32 C).
-enum class gemm_type : std::uint8_t { f32, bf16 };
+/// @brief Element types of a product: inputs A and B share one, C is f32 or the inputs' type
+/// (bf16 or f16 inputs, an fp32 C).
+enum class gemm_type : std::uint8_t { f32, bf16, f16 };
 
 /// @brief The shape and flags of one (strided-batched) product.
 struct gemm_shape {
@@ -85,7 +87,14 @@ struct gemm_shape {
 }
 
 namespace detail {
-inline cudaDataType_t cuda_type(gemm_type t) { return t == gemm_type::f32 ? CUDA_R_32F : CUDA_R_16BF; }
+inline cudaDataType_t cuda_type(gemm_type t) {
+  switch (t) {
+  case gemm_type::f32: return CUDA_R_32F;
+  case gemm_type::bf16: return CUDA_R_16BF;
+  case gemm_type::f16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
 inline std::size_t type_bytes(gemm_type t) { return t == gemm_type::f32 ? 4 : 2; }
 
 using layout = lt_owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
@@ -154,8 +163,8 @@ public:
       return "cuBLASLt product m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
              " batch=" + std::to_string(s.batch);
     };
-    CONCERTO_CHECK(s.ab == gemm_type::bf16 || s.c == gemm_type::f32,
-                   what() + ": fp32 inputs need an fp32 output");
+    CONCERTO_CHECK(s.c == gemm_type::f32 || s.c == s.ab,
+                   what() + ": the output is fp32 or of the inputs' type (fp32 inputs need an fp32 output)");
     const auto compute = s.ab == gemm_type::f32 && s.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     // Column-major view: C' = op(B)' · op(A)', with B' the row-major B read as column-major.
     desc_ = detail::make_matmul_desc(compute, s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);

@@ -6,11 +6,17 @@
 /// It runs exactly the ops the CPU dispatch runs (both are checked against the op table at
 /// compile time) from the same decoded calls: `runtime::decode` read and checked the operands
 /// once, so nothing here reads attrs. Products are described once per task (`describe_gemm`,
-/// before the first step). Matmul takes fp32 or bf16 operands (fp32 accumulation, C in fp32 or
-/// bf16; a product of a bf16 and an f32 operand widens the bf16 one); every other kernel computes
-/// in fp32, and a bf16 operand is widened into the workspace before it and rounded back after it
-/// (kernel_call::staged, as on the CPU). Integer operands are i32, or i64 narrowed into the
-/// workspace by a kernel.
+/// before the first step). Matmul takes fp32 operands or 16-bit float ones, bf16 or f16 (fp32
+/// accumulation, C in fp32 or the inputs' 16-bit type; a product whose inputs differ in type
+/// widens its 16-bit ones, and a C of another 16-bit type is staged); every other kernel
+/// computes in fp32, and a 16-bit float operand is widened into the workspace before it and
+/// rounded back after it (kernel_call::staged, as on the CPU). Integer operands are i32, or i64
+/// narrowed into the workspace by a kernel.
+///
+/// Under dynamic loss scaling (kernel_call::loss_scale) the loss gradients and the updates read
+/// the step's loss scale from device memory when their kernels run, as they read the optimizer
+/// step and the gradient norm: a captured CUDA graph replays with the value the host wrote
+/// before the step.
 ///
 /// What a task does not store (layernorm's statistics, attention's lse, cross-entropy's lse)
 /// lives in a device workspace for the duration of one task and is recomputed by the backward
@@ -61,7 +67,7 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
 
 } // namespace detail
 
-/// @brief Device workspace floats a call's kernel takes besides its bf16 operands' f32 copies:
+/// @brief Device workspace floats a call's kernel takes besides its 16-bit float operands' f32 copies:
 /// what the kernels keep between two launches (attention's per-row delta), the statistics the
 /// DSL's tasks do not store, and i64 ids narrowed to i32 (`i64_ids`: whether the call's integer
 /// operand is i64). 0 for the rest.
@@ -98,10 +104,10 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
   }
 }
 
-/// @brief Device workspace floats one call needs: its bf16 operands' f32 copies, each padded, and
-/// what its kernel takes (device_kernel_workspace_floats).
+/// @brief Device workspace floats one call needs: its 16-bit float (bf16, f16) operands' f32
+/// copies, each padded, and what its kernel takes (device_kernel_workspace_floats).
 [[nodiscard]] inline std::size_t device_workspace_floats(const kernel_call& c, bool i64_ids) {
-  // bf16 operands widened to f32, each piece padded (at most 10 operands).
+  // 16-bit operands widened to f32, each piece padded (at most 10 operands).
   const std::size_t staged = c.staged == 0 ? 0 : c.staged + 10 * detail::workspace_pad;
   return staged + device_kernel_workspace_floats(c, i64_ids);
 }
@@ -145,24 +151,26 @@ public:
 
   float* in(std::size_t i) { return values(c.in[i]); }
   float* out(std::size_t i) { return values(c.out[i]); }
-  /// Buffer b as f32 values: itself, or (bf16) its values widened into the workspace, once per call.
+  /// Buffer b as f32 values: itself, or (bf16, f16) its values widened into the workspace, once per call.
   float* values(ir::buffer_id b) {
-    if (mem_.type(b) != ir::dtype::bf16) return mem_.f32(b);
+    const auto type = mem_.type(b);
+    if (!ir::is_16bit_float(type)) return mem_.f32(b);
     for (std::size_t k = 0; k < n_staged_; ++k)
       if (staged_[k].id == b) return staged_[k].values;
-    if (n_staged_ == staged_.size()) fail(call_ref(c) + ": more bf16 operands than a kernel call stages");
+    if (n_staged_ == staged_.size()) fail(call_ref(c) + ": more 16-bit float operands than a kernel call stages");
     const auto n = mem_.count(b);
-    float* wide = take(n, "a bf16 operand widened to f32");
-    widen_bf16(reinterpret_cast<const std::uint16_t*>(mem_.ptr(b)), wide, n, st);
+    float* wide = take(n, "a 16-bit float operand widened to f32");
+    convert(type, mem_.ptr(b), ir::dtype::f32, wide, n, st);
     staged_[n_staged_++] = {b, wide, n};
     return wide;
   }
-  /// Rounds the staged operands the kernel may have written back into their bf16 buffers.
+  /// Rounds the staged operands the kernel may have written back into their 16-bit buffers.
   void commit() {
     for (std::size_t k = 0; k < n_staged_; ++k)
       for (std::size_t i = 0; i < c.n_out; ++i)
         if (c.out[i] == staged_[k].id) {
-          round_to_bf16(staged_[k].values, reinterpret_cast<std::uint16_t*>(mem_.ptr(staged_[k].id)), staged_[k].count, st);
+          const auto b = staged_[k].id;
+          convert(ir::dtype::f32, staged_[k].values, mem_.type(b), mem_.ptr(b), staged_[k].count, st);
           break;
         }
   }
@@ -224,10 +232,12 @@ inline gemm_type gemm_type_of(const kernel_call& c, const device_arena& mem, ir:
   switch (mem.type(b)) {
   case ir::dtype::f32: return gemm_type::f32;
   case ir::dtype::bf16: return gemm_type::bf16;
-  default:
-    fail(call_ref(c) + ": matmul operand '" + mem.name(b) + "' holds " + std::string(ir::to_string(mem.type(b))) +
-         "; the GPU products take f32 or bf16");
+  case ir::dtype::f16: return gemm_type::f16;
+  case ir::dtype::i32:
+  case ir::dtype::i64: break;
   }
+  fail(call_ref(c) + ": matmul operand '" + mem.name(b) + "' holds " + std::string(ir::to_string(mem.type(b))) +
+       "; the GPU products take f32, bf16 or f16");
 }
 
 // RMSNorm's rstd is recomputed by each task (rmsnorm_stats), as on the CPU.
@@ -284,6 +294,11 @@ inline void run_attention_grad(device_frame& f) {
                         delta, a, f.st);
 }
 
+// The step's loss scale under dynamic loss scaling (in device memory, read when the kernel runs), or null.
+inline const float* loss_scale(device_frame& f) {
+  return f.c.loss_scale < 0 ? nullptr : reinterpret_cast<const float*>(f.ptr(f.c.loss_scale));
+}
+
 inline void run_cross_entropy(device_frame& f) {
   const auto& c = f.c;
   const auto* targets = f.ints(1);
@@ -293,7 +308,7 @@ inline void run_cross_entropy(device_frame& f) {
     return;
   }
   cross_entropy_lse(f.in(0), targets, lse, c.rows, c.cols, f.ctx.status, f.code, f.st);
-  cross_entropy_grad(f.in(0), targets, lse, f.out(0), c.rows, c.cols, c.scale, f.st);
+  cross_entropy_grad(f.in(0), targets, lse, f.out(0), c.rows, c.cols, c.scale, f.st, loss_scale(f));
 }
 
 inline void run_embedding(device_frame& f) {
@@ -325,12 +340,12 @@ inline void run_sgd(device_frame& f) {
     momentum = f.out(1);
   }
   sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.s.schedule, device_step(f, "SGD's scheduled rate"), grad_norm_sq(f),
-             f.s.clip_norm, f.st);
+             f.s.clip_norm, f.st, loss_scale(f));
 }
 
 inline void run_adamw(device_frame& f) {
   adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.s.schedule, device_step(f, "AdamW"), grad_norm_sq(f),
-               f.s.clip_norm, f.st);
+               f.s.clip_norm, f.st, loss_scale(f));
 }
 
 inline void run_dropout(device_frame& f) {
@@ -356,7 +371,7 @@ inline void run_vocab_ce(device_frame& f) {
   case ir::op::vocab_ce_sumexp: vocab_ce_sumexp(f.in(0), f.in(1), f.out(0), c.rows, c.cols, f.st); return;
   case ir::op::vocab_ce_target: vocab_ce_target(f.in(0), f.in(2), f.ints(1), f.out(0), c.rows, c.cols, c.first, f.st); return;
   case ir::op::vocab_ce_grad:
-    vocab_ce_grad(f.in(0), f.in(2), f.in(3), f.ints(1), f.out(0), c.rows, c.cols, c.first, c.scale, f.st);
+    vocab_ce_grad(f.in(0), f.in(2), f.in(3), f.ints(1), f.out(0), c.rows, c.cols, c.first, c.scale, f.st, loss_scale(f));
     return;
   default: // vocab_ce_loss: Σ (log sumexp - target) / global rows; scale is 1 / global rows
     vocab_ce_loss(f.in(0), f.in(1), f.out(0), c.rows, 1.0 / static_cast<double>(c.scale), f.st);
@@ -372,7 +387,7 @@ inline void run_moe(device_frame& f) {
   auto* slots = reinterpret_cast<std::int32_t*>(ws);
   switch (c.fn) {
   case ir::op::moe_route: moe_route(f.in(0), f.out(0), s, ws, f.st); return;
-  case ir::op::moe_route_grad: moe_route_grad(f.in(0), f.in(1), f.in(2), f.out(0), s, c.scale, ws, f.st); return;
+  case ir::op::moe_route_grad: moe_route_grad(f.in(0), f.in(1), f.in(2), f.out(0), s, c.scale, ws, f.st, loss_scale(f)); return;
   case ir::op::moe_dispatch: moe_dispatch(f.in(0), f.in(1), f.out(0), s, slots, f.ctx.status, f.code, f.st); return;
   case ir::op::moe_dispatch_grad: moe_gather(f.in(0), f.in(1), f.out(0), s, slots, false, f.ctx.status, f.code, f.st); return;
   case ir::op::moe_combine: moe_gather(f.in(0), f.in(1), f.out(0), s, slots, true, f.ctx.status, f.code, f.st); return;
@@ -385,17 +400,14 @@ inline void run_moe(device_frame& f) {
   }
 }
 
-// cast: f32 to bf16 rounds to nearest even, bf16 to f32 is exact, one type to itself copies.
+// cast: f32 to bf16 or f16 rounds to nearest even, back to f32 is exact, between the two 16-bit
+// types through f32, one type to itself copies.
 inline void run_cast(device_frame& f) {
   const auto from = f.c.in[0], to = f.c.out[0];
-  const auto n = f.c.n;
-  if (f.type(from) == f.type(to)) {
-    if (f.ptr(from) != f.ptr(to) && n > 0)
-      check(cudaMemcpyAsync(f.ptr(to), f.ptr(from), f.bytes(from), cudaMemcpyDeviceToDevice, f.st), "cudaMemcpyAsync");
-  } else if (f.type(to) == ir::dtype::bf16) {
-    round_to_bf16(reinterpret_cast<const float*>(f.ptr(from)), reinterpret_cast<std::uint16_t*>(f.ptr(to)), n, f.st);
-  } else {
-    widen_bf16(reinterpret_cast<const std::uint16_t*>(f.ptr(from)), reinterpret_cast<float*>(f.ptr(to)), n, f.st);
+  if (f.type(from) != f.type(to)) {
+    convert(f.type(from), f.ptr(from), f.type(to), f.ptr(to), f.c.n, f.st);
+  } else if (f.ptr(from) != f.ptr(to) && f.c.n > 0) {
+    check(cudaMemcpyAsync(f.ptr(to), f.ptr(from), f.bytes(from), cudaMemcpyDeviceToDevice, f.st), "cudaMemcpyAsync");
   }
 }
 
@@ -440,21 +452,28 @@ inline void run_conv(device_frame& f, const conv_plan* plan) {
   cuda::add_inplace(f.out(0), hwio, patch * out, st);
 }
 
-// The kernel of the call's op; bf16 operands are staged by the frame (see the file comment).
+// A product as describe_gemm described it: 16-bit inputs of one type read in place, else f32
+// ones (a 16-bit one widened); C in place when described in its own type, else as f32 (an f32
+// buffer itself, a 16-bit one staged).
+inline void run_matmul(device_frame& f, const gemm* product) {
+  const auto& c = f.c;
+  CONCERTO_CHECK(product != nullptr && f.ctx.blas != nullptr, call_ref(c) + ": no product described for the matmul");
+  const auto& shape = product->shape();
+  const bool narrow = shape.ab != gemm_type::f32;
+  const void* a = narrow ? static_cast<const void*>(f.ptr(c.in[0])) : f.in(0);
+  const void* b = narrow ? static_cast<const void*>(f.ptr(c.in[1])) : f.in(1);
+  void* out = shape.c != gemm_type::f32 ? static_cast<void*>(f.ptr(c.out[0])) : f.out(0);
+  product->run(*f.ctx.blas, a, b, out, f.ctx.blas_workspace, f.st);
+}
+
+// The kernel of the call's op; 16-bit float operands are staged by the frame (see the file comment).
 inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv) {
   using ir::op;
   const auto& c = f.c;
   const auto& ctx = f.ctx;
   const auto st = ctx.stream;
   switch (c.fn) {
-  case op::matmul:
-    CONCERTO_CHECK(product != nullptr && ctx.blas != nullptr, call_ref(c) + ": no product described for the matmul");
-    if (product->shape().ab == gemm_type::bf16) { // bf16 inputs read in place, C as described
-      product->run(*ctx.blas, f.ptr(c.in[0]), f.ptr(c.in[1]), f.ptr(c.out[0]), ctx.blas_workspace, st);
-    } else {                                      // f32 operands, a bf16 one widened
-      product->run(*ctx.blas, f.in(0), f.in(1), f.out(0), ctx.blas_workspace, st);
-    }
-    return;
+  case op::matmul: run_matmul(f, product); return;
   case op::add: cuda::add(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::add_inplace: cuda::add_inplace(f.out(0), f.in(1), c.n, st); return;
   case op::scale: cuda::scale(f.in(0), c.scale, f.out(0), c.n, st); return;
@@ -480,7 +499,7 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
   case op::cross_entropy:
   case op::cross_entropy_grad: run_cross_entropy(f); return;
   case op::mse: cuda::mse(f.in(0), f.in(1), f.out(0), c.n, st, c.scale); return;
-  case op::mse_grad: cuda::mse_grad(f.in(0), f.in(1), f.out(0), c.n, c.scale, st); return;
+  case op::mse_grad: cuda::mse_grad(f.in(0), f.in(1), f.out(0), c.n, c.scale, st, loss_scale(f)); return;
   case op::embedding:
   case op::embedding_grad: run_embedding(f); return;
   case op::sgd: run_sgd(f); return;
@@ -577,11 +596,13 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
   s.trans_a = c.trans_a;
   s.trans_b = c.trans_b;
   s.accumulate = c.accumulate;
-  // A bf16 operand beside an f32 one is widened (run_kernel stages it): the product is f32's.
-  const bool same = mem.type(c.in[0]) == mem.type(c.in[1]);
-  s.ab = same ? detail::gemm_type_of(c, mem, c.in[0]) : gemm_type::f32;
-  (void)detail::gemm_type_of(c, mem, c.in[1]);
-  s.c = s.ab == gemm_type::f32 ? gemm_type::f32 : detail::gemm_type_of(c, mem, c.out[0]);
+  // cuBLASLt's 16-bit products take inputs of one type and C in f32 or that type: inputs that
+  // differ are widened (run_kernel stages them) and the product is f32's; a C of another type
+  // is staged as f32.
+  const auto a = detail::gemm_type_of(c, mem, c.in[0]), b = detail::gemm_type_of(c, mem, c.in[1]),
+             out = detail::gemm_type_of(c, mem, c.out[0]);
+  s.ab = a == b ? a : gemm_type::f32;
+  s.c = out == s.ab ? out : gemm_type::f32;
   s.allow_tf32 = allow_tf32;
   if (c.form == gemm_form::shared_b) {
     s.m *= s.batch;
@@ -591,10 +612,14 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
     s.batch = 1;
   }
   // Arena views (bucket members, decomposition chunks) start wherever their root's bytes do,
-  // so the heuristic is told each operand's real alignment (gemm folds in the batch stride's).
-  s.align_a = operand_alignment(mem.ptr(c.in[0]));
-  s.align_b = operand_alignment(mem.ptr(c.in[1]));
-  s.align_c = operand_alignment(mem.ptr(c.out[0]));
+  // so the heuristic is told each operand's real alignment (gemm folds in the batch stride's);
+  // a staged one starts a workspace piece, on 256 bytes.
+  const auto align = [&](ir::buffer_id id, gemm_type as) {
+    return detail::gemm_type_of(c, mem, id) != as ? 256u : operand_alignment(mem.ptr(id));
+  };
+  s.align_a = align(c.in[0], s.ab);
+  s.align_b = align(c.in[1], s.ab);
+  s.align_c = align(c.out[0], s.c);
   return gemm(h, s, workspace_bytes);
 }
 
@@ -624,8 +649,8 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
   r.accumulate = c.accumulate;
   r.allow_tf32 = allow_tf32;
   r.workspace_limit = workspace_bytes;
-  // bf16 operands are widened into the workspace, whose pieces start on 256 bytes.
-  const auto align = [&](ir::buffer_id b) { return mem.type(b) == ir::dtype::bf16 ? 256u : operand_alignment(mem.ptr(b)); };
+  // 16-bit float operands are widened into the workspace, whose pieces start on 256 bytes.
+  const auto align = [&](ir::buffer_id b) { return ir::is_16bit_float(mem.type(b)) ? 256u : operand_alignment(mem.ptr(b)); };
   r.align = std::min({align(c.in[0]), align(c.in[1]), align(c.out[0])});
   return conv_plan(h, r);
 }

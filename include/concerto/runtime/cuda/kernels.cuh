@@ -28,7 +28,9 @@
 #endif
 
 #include <concerto/core/bfloat16.hpp>
+#include <concerto/core/float16.hpp>
 #include <concerto/core/error.hpp>
+#include <concerto/ir/graph.hpp>
 #include <concerto/ir/task_attrs.hpp>
 #include <concerto/runtime/cpu/attention.hpp>
 #include <concerto/runtime/cpu/optimizer.hpp>
@@ -182,13 +184,23 @@ template <int = 0>
 __global__ void scale_table_k(const float* x, const float* table, float* out, std::size_t n, std::size_t cols) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] * table[i % cols];
 }
-template <int = 0>
-__global__ void widen_bf16_k(const std::uint16_t* x, float* out, std::size_t n) {
-  CONCERTO_GRID_STRIDE(i, n) { out[i] = from_bf16(x[i]); }
+// Value i of a buffer of float type T (f32, bf16, f16) as f32, exactly; and f32 stored in T,
+// rounded to nearest even (core/bfloat16.hpp, core/float16.hpp).
+template <ir::dtype T>
+__device__ float load_f32(const void* p, std::size_t i) {
+  if constexpr (T == ir::dtype::f32) return static_cast<const float*>(p)[i];
+  else if constexpr (T == ir::dtype::f16) return from_f16(static_cast<const std::uint16_t*>(p)[i]);
+  else return from_bf16(static_cast<const std::uint16_t*>(p)[i]);
 }
-template <int = 0>
-__global__ void round_to_bf16_k(const float* x, std::uint16_t* out, std::size_t n) {
-  CONCERTO_GRID_STRIDE(i, n) { out[i] = to_bf16(x[i]); }
+template <ir::dtype T>
+__device__ void store_f32(void* p, std::size_t i, float v) {
+  if constexpr (T == ir::dtype::f32) static_cast<float*>(p)[i] = v;
+  else if constexpr (T == ir::dtype::f16) static_cast<std::uint16_t*>(p)[i] = to_f16(v);
+  else static_cast<std::uint16_t*>(p)[i] = to_bf16(v);
+}
+template <ir::dtype From, ir::dtype To>
+__global__ void convert_k(const void* x, void* out, std::size_t n) {
+  CONCERTO_GRID_STRIDE(i, n) { store_f32<To>(out, i, load_f32<From>(x, i)); }
 }
 template <int = 0>
 __global__ void gelu_k(const float* x, float* out, std::size_t n) {
@@ -539,6 +551,12 @@ __global__ void attention_dkv_k(const float* q, const float* k, const float* v, 
 }
 
 // ---- losses ---------------------------------------------------------------------------------
+// A loss gradient's factor `s` times, under dynamic loss scaling, the step's loss scale, read
+// from device memory when the kernel runs: a captured graph replays with the value the host
+// wrote before the step (null: no loss scaling).
+__device__ inline float times_loss_scale(float s, const float* loss_scale) {
+  return loss_scale == nullptr ? s : s * *loss_scale;
+}
 template <int = 0>
 __global__ void cross_entropy_rows_k(const float* logits, const std::int32_t* targets, float* lse, std::size_t classes,
                                      int* status, int code) {
@@ -572,7 +590,8 @@ __global__ void cross_entropy_mean_k(const float* logits, const std::int32_t* ta
 }
 template <int = 0>
 __global__ void cross_entropy_grad_k(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
-                                     std::size_t rows, std::size_t classes, float s) {
+                                     std::size_t rows, std::size_t classes, float share, const float* loss_scale) {
+  const float s = times_loss_scale(share, loss_scale);
   CONCERTO_GRID_STRIDE(i, rows * classes) {
     const std::size_t r = i / classes, c = i % classes;
     const float g = s * expf(logits[i] - lse[r]);
@@ -591,7 +610,9 @@ __global__ void mse_k(const float* pred, const float* target, float* loss, std::
   if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(n)) * share;
 }
 template <int = 0>
-__global__ void mse_grad_k(const float* pred, const float* target, float* dpred, std::size_t n, float s) {
+__global__ void mse_grad_k(const float* pred, const float* target, float* dpred, std::size_t n, float share,
+                           const float* loss_scale) {
+  const float s = times_loss_scale(share, loss_scale);
   CONCERTO_GRID_STRIDE(i, n) dpred[i] = s * (pred[i] - target[i]);
 }
 
@@ -623,13 +644,30 @@ __global__ void embedding_grad_k(const std::int32_t* ids, const float* dout, flo
 }
 
 // ---- optimizers -----------------------------------------------------------------------------
-// The step (and with it the scheduled rate) is read from device memory, so that a captured CUDA
-// graph replays with the current step.
+// The step (and with it the scheduled rate), the squared gradient norm and the loss scale are
+// read from device memory, so that a captured CUDA graph replays with the current ones.
+//
+// The factor an update scales its gradient by (runtime/grad_clip.hpp): 1 without the norm, the
+// clipping factor with it, and under loss scaling (`loss_scale` not null) the clipping factor of
+// the unscaled norm over the scale; false when the loss-scaled step overflowed, and the update
+// then writes nothing.
+__device__ inline bool update_factor(const float* norm_sq, const float* loss_scale, float max_norm, float& factor) {
+  factor = 1.0f;
+  if (norm_sq == nullptr) return true;
+  if (loss_scale == nullptr) {
+    factor = clip_factor(max_norm, *norm_sq);
+    return true;
+  }
+  if (overflowed(*norm_sq)) return false;
+  factor = gradient_factor(max_norm, *norm_sq, *loss_scale);
+  return true;
+}
 template <int = 0>
 __global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, cpu::sgd_config cfg, lr_schedule schedule,
-                      const std::int64_t* step, const float* norm_sq, float max_norm) {
+                      const std::int64_t* step, const float* norm_sq, float max_norm, const float* loss_scale) {
+  float scale;
+  if (!update_factor(norm_sq, loss_scale, max_norm, scale)) return;
   const float lr = lr_at(schedule, cfg.lr, *step), momentum = cfg.momentum, wd = cfg.weight_decay;
-  const float scale = norm_sq == nullptr ? 1.0f : clip_factor(max_norm, *norm_sq);
   CONCERTO_GRID_STRIDE(i, n) {
     const float gi = g[i] * scale + wd * p[i];
     if (buf == nullptr) {
@@ -642,9 +680,11 @@ __global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, cpu::
 }
 template <int = 0>
 __global__ void adamw_k(float* p, const float* g, float* m, float* v, std::size_t n, cpu::adamw_config cfg,
-                        lr_schedule schedule, const std::int64_t* step, const float* norm_sq, float max_norm) {
+                        lr_schedule schedule, const std::int64_t* step, const float* norm_sq, float max_norm,
+                        const float* loss_scale) {
+  float scale;
+  if (!update_factor(norm_sq, loss_scale, max_norm, scale)) return;
   cfg.lr = lr_at(schedule, cfg.lr, *step);
-  const float scale = norm_sq == nullptr ? 1.0f : clip_factor(max_norm, *norm_sq);
   const double t = static_cast<double>(*step);
   const double bc1 = 1.0 - pow(static_cast<double>(cfg.beta1), t);
   const double bc2 = 1.0 - pow(static_cast<double>(cfg.beta2), t);
@@ -729,7 +769,9 @@ __global__ void vocab_target_k(const float* logits, const float* mx, const std::
 }
 template <int = 0>
 __global__ void vocab_grad_k(const float* logits, const float* mx, const float* sumexp, const std::int32_t* labels,
-                             float* out, std::size_t rows, std::size_t cols, std::int64_t first, float scale) {
+                             float* out, std::size_t rows, std::size_t cols, std::int64_t first, float share,
+                             const float* loss_scale) {
+  const float scale = times_loss_scale(share, loss_scale);
   CONCERTO_GRID_STRIDE(i, rows * cols) {
     const std::size_t r = i / cols, c = i % cols;
     const float g = scale / sumexp[r] * expf(logits[i] - mx[r]);
@@ -1260,17 +1302,36 @@ inline void scale_table_grad(const float* x, const float* dout, float* dtable, s
                                                                                                                cols, accumulate);
   detail::launched("scale_table_grad");
 }
-/// @brief bf16 values widened to f32, exactly (core/bfloat16.hpp's from_bf16).
-inline void widen_bf16(const std::uint16_t* x, float* out, std::size_t n, cudaStream_t s) {
-  if (n == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::widen_bf16_k<>)(x, out, n);
-  detail::launched("widen_bf16");
+namespace detail {
+template <ir::dtype From>
+void launch_convert(const void* x, ir::dtype to, void* out, std::size_t n, cudaStream_t s) {
+  switch (to) {
+  case ir::dtype::f32: CONCERTO_CUDA_LAUNCH(grid_for(n), block, 0, s, convert_k<From, ir::dtype::f32>)(x, out, n); return;
+  case ir::dtype::bf16: CONCERTO_CUDA_LAUNCH(grid_for(n), block, 0, s, convert_k<From, ir::dtype::bf16>)(x, out, n); return;
+  case ir::dtype::f16: CONCERTO_CUDA_LAUNCH(grid_for(n), block, 0, s, convert_k<From, ir::dtype::f16>)(x, out, n); return;
+  case ir::dtype::i32:
+  case ir::dtype::i64: break;
+  }
+  fail("cuda::convert: " + std::string(ir::to_string(to)) + " is not a float type (f32, bf16, f16)");
 }
-/// @brief f32 values rounded to bf16, to nearest even (core/bfloat16.hpp's to_bf16).
-inline void round_to_bf16(const float* x, std::uint16_t* out, std::size_t n, cudaStream_t s) {
+} // namespace detail
+/// @brief n values of float type `from` into float type `to` (f32, bf16, f16): widening to f32
+/// is exact, narrowing rounds to nearest even, as core/bfloat16.hpp and core/float16.hpp do on
+/// the host; between bf16 and f16 through f32. A dispatch stages a 16-bit operand with it
+/// (widened into the workspace before an f32 kernel, rounded back after) and `cast` runs it.
+/// @code
+/// cuda::convert(ir::dtype::f16, d_half, ir::dtype::f32, d_wide, n, stream);
+/// @endcode
+inline void convert(ir::dtype from, const void* x, ir::dtype to, void* out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::round_to_bf16_k<>)(x, out, n);
-  detail::launched("round_to_bf16");
+  switch (from) {
+  case ir::dtype::f32: detail::launch_convert<ir::dtype::f32>(x, to, out, n, s); break;
+  case ir::dtype::bf16: detail::launch_convert<ir::dtype::bf16>(x, to, out, n, s); break;
+  case ir::dtype::f16: detail::launch_convert<ir::dtype::f16>(x, to, out, n, s); break;
+  case ir::dtype::i32:
+  case ir::dtype::i64: fail("cuda::convert: " + std::string(ir::to_string(from)) + " is not a float type (f32, bf16, f16)");
+  }
+  detail::launched("convert");
 }
 /// @brief GELU (tanh approximation), as cpu::gelu.
 inline void gelu(const float* x, float* out, std::size_t n, cudaStream_t s) {
@@ -1609,12 +1670,14 @@ inline void cross_entropy(const float* logits, const std::int32_t* targets, floa
   CONCERTO_CUDA_LAUNCH(1, 1024, 0, s, detail::cross_entropy_mean_k<>)(logits, targets, lse, loss, rows, classes, share);
   detail::launched("cross_entropy");
 }
-/// @brief `dlogits = dloss·(softmax(logits) - onehot)/rows`.
+/// @brief `dlogits = dloss·(softmax(logits) - onehot)/rows`, times `*loss_scale` (device, read
+/// when the kernel runs) under dynamic loss scaling.
 inline void cross_entropy_grad(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
-                               std::size_t rows, std::size_t classes, float dloss, cudaStream_t s) {
+                               std::size_t rows, std::size_t classes, float dloss, cudaStream_t s,
+                               const float* loss_scale = nullptr) {
   CONCERTO_CHECK(rows > 0, "cross_entropy_grad: the mean over rows needs at least one row");
   CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * classes), detail::block, 0, s, detail::cross_entropy_grad_k<>)(
-      logits, targets, lse, dlogits, rows, classes, dloss / static_cast<float>(rows));
+      logits, targets, lse, dlogits, rows, classes, dloss / static_cast<float>(rows), loss_scale);
   detail::launched("cross_entropy_grad");
 }
 /// @brief Mean squared error times `share` into `loss[0]` (device), summed in double.
@@ -1623,11 +1686,13 @@ inline void mse(const float* pred, const float* target, float* loss, std::size_t
   CONCERTO_CUDA_LAUNCH(1, 1024, 0, s, detail::mse_k<>)(pred, target, loss, n, share);
   detail::launched("mse");
 }
-/// @brief `dpred = dloss·2·(pred - target)/n`.
-inline void mse_grad(const float* pred, const float* target, float* dpred, std::size_t n, float dloss, cudaStream_t s) {
+/// @brief `dpred = dloss·2·(pred - target)/n`, times `*loss_scale` (device, read when the kernel
+/// runs) under dynamic loss scaling.
+inline void mse_grad(const float* pred, const float* target, float* dpred, std::size_t n, float dloss, cudaStream_t s,
+                     const float* loss_scale = nullptr) {
   CONCERTO_CHECK(n > 0, "mse_grad: the mean needs at least one value");
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::mse_grad_k<>)(pred, target, dpred, n,
-                                                                   2.0f * dloss / static_cast<float>(n));
+                                                                   2.0f * dloss / static_cast<float>(n), loss_scale);
   detail::launched("mse_grad");
 }
 /// @brief `out[i,:] = table[ids[i] - first_row, :]`; ids outside the table give zero rows, and
@@ -1652,23 +1717,27 @@ inline void embedding_grad(const std::int32_t* ids, const float* dout, float* dt
 }
 /// @brief SGD update in place (as cpu::sgd_update) at the rate `schedule` gives the device's step
 /// counter `step` (from 1, read when the kernel runs); `momentum_buf` may be null when momentum is 0.
+/// `norm_sq` (device, or null) is the squared global gradient norm that clipping to `max_norm`
+/// scales by; with `loss_scale` (device, or null: no loss scaling) the gradients are that many
+/// times the true ones and nothing is written when `norm_sq` is not finite (runtime/grad_clip.hpp).
 inline void sgd_update(float* params, const float* grads, float* momentum_buf, std::size_t n, const cpu::sgd_config& cfg,
                        const lr_schedule& schedule, const std::int64_t* step, const float* norm_sq, float max_norm,
-                       cudaStream_t s) {
+                       cudaStream_t s, const float* loss_scale = nullptr) {
   if (n == 0) return;
   CONCERTO_CHECK(cfg.momentum == 0.0f || momentum_buf != nullptr, "sgd_update: momentum needs a momentum buffer");
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sgd_k<>)(params, grads, cfg.momentum == 0.0f ? nullptr : momentum_buf,
-                                                              n, cfg, schedule, step, norm_sq, max_norm);
+                                                              n, cfg, schedule, step, norm_sq, max_norm, loss_scale);
   detail::launched("sgd_update");
 }
 /// @brief AdamW update in place (as cpu::adamw_update) at the rate `schedule` gives; `step` points
-/// to the device's step counter (from 1), read when the kernel runs.
+/// to the device's step counter (from 1), read when the kernel runs. `norm_sq` and `loss_scale`
+/// as for sgd_update: under loss scaling an overflowed step leaves params, m and v as they were.
 inline void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n, const cpu::adamw_config& cfg,
                          const lr_schedule& schedule, const std::int64_t* step, const float* norm_sq, float max_norm,
-                         cudaStream_t s) {
+                         cudaStream_t s, const float* loss_scale = nullptr) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::adamw_k<>)(params, grads, m, v, n, cfg, schedule, step,
-                                                                                    norm_sq, max_norm);
+                                                                                    norm_sq, max_norm, loss_scale);
   detail::launched("adamw_update");
 }
 /// @brief `*out = Σ x² / replicas` over n values (cpu::sum_of_squares), one block.
@@ -1739,13 +1808,14 @@ inline void vocab_ce_target(const float* logits, const float* max, const std::in
   CONCERTO_CUDA_LAUNCH(detail::grid_for(rows), detail::block, 0, s, detail::vocab_target_k<>)(logits, max, labels, out, rows, cols, first_col);
   detail::launched("vocab_ce_target");
 }
-/// @brief `out = scale·(exp(logits - max)/sumexp - onehot)` over this rank's columns (vocab_ce_grad).
+/// @brief `out = scale·(exp(logits - max)/sumexp - onehot)` over this rank's columns (vocab_ce_grad),
+/// times `*loss_scale` (device, read when the kernel runs) under dynamic loss scaling.
 inline void vocab_ce_grad(const float* logits, const float* max, const float* sumexp, const std::int32_t* labels,
                           float* out, std::size_t rows, std::size_t cols, std::int64_t first_col, float scale,
-                          cudaStream_t s) {
+                          cudaStream_t s, const float* loss_scale = nullptr) {
   if (rows * cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols), detail::block, 0, s, detail::vocab_grad_k<>)(logits, max, sumexp, labels, out, rows,
-                                                                              cols, first_col, scale);
+                                                                              cols, first_col, scale, loss_scale);
   detail::launched("vocab_ce_grad");
 }
 /// @brief `loss[0] = Σ_r (log sumexp[r] - target[r]) / global_rows`, summed in double (vocab_ce_loss).

@@ -192,10 +192,12 @@ __global__ void moe_group_counts_k(const float* logits, float* count, float* row
   }
 }
 // Thread t: dlogits of token t, the softmax backward of its kept gates' gradient plus the
-// balance loss's (cpu::moe_route_grad).
+// balance loss's (cpu::moe_route_grad). Under dynamic loss scaling the balance loss's part is
+// scaled too (dgates already are), by the scale read when the kernel runs.
 template <int = 0>
 __global__ void moe_route_grad_k(const float* logits, const float* gates, const float* dgates, const float* count,
-                                 float* dlogits, moe_dims d, float aux_scale) {
+                                 float* dlogits, moe_dims d, float weight, const float* loss_scale) {
+  const float aux_scale = times_loss_scale(weight, loss_scale);
   for (std::size_t t = grid_first(); t < d.tokens(); t += grid_step()) {
     const std::size_t E = d.experts, g = t / d.group;
     const float per = aux_scale * static_cast<float>(E) / static_cast<float>(d.group * d.top_k * d.group);
@@ -229,15 +231,18 @@ inline void moe_route(const float* logits, float* gates, const cpu::moe_shape& s
   detail::launched("moe_route");
 }
 /// @brief cpu::moe_route_grad on the device; `workspace` holds moe_workspace_floats(moe_route_grad).
+/// Under dynamic loss scaling the balance loss's gradient is also times `*loss_scale` (device,
+/// read when the kernel runs).
 inline void moe_route_grad(const float* logits, const float* gates, const float* dgates, float* dlogits,
-                           const cpu::moe_shape& s, float aux_scale, float* workspace, cudaStream_t st) {
+                           const cpu::moe_shape& s, float aux_scale, float* workspace, cudaStream_t st,
+                           const float* loss_scale = nullptr) {
   detail::moe_check(s, "moe_route_grad");
   if (s.tokens() == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(s.groups), detail::block, 0, st, detail::moe_group_counts_k<>)(
       logits, workspace, dlogits, detail::dims_of(s));
   detail::launched("moe_route_grad");
   CONCERTO_CUDA_LAUNCH(detail::grid_for(s.tokens()), detail::block, 0, st, detail::moe_route_grad_k<>)(
-      logits, gates, dgates, workspace, dlogits, detail::dims_of(s), aux_scale);
+      logits, gates, dgates, workspace, dlogits, detail::dims_of(s), aux_scale, loss_scale);
   detail::launched("moe_route_grad");
 }
 /// @brief Each (token, expert)'s slot into `slot` (tokens·experts i32 of workspace).

@@ -31,11 +31,11 @@
 #include <concerto/runtime/buffers.hpp>
 #include <concerto/runtime/collective_layout.hpp>
 #include <concerto/runtime/dispatch.hpp>
-#include <concerto/runtime/mpi/bf16_reduce.hpp>
 #include <concerto/runtime/mpi/control.hpp>
 #include <concerto/runtime/mpi/channel.hpp>
 #include <concerto/runtime/mpi/communicator.hpp>
 #include <concerto/runtime/mpi/environment.hpp>
+#include <concerto/runtime/mpi/float16_reduce.hpp>
 
 #include <mpi.h>
 
@@ -175,15 +175,15 @@ public:
   [[nodiscard]] std::optional<runtime::non_finite_output> first_non_finite(const ir::task& t) {
     for (const auto b : t.writes) {
       const auto type = arena_.type(b);
-      if ((type != ir::dtype::f32 && type != ir::dtype::bf16) ||
+      if ((type != ir::dtype::f32 && !ir::is_16bit_float(type)) ||
           graph_->buffers[static_cast<std::size_t>(b)].role == ir::buffer_role::workspace)
         continue;
-      if (type == ir::dtype::bf16) {
+      if (ir::is_16bit_float(type)) {
         const auto raw = arena_.bytes(b);
         const std::span<const std::uint16_t> values(reinterpret_cast<const std::uint16_t*>(raw.data()), raw.size() / 2);
-        const auto bad = std::ranges::find_if(values, [](std::uint16_t v) { return !std::isfinite(from_bf16(v)); });
+        const auto bad = std::ranges::find_if(values, [&](std::uint16_t v) { return !std::isfinite(widen_16bit(type, v)); });
         if (bad != values.end())
-          return runtime::non_finite_output{.buffer = b, .element = bad - values.begin(), .value = from_bf16(*bad)};
+          return runtime::non_finite_output{.buffer = b, .element = bad - values.begin(), .value = widen_16bit(type, *bad)};
         continue;
       }
       const auto values = arena_.f32(b);
@@ -297,11 +297,12 @@ private:
   }
 
   // The MPI type of a reduction's elements; MPI_DATATYPE_NULL for the dtypes MPI does not reduce
-  // here. bf16 travels as 16-bit words that bf16_op combines.
+  // here. bf16 and f16 travel as 16-bit words that float16_op combines.
   static MPI_Datatype reduce_type(ir::dtype d) noexcept {
     switch (d) {
     case ir::dtype::f32: return MPI_FLOAT;
-    case ir::dtype::bf16: return MPI_UINT16_T;
+    case ir::dtype::bf16:
+    case ir::dtype::f16: return MPI_UINT16_T;
     case ir::dtype::i32: return MPI_INT32_T;
     case ir::dtype::i64: return MPI_INT64_T;
     default: return MPI_DATATYPE_NULL;
@@ -326,7 +327,10 @@ private:
     c.comm = lanes_.at(static_cast<std::size_t>(t.stream)).get();
     if (l.reduces) {
       c.type = reduce_type(bin.type);
-      c.op = bin.type == ir::dtype::bf16 ? bf16_op(l.op) : l.op == reduction::max ? MPI_MAX : l.op == reduction::min ? MPI_MIN : MPI_SUM;
+      c.op = ir::is_16bit_float(bin.type) ? float16_op(bin.type, l.op)
+             : l.op == reduction::max     ? MPI_MAX
+             : l.op == reduction::min     ? MPI_MIN
+                                          : MPI_SUM;
     }
     c.count = static_cast<int>(l.count);
     c.peer = l.peer;

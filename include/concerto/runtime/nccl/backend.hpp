@@ -41,7 +41,8 @@
 /// capture forbids), step 2 is captured into one CUDA graph across all streams and every later
 /// step replays it: the host then only launches the graph. Kernel settings are baked into the
 /// graph except the optimizer step (read from device memory); after changing `settings()`, call
-/// `invalidate_graph()`. A step that threw while being captured leaves the streams capturing:
+/// `invalidate_graph()`. What the kernels read from buffers is read at run time, so a value the
+/// host writes between steps (`write`: dynamic loss scaling's scale) needs no new capture. A step that threw while being captured leaves the streams capturing:
 /// the next `begin_step` (or `write` / `read`) ends that capture and drops the partial graph,
 /// so the backend captures again.
 ///

@@ -6,6 +6,7 @@
 // cuBLASLt does, so a product whose layouts do not fit fails here as on a device.
 #include "../cuda_emulation.hpp"
 #include "cuda_bf16.h"
+#include "cuda_fp16.h"
 
 #include <cstdint>
 #include <cstring>
@@ -16,7 +17,7 @@ enum cublasStatus_t {
   CUBLAS_STATUS_INVALID_VALUE = 7,
   CUBLAS_STATUS_NOT_SUPPORTED = 15,
 };
-enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
 using cudaDataType = cudaDataType_t;
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 };
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
@@ -153,7 +154,7 @@ inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPrefere
 
 namespace cuda_emulation::lt {
 // The shapes of a product as cuBLASLt checks them: op(A) is m x k, op(B) k x n, C and D m x n,
-// one batch count (or 1) for all, inputs of one type, fp32 inputs with an fp32 output.
+// one batch count (or 1) for all, inputs of one type, an output of fp32 or the inputs' type.
 inline cublasStatus_t check(const cublasLtMatmulDescOpaque_t& d, const cublasLtMatrixLayoutOpaque_t& a,
                             const cublasLtMatrixLayoutOpaque_t& b, const cublasLtMatrixLayoutOpaque_t& c,
                             const cublasLtMatrixLayoutOpaque_t& out) {
@@ -161,17 +162,19 @@ inline cublasStatus_t check(const cublasLtMatmulDescOpaque_t& d, const cublasLtM
   const auto kb = d.trans_b == CUBLAS_OP_N ? b.rows : b.cols, n = d.trans_b == CUBLAS_OP_N ? b.cols : b.rows;
   if (k != kb || c.rows != m || c.cols != n || out.rows != m || out.cols != n) return CUBLAS_STATUS_INVALID_VALUE;
   if (a.batch != b.batch || a.batch != c.batch || c.batch != out.batch || c.type != out.type) return CUBLAS_STATUS_INVALID_VALUE;
-  if (a.type != b.type || (a.type == CUDA_R_32F && c.type != CUDA_R_32F)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a.type != b.type || (c.type != CUDA_R_32F && c.type != a.type)) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (d.compute != CUBLAS_COMPUTE_32F && !(d.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a.type == CUDA_R_32F))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
 }
 inline float load(const void* p, cudaDataType_t t, std::int64_t i) {
   if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
+  if (t == CUDA_R_16F) return __half2float(static_cast<const __half*>(p)[i]);
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }
 inline void store(void* p, cudaDataType_t t, std::int64_t i, float v) {
   if (t == CUDA_R_32F) static_cast<float*>(p)[i] = v;
+  else if (t == CUDA_R_16F) static_cast<__half*>(p)[i] = __float2half(v);
   else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
 }
 inline void run(const cublasLtMatmulDescOpaque_t& d, float al, const void* A, const cublasLtMatrixLayoutOpaque_t& a,

@@ -11,6 +11,7 @@
 // ncclGroupStart and ncclGroupEnd are issued together at the end, as NCCL does.
 #include "../cuda_emulation.hpp"
 #include "cuda_bf16.h"
+#include "cuda_fp16.h"
 
 #include <mpi.h>
 
@@ -98,9 +99,9 @@ inline double load(const std::byte* p, ncclDataType_t t, std::size_t i) {
   case ncclFloat32: return reinterpret_cast<const float*>(p)[i];
   case ncclFloat64: return reinterpret_cast<const double*>(p)[i];
   case ncclBfloat16: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
-  case ncclFloat16: break;
+  case ncclFloat16: return __half2float(reinterpret_cast<const __half*>(p)[i]);
   }
-  throw std::logic_error("NCCL emulation: fp16 reductions are not emulated");
+  throw std::logic_error("NCCL emulation: an unknown data type");
 }
 inline void store(std::byte* p, ncclDataType_t t, std::size_t i, double v) {
   switch (t) {
@@ -113,9 +114,9 @@ inline void store(std::byte* p, ncclDataType_t t, std::size_t i, double v) {
   case ncclFloat32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); return;
   case ncclFloat64: reinterpret_cast<double*>(p)[i] = v; return;
   case ncclBfloat16: reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(static_cast<float>(v)); return;
-  case ncclFloat16: break;
+  case ncclFloat16: reinterpret_cast<__half*>(p)[i] = __float2half(static_cast<float>(v)); return;
   }
-  throw std::logic_error("NCCL emulation: fp16 reductions are not emulated");
+  throw std::logic_error("NCCL emulation: an unknown data type");
 }
 
 // Every rank's `bytes` from `send`, in rank order.
@@ -124,6 +125,8 @@ inline std::vector<std::byte> gather(const ncclComm& c, const void* send, std::s
   if (bytes > 0) MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, all.data(), static_cast<int>(bytes), MPI_BYTE, c.mpi);
   return all;
 }
+// The float types whose sums are fp32 sums.
+inline bool is_float32_sum(ncclDataType_t t) { return t == ncclFloat32 || t == ncclBfloat16 || t == ncclFloat16; }
 // Elements [first, first + count) reduced over the ranks' blocks of `block` elements, in rank
 // order (float types in fp32 as NCCL does, then stored in the buffer's type).
 inline void reduce(const ncclComm& c, const std::vector<std::byte>& all, std::size_t block, std::size_t first,
@@ -134,7 +137,7 @@ inline void reduce(const ncclComm& c, const std::vector<std::byte>& all, std::si
     for (int r = 1; r < c.size; ++r) {
       const double v = load(all.data() + static_cast<std::size_t>(r) * block_bytes, t, first + i);
       switch (op) {
-      case ncclSum: case ncclAvg: acc = t == ncclFloat32 || t == ncclBfloat16 ? static_cast<float>(acc) + static_cast<float>(v) : acc + v; break;
+      case ncclSum: case ncclAvg: acc = is_float32_sum(t) ? static_cast<float>(acc) + static_cast<float>(v) : acc + v; break;
       case ncclProd: acc *= v; break;
       case ncclMax: acc = v > acc ? v : acc; break;
       case ncclMin: acc = v < acc ? v : acc; break;
