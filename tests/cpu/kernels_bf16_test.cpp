@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <vector>
@@ -172,4 +173,26 @@ TEST_CASE("the loss scale: a loss gradient multiplies by it, an update divides b
   update.run();
   const double clip = 0.5 / (0.25 * std::sqrt(8.0) + 1e-6);
   CHECK(std::abs(update.mem.f32(0)[0] - (1.0 - 0.5 * 0.25 * clip)) < 1e-6);
+}
+
+TEST_CASE("the f16 span conversions (the CPU's converters where it has them) give the portable conversion's bits",
+          "[precision][cpu]") {
+  std::vector<std::uint16_t> every(0x10000);
+  for (std::size_t i = 0; i < every.size(); ++i) every[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> wide(every.size());
+  runtime::widen_16bit(ir::dtype::f16, every, wide);
+  int widened = 0;
+  for (std::size_t i = 0; i < every.size(); ++i) {
+    const float want = from_f16(every[i]);
+    widened += std::memcmp(&wide[i], &want, sizeof want) == 0;
+  }
+  CHECK(widened == 0x10000); // signalling NaNs too: both quiet them
+  std::vector<float> values;
+  for (std::uint32_t bits = 0; bits < 0xffffffffu - 0x10001u; bits += 0x10001u) values.push_back(std::bit_cast<float>(bits));
+  for (float v : {65519.0f, 65520.0f, 0x1p-25f, 0x1.8p-25f, 1.0f + 0x1p-11f, -0.0f}) values.push_back(v);
+  std::vector<std::uint16_t> rounded(values.size());
+  runtime::round_to_16bit(ir::dtype::f16, values, rounded);
+  int same = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) same += rounded[i] == to_f16(values[i]);
+  CHECK(same == static_cast<int>(values.size()));
 }

@@ -39,11 +39,12 @@ namespace concerto {
   return static_cast<std::uint16_t>(sign | q);
 }
 
-/// @brief f16 to f32, exactly (subnormals, infinities and NaN included).
+/// @brief f16 to f32, exactly (subnormals and infinities included); a NaN comes out quiet, as
+/// the CPU's and GPU's own converters give it.
 [[nodiscard]] constexpr float from_f16(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa != 0 ? 0x400000u : 0u) | (mantissa << 13));
   if (exponent == 0) { // zero or subnormal: mantissa · 2^-24
     const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
     return sign != 0 ? -magnitude : magnitude;
