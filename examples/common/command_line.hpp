@@ -100,9 +100,17 @@ inline void add_text_model_options(CLI::App& app, text_model_settings& s, const 
   app.add_option("--cost-preset", s.cost_preset, "the planner's cost model (cpu-netns: the emulated cluster's)")
       ->capture_default_str();
   app.add_option("--json", s.json, "write the result of every policy to this file (a JSON array)");
+  auto* automatic = app.add_flag("--auto", s.auto_shard,
+                                 "every spec chosen by automatic sharding for the mesh, shapes and --cost-preset (not --sp, --pp)");
+  app.add_flag("--explain", s.explain, "with --auto: print each leaf's spec, the collectives, memory and the alternatives")
+      ->needs(automatic);
+  app.add_option("--memory-cap-mib", s.memory_cap_mib, "with --auto: peak memory per rank the sharding must respect")
+      ->check(positive)
+      ->needs(automatic);
   // The trainer's options train one plan; several plans compared run the text loop alone.
   // (parse_complete_callback: the pipeline options and the Llama's checks take final_callback.)
   app.parse_complete_callback([&app, &s] {
+    if (s.auto_shard && s.sp) throw CLI::ValidationError("--auto", "decides the layout itself: leave out --sp");
     if (s.policy.find(',') == std::string::npos && s.schedule.find(',') == std::string::npos) return;
     for (const char* name : {"--data", "--val-every", "--save", "--resume", "--metrics"})
       if (app.count(name) > 0)

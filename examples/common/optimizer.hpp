@@ -1,6 +1,6 @@
 #pragma once
-// The text-trained examples' optimizer: AdamW and its learning-rate schedule from the shared
-// command line (common/settings.hpp).
+// The text-trained examples' optimizer (AdamW and its learning-rate schedule) and step options
+// from the shared command line (common/settings.hpp).
 #include "settings.hpp"
 
 #include <concerto/runtime/lr_schedule.hpp>
@@ -18,6 +18,17 @@ inline concerto::train::optimizer_settings optimizer_of(const text_model_setting
                        .decay_steps = s.steps,
                        .min_ratio = s.min_lr_ratio},
           .clip_norm = s.clip};
+}
+
+/// The step options of every run: the policy, lowering and cost preset the example gives, with
+/// --precision, --memory-cap-mib and, for a model written with auto_ (--auto), --explain.
+inline concerto::train::step_options step_options_of(const text_model_settings& s, concerto::planner::policy policy,
+                                                     concerto::lower_options lower) {
+  concerto::train::step_options o{.policy = policy, .lower = std::move(lower), .cost_preset = s.cost_preset};
+  o.precision = o.lower.precision;
+  if (s.memory_cap_mib > 0) o.memory_cap_bytes = std::int64_t{s.memory_cap_mib} << 20;
+  o.sharding.explain = s.explain;
+  return o;
 }
 
 } // namespace examples

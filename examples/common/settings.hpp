@@ -28,6 +28,9 @@ struct text_model_settings {
   int log_every = 10;                   ///< a progress line every N steps
   std::string export_path;              ///< write the trained parameters here (safetensors)
   std::string export_dtype = "f32";     ///< f32 or bf16
+  bool auto_shard = false;              ///< every spec chosen by automatic sharding (docs/auto-sharding.md)
+  bool explain = false;                 ///< with auto_shard: print what it chose, why, and the alternatives
+  int memory_cap_mib = 0;               ///< with auto_shard: peak memory per rank the sharding respects (0: none)
   std::string schedule = "1f1b"; ///< pipeline schedule, or a comma-separated list
   std::string policy = "concerto", text = "/usr/share/common-licenses/GPL-3", cost_preset = "cpu", json;
 };

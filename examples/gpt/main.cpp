@@ -22,7 +22,9 @@
 // emulated cluster's); --json FILE writes every plan's result (median measured step time,
 // predicted time, lower bound, every step's time) as one JSON array. One plan trains with the
 // trainer of examples/common/trainer.hpp: --data DIR (token shards), --clip, --val-every,
-// --save/--resume, --metrics, --export (docs/training.md). --help lists every option.
+// --save/--resume, --metrics, --export (docs/training.md). --auto leaves every spec to automatic
+// sharding for the mesh and shapes (--explain prints what it chose and why, --memory-cap-mib
+// bounds the memory per rank; docs/auto-sharding.md). --help lists every option.
 #include "../common/command_line.hpp"
 #include "../common/optimizer.hpp"
 #include "../common/policy_runs.hpp"
@@ -54,15 +56,17 @@ int train_on(const graph::program<N>& model, const settings& s) {
   if (pipelined) axes.insert(axes.begin(), axis_request{"pp", s.pp, ir::link_class::inter_node});
   const auto m = mesh::from_world(world, axes);
   // Characters as ids (the vocabulary padded so that it splits over tp), or token shards whose
-  // rows each data-parallel rank reads for itself.
-  examples::batch_source source(s, examples::slice_of(m, runtime::mpi::environment::world_rank(), {"dp"}));
+  // rows each data-parallel rank reads for itself (under --auto every rank reads the whole batch:
+  // the layout of the tokens is chosen later).
+  examples::batch_source source(s, examples::slice_of(m, runtime::mpi::environment::world_rank(),
+                                                      s.auto_shard ? std::vector<std::string>{} : std::vector<std::string>{"dp"}));
   const auto vocab = source.vocab();
   const shape_map shapes = gpt_model::shapes(s.batch, s.seq, vocab, s.hidden);
+  const lower_options lower{.name = "gpt", .heads = s.heads, .precision = ir::parse_precision(s.precision, "--precision"),
+                            .depth = {{"layers", s.layers}}};
   const auto make = [&](const std::string& name) {
-    train::step_options o{.policy = pipelined ? examples::plan_policies(s.policy).front() : planner::parse_policy(name, "--policy"),
-                          .lower = {.name = "gpt", .heads = s.heads, .depth = {{"layers", s.layers}}},
-                          .precision = ir::parse_precision(s.precision, "--precision"),
-                          .cost_preset = s.cost_preset};
+    auto o = examples::step_options_of(
+        s, pipelined ? examples::plan_policies(s.policy).front() : planner::parse_policy(name, "--policy"), lower);
     if (pipelined) o.pipeline = {.microbatches = s.microbatches, .schedule = name, .virtual_stages = s.virtual_stages};
     return train::compile(model, m, shapes, examples::optimizer_of(s), std::move(o));
   };
@@ -108,7 +112,8 @@ int main(int argc, char** argv) {
   examples::add_pipeline_options(app, s);
   if (const auto status = examples::parse_or_exit(app, argc, argv)) return *status;
   return runtime::mpi::run_or_abort([&] {
-    if (s.sp) train_on(gpt_sp, s);
+    if (s.auto_shard) train_on(gpt_model::gpt_auto, s);
+    else if (s.sp) train_on(gpt_sp, s);
     else train_on(gpt_tp, s);
   });
 }

@@ -17,7 +17,9 @@
 // computes the same validation loss in PyTorch). A comma-separated --policy compiles one step per policy
 // on the same ranks and runs them in turn, step by step (the order rotating each round); each
 // prints its median measured step, and --json FILE writes every result (median measured step
-// time, predicted time, lower bound) as one JSON array. --help lists every option (flags.cpp). It is built
+// time, predicted time, lower bound) as one JSON array. --auto leaves the dense model's specs and
+// ZeRO stage to automatic sharding (--explain, --memory-cap-mib; docs/auto-sharding.md). --help
+// lists every option (flags.cpp). It is built
 // in concerto's separately compiled mode (CMake: concerto::mpi_compiled; docs/training.md).
 #include "../common/optimizer.hpp"
 #include "../common/policy_runs.hpp"
@@ -54,21 +56,21 @@ int train_on(const graph::program<N>& model, const settings& s) {
                         : std::vector<axis_request>{{"dp", -1}, {"tp", s.tp}};
   const auto m = mesh::from_world(world, axes);
   // The tokens' rows split over dp (and ep): each rank reads its own.
-  examples::batch_source source(s, examples::slice_of(m, runtime::mpi::environment::world_rank(),
-                                                      moe ? std::vector<std::string>{"dp", "ep"} : std::vector<std::string>{"dp"}));
+  // (Under --auto every rank reads the whole batch: the layout of the tokens is chosen later.)
+  const auto token_axes = s.auto_shard ? std::vector<std::string>{}
+                          : moe        ? std::vector<std::string>{"dp", "ep"}
+                                       : std::vector<std::string>{"dp"};
+  examples::batch_source source(s, examples::slice_of(m, runtime::mpi::environment::world_rank(), token_axes));
   const auto vocab = source.vocab();
   const shape_map shapes = moe ? llama_model::moe_shapes(s.batch, s.seq, vocab, s.hidden, s.heads, s.kv_heads, s.experts, ffn)
                                : llama_model::shapes(s.batch, s.seq, vocab, s.hidden, s.heads, s.kv_heads, ffn);
+  const lower_options lower{.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
+                            .precision = ir::parse_precision(s.precision, "--precision"), .depth = {{"layers", s.layers}}};
   const auto policies = examples::plan_policies(s.policy);
   std::vector<train::basic_step<>> runs;
   runs.reserve(policies.size());
   for (const auto& policy : policies)
-    runs.push_back(train::compile(model, m, shapes, examples::optimizer_of(s),
-                                  {.policy = policy,
-                                   .lower = {.name = "llama", .heads = s.heads, .rope_theta = s.rope_theta,
-                                             .depth = {{"layers", s.layers}}},
-                                   .precision = ir::parse_precision(s.precision, "--precision"),
-                                   .cost_preset = s.cost_preset}));
+    runs.push_back(train::compile(model, m, shapes, examples::optimizer_of(s), examples::step_options_of(s, policy, lower)));
   if (runs.front().rank() == 0) {
     std::printf("llama: %d layers, hidden %d, %d heads (%d k/v heads), ffn %d, seq %d, batch %d, vocab %lld, %s\n", s.layers,
                 s.hidden, s.heads, s.kv_heads, ffn, s.seq, s.batch, static_cast<long long>(vocab), source.describe().c_str());
@@ -114,6 +116,10 @@ int main(int argc, char** argv) {
   settings s;
   if (const auto status = llama_example::parse_command_line(argc, argv, s)) return *status;
   return runtime::mpi::run_or_abort([&] {
+    if (s.auto_shard) {
+      train_on(llama_model::llama_auto, s);
+      return;
+    }
     if (s.experts > 0) {
       // As above: the programs are constants made by the compiler.
       static constexpr auto switch_moe = llama_model::make_moe<llama_model::top1>();

@@ -14,6 +14,8 @@
 // block), and the outputs return by the opposite all-to-all to the gate-weighted combine. Expert
 // weights [E, h, f] are split over ep and summed over dp; the others are summed over dp and ep.
 // tests/mpi/train_moe_test.cpp checks it.
+#include "../common/layouts.hpp"
+
 #include <concerto/concerto.hpp>
 
 namespace llama_model {
@@ -22,32 +24,31 @@ using namespace concerto;
 inline constexpr axis<"dp"> dp;
 inline constexpr axis<"tp"> tp;
 
-inline constexpr auto vec = spec(replicate);
-inline constexpr auto col = spec(replicate, shard(tp));
-inline constexpr auto row = spec(shard(tp), replicate);
-inline constexpr auto tokens = spec(shard(dp), replicate);
+using examples::layouts::col, examples::layouts::row, examples::layouts::tokens, examples::layouts::vec;
+using examples::layouts::decided, examples::layouts::megatron;
 
 // Pre-norm grouped-query self-attention with rotary embeddings, added to the residual h.
-template <auto Residual, class H, class P>
-constexpr auto attend(H h, P positions) {
-  auto a = rmsnorm(h, param<"attn_norm.g">(vec, init::ones));
-  auto q = rope(matmul(a, param<"wq">(col)), positions);
-  auto k = rope(matmul(a, param<"wk">(col)), positions);
-  auto v = matmul(a, param<"wv">(col));
-  return h + matmul(causal_attention(q, k, v), param<"wo">(row)).to(Residual);
+template <auto Residual, class H, class P, class Layout = megatron>
+constexpr auto attend(H h, P positions, Layout = {}) {
+  auto a = rmsnorm(h, param<"attn_norm.g">(Layout::vec, init::ones));
+  auto q = rope(matmul(a, param<"wq">(Layout::col)), positions);
+  auto k = rope(matmul(a, param<"wk">(Layout::col)), positions);
+  auto v = matmul(a, param<"wv">(Layout::col));
+  return h + Layout::template residual<Residual>(matmul(causal_attention(q, k, v), param<"wo">(Layout::row)));
 }
 
-template <auto Residual, auto Optimizer = adamw{}>
+template <auto Residual, auto Optimizer = adamw{}, class Layout = megatron>
 constexpr auto make() {
   constexpr auto block = [](auto h) {
-    auto h2 = attend<Residual>(h, data<"positions">(tokens));
-    auto m = rmsnorm(h2, param<"ffn_norm.g">(vec, init::ones));
-    return h2 + matmul(swiglu(matmul(m, param<"w1">(col)), matmul(m, param<"w3">(col))), param<"w2">(row)).to(Residual);
+    auto h2 = attend<Residual>(h, data<"positions">(Layout::tokens), Layout{});
+    auto m = rmsnorm(h2, param<"ffn_norm.g">(Layout::vec, init::ones));
+    return h2 + Layout::template residual<Residual>(
+                    matmul(swiglu(matmul(m, param<"w1">(Layout::col)), matmul(m, param<"w3">(Layout::col))), param<"w2">(Layout::row)));
   };
-  constexpr auto h0 = embedding(data<"ids">(tokens), param<"wte">(row)).to(Residual);
+  constexpr auto h0 = Layout::template residual<Residual>(embedding(data<"ids">(Layout::tokens), param<"wte">(Layout::row)));
   constexpr auto hn = repeat<"layers">(block, h0);
-  constexpr auto logits = matmul(rmsnorm(hn, param<"norm.g">(vec, init::ones)), param<"head">(col));
-  return program(cross_entropy(logits, data<"labels">(tokens)), Optimizer);
+  constexpr auto logits = matmul(rmsnorm(hn, param<"norm.g">(Layout::vec, init::ones)), param<"head">(Layout::col));
+  return program(cross_entropy(logits, data<"labels">(Layout::tokens)), Optimizer);
 }
 
 inline constexpr axis<"ep"> ep;
@@ -82,6 +83,7 @@ inline constexpr auto replicated_residual = spec(shard(dp), replicate, replicate
 inline constexpr auto sequence_parallel_residual = spec(shard(dp), shard(tp), replicate);
 inline constexpr auto llama_tp = make<replicated_residual>();
 inline constexpr auto llama_sp = make<sequence_parallel_residual>();
+inline constexpr auto llama_auto = make<spec(replicate, replicate, replicate), adamw{}, decided>();
 
 /// Shapes of a model with `heads` query heads and `kv_heads` k/v heads of hidden / heads lanes,
 /// and a feed-forward width of `ffn` (Llama: about 8/3 of hidden, rounded).

@@ -231,8 +231,11 @@ inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
   const int gone = last - first;
   r.out.rank = static_cast<std::int8_t>(x.rank - gone);
   r.out.partial = r.need[0].partial;
-  for (int d = 0; d < r.out.rank; ++d)
-    for (int k = 0; k < max_dim_axes; ++k) r.out.dims[d][k] = r.need[0].dims[d <= first ? d : d + gone][k];
+  // (The bounds on max_rank hold whenever the caller checked the dims; they let g++ see it when
+  // the compiler's passes run at run time, graph/respecify.hpp.)
+  for (int d = 0; d < r.out.rank && d < max_rank; ++d)
+    if (const int from = d <= first ? d : d + gone; from < max_rank)
+      for (int k = 0; k < max_dim_axes; ++k) r.out.dims[d][k] = r.need[0].dims[from][k];
   return r;
 }
 
@@ -243,7 +246,7 @@ inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
   r.need[0] = x;
   r.out.rank = static_cast<std::int8_t>(x.rank + 1);
   r.out.partial = x.partial;
-  for (int d = 0; d < r.out.rank; ++d)
+  for (int d = 0; d < r.out.rank && d < max_rank; ++d)
     for (int k = 0; k < max_dim_axes; ++k) r.out.dims[d][k] = d == dim + 1 ? std::int8_t{-1} : x.dims[d <= dim ? d : d - 1][k];
   return r;
 }
@@ -319,6 +322,7 @@ inline constexpr labels conv_output{{'b', 'h', 'w', 'o'}};
 
 /// @brief The spec of `s`'s tensor with dimensions `d` and `d + 1` swapped (transpose<d>).
 [[nodiscard]] constexpr pspec swap_dims(pspec s, int d) noexcept {
+  if (d < 0 || d + 1 >= max_rank) return s; // callers check; the bound is for g++'s eyes at run time
   for (int i = 0; i < max_dim_axes; ++i) {
     const auto a = s.dims[d][i];
     s.dims[d][i] = s.dims[d + 1][i];

@@ -682,8 +682,14 @@ private:
     }
     return std::string(r.name.view()) + "." + std::to_string(cur_layer_) + "." + base;
   }
+  // A data leaf holds ids (i64), and so does every redistribution of one (a batch of ids
+  // gathered or sliced for a layout automatic sharding chose); every other value is f32.
+  [[nodiscard]] bool holds_ids(int i) const {
+    while (is_redistribution(p_.nodes[i].op) || p_.nodes[i].op == op_code::repeat_in) i = p_.nodes[i].in[0];
+    return p_.nodes[i].op == op_code::data;
+  }
   ir::buffer_id new_buffer(int i) {
-    const auto type = p_.nodes[i].op == op_code::data ? ir::dtype::i64 : value_type;
+    const auto type = holds_ids(i) ? ir::dtype::i64 : value_type;
     const auto& shape = local_of(i);
     const auto role = buffer_role_of(p_.nodes[i].kind);
     if (const auto& want = want_padded_[static_cast<std::size_t>(i)]; want.dim >= 0 && first_rows(shape, want.dim)) {

@@ -38,6 +38,7 @@ struct program_info {
   axis_table axes{};
   leaf_name names[max_leaves]{};
   leaf_init inits[max_leaves]{}; ///< each parameter's initialiser, by leaf
+  std::uint8_t free_dims[max_leaves]{}; ///< each leaf's dims written auto_ (a bit per dim), by leaf
   int name_count = 0;
   std::int16_t leaf_node[max_leaves]{};
   std::int16_t grad_of[max_leaves]{};
@@ -48,6 +49,15 @@ struct program_info {
   int zero_axis = -1;
   repeat_info repeats[max_repeats]{};
   int repeat_count = 0;
+  int raw_size = 0;  ///< the traced expression (program::raw), which graph/respecify.hpp compiles again
+  int raw_root = -1; ///< its loss
+
+  /// @brief Whether some leaf has a dimension written auto_ (automatic sharding decides it).
+  [[nodiscard]] constexpr bool has_free_dims() const noexcept {
+    for (int l = 0; l < name_count; ++l)
+      if (free_dims[l] != 0) return true;
+    return false;
+  }
 };
 
 /// @brief A compiled training step of N nodes (nodes are in execution order: forward, backward,
@@ -55,6 +65,9 @@ struct program_info {
 template <std::size_t N>
 struct program : program_info {
   node nodes[N]{};
+  /// The expression as traced, one node per distinct subexpression with the specs the program
+  /// wrote (the compiler's pass 1): what automatic sharding compiles again with other leaf specs.
+  node raw[N]{};
 
   /// @brief Index of a repeat by name, -1 if the program has none of that name.
   [[nodiscard]] constexpr int repeat_index(std::string_view name) const noexcept {
@@ -380,16 +393,21 @@ struct diagnose {
   static constexpr bool ok = true; // the asserts above speak; a second, silent one would only add noise
 };
 
+// The compiler's result into a program (at compile time through finish, at run time into one
+// on the heap: graph/respecify.hpp).
 template <std::size_t N, class W>
-constexpr program<N> finish(const W& w) noexcept {
-  program<N> p;
+constexpr void fill(program<N>& p, const W& w) noexcept {
   p.size = w.n;
   for (int i = 0; i < w.n; ++i) p.nodes[i] = w.nodes[i];
+  p.raw_size = w.raw_n;
+  p.raw_root = w.raw_root;
+  for (int i = 0; i < w.raw_n; ++i) p.raw[i] = w.raw[i];
   p.axes = w.axes;
   p.name_count = w.name_count;
   for (int l = 0; l < max_leaves; ++l) {
     p.names[l] = w.names[l];
     p.inits[l] = w.inits[l];
+    p.free_dims[l] = w.free_dims[l];
     p.leaf_node[l] = w.leaf_node[l];
     p.grad_of[l] = w.grad_of[l];
     p.update_of[l] = w.update_of[l];
@@ -400,6 +418,12 @@ constexpr program<N> finish(const W& w) noexcept {
   p.zero_axis = w.zero_axis;
   p.repeat_count = w.repeat_count;
   for (int k = 0; k < max_repeats; ++k) p.repeats[k] = w.repeats[k];
+}
+
+template <std::size_t N, class W>
+constexpr program<N> finish(const W& w) noexcept {
+  program<N> p;
+  fill(p, w);
   return p;
 }
 
@@ -409,6 +433,7 @@ template <std::size_t M, std::size_t N>
 void widen_into(program<M>& out, const program<N>& p) noexcept {
   static_cast<program_info&>(out) = p;
   for (int i = 0; i < p.size; ++i) out.nodes[i] = p.nodes[i];
+  for (int i = 0; i < p.raw_size; ++i) out.raw[i] = p.raw[i];
 }
 
 } // namespace detail
@@ -425,7 +450,7 @@ template <expression E, optimizer Opt, class Mesh = mesh_decl<>>
   constexpr auto w = graph::detail::compile<E, std::remove_cvref_t<Opt>, Mesh>();
   static_assert(graph::detail::diagnose<w.err, graph::detail::describe(w)>::ok);
   if constexpr (w.err != errc::none) return graph::program<1>{};
-  else return graph::detail::finish<static_cast<std::size_t>(w.n)>(w);
+  else return graph::detail::finish<static_cast<std::size_t>(w.n > w.raw_n ? w.n : w.raw_n)>(w);
 }
 
 } // namespace concerto

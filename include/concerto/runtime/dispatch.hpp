@@ -270,7 +270,7 @@ inline void run_attention_grad(cpu_frame& f) {
 // A loss gradient's factor: its share of the mean (kernel_call::scale) times, under dynamic loss
 // scaling, the step's loss scale (the balance loss's part for the routing's gradient).
 inline float loss_gradient_scale(cpu_frame& f) {
-  return f.c.loss_scale < 0 ? f.c.scale : f.c.scale * f.floats(f.c.loss_scale)[0];
+  return loss_gradient_factor(f.c.scale, f.c.loss_scale < 0 ? nullptr : f.floats(f.c.loss_scale).data());
 }
 
 inline void run_cross_entropy(cpu_frame& f) {
@@ -297,11 +297,10 @@ inline void run_embedding(cpu_frame& f) {
 // when the update reads the global norm, and by one over the loss scale under loss scaling;
 // nothing to apply (nullopt) when the loss-scaled step overflowed.
 inline std::optional<float> grad_scale(cpu_frame& f) {
-  if (f.c.grad_norm_sq < 0) return 1.0f;
-  const float norm_sq = f.floats(f.c.grad_norm_sq)[0];
-  if (f.c.loss_scale < 0) return clip_factor(f.s.clip_norm, norm_sq);
-  if (overflowed(norm_sq)) return std::nullopt;
-  return gradient_factor(f.s.clip_norm, norm_sq, f.floats(f.c.loss_scale)[0]);
+  const auto at = [&](int operand) { return operand < 0 ? nullptr : f.floats(operand).data(); };
+  float factor;
+  if (!update_factor(at(f.c.grad_norm_sq), at(f.c.loss_scale), f.s.clip_norm, factor)) return std::nullopt;
+  return factor;
 }
 
 inline void run_adamw(cpu_frame& f) {
@@ -412,7 +411,7 @@ inline void run_moe(cpu_frame& f) {
 }
 
 // cast: f32 to bf16 or f16 rounds to nearest even, back to f32 is exact, one type to itself
-// copies; between the two 16-bit types through f32, one value at a time.
+// copies; between the two 16-bit types through f32, a block at a time.
 inline void run_cast(cpu_frame& f) {
   const auto from = f.c.in[0], to = f.c.out[0];
   const auto from_type = f.type(from), to_type = f.type(to);
@@ -427,9 +426,12 @@ inline void run_cast(cpu_frame& f) {
   } else {
     const auto src = f.bits_of(from);
     const auto dst = f.bits_of(to);
-    for (std::size_t i = 0; i < src.size(); ++i) {
-      const float v = widen_16bit(from_type, src[i]);
-      round_to_16bit(to_type, std::span(&v, 1), dst.subspan(i, 1));
+    std::array<float, 1024> wide; // a block at a time, so both conversions run vectorised
+    for (std::size_t i = 0; i < src.size(); i += wide.size()) {
+      const std::size_t n = std::min(wide.size(), src.size() - i);
+      const std::span block(wide.data(), n);
+      widen_16bit(from_type, src.subspan(i, n), block);
+      round_to_16bit(to_type, block, dst.subspan(i, n));
     }
   }
 }

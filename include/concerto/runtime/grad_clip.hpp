@@ -44,4 +44,28 @@ namespace concerto::runtime {
   return (std::bit_cast<std::uint32_t>(norm_sq) & 0x7f800000u) == 0x7f800000u;
 }
 
+/// @brief The factor an update scales its gradient by, from the step's global squared norm and
+/// loss scale as they lie in memory (either null when the update does not read it): 1 without
+/// the norm, the clipping factor with it, and under loss scaling the clipping factor of the
+/// unscaled norm over the scale. false when the loss-scaled step overflowed: the update then
+/// writes nothing. One rule for the CPU dispatch and the GPU kernels.
+[[nodiscard]] CONCERTO_HOST_DEVICE inline bool update_factor(const float* norm_sq, const float* loss_scale, float max_norm,
+                                                             float& factor) {
+  factor = 1.0f;
+  if (norm_sq == nullptr) return true;
+  if (loss_scale == nullptr) {
+    factor = clip_factor(max_norm, *norm_sq);
+    return true;
+  }
+  if (overflowed(*norm_sq)) return false;
+  factor = gradient_factor(max_norm, *norm_sq, *loss_scale);
+  return true;
+}
+
+/// @brief A loss gradient's factor: its share of the mean times, under dynamic loss scaling
+/// (`loss_scale` not null), the step's loss scale as it lies in memory.
+[[nodiscard]] CONCERTO_HOST_DEVICE inline float loss_gradient_factor(float share, const float* loss_scale) {
+  return loss_scale == nullptr ? share : share * *loss_scale;
+}
+
 } // namespace concerto::runtime

@@ -42,6 +42,16 @@ template <mesh_axis_type... Axes>
   return {};
 }
 
+/// @brief The dimension's placement is chosen by automatic sharding (autoshard/search.hpp):
+/// replicated, or split over one or two mesh axes, whichever gives the fastest step under the
+/// memory cap. Until it is chosen (a program compiled as written) it is replicated.
+/// @code
+/// constexpr auto w1 = param<"w1">(spec(auto_, auto_)); // decide both dimensions
+/// constexpr auto x = input<"x">(spec(auto_, replicate)); // the batch dimension only
+/// @endcode
+struct auto_t {};
+inline constexpr auto_t auto_{};
+
 /// @brief Every rank of the axis holds a part of a sum that has not been made yet.
 template <mesh_axis_type Axis>
 struct partial_t {};
@@ -57,7 +67,9 @@ struct spec_value {
   int rank = 0;
   axis_name dims[max_rank][max_dim_axes]{};
   axis_name partial[max_dim_axes]{};
+  std::uint8_t free = 0; ///< bit per dimension written auto_: replicated until automatic sharding chooses
   friend constexpr bool operator==(const spec_value&, const spec_value&) = default;
+  [[nodiscard]] constexpr bool is_free(int d) const noexcept { return (free >> d & 1u) != 0; }
 };
 
 namespace detail {
@@ -69,6 +81,14 @@ template <>
 struct placement_traits<replicate_t> {
   static constexpr bool is_placement = true, is_dim = true;
   static constexpr void apply(spec_value& s) { ++s.rank; }
+};
+template <>
+struct placement_traits<auto_t> {
+  static constexpr bool is_placement = true, is_dim = true;
+  static constexpr void apply(spec_value& s) {
+    if (s.rank < max_rank) s.free = static_cast<std::uint8_t>(s.free | (1u << s.rank));
+    ++s.rank;
+  }
 };
 template <mesh_axis_type... A>
 struct placement_traits<shard_t<A...>> {
@@ -144,7 +164,7 @@ template <class... Placements>
 [[nodiscard]] constexpr auto spec(Placements...) noexcept {
   using result = spec_t<std::remove_cvref_t<Placements>...>;
   static_assert((detail::placement_traits<std::remove_cvref_t<Placements>>::is_placement && ...),
-                "spec(...) takes placements only: shard(axis...), replicate or partial(axis)");
+                "spec(...) takes placements only: shard(axis...), replicate, auto_ or partial(axis)");
   static_assert(result::value.rank <= max_rank,
                 "spec has more than 4 dimensions or more than 2 partial axes: concerto specs describe up to 4 "
                 "dimensions and 2 pending sums");
@@ -169,13 +189,14 @@ template <class... P>
 }
 [[nodiscard]] constexpr spec_value to_value(const spec_value& s) noexcept { return s; }
 
-/// @brief Compact text: `[dp,R]`, `[(dp,tp),R]`, `[R,tp]+P(tp)`, `[]` for a scalar.
+/// @brief Compact text: `[dp,R]`, `[(dp,tp),R]`, `[R,tp]+P(tp)`, `[auto,R]`, `[]` for a scalar.
 [[nodiscard]] inline std::string to_string(const spec_value& s) {
   std::string out = "[";
   for (int d = 0; d < s.rank; ++d) {
     if (d) out += ",";
     const auto& ax = s.dims[d];
-    if (ax[0].empty()) out += "R";
+    if (s.is_free(d)) out += "auto";
+    else if (ax[0].empty()) out += "R";
     else if (ax[1].empty()) out += ax[0].view();
     else {
       out += '(';

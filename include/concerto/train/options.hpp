@@ -73,6 +73,14 @@ inline std::filesystem::path env_path(const char* name) {
 } // namespace detail
 
 /// @brief How a step is planned and run.
+/// @brief How train::compile chooses the specs of a program whose leaves are written `auto_`
+/// (docs/auto-sharding.md): for the step's mesh, shapes, lowering, cost preset and memory cap.
+struct sharding_options {
+  bool explain = false;    ///< print the whole account (each leaf's spec, collectives, memory, alternatives), not two lines
+  int keep = 3;            ///< the best candidates the planner schedules before the final choice
+  bool decide_zero = true; ///< also choose the ZeRO stage and its axis
+};
+
 struct step_options {
   planner::policy policy = planner::policy::concerto; ///< planner/policy.hpp
   /// Time the graph's CPU kernels before planning and price each with its measured factor
@@ -91,7 +99,10 @@ struct step_options {
   planner::windowed_options solver{.time_budget_s = 10, .progress = false};
   bool decompose = true;             ///< concerto policy: split exposed collectives with their matmuls
   bool bucket = true;                ///< concerto policy: fuse small gradient collectives
-  std::optional<std::int64_t> memory_cap_bytes; ///< peak memory per rank the plan must respect
+  std::optional<std::int64_t> memory_cap_bytes; ///< peak memory per rank the plan (and an automatic sharding) must respect
+  /// A program with leaves written auto_: how their specs are chosen (rank 0 chooses before the
+  /// step is lowered, the choice is kept in the cache folder beside the plans).
+  sharding_options sharding{};
   /// Applied to the lowered graph before planning, on rank 0 (experiments and tests, e.g. forcing
   /// a decomposition the cost model would not choose). Must keep the graph's buffers and names.
   std::function<ir::graph(const ir::graph&)> rewrite;

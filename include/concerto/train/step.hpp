@@ -48,6 +48,7 @@
 #include <concerto/train/plan_choice.hpp>
 #include <concerto/train/planning.hpp>
 #include <concerto/train/program_facts.hpp>
+#include <concerto/train/sharding.hpp>
 #include <concerto/train/step_checks.hpp>
 #include <concerto/train/tensors.hpp>
 
@@ -179,7 +180,7 @@ public:
     prepare();
     start_pending_plan();
     tensors_.write_inputs(*backend_, load);
-    const float loss_scale = last_loss_scale_ = write_loss_scale();
+    const float loss_scale = write_loss_scale();
     ++parameters_version_;
     const auto& rep = run_step();
     if (!options_.trace_dir.empty()) write_trace("measured", rep.measured);
@@ -406,12 +407,14 @@ private:
     return sq;
   }
   // Under loss scaling: the scale this step multiplies its loss gradient by, written where its
-  // tasks read it (before the step, outside any captured graph); 1 otherwise.
+  // tasks read it (before the step, outside any captured graph); 1 otherwise. The step's
+  // gradients carry it (last_loss_scale_).
   float write_loss_scale() {
-    if (loss_scale_ < 0) return 1.0f;
-    const float scale = scaler_.scale();
-    backend_->write(loss_scale_, std::as_bytes(std::span(&scale, 1)));
-    return scale;
+    last_loss_scale_ = 1.0f;
+    if (loss_scale_ < 0) return last_loss_scale_;
+    last_loss_scale_ = scaler_.scale();
+    backend_->write(loss_scale_, std::as_bytes(std::span(&last_loss_scale_, 1)));
+    return last_loss_scale_;
   }
 
   // The executor's step; a message names tasks by the lowering's names, and says what the
@@ -532,19 +535,35 @@ public:
   // which a constructor's arguments are evaluated is unspecified.
   step(const graph::program<N>& p, const concerto::mesh& m, const shape_map& shapes, optimizer_settings opt,
        step_options o)
+      : step(p, m, shapes, opt, o, detail::decide_sharding(p, m, shapes, opt, o)) {}
+
+  /// @brief For a program written with auto_: the sharding chosen (the same on every rank), and
+  /// whether rank 0 found it in the cache; nullopt for a program written by hand.
+  [[nodiscard]] const std::optional<detail::decided_sharding>& sharding() const noexcept { return sharding_; }
+
+private:
+  step(const graph::program<N>& p, const concerto::mesh& m, const shape_map& shapes, const optimizer_settings& opt,
+       const step_options& o, std::optional<detail::decided_sharding> decided)
       : basic_step<Backend>(graph::detail::at_lowering_size(
                                 p,
                                 [&](const auto& sized) {
-                                  return detail::lower_for_step(
-                                      sized, detail::microbatch_shapes(sized, shapes, o.pipeline.microbatches), m,
-                                      detail::lowering_options(o, opt, m));
+                                  return detail::with_sharding(sized, decided, [&](const auto& chosen) {
+                                    return detail::lower_for_step(
+                                        chosen, detail::microbatch_shapes(chosen, shapes, o.pipeline.microbatches), m,
+                                        detail::lowering_options(o, opt, m));
+                                  });
                                 }),
                             graph::detail::at_lowering_size(
                                 p,
                                 [&](const auto& sized) {
-                                  return graph::detail::lower_sized(sized, shapes, m, detail::evaluation_lowering_options(o));
+                                  return detail::with_sharding(sized, decided, [&](const auto& chosen) {
+                                    return graph::detail::lower_sized(chosen, shapes, m, detail::evaluation_lowering_options(o));
+                                  });
                                 }),
-                            m, shapes, opt, o) {}
+                            m, shapes, opt, o),
+        sharding_(std::move(decided)) {}
+
+  std::optional<detail::decided_sharding> sharding_;
 };
 
 /// @brief Compiles a training step: lowers `p` for `m` and `shapes`; plans on the first call.

@@ -551,12 +551,6 @@ __global__ void attention_dkv_k(const float* q, const float* k, const float* v, 
 }
 
 // ---- losses ---------------------------------------------------------------------------------
-// A loss gradient's factor `s` times, under dynamic loss scaling, the step's loss scale, read
-// from device memory when the kernel runs: a captured graph replays with the value the host
-// wrote before the step (null: no loss scaling).
-__device__ inline float times_loss_scale(float s, const float* loss_scale) {
-  return loss_scale == nullptr ? s : s * *loss_scale;
-}
 template <int = 0>
 __global__ void cross_entropy_rows_k(const float* logits, const std::int32_t* targets, float* lse, std::size_t classes,
                                      int* status, int code) {
@@ -591,7 +585,7 @@ __global__ void cross_entropy_mean_k(const float* logits, const std::int32_t* ta
 template <int = 0>
 __global__ void cross_entropy_grad_k(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
                                      std::size_t rows, std::size_t classes, float share, const float* loss_scale) {
-  const float s = times_loss_scale(share, loss_scale);
+  const float s = loss_gradient_factor(share, loss_scale);
   CONCERTO_GRID_STRIDE(i, rows * classes) {
     const std::size_t r = i / classes, c = i % classes;
     const float g = s * expf(logits[i] - lse[r]);
@@ -612,7 +606,7 @@ __global__ void mse_k(const float* pred, const float* target, float* loss, std::
 template <int = 0>
 __global__ void mse_grad_k(const float* pred, const float* target, float* dpred, std::size_t n, float share,
                            const float* loss_scale) {
-  const float s = times_loss_scale(share, loss_scale);
+  const float s = loss_gradient_factor(share, loss_scale);
   CONCERTO_GRID_STRIDE(i, n) dpred[i] = s * (pred[i] - target[i]);
 }
 
@@ -645,23 +639,7 @@ __global__ void embedding_grad_k(const std::int32_t* ids, const float* dout, flo
 
 // ---- optimizers -----------------------------------------------------------------------------
 // The step (and with it the scheduled rate), the squared gradient norm and the loss scale are
-// read from device memory, so that a captured CUDA graph replays with the current ones.
-//
-// The factor an update scales its gradient by (runtime/grad_clip.hpp): 1 without the norm, the
-// clipping factor with it, and under loss scaling (`loss_scale` not null) the clipping factor of
-// the unscaled norm over the scale; false when the loss-scaled step overflowed, and the update
-// then writes nothing.
-__device__ inline bool update_factor(const float* norm_sq, const float* loss_scale, float max_norm, float& factor) {
-  factor = 1.0f;
-  if (norm_sq == nullptr) return true;
-  if (loss_scale == nullptr) {
-    factor = clip_factor(max_norm, *norm_sq);
-    return true;
-  }
-  if (overflowed(*norm_sq)) return false;
-  factor = gradient_factor(max_norm, *norm_sq, *loss_scale);
-  return true;
-}
+// read from device memory, so that a captured CUDA graph replays with the current ones. The gradient's factor is runtime::update_factor.
 template <int = 0>
 __global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, cpu::sgd_config cfg, lr_schedule schedule,
                       const std::int64_t* step, const float* norm_sq, float max_norm, const float* loss_scale) {
@@ -771,7 +749,7 @@ template <int = 0>
 __global__ void vocab_grad_k(const float* logits, const float* mx, const float* sumexp, const std::int32_t* labels,
                              float* out, std::size_t rows, std::size_t cols, std::int64_t first, float share,
                              const float* loss_scale) {
-  const float scale = times_loss_scale(share, loss_scale);
+  const float scale = loss_gradient_factor(share, loss_scale);
   CONCERTO_GRID_STRIDE(i, rows * cols) {
     const std::size_t r = i / cols, c = i % cols;
     const float g = scale / sumexp[r] * expf(logits[i] - mx[r]);

@@ -197,7 +197,7 @@ __global__ void moe_group_counts_k(const float* logits, float* count, float* row
 template <int = 0>
 __global__ void moe_route_grad_k(const float* logits, const float* gates, const float* dgates, const float* count,
                                  float* dlogits, moe_dims d, float weight, const float* loss_scale) {
-  const float aux_scale = times_loss_scale(weight, loss_scale);
+  const float aux_scale = loss_gradient_factor(weight, loss_scale);
   for (std::size_t t = grid_first(); t < d.tokens(); t += grid_step()) {
     const std::size_t E = d.experts, g = t / d.group;
     const float per = aux_scale * static_cast<float>(E) / static_cast<float>(d.group * d.top_k * d.group);

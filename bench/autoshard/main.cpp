@@ -1,0 +1,118 @@
+// Automatic sharding on the examples' GPT and Llama (every spec written auto_) at the benchmark
+// workloads' sizes, on a dp x tp mesh of the cost preset's machines: how long the search and the
+// planning of its best candidates take, what it chose, and its planned step next to the
+// hand-written Megatron layout of the examples (given to the search as a seed, so it is planned
+// under the same planner) and the other seeds. With --exhaustive (the MLP) every sharding is priced
+// too, and the search's best list-schedule step is compared with the true optimum of that judge.
+//
+//   bench_autoshard --model gpt --world 32 --tp 8 --layers 40 --hidden 5120 --heads 40 --seq 2048 --batch 16 --vocab 50304
+//   bench_autoshard --model llama --world 64 --tp 8 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --seq 8192 --batch 8 --vocab 32000
+//   bench_autoshard --model mlp --world 8 --tp 4 --batch 64 --hidden 4096 --exhaustive
+#include "gpt/model.hpp"
+#include "llama/model.hpp"
+
+#include <concerto/autoshard/search.hpp>
+#include <concerto/concerto.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+using namespace concerto;
+
+namespace {
+
+struct settings {
+  std::string model = "gpt", preset = "h100x64", precision = "bf16";
+  int world = 32, tp = 8, layers = 2, hidden = 1024, heads = 16, kv_heads = 0, ffn = 0, seq = 1024, batch = 16, vocab = 50304;
+  double cap_gib = 0;
+  bool exhaustive = false;
+};
+
+constexpr auto mlp_spec = spec(auto_, auto_);
+constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(mlp_spec), param<"w1">(mlp_spec))), param<"w2">(mlp_spec)),
+                                 input<"target">(mlp_spec)),
+                             adamw{});
+
+// The hand-written program's spec of every leaf the automatic one decides.
+template <std::size_t A, std::size_t H>
+graph::sharding_choice as_written(const graph::program<A>& automatic, const graph::program<H>& hand) {
+  graph::sharding_choice c{.zero_stage = hand.zero_stage};
+  for (int l = 0; l < automatic.name_count; ++l)
+    if (automatic.free_dims[l] != 0) c.leaves.push_back({std::string(automatic.names[l].view()), hand.spec_of(automatic.names[l].view())});
+  return c;
+}
+
+// Every sharding priced (autoshard::enumerate_all), next to the search's best on the same judge.
+template <std::size_t N>
+void exhaustive(const graph::program<N>& p, const mesh& m, const shape_map& shapes, const cost::model& model,
+                const autoshard::options& o, double search_best_us) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto all = autoshard::enumerate_all(p, m, shapes, model, o);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double best = all.best.list_step_us;
+  std::printf("exhaustive: %ld shardings priced in %.1f s; optimum of the list-schedule judge %.1f us, the search's best %.1f us "
+              "(gap %.2f%%)\n",
+              all.priced, s, best, search_best_us, 100.0 * (search_best_us - best) / best);
+  std::printf("  the optimum: %s\n", autoshard::detail::key_of(all.best.choice).c_str());
+}
+
+template <std::size_t A, std::size_t H>
+void run(const graph::program<A>& automatic, const graph::program<H>* hand, const shape_map& shapes, const settings& s) {
+  const auto m = mesh::from_world(s.world, {{"dp", -1, ir::link_class::inter_node}, {"tp", s.tp}});
+  autoshard::options o;
+  o.lower = {.heads = s.heads, .precision = ir::parse_precision(s.precision, "--precision")};
+  if (automatic.repeat_count > 0) o.lower.depth = {{"layers", s.layers}};
+  if (s.cap_gib > 0) o.memory_cap_bytes = static_cast<std::int64_t>(s.cap_gib * (1LL << 30));
+  if (hand) o.seeds.push_back({"hand-written (Megatron TP over tp, DP over dp)", as_written(automatic, *hand)});
+  const auto model = cost::model::preset(s.preset);
+  const auto r = autoshard::choose(automatic, m, shapes, model, o);
+  std::printf("%s: %d layers, hidden %d, seq %d, batch %d on %d ranks (dp %d x tp %d), %s, preset %s\n", s.model.c_str(), s.layers,
+              s.hidden, s.seq, s.batch, s.world, s.world / s.tp, s.tp, s.precision.c_str(), s.preset.c_str());
+  std::printf("%s", r.explain().c_str());
+  if (s.exhaustive) {
+    double best = std::numeric_limits<double>::infinity();
+    for (const auto& c : r.planned) best = std::min(best, c.list_step_us);
+    exhaustive(automatic, m, shapes, model, o, best);
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  settings s;
+  CLI::App app{"Automatic sharding's search time and choice on the benchmark models"};
+  app.add_option("--model", s.model, "gpt, llama or mlp")->check(CLI::IsMember({"gpt", "llama", "mlp"}));
+  app.add_option("--world", s.world, "ranks");
+  app.add_option("--tp", s.tp, "size of the mesh's tp axis (intra-node); dp takes the rest (inter-node)");
+  app.add_option("--layers", s.layers, "depth");
+  app.add_option("--hidden", s.hidden, "width");
+  app.add_option("--heads", s.heads, "attention heads");
+  app.add_option("--kv-heads", s.kv_heads, "Llama: key/value heads (default: heads)");
+  app.add_option("--ffn", s.ffn, "Llama: feed-forward width (default: 8/3 of hidden, rounded up to 8)");
+  app.add_option("--seq", s.seq, "sequence length");
+  app.add_option("--batch", s.batch, "global batch (sequences; the MLP's rows)");
+  app.add_option("--vocab", s.vocab, "vocabulary");
+  app.add_option("--precision", s.precision, "fp32, bf16 or fp16");
+  app.add_option("--preset", s.preset, "cost model preset");
+  app.add_option("--cap-gib", s.cap_gib, "memory cap per rank in GiB (0: none)");
+  app.add_flag("--exhaustive", s.exhaustive, "also price every sharding (the MLP: a few thousand)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (s.model == "gpt") run(gpt_model::gpt_auto, &gpt_model::gpt_tp, gpt_model::shapes(s.batch, s.seq, s.vocab, s.hidden), s);
+    else if (s.model == "llama") {
+      const int kv = s.kv_heads > 0 ? s.kv_heads : s.heads, ffn = s.ffn > 0 ? s.ffn : (8 * s.hidden / 3 + 7) / 8 * 8;
+      run(llama_model::llama_auto, &llama_model::llama_tp, llama_model::shapes(s.batch, s.seq, s.vocab, s.hidden, s.heads, kv, ffn), s);
+    } else {
+      const shape_map shapes{{"x", {s.batch, s.hidden}}, {"target", {s.batch, s.hidden}}, {"w1", {s.hidden, 4 * s.hidden}},
+                             {"w2", {4 * s.hidden, s.hidden}}};
+      run(mlp, static_cast<const graph::program<1>*>(nullptr), shapes, s);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}

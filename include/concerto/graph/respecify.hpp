@@ -1,0 +1,127 @@
+#pragma once
+/// @file
+/// @brief `respecify(program, choice)`: the program compiled again at run time with other specs
+/// for some leaves and, optionally, another ZeRO stage: what automatic sharding
+/// (autoshard/search.hpp) does with each candidate it prices.
+///
+/// A program keeps its traced expression (`program::raw`: one node per distinct subexpression,
+/// the leaves with the specs the program wrote). The compiler's passes are constexpr functions,
+/// so the same propagation, collective insertion, autodiff and optimizer passes that made the
+/// program at compile time run here on that trace with the chosen leaf specs; a mistake a choice
+/// makes (a contraction split on one side only, an order of axes a redistribution cannot reach)
+/// is the compiler's own error code, reported instead of a program.
+///
+/// @code
+/// constexpr auto step = program(loss, adamw{}, on(dp, tp));  // w1 written spec(auto_, auto_)
+/// graph::sharding_choice c;
+/// c.leaves.push_back({"w1", to_value(spec(replicate, shard(tp)))});
+/// auto r = graph::respecify(step, c);
+/// if (r.program) ir::graph g = lower(*r.program, shapes, mesh);
+/// @endcode
+
+#include <concerto/graph/lower.hpp>
+#include <concerto/graph/program.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace concerto::graph {
+
+/// @brief What automatic sharding chose for one leaf: its spec (no pending sums).
+struct leaf_choice {
+  std::string leaf;
+  spec_value spec;
+};
+
+/// @brief A sharding of a program: the specs of some leaves (the others keep the program's) and
+/// optionally the ZeRO stage over a mesh axis (stage 0: none).
+struct sharding_choice {
+  std::vector<leaf_choice> leaves;
+  std::optional<int> zero_stage;
+  std::string zero_axis; ///< with zero_stage > 0
+};
+
+/// @brief The size of the program a respecified program<N> is: the lowering's own size (so that
+/// its code is generated once), or N for a larger one.
+template <std::size_t N>
+inline constexpr std::size_t respecified_size = N > detail::lowering_size ? N : detail::lowering_size;
+
+/// @brief The program, or the compiler's error and where it was found.
+template <std::size_t N>
+struct respecified {
+  std::unique_ptr<graph::program<respecified_size<N>>> program;
+  errc err = errc::none;
+  std::string where; ///< the node of the mistake as the program wrote it, e.g. "matmul(x, w1)"
+};
+
+/// @brief Compiles `p` again with the leaf specs and ZeRO stage of `choice`. Throws
+/// concerto::error for a choice that names a leaf the program lacks, gives a spec of another
+/// rank or with pending sums, or a ZeRO stage outside 0-3; a choice the compiler refuses comes
+/// back as `err`.
+template <std::size_t N>
+[[nodiscard]] respecified<N> respecify(const program<N>& p, const sharding_choice& choice) {
+  constexpr std::size_t M = respecified_size<N>;
+  auto w = std::make_unique<detail::work<M, M>>();
+  w->raw_n = p.raw_size;
+  for (int i = 0; i < p.raw_size; ++i) w->raw[i] = p.raw[i];
+  w->raw_root = p.raw_root;
+  w->axes = p.axes;
+  w->name_count = p.name_count;
+  for (int l = 0; l < max_leaves; ++l) {
+    w->names[l] = p.names[l];
+    w->inits[l] = p.inits[l];
+    w->free_dims[l] = p.free_dims[l];
+    w->grad_of[l] = w->update_of[l] = -1;
+  }
+  w->opt = p.optimizer;
+  w->stage = choice.zero_stage.value_or(p.zero_stage);
+  w->zero_axis = p.zero_axis;
+  if (w->stage < 0 || w->stage > 3) fail("respecify: ZeRO stage " + std::to_string(w->stage) + " is not 0, 1, 2 or 3");
+  if (choice.zero_stage && *choice.zero_stage > 0) {
+    w->zero_axis = w->axes.intern(axis_name(choice.zero_axis));
+    if (choice.zero_axis.empty() || w->zero_axis < 0)
+      fail("respecify: ZeRO stage " + std::to_string(w->stage) + " needs a mesh axis (sharding_choice::zero_axis), one of at most " +
+           std::to_string(max_axes) + " the program uses");
+  }
+  w->repeat_count = p.repeat_count;
+  for (int k = 0; k < p.repeat_count; ++k) {
+    const auto& r = p.repeats[k];
+    w->repeats[k] = repeat_info{.name = r.name, .raw_in = r.raw_in, .raw_x = r.raw_x, .raw_out = r.raw_out};
+  }
+  std::vector<bool> used(choice.leaves.size(), false);
+  for (int i = 0; i < w->raw_n; ++i) {
+    node& x = w->raw[i];
+    if (!is_leaf(x.op)) continue;
+    if (x.zero_dim >= 0) { // the trace stored it split for ZeRO-3: back to the spec written
+      x.spec = x.use;
+      x.zero_dim = -1;
+    }
+    const std::string_view name = p.names[x.name].view();
+    for (std::size_t c = 0; c < choice.leaves.size(); ++c) {
+      if (choice.leaves[c].leaf != name) continue;
+      const auto& s = choice.leaves[c].spec;
+      if (s.rank != x.use.rank || !s.partial[0].empty())
+        fail("respecify: the spec " + to_string(s) + " chosen for leaf '" + std::string(name) + "' must have rank " +
+             std::to_string(x.use.rank) + " and no pending sum");
+      pspec chosen;
+      if (!to_pspec(s, w->axes, chosen))
+        return {nullptr, errc::too_many_axes, "leaf '" + std::string(name) + "'"};
+      x.use = x.spec = chosen;
+      x.flags = static_cast<std::uint8_t>(x.flags & ~flag_pinned);
+      w->free_dims[x.name] = 0; // decided: the result is a program written by hand
+      used[c] = true;
+    }
+    w->store_zero3(x);
+  }
+  for (std::size_t c = 0; c < choice.leaves.size(); ++c)
+    if (!used[c]) fail("respecify: the program has no leaf '" + choice.leaves[c].leaf + "'");
+  w->run_passes();
+  if (w->err != errc::none) return {nullptr, w->err, std::string(detail::describe(*w).view())};
+  auto out = std::make_unique<program<M>>();
+  detail::fill(*out, *w);
+  return {std::move(out), errc::none, {}};
+}
+
+} // namespace concerto::graph
