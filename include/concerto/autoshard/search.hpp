@@ -199,10 +199,11 @@ inline std::vector<ir::mesh_axis> split_axes(const mesh& m) {
 struct free_leaf {
   std::string name;
   spec_value written;
-  std::uint8_t free = 0;
+  std::uint8_t free = 0; // bit per dim written auto_
   op_code kind = op_code::param;
   std::vector<std::int64_t> extents; // empty when the shapes do not give it
   int raw = -1;                      // its node in program::raw
+  [[nodiscard]] bool is_free(int d) const noexcept { return (free >> d & 1u) != 0; }
 };
 
 // Every spec the leaf's free dims can take: each free dim replicated or split over one or two
@@ -223,7 +224,7 @@ inline std::vector<spec_value> leaf_specs(const free_leaf& l, const std::vector<
       out.push_back(s);
       return;
     }
-    if (!l.written.is_free(d)) return self(self, s, d + 1);
+    if (!l.is_free(d)) return self(self, s, d + 1);
     self(self, s, d + 1); // replicated
     for (const auto& a : axes) {
       if (uses(s, a.name) || !divides(d, a.size)) continue;
@@ -238,9 +239,7 @@ inline std::vector<spec_value> leaf_specs(const free_leaf& l, const std::vector<
       }
     }
   };
-  spec_value start = l.written;
-  start.free = 0;
-  grow(grow, start, 0);
+  grow(grow, l.written, 0);
   return out;
 }
 
@@ -253,7 +252,7 @@ std::vector<free_leaf> free_leaves(const graph::program<N>& p, const shape_map& 
     free_leaf l;
     l.name = std::string(p.names[x.name].view());
     l.written = to_value(x.zero_dim >= 0 ? x.use : x.spec, p.axes);
-    l.written.free = p.free_dims[x.name];
+    l.free = p.free_dims[x.name];
     l.kind = x.op;
     l.raw = i;
     if (const auto it = shapes.find(l.name); it != shapes.end()) l.extents = it->second;

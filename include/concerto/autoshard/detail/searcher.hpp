@@ -69,11 +69,8 @@ private:
   // Every decided leaf and the ZeRO stage named, so that one sharding has one key.
   void complete(graph::sharding_choice& c) const {
     for (const auto& l : leaves_)
-      if (std::none_of(c.leaves.begin(), c.leaves.end(), [&](const auto& x) { return x.leaf == l.name; })) {
-        spec_value written = l.written;
-        written.free = 0;
-        c.leaves.push_back({l.name, written});
-      }
+      if (std::none_of(c.leaves.begin(), c.leaves.end(), [&](const auto& x) { return x.leaf == l.name; }))
+        c.leaves.push_back({l.name, l.written});
     c.zero_stage = c.zero_stage.value_or(p_.zero_stage);
     if (*c.zero_stage == 0) c.zero_axis.clear();
     else if (c.zero_axis.empty() && p_.zero_axis >= 0) c.zero_axis = std::string(p_.axes.names[p_.zero_axis].view());

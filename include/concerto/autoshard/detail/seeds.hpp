@@ -53,9 +53,8 @@ inline std::vector<std::string> dividing_axes(const std::vector<ir::mesh_axis>& 
 
 inline spec_value batch_split(const free_leaf& l, const std::vector<ir::mesh_axis>& axes, const std::string& except) {
   spec_value s = l.written;
-  s.free = 0;
   // A leaf of rank 1 is not a batch ([seq] positions, a [classes] weight vector).
-  if (!l.written.is_free(0) || l.written.rank < 2) return s;
+  if (!l.is_free(0) || l.written.rank < 2) return s;
   const auto split = dividing_axes(axes, l.extents.empty() ? 0 : l.extents[0], except);
   for (std::size_t i = 0; i < split.size(); ++i) s.dims[0][i] = axis_name(split[i]);
   return s;
@@ -70,7 +69,6 @@ graph::sharding_choice layout_seed(const graph::program<N>& p, const std::vector
   const auto depth = weight_products(p);
   for (const auto& l : leaves) {
     spec_value s = l.written;
-    s.free = 0;
     if (l.kind == op_code::input || l.kind == op_code::data) s = batch_split(l, axes, tensor_axis);
     if (l.kind == op_code::param && !tensor_axis.empty()) {
       int dim = -1;
@@ -86,7 +84,7 @@ graph::sharding_choice layout_seed(const graph::program<N>& p, const std::vector
         if (a.name == tensor_axis) size = a.size;
       const bool divides = l.extents.size() != static_cast<std::size_t>(l.written.rank) ||
                            (dim >= 0 && l.extents[static_cast<std::size_t>(dim)] % size == 0);
-      if (dim >= 0 && l.written.is_free(dim) && divides) s.dims[dim][0] = axis_name(tensor_axis);
+      if (dim >= 0 && l.is_free(dim) && divides) s.dims[dim][0] = axis_name(tensor_axis);
     }
     c.leaves.push_back({l.name, s});
   }
