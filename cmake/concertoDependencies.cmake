@@ -1,5 +1,5 @@
 # Finds what concerto needs and makes imported targets for the libraries that ship
-# no CMake package on Debian (Z3, NCCL). Used by the build and by the installed
+# no CMake package on Debian (Z3, CBC, NCCL). Used by the build and by the installed
 # concertoConfig.cmake, so that consumers resolve the same way.
 include(CMakeFindDependencyMacro)
 
@@ -14,6 +14,14 @@ if(NOT TARGET concerto_z3)
   pkg_check_modules(CONCERTO_Z3 REQUIRED IMPORTED_TARGET z3)
   add_library(concerto_z3 INTERFACE)
   target_link_libraries(concerto_z3 INTERFACE PkgConfig::CONCERTO_Z3)
+endif()
+
+# COIN-OR CBC, the integer-program solver of automatic sharding's exact formulation
+# (autoshard/formulation.hpp): Debian ships a pkg-config file and no CMake config.
+if(NOT TARGET concerto_cbc)
+  pkg_check_modules(CONCERTO_CBC REQUIRED IMPORTED_TARGET cbc)
+  add_library(concerto_cbc INTERFACE)
+  target_link_libraries(concerto_cbc INTERFACE PkgConfig::CONCERTO_CBC)
 endif()
 
 # BLAS with the CBLAS interface (OpenBLAS on Debian) for the CPU kernels.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages concerto needs, only those that are missing.
 set -euo pipefail
-packages=(g++ cmake make pkg-config libz3-dev libopenmpi-dev openmpi-bin librange-v3-dev
+packages=(g++ cmake make pkg-config libz3-dev coinor-libcbc-dev libopenmpi-dev openmpi-bin librange-v3-dev
           libopenblas-dev nlohmann-json3-dev libcatch2-dev libcli11-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do

@@ -4,10 +4,14 @@
 // hand-written Megatron layout of the examples (given to the search as a seed, so it is planned
 // under the same planner) and the other seeds. With --exhaustive (the MLP) every sharding is priced
 // too, and the search's best list-schedule step is compared with the true optimum of that judge.
+// With --compare-solvers the exact formulation of every ZeRO stage is solved by CBC and by Z3 (the
+// time each takes, its objective, the gap it proved); with --iopddl FILE the formulation without
+// ZeRO is written in the IOPDDL contest's format, and its optimum evaluated on the written instance.
 //
 //   bench_autoshard --model gpt --world 32 --tp 8 --layers 40 --hidden 5120 --heads 40 --seq 2048 --batch 16 --vocab 50304
 //   bench_autoshard --model llama --world 64 --tp 8 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --seq 8192 --batch 8 --vocab 32000
 //   bench_autoshard --model mlp --world 8 --tp 4 --batch 64 --hidden 4096 --exhaustive
+//   bench_autoshard --model gpt --world 32 --tp 8 --layers 40 --hidden 5120 --heads 40 --seq 2048 --batch 16 --compare-solvers --iopddl gpt.json
 #include "gpt/model.hpp"
 #include "llama/model.hpp"
 
@@ -18,6 +22,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <string>
 
@@ -29,7 +34,8 @@ struct settings {
   std::string model = "gpt", preset = "h100x64", precision = "bf16";
   int world = 32, tp = 8, layers = 2, hidden = 1024, heads = 16, kv_heads = 0, ffn = 0, seq = 1024, batch = 16, vocab = 50304;
   double cap_gib = 0;
-  bool exhaustive = false;
+  bool exhaustive = false, compare_solvers = false;
+  std::string iopddl;
 };
 
 constexpr auto mlp_spec = spec(auto_, auto_);
@@ -60,6 +66,39 @@ void exhaustive(const graph::program<N>& p, const mesh& m, const shape_map& shap
   std::printf("  the optimum: %s\n", autoshard::detail::key_of(all.best.choice).c_str());
 }
 
+// The exact formulation of each ZeRO stage solved by both solvers; the IOPDDL export of the first.
+template <std::size_t N>
+void formulations(const graph::program<N>& p, const mesh& m, const shape_map& shapes, const cost::model& model,
+                  const autoshard::options& o, const settings& s) {
+  std::vector<std::pair<int, std::string>> stages{{0, ""}};
+  for (int stage = 1; stage <= 3; ++stage)
+    for (const auto* a : {"dp", "tp"}) stages.emplace_back(stage, a);
+  for (const auto& [stage, axis] : stages) {
+    const auto f = autoshard::formulate(p, m, shapes, model,
+                                        {.memory_cap_bytes = o.memory_cap_bytes, .lower = o.lower, .zero_stage = stage, .zero_axis = axis});
+    std::printf("ZeRO-%d%s%-3s %zu nodes, %zu strategies:", stage, stage ? " over " : "", axis.c_str(), f.nodes.size(), f.strategy_count());
+    for (const auto solver : {autoshard::mip_solver::cbc, autoshard::mip_solver::z3}) {
+      const auto started = std::chrono::steady_clock::now();
+      const auto r = autoshard::solve(f, {.time_limit_s = 60, .solver = solver});
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      const char* name = solver == autoshard::mip_solver::cbc ? "CBC" : "Z3";
+      if (r.solutions.empty()) std::printf("  %s %.2f s: %s", name, secs, r.infeasible ? "infeasible" : "no solution");
+      else
+        std::printf("  %s %.2f s: %.1f us%s (bound %.1f)", name, secs, r.solutions[0].cost_us, r.solutions[0].proved ? " proved" : "",
+                    r.solutions[0].lower_bound_us);
+    }
+    std::printf("\n");
+    if (stage == 0 && !s.iopddl.empty()) {
+      const auto instance = autoshard::to_iopddl(f, s.model);
+      std::ofstream(s.iopddl) << instance.dump();
+      const auto best = autoshard::solve(f).solutions.at(0);
+      const auto value = autoshard::evaluate_iopddl(nlohmann::json::parse(std::ifstream(s.iopddl)), best.pick);
+      std::printf("  written to %s; its optimum evaluates there to %lld ns (objective %.3f us)\n", s.iopddl.c_str(),
+                  value ? static_cast<long long>(*value) : -1LL, best.cost_us);
+    }
+  }
+}
+
 template <std::size_t A, std::size_t H>
 void run(const graph::program<A>& automatic, const graph::program<H>* hand, const shape_map& shapes, const settings& s) {
   const auto m = mesh::from_world(s.world, {{"dp", -1, ir::link_class::inter_node}, {"tp", s.tp}});
@@ -73,6 +112,7 @@ void run(const graph::program<A>& automatic, const graph::program<H>* hand, cons
   std::printf("%s: %d layers, hidden %d, seq %d, batch %d on %d ranks (dp %d x tp %d), %s, preset %s\n", s.model.c_str(), s.layers,
               s.hidden, s.seq, s.batch, s.world, s.world / s.tp, s.tp, s.precision.c_str(), s.preset.c_str());
   std::printf("%s", r.explain().c_str());
+  if (s.compare_solvers || !s.iopddl.empty()) formulations(automatic, m, shapes, model, o, s);
   if (s.exhaustive) {
     double best = std::numeric_limits<double>::infinity();
     for (const auto& c : r.planned) best = std::min(best, c.list_step_us);
@@ -100,6 +140,8 @@ int main(int argc, char** argv) {
   app.add_option("--preset", s.preset, "cost model preset");
   app.add_option("--cap-gib", s.cap_gib, "memory cap per rank in GiB (0: none)");
   app.add_flag("--exhaustive", s.exhaustive, "also price every sharding (the MLP: a few thousand)");
+  app.add_flag("--compare-solvers", s.compare_solvers, "solve the exact formulation of each ZeRO stage with CBC and with Z3");
+  app.add_option("--iopddl", s.iopddl, "write the exact formulation (no ZeRO) to this file in the IOPDDL contest's format");
   CLI11_PARSE(app, argc, argv);
   try {
     if (s.model == "gpt") run(gpt_model::gpt_auto, &gpt_model::gpt_tp, gpt_model::shapes(s.batch, s.seq, s.vocab, s.hidden), s);

@@ -1,6 +1,7 @@
 #pragma once
-// The automatic-sharding tests' model: a small language model (an embedding, a stack of residual
-// blocks with a layer norm and a GELU MLP, a head, cross-entropy) with every spec written auto_.
+// The automatic-sharding tests' models, every spec written auto_: a small language model (an
+// embedding, a stack of residual blocks with a layer norm and a GELU MLP, a head, cross-entropy),
+// and an MLP on a dp x tp mesh; the 8-rank mesh they are priced on.
 #include <concerto/concerto.hpp>
 
 namespace auto_lm {
@@ -20,5 +21,17 @@ inline shape_map shapes(std::int64_t batch, std::int64_t seq, std::int64_t vocab
   return {{"ids", {batch, seq}},    {"labels", {batch, seq}},      {"wte", {vocab, hidden}},       {"ln.g", {hidden}},
           {"ln.b", {hidden}},       {"fc1", {hidden, 4 * hidden}}, {"fc2", {4 * hidden, hidden}}, {"head", {hidden, vocab}}};
 }
+
+inline constexpr axis<"dp"> dp;
+inline constexpr axis<"tp"> tp;
+inline constexpr auto auto_mlp = program(
+    mse(matmul(gelu(matmul(input<"x">(free2), param<"w1">(free2))), param<"w2">(free2)), input<"target">(free2)), adamw{}, on(dp, tp));
+
+inline shape_map mlp_shapes(std::int64_t batch, std::int64_t hidden) {
+  return {{"x", {batch, hidden}}, {"target", {batch, hidden}}, {"w1", {hidden, 4 * hidden}}, {"w2", {4 * hidden, hidden}}};
+}
+
+// 8 ranks: dp 2 across nodes, tp 4 within one.
+inline const mesh eight = mesh::from_world(8, {{"dp", 2, ir::link_class::inter_node}, {"tp", 4}});
 
 } // namespace auto_lm

@@ -23,10 +23,11 @@ namespace {
 inline constexpr axis<"dp"> dp;
 inline constexpr axis<"tp"> tp;
 
-// The MLP with every dimension decided, and the same MLP written by hand three ways.
-constexpr auto free2 = spec(auto_, auto_);
-constexpr auto auto_loss = mse(matmul(gelu(matmul(input<"x">(free2), param<"w1">(free2))), param<"w2">(free2)), input<"target">(free2));
-constexpr auto auto_mlp = program(auto_loss, adamw{}, on(dp, tp));
+// The MLP with every dimension decided (auto_lm::auto_mlp), and the same MLP written by hand three ways.
+using auto_lm::auto_mlp; // every dimension decided
+using auto_lm::eight;
+using auto_lm::free2;
+using auto_lm::mlp_shapes;
 
 constexpr auto rows = spec(shard(dp), replicate);
 constexpr auto hand_loss = mse(matmul(gelu(matmul(input<"x">(rows), param<"w1">(spec(replicate, shard(tp))))),
@@ -48,13 +49,6 @@ graph::sharding_choice megatron_choice() {
               {"w2", to_value(spec(shard(tp), replicate))}};
   return c;
 }
-
-shape_map mlp_shapes(std::int64_t batch, std::int64_t hidden) {
-  return {{"x", {batch, hidden}}, {"target", {batch, hidden}}, {"w1", {hidden, 4 * hidden}}, {"w2", {4 * hidden, hidden}}};
-}
-
-// 8 ranks: dp 2 across nodes, tp 4 within one.
-const mesh eight = mesh::from_world(8, {{"dp", 2, ir::link_class::inter_node}, {"tp", 4}});
 
 template <std::size_t N>
 std::uint64_t lowered(const graph::program<N>& p, const shape_map& shapes, const mesh& m = eight) {
@@ -135,6 +129,10 @@ TEST_CASE("respecify compiles a program again with chosen leaf specs, as if they
     CHECK_FALSE(r.program);
     CHECK(r.err == errc::mismatched_contraction);
     CHECK(r.where == "matmul(x, w1)");
+    // In the sentence the compile-time diagnostic prints (expr/messages.hpp), and where.
+    CHECK(r.message() == std::string(CONCERTO_MESSAGE_MISMATCHED_CONTRACTION) + " (at matmul(x, w1))");
+    for (int e = 1; e <= static_cast<int>(errc::unbuildable_op); ++e)
+      CHECK(message_of(static_cast<errc>(e)).starts_with("concerto: "));
   }
   SECTION("a choice that does not fit the program is an error naming it") {
     CHECK_THROWS_WITH(graph::respecify(auto_mlp, {.leaves = {{"nope", to_value(rows)}}}), ContainsSubstring("no leaf 'nope'"));

@@ -37,6 +37,7 @@
 /// auto trainer = train::compile(*chosen.program, mesh, shapes, {.adamw = {}});
 /// @endcode
 
+#include <concerto/autoshard/formulation.hpp>
 #include <concerto/cost/model.hpp>
 #include <concerto/graph/respecify.hpp>
 #include <concerto/plan/hash.hpp>
@@ -88,6 +89,29 @@ struct options {
   planner::plan_options planning{.policy = planner::policy::concerto,
                                  .solver = {.window = 20, .rounds = 1, .time_budget_s = 0, .window_work_limit = 200000}};
   std::vector<named_choice> seeds; ///< more starting points (a hand-written program's specs), priced and planned too
+  /// The exact formulation (autoshard/formulation.hpp), formulated for each ZeRO stage the search
+  /// may choose and solved by Z3: its best `solutions` leaf choices per stage are seeds, priced by
+  /// the schedule like the others (the formulation's additive objective cannot see overlap).
+  struct exact_settings {
+    bool enabled = true;
+    int solutions = 2;
+    double time_limit_s = 10;          ///< per solve; a solve that runs out reports its bound
+    std::size_t max_strategies = 20000; ///< per node; a larger problem is reported and skipped
+    mip_solver solver = mip_solver::cbc;
+  } exact{};
+};
+
+/// @brief What the exact formulation gave for one ZeRO stage.
+struct exact_summary {
+  int zero_stage = 0;
+  std::string zero_axis;
+  std::size_t nodes = 0, strategies = 0;
+  double formulate_seconds = 0, solve_seconds = 0;
+  std::vector<solution> solutions;  ///< best first; their leaf choices were seeds
+  std::vector<std::string> origins; ///< the seed each solution became
+  std::vector<graph::sharding_choice> choices; ///< each solution's leaf specs and stage
+  bool infeasible = false;          ///< nothing fits the cap in the formulation's memory model
+  std::string refused;              ///< why it was not formulated (too many strategies), empty if it was
 };
 
 /// @brief The collectives a candidate's step runs on one mesh axis, of one kind.
@@ -121,6 +145,7 @@ struct result {
   std::vector<candidate> planned; ///< every candidate the planner scheduled (the chosen one included), best first
   std::vector<candidate> seeds;   ///< every seed as priced (pure DP, TP per axis, ZeRO-3, the user's), planned or not
   std::vector<std::string> free_leaves; ///< the leaves whose specs were decided
+  std::vector<exact_summary> exact;     ///< the exact formulation, per ZeRO stage
   int evaluated = 0;            ///< distinct shardings priced
   double search_seconds = 0;    ///< seeds and descent
   double planning_seconds = 0;  ///< scheduling the kept candidates
@@ -175,92 +200,6 @@ struct result {
 
 namespace detail {
 
-// The text of a choice, one key per distinct sharding (whatever order its leaves are listed in).
-inline std::string key_of(const graph::sharding_choice& c) {
-  std::vector<std::string> parts;
-  for (const auto& l : c.leaves) parts.push_back(l.leaf + "=" + to_string(l.spec) + " ");
-  std::sort(parts.begin(), parts.end());
-  std::string k;
-  for (const auto& part : parts) k += part;
-  if (c.zero_stage.value_or(0) > 0) k.append("ZeRO-").append(std::to_string(*c.zero_stage)).append(" over ").append(c.zero_axis);
-  return k;
-}
-
-// The mesh axes worth splitting over (size > 1), in the mesh's order.
-inline std::vector<ir::mesh_axis> split_axes(const mesh& m) {
-  std::vector<ir::mesh_axis> out;
-  for (const auto& a : m.axes())
-    if (a.size > 1) out.push_back(a);
-  return out;
-}
-
-// One leaf the search decides: its written spec (free dims replicated), which dims are free, its
-// kind and extents.
-struct free_leaf {
-  std::string name;
-  spec_value written;
-  std::uint8_t free = 0; // bit per dim written auto_
-  op_code kind = op_code::param;
-  std::vector<std::int64_t> extents; // empty when the shapes do not give it
-  int raw = -1;                      // its node in program::raw
-  [[nodiscard]] bool is_free(int d) const noexcept { return (free >> d & 1u) != 0; }
-};
-
-// Every spec the leaf's free dims can take: each free dim replicated or split over one or two
-// axes the spec does not use yet, the product of their sizes dividing the dim's extent.
-inline std::vector<spec_value> leaf_specs(const free_leaf& l, const std::vector<ir::mesh_axis>& axes) {
-  std::vector<spec_value> out;
-  const auto uses = [](const spec_value& s, const std::string& a) {
-    for (int d = 0; d < s.rank; ++d)
-      for (const auto& x : s.dims[d])
-        if (x.view() == a) return true;
-    return false;
-  };
-  const auto divides = [&](int d, std::int64_t parts) {
-    return l.extents.size() != static_cast<std::size_t>(l.written.rank) || l.extents[static_cast<std::size_t>(d)] % parts == 0;
-  };
-  const auto grow = [&](auto&& self, spec_value s, int d) -> void {
-    if (d == s.rank) {
-      out.push_back(s);
-      return;
-    }
-    if (!l.is_free(d)) return self(self, s, d + 1);
-    self(self, s, d + 1); // replicated
-    for (const auto& a : axes) {
-      if (uses(s, a.name) || !divides(d, a.size)) continue;
-      spec_value one = s;
-      one.dims[d][0] = axis_name(a.name);
-      self(self, one, d + 1);
-      for (const auto& b : axes) {
-        if (b.name == a.name || uses(one, b.name) || !divides(d, std::int64_t{a.size} * b.size)) continue;
-        spec_value two = one;
-        two.dims[d][1] = axis_name(b.name);
-        self(self, two, d + 1);
-      }
-    }
-  };
-  grow(grow, l.written, 0);
-  return out;
-}
-
-template <std::size_t N>
-std::vector<free_leaf> free_leaves(const graph::program<N>& p, const shape_map& shapes) {
-  std::vector<free_leaf> out;
-  for (int i = 0; i < p.raw_size; ++i) {
-    const auto& x = p.raw[i];
-    if (!graph::is_leaf(x.op) || p.free_dims[x.name] == 0) continue;
-    free_leaf l;
-    l.name = std::string(p.names[x.name].view());
-    l.written = to_value(x.zero_dim >= 0 ? x.use : x.spec, p.axes);
-    l.free = p.free_dims[x.name];
-    l.kind = x.op;
-    l.raw = i;
-    if (const auto it = shapes.find(l.name); it != shapes.end()) l.extents = it->second;
-    out.push_back(std::move(l));
-  }
-  return out;
-}
-
 inline std::vector<collective_total> collectives_of(const plan::plan& pl) {
   std::vector<collective_total> out;
   for (std::size_t i = 0; i < pl.graph.tasks.size(); ++i) {
@@ -291,7 +230,7 @@ template <std::size_t N>
   try {
     auto compiled = graph::respecify(p, nc.choice);
     if (!compiled.program) {
-      c.why_invalid = "the compiler refuses it at " + compiled.where;
+      c.why_invalid = compiled.message();
       return c;
     }
     const auto g = lower(*compiled.program, shapes, m, o.lower);
@@ -384,6 +323,24 @@ std::string result<N>::explain() const {
   std::snprintf(line, sizeof line, "automatic sharding: %d shardings priced in %.2f s, %zu planned in %.2f s\n", evaluated,
                 search_seconds, planned.size(), planning_seconds);
   out += line;
+  if (!exact.empty()) out += "exact formulation (additive: compute and collectives, no overlap), per ZeRO stage:\n";
+  for (const auto& e : exact) {
+    const std::string stage = e.zero_stage > 0 ? "ZeRO-" + std::to_string(e.zero_stage) + " over " + e.zero_axis : "no ZeRO";
+    if (!e.refused.empty()) {
+      out += "  " + stage + ": not formulated: " + e.refused + "\n";
+      continue;
+    }
+    std::snprintf(line, sizeof line, "  %-16s %zu nodes, %zu strategies, formulated in %.2f s, solved in %.2f s:", stage.c_str(), e.nodes,
+                  e.strategies, e.formulate_seconds, e.solve_seconds);
+    out += line;
+    if (e.infeasible) out += " nothing fits the cap";
+    for (const auto& x : e.solutions) {
+      std::snprintf(line, sizeof line, " %.1f us%s", x.cost_us,
+                    x.proved ? " (proved)" : (" (gap " + std::to_string(100.0 * x.gap()).substr(0, 5) + "%)").c_str());
+      out += line;
+    }
+    out += "\n";
+  }
   out += "chosen (" + chosen.origin + "):\n";
   for (const auto& l : chosen.choice.leaves)
     if (std::find(free_leaves.begin(), free_leaves.end(), l.leaf) != free_leaves.end())

@@ -17,6 +17,7 @@
 /// static_assert(step.count(collective::all_reduce, dp) == 2); // the two weight gradients
 /// @endcode
 
+#include <concerto/expr/messages.hpp>
 #include <concerto/graph/detail/compiler.hpp>
 
 #include <string>
@@ -343,53 +344,23 @@ constexpr where_text describe(const W& w) noexcept {
 }
 
 /// The compile-time messages: instantiated with the mistake and the node it was found at, so
-/// that the compiler prints both.
+/// that the compiler prints both. The sentences are expr/messages.hpp's, which the run time shares.
 template <errc E, where_text Where>
 struct diagnose {
-  static_assert(E != errc::mismatched_contraction,
-                "concerto: mismatched contraction sharding: the contracted dimension of a matmul is split over a "
-                "mesh axis in one operand only; shard the other operand's contracted dimension over the same axis, "
-                "or make both replicated with .to(spec(...))");
-  static_assert(E != errc::partial_into_nonlinear,
-                "concerto: partial fed to a nonlinear op: a value pinned as partial(axis) (a leaf or .to(...) with "
-                "partial) reaches an op that is not linear; redistribute it first with .to(spec(...)) without partial");
-  static_assert(E != errc::rank_mismatch,
-                "concerto: spec rank does not match the tensor rank the op needs: give the operand's spec one "
-                "placement per dimension (matmul: rank>=2 and [k,n] or same-rank weights; bias/layernorm gain: rank 1; "
-                "attention: [batch,seq,hidden]; conv2d: x [batch,height,width,in] and w [kernel_h,kernel_w,in,out]; bias: b of "
-                "rank at most x's; flatten<first, last>, transpose<d> (d + 1) and sum/mean<dim>: dims the operand has; "
-                "unflatten<d, inner>: d a dim of a tensor of rank at most 3; add/mse: equal ranks)");
-  static_assert(E != errc::unknown_axis,
-                "concerto: unknown axis: a spec or zero<...>(opt, axis) names a mesh axis that on(...) does not declare; "
-                "add the axis to on(...) or fix the spec");
-  static_assert(E != errc::too_many_axes, "concerto: too many mesh axes: a program can use at most 4 distinct axes");
-  static_assert(E != errc::leaf_redefined,
-                "concerto: leaf redefined: two leaves share a name but differ in kind, spec or initialiser; rename "
-                "one or write both alike");
-  static_assert(E != errc::loss_not_scalar,
-                "concerto: program(...) needs a scalar loss: end the expression with mse(...) or cross_entropy(...) "
-                "(or a sum of such terms)");
-  static_assert(E != errc::repeat_spec_changed,
-                "concerto: a repeated block returns another spec than it takes: the output of layer i is the input "
-                "of layer i+1; end the block with .to(...) of its input's spec");
-  static_assert(E != errc::repeat_leaf_scope,
-                "concerto: a repeated block reads a leaf that is not its own: inside repeat<...>(block, x) use param "
-                "(one per layer) and data leaves that appear only in the block, and pass other values through x");
-  static_assert(E != errc::repeat_nested,
-                "concerto: repeat inside a repeated block (or more than 4 repeats): make the inner stack part of the "
-                "outer block, or unroll it");
-  static_assert(E != errc::moe_gates,
-                "concerto: moe_dispatch and moe_combine take the gates of a moe_route as their second operand; pass "
-                "moe_route<cfg>(logits)");
-  static_assert(E != errc::axis_order,
-                "concerto: a redistribution would need the axes splitting one dimension in another order: a dimension "
-                "split over two axes (shard(dp, ep)) can only gain or lose its second (minor) axis; write the axes in "
-                "the order the redistribution keeps");
-  static_assert(E != errc::capacity, "concerto: the program exceeds its node capacity (48 leaves); use repeat(...) for "
-                                     "stacks of identical blocks");
-  static_assert(E != errc::unbuildable_op,
-                "concerto: internal error: the compiler met a node of an op it has no rule or construction for (an op "
-                "missing from ir/ops.hpp's table); please report it with the program");
+  static_assert(E != errc::mismatched_contraction, CONCERTO_MESSAGE_MISMATCHED_CONTRACTION);
+  static_assert(E != errc::partial_into_nonlinear, CONCERTO_MESSAGE_PARTIAL_INTO_NONLINEAR);
+  static_assert(E != errc::rank_mismatch, CONCERTO_MESSAGE_RANK_MISMATCH);
+  static_assert(E != errc::unknown_axis, CONCERTO_MESSAGE_UNKNOWN_AXIS);
+  static_assert(E != errc::too_many_axes, CONCERTO_MESSAGE_TOO_MANY_AXES);
+  static_assert(E != errc::leaf_redefined, CONCERTO_MESSAGE_LEAF_REDEFINED);
+  static_assert(E != errc::loss_not_scalar, CONCERTO_MESSAGE_LOSS_NOT_SCALAR);
+  static_assert(E != errc::repeat_spec_changed, CONCERTO_MESSAGE_REPEAT_SPEC_CHANGED);
+  static_assert(E != errc::repeat_leaf_scope, CONCERTO_MESSAGE_REPEAT_LEAF_SCOPE);
+  static_assert(E != errc::repeat_nested, CONCERTO_MESSAGE_REPEAT_NESTED);
+  static_assert(E != errc::moe_gates, CONCERTO_MESSAGE_MOE_GATES);
+  static_assert(E != errc::axis_order, CONCERTO_MESSAGE_AXIS_ORDER);
+  static_assert(E != errc::capacity, CONCERTO_MESSAGE_CAPACITY);
+  static_assert(E != errc::unbuildable_op, CONCERTO_MESSAGE_UNBUILDABLE_OP);
   static constexpr bool ok = true; // the asserts above speak; a second, silent one would only add noise
 };
 

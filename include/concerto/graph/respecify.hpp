@@ -54,6 +54,10 @@ struct respecified {
   std::unique_ptr<graph::program<respecified_size<N>>> program;
   errc err = errc::none;
   std::string where; ///< the node of the mistake as the program wrote it, e.g. "matmul(x, w1)"
+  /// The mistake in the sentence the compile-time diagnostic uses (message_of), and where.
+  [[nodiscard]] std::string message() const {
+    return err == errc::none ? std::string{} : std::string(message_of(err)) + " (at " + where + ")";
+  }
 };
 
 /// @brief Compiles `p` again with the leaf specs and ZeRO stage of `choice`. Throws

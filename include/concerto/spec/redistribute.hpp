@@ -98,6 +98,13 @@ struct redist_plan {
   return plan;
 }
 
+/// @brief Whether `step` may be taken from a tensor laid out as `s`: gathering (or exchanging) a
+/// dimension's major axis while a minor one still splits it would interleave the minor axis's
+/// blocks, which is not the layout the spec describes.
+[[nodiscard]] constexpr bool keeps_axis_order(const pspec& s, const redist_step& step) noexcept {
+  return !(step.from_dim >= 0 && s.dims[step.from_dim][1] >= 0 && s.dims[step.from_dim][0] == step.axis);
+}
+
 /// @brief Applies one step to a spec (what the tensor looks like after it).
 [[nodiscard]] constexpr pspec apply(pspec s, const redist_step& step) noexcept {
   switch (step.kind) {

@@ -4,6 +4,8 @@
 /// coordinate descent from the seeds, planning the best. Include <concerto/autoshard/search.hpp>.
 
 #include <chrono>
+#include <cstdio>
+#include <tuple>
 #include <limits>
 #include <map>
 #include <set>
@@ -26,6 +28,13 @@ public:
            "to decide (spec(auto_, auto_)) or pass options::seeds");
     auto seeds = o_.seeds;
     for (auto& s : standard_seeds(p_, leaves_, axes_, o_.decide_zero)) seeds.push_back(std::move(s));
+    // The formulation's solutions start the descent like the other seeds; of them only the one
+    // with the best list step is planned as a seed (they are many, and their additive objective
+    // is not the step), the others when they rank among the best `keep`.
+    const std::size_t written_seeds = seeds.size();
+    std::vector<exact_summary> exact;
+    if (o_.exact.enabled && !leaves_.empty())
+      for (auto& s : exact_seeds(exact)) seeds.push_back(std::move(s));
     for (auto& s : seeds) complete(s.choice);
     const auto priced = price(seeds);
     // The best seeds of different layouts (a seed and its ZeRO-3 form are one start: the
@@ -46,8 +55,14 @@ public:
     out.evaluated = static_cast<int>(seen_.size());
     out.memory_cap_bytes = o_.memory_cap_bytes;
     for (const auto& l : leaves_) out.free_leaves.push_back(l.name);
+    out.exact = std::move(exact);
     const auto planning_started = std::chrono::steady_clock::now();
-    out.planned = plan_best(priced);
+    std::vector<candidate> planned_seeds(priced.begin(), priced.begin() + static_cast<std::ptrdiff_t>(written_seeds));
+    if (const auto exact_best = std::min_element(priced.begin() + static_cast<std::ptrdiff_t>(written_seeds), priced.end(),
+                                                 [&](const candidate& a, const candidate& b) { return better(a, b); });
+        exact_best != priced.end())
+      planned_seeds.push_back(*exact_best);
+    out.planned = plan_best(planned_seeds);
     out.seeds = priced;
     out.planning_seconds = seconds_since(planning_started);
     out.chosen = out.planned.front();
@@ -114,6 +129,55 @@ private:
     std::vector<candidate> out;
     for (const auto& k : keys) out.push_back(seen_.at(k));
     return out;
+  }
+
+  // The exact formulation for each ZeRO stage the search may choose (the stage the program has
+  // when it is not decided), solved on every core; its solutions as seeds.
+  std::vector<named_choice> exact_seeds(std::vector<exact_summary>& summaries) const {
+    const std::string written_axis = p_.zero_axis >= 0 ? std::string(p_.axes.names[p_.zero_axis].view()) : "";
+    std::vector<std::pair<int, std::string>> stages{{p_.zero_stage, written_axis}};
+    if (o_.decide_zero) {
+      stages = {{0, ""}};
+      for (int stage = 1; stage <= 3; ++stage)
+        for (const auto& a : axes_) stages.emplace_back(stage, a.name);
+    }
+    summaries.assign(stages.size(), {});
+    planner::detail::for_each_index(stages.size(), [&](std::size_t i) {
+      auto& sum = summaries[i];
+      std::tie(sum.zero_stage, sum.zero_axis) = stages[i];
+      try {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto f = formulate(p_, mesh_, shapes_, model_,
+                                 {.memory_cap_bytes = o_.memory_cap_bytes, .lower = o_.lower, .zero_stage = sum.zero_stage,
+                                  .zero_axis = sum.zero_axis, .max_strategies = o_.exact.max_strategies});
+        sum.formulate_seconds = seconds_since(t0);
+        sum.nodes = f.nodes.size();
+        sum.strategies = f.strategy_count();
+        const auto t1 = std::chrono::steady_clock::now();
+        auto solved = solve(f, {.solutions = o_.exact.solutions, .time_limit_s = o_.exact.time_limit_s, .solver = o_.exact.solver});
+        sum.solve_seconds = seconds_since(t1);
+        sum.infeasible = solved.infeasible;
+        for (auto& x : solved.solutions) {
+          sum.origins.push_back(exact_origin(sum, x, sum.solutions.size()));
+          sum.solutions.push_back(std::move(x));
+        }
+        sum.choices.clear();
+        for (const auto& x : sum.solutions) sum.choices.push_back(f.choice(x.pick));
+      } catch (const error& e) {
+        sum.refused = e.what();
+      }
+    });
+    std::vector<named_choice> out;
+    for (const auto& sum : summaries)
+      for (std::size_t k = 0; k < sum.choices.size(); ++k) out.push_back({sum.origins[k], sum.choices[k]});
+    return out;
+  }
+  static std::string exact_origin(const exact_summary& s, const solution& x, std::size_t k) {
+    char text[160];
+    std::snprintf(text, sizeof text, "exact formulation%s%s #%zu (%.1f us%s)", s.zero_stage > 0 ? ", ZeRO-" : "",
+                  s.zero_stage > 0 ? (std::to_string(s.zero_stage) + " over " + s.zero_axis).c_str() : "", k + 1, x.cost_us,
+                  x.proved ? ", proved" : "");
+    return text;
   }
 
   // The moves of one coordinate: every spec of one leaf, or every ZeRO stage and axis.

@@ -113,6 +113,222 @@ struct node {
 
 } // namespace concerto::graph
 
+namespace concerto::graph {
+
+/// @brief What the op table's sharding rule of an op builds beyond one node: most ops are one
+/// node with the rule's specs; batch normalisation and the vocab-parallel cross-entropy are
+/// built of several (their statistics and their sums), by the compiler.
+enum class rule_builds : std::uint8_t { one_node, batchnorm, vocab_parallel_ce };
+
+/// @brief The answer of an op's sharding rule: the spec each operand is brought to, the output's,
+/// or the mistake; and what the compiler builds for it.
+struct rule_answer {
+  rules::result specs{};
+  rule_builds builds = rule_builds::one_node;
+};
+
+namespace detail {
+/// A rule's answer that the op cannot be built so (the reason the program's diagnostic names).
+[[nodiscard]] constexpr rule_answer refuse(errc e) noexcept {
+  rule_answer out;
+  out.specs.err = e;
+  return out;
+}
+[[nodiscard]] constexpr rule_answer answer(const rules::result& r) noexcept { return {r, rule_builds::one_node}; }
+
+/// The rules of the ops that move or reduce values within a layout (convolutions, pooling,
+/// flatten, unflatten, sums over a dim, concat, slice, dropout, transpose): the dims each keeps whole.
+// g++ 12 at -O3, where the passes run at run time (graph/respecify.hpp), sees a store past a
+// spec's dims that the rank checks below exclude (-Wstringop-overflow, a known false positive
+// of its value-range analysis through inlined loops).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
+[[nodiscard]] constexpr rule_answer layout_rule(const node& x, const pspec* in, std::uint8_t pinned, int A) noexcept {
+  const auto rank = [&](int k) { return static_cast<int>(in[k].rank); };
+  const auto pin = [&](int k) { return (pinned >> k & 1u) != 0; };
+  switch (ir::info(x.op).rule) {
+  case ir::sharding::convolution:
+    if (rank(0) != 4 || rank(1) != 4) return refuse(errc::rank_mismatch);
+    return answer(rules::convolution(in[0], in[1], A));
+  case ir::sharding::merge:
+    if (x.dims.first < 0 || x.dims.last <= x.dims.first || x.dims.last >= rank(0)) return refuse(errc::rank_mismatch);
+    return answer(rules::merge(in[0], x.dims.first, x.dims.last, A));
+  case ir::sharding::reduce_dim:
+    if (x.dims.first < 0 || x.dims.first >= rank(0)) return refuse(errc::rank_mismatch);
+    return answer(rules::reduce_dim(in[0], x.dims.first, A));
+  case ir::sharding::pooling:
+    if (rank(0) != 4) return refuse(errc::rank_mismatch);
+    return answer(rules::pooling(in[0], x.op == op_code::avg_pool, pin(0), A));
+  case ir::sharding::join: {
+    const int full = std::max(rank(0), rank(1)), lower = std::min(rank(0), rank(1));
+    if (x.dims.first < full - lower || x.dims.first >= full) return refuse(errc::rank_mismatch);
+    return answer(rules::join(in[0], pin(0), in[1], pin(1), x.dims.first, A));
+  }
+  case ir::sharding::part:
+    if (x.part.dim >= rank(0)) return refuse(errc::rank_mismatch);
+    return answer(rules::part(in[0], x.part.dim, A));
+  case ir::sharding::linear: {
+    rules::result rr;
+    rr.need[0] = rr.out = in[0];
+    return answer(rr);
+  }
+  case ir::sharding::unmerge:
+    if (x.dims.first < 0 || x.dims.first >= rank(0) || rank(0) + 1 > max_rank) return refuse(errc::rank_mismatch);
+    return answer(rules::unmerge(in[0], x.dims.first));
+  case ir::sharding::swap_dims: { // linear: pending sums go through
+    if (x.dims.first < 0 || x.dims.first + 1 >= rank(0)) return refuse(errc::rank_mismatch);
+    rules::result rr;
+    rr.need[0] = in[0];
+    rr.out = rules::swap_dims(in[0], x.dims.first);
+    return answer(rr);
+  }
+  default: break;
+  }
+  return refuse(errc::unbuildable_op);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+/// The losses' rules: mse reads its two operands alike; cross-entropy reads whole rows of logits,
+/// or logits split over one axis on the vocabulary (Megatron-LM's vocab-parallel loss, built of
+/// several nodes), and labels laid out as the rows. The scalar is a pending sum over the axes
+/// splitting the rows.
+[[nodiscard]] constexpr rule_answer loss_rule(const node& x, const pspec* in, std::uint8_t pinned, int A) noexcept {
+  const int rk = in[0].rank;
+  const bool pin0 = (pinned & 1u) != 0;
+  const auto lead = rules::nonlinear(in[0], pin0);
+  if (ir::info(x.op).rule == ir::sharding::mse) {
+    if (rk != in[1].rank) return refuse(errc::rank_mismatch);
+    auto rr = lead;
+    rr.need[1] = rr.need[0];
+    rr.out = pspec{};
+    rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
+    return answer(rr);
+  }
+  if (rk < 2 || in[1].rank != rk - 1) return refuse(errc::rank_mismatch);
+  const bool vocab_split = lead.err == errc::none && lead.need[0].dims[rk - 1][0] >= 0 && lead.need[0].dims[rk - 1][1] < 0;
+  auto rr = vocab_split ? lead : rules::rowwise(in[0], pin0, rk - 1, A);
+  if (rr.err != errc::none) return answer(rr);
+  rr.need[1] = rules::leading_dims_of(rr.need[0], A);
+  rr.out = pspec{};
+  rr.out.partial = rules::axes_splitting(rr.need[0], 0, rk - 2, A);
+  return {rr, vocab_split ? rule_builds::vocab_parallel_ce : rule_builds::one_node};
+}
+} // namespace detail
+
+/// @brief The sharding rule of node x's op (its table entry's) over operand specs `in`, bit k of
+/// `pinned` set when operand k is a pending sum the user pinned: the spec each operand is brought
+/// to and the output's, or the mistake. `gates_routed`: x's second operand is a moe_route (what
+/// moe_dispatch and moe_combine need). The compiler applies it to the specs it propagates; automatic
+/// sharding (autoshard/formulation.hpp) to every layout an operand can have.
+[[nodiscard]] constexpr rule_answer op_rule(const node& x, const pspec* in, std::uint8_t pinned, int A,
+                                            bool gates_routed) noexcept {
+  using detail::refuse;
+  using detail::answer;
+  const auto rank = [&](int k) { return static_cast<int>(in[k].rank); };
+  const auto pin = [&](int k) { return (pinned >> k & 1u) != 0; };
+  const auto lead = [&] { return rules::nonlinear(in[0], pin(0)); };
+  // A second operand a nonlinear op reads whole: a pinned pending sum cannot be made for it.
+  const bool pinned_sum_1 = x.n_in > 1 && pin(1) && in[1].has_partial();
+  switch (ir::info(x.op).rule) {
+  case ir::sharding::contract: {
+    const int ra = rank(0), rb = rank(1);
+    if (ra < 2 || rb < 2 || (rb != 2 && rb != ra)) return refuse(errc::rank_mismatch);
+    return answer(rules::contract(in[0], rules::make_labels(ra, 'm', 'k'), in[1], rules::make_labels(rb, 'k', 'n'),
+                                  rules::make_labels(ra, 'm', 'n'), A));
+  }
+  case ir::sharding::unify: return answer(rules::unify(in[0], in[1], A));
+  case ir::sharding::bias: {
+    if (rank(1) < 1 || rank(1) > rank(0)) return refuse(errc::rank_mismatch);
+    auto rr = lead();
+    rr.need[1] = rules::like_trailing_dims(rr.need[0], rank(1), A);
+    return answer(rr);
+  }
+  case ir::sharding::batchnorm: {
+    if (rank(0) < 2 || rank(1) != 1 || rank(2) != 1) return refuse(errc::rank_mismatch);
+    if (pinned_sum_1 || (pin(2) && in[2].has_partial())) return refuse(errc::partial_into_nonlinear);
+    auto rr = lead();
+    if (rr.err != errc::none) return answer(rr);
+    rr.need[1] = rr.need[2] = rules::like_last_dim(rr.need[0], A);
+    return {rr, rule_builds::batchnorm};
+  }
+  case ir::sharding::convolution:
+  case ir::sharding::merge:
+  case ir::sharding::reduce_dim:
+  case ir::sharding::pooling:
+  case ir::sharding::join:
+  case ir::sharding::part:
+  case ir::sharding::linear:
+  case ir::sharding::unmerge:
+  case ir::sharding::swap_dims: return detail::layout_rule(x, in, pinned, A);
+  case ir::sharding::pointwise: return answer(lead());
+  case ir::sharding::pointwise_two: {
+    // Not linear in the pair: both operands whole (pending sums made) and laid out alike.
+    if (rank(0) != rank(1)) return refuse(errc::rank_mismatch);
+    if (pinned_sum_1) return refuse(errc::partial_into_nonlinear);
+    auto rr = lead();
+    rr.need[1] = rr.need[0];
+    return answer(rr);
+  }
+  case ir::sharding::rope: {
+    // x [..., seq, heads·head_dim] rotated per position: any layout of x whose split of the
+    // last dimension keeps heads whole (checked when decoded); positions follow x's leading dims.
+    const int rk = rank(0);
+    if (rk < 2 || rank(1) != rk - 1) return refuse(errc::rank_mismatch);
+    if (in[1].has_partial()) return refuse(errc::partial_into_nonlinear);
+    auto rr = lead();
+    rr.need[1] = rules::leading_dims_of(rr.need[0], A);
+    return answer(rr);
+  }
+  case ir::sharding::rowwise: {
+    for (int k = 1; k < x.n_in; ++k)
+      if (rank(k) != 1) return refuse(errc::rank_mismatch);
+    if (rank(0) < 1) return refuse(errc::rank_mismatch);
+    auto rr = rules::rowwise(in[0], pin(0), rank(0) - 1, A);
+    rr.need[1] = rr.need[2] = rules::like_last_dim(rr.need[0], A);
+    return answer(rr);
+  }
+  case ir::sharding::attention: {
+    if (rank(0) != 3 || rank(1) != 3 || rank(2) != 3) return refuse(errc::rank_mismatch);
+    auto rr = rules::rowwise(in[0], pin(0), 1, A); // causal attention needs the whole sequence
+    if (rr.err == errc::none && (pin(1) || pin(2))) return refuse(errc::partial_into_nonlinear);
+    rr.need[1] = rr.need[2] = rr.need[0];
+    return answer(rr);
+  }
+  case ir::sharding::embedding: {
+    if (rank(1) != 2 || rank(0) < 1 || rank(0) > max_rank - 1) return refuse(errc::rank_mismatch);
+    if (in[0].has_partial()) return refuse(errc::partial_into_nonlinear);
+    return answer(rules::embedding(in[0], in[1], A));
+  }
+  case ir::sharding::mse:
+  case ir::sharding::cross_entropy: return detail::loss_rule(x, in, pinned, A);
+  case ir::sharding::routing: {
+    // A group's tokens share the experts' capacity, and a token's probabilities are one row:
+    // only the groups may be split.
+    if (rank(0) != 3) return refuse(errc::rank_mismatch);
+    auto rr = lead();
+    rr.need[0] = rules::keep_dims(rr.need[0], 1, A);
+    rr.out = rr.need[0];
+    return answer(rr);
+  }
+  case ir::sharding::dispatch:
+  case ir::sharding::combine: {
+    if (rank(0) != 3 || rank(1) != 3) return refuse(errc::rank_mismatch);
+    if (!gates_routed) return refuse(errc::moe_gates);
+    if (pinned_sum_1) return refuse(errc::partial_into_nonlinear);
+    return answer(ir::info(x.op).rule == ir::sharding::dispatch ? rules::dispatch(in[0], pin(0))
+                                                                : rules::combine(in[0], in[1], pin(0), A));
+  }
+  case ir::sharding::none: break;
+  }
+  return refuse(errc::unbuildable_op); // an op without a rule: ir::dsl_ready refuses it where the program is written
+}
+
+} // namespace concerto::graph
+
 namespace concerto::graph::detail {
 
 template <std::size_t RawCap, std::size_t Cap>
@@ -198,10 +414,7 @@ struct work {
     int cur = src;
     for (int s = 0; s < plan.size; ++s) {
       const auto& step = plan.steps[s];
-      // Gathering (or exchanging) a dimension's major axis while a minor one still splits it
-      // would interleave the minor axis's blocks: not the layout the spec describes.
-      if (step.from_dim >= 0 && nodes[cur].spec.dims[step.from_dim][1] >= 0 &&
-          nodes[cur].spec.dims[step.from_dim][0] == step.axis) {
+      if (!keeps_axis_order(nodes[cur].spec, step)) {
         failed(errc::axis_order, -1);
         return cur;
       }
@@ -508,190 +721,24 @@ struct work {
     }
   }
 
-  /// A rule's answer that the op cannot be built so (the reason the program's diagnostic names).
-  [[nodiscard]] static constexpr rules::result refuse(errc e) noexcept {
-    rules::result out;
-    out.err = e;
-    return out;
-  }
-
-  /// The rules of the ops that move or reduce values within a layout (convolutions, pooling,
-  /// flatten, unflatten, sums over a dim, concat, slice, dropout, transpose): the dims each keeps whole.
-  // g++ 12 at -O3, where the passes run at run time (graph/respecify.hpp), sees a store past a
-  // spec's dims that the rank checks below exclude (-Wstringop-overflow, a known false positive
-  // of its value-range analysis through inlined loops).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#endif
-  constexpr rules::result layout_rule(const node& x, const int* in) const noexcept {
-    const int A = axes.count;
-    const auto rank = [&](int k) { return static_cast<int>(sp(in[k]).rank); };
-    switch (ir::info(x.op).rule) {
-    case ir::sharding::convolution:
-      if (rank(0) != 4 || rank(1) != 4) return refuse(errc::rank_mismatch);
-      return rules::convolution(sp(in[0]), sp(in[1]), A);
-    case ir::sharding::merge:
-      if (x.dims.first < 0 || x.dims.last <= x.dims.first || x.dims.last >= rank(0)) return refuse(errc::rank_mismatch);
-      return rules::merge(sp(in[0]), x.dims.first, x.dims.last, A);
-    case ir::sharding::reduce_dim:
-      if (x.dims.first < 0 || x.dims.first >= rank(0)) return refuse(errc::rank_mismatch);
-      return rules::reduce_dim(sp(in[0]), x.dims.first, A);
-    case ir::sharding::pooling:
-      if (rank(0) != 4) return refuse(errc::rank_mismatch);
-      return rules::pooling(sp(in[0]), x.op == op_code::avg_pool, pinned(in[0]), A);
-    case ir::sharding::join: {
-      const int full = std::max(rank(0), rank(1)), lower = std::min(rank(0), rank(1));
-      if (x.dims.first < full - lower || x.dims.first >= full) return refuse(errc::rank_mismatch);
-      return rules::join(sp(in[0]), pinned(in[0]), sp(in[1]), pinned(in[1]), x.dims.first, A);
-    }
-    case ir::sharding::part:
-      if (x.part.dim >= rank(0)) return refuse(errc::rank_mismatch);
-      return rules::part(sp(in[0]), x.part.dim, A);
-    case ir::sharding::linear: {
-      rules::result rr;
-      rr.need[0] = rr.out = sp(in[0]);
-      return rr;
-    }
-    case ir::sharding::unmerge:
-      if (x.dims.first < 0 || x.dims.first >= rank(0) || rank(0) + 1 > max_rank) return refuse(errc::rank_mismatch);
-      return rules::unmerge(sp(in[0]), x.dims.first);
-    case ir::sharding::swap_dims: { // linear: pending sums go through
-      if (x.dims.first < 0 || x.dims.first + 1 >= rank(0)) return refuse(errc::rank_mismatch);
-      rules::result rr;
-      rr.need[0] = sp(in[0]);
-      rr.out = rules::swap_dims(sp(in[0]), x.dims.first);
-      return rr;
-    }
-    default: break;
-    }
-    return refuse(errc::unbuildable_op);
-  }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
-  /// The sharding rule of raw node r's op (its table entry's), over its operands `in`: the spec each
-  /// operand is brought to and the output's. A rule that builds its own nodes (the vocab-parallel
-  /// cross-entropy) sets `emitted`.
+  /// The sharding rule of raw node r's op over its operands `in` (graph::op_rule): the spec each
+  /// operand is brought to and the output's. A rule whose op is built of several nodes (batch
+  /// normalisation, the vocab-parallel cross-entropy) builds them here and sets `emitted`.
   constexpr rules::result apply_rule(int r, const int* in, std::uint8_t ng, bool& emitted) noexcept {
     const node& x = raw[r];
-    const int A = axes.count;
-    const auto rank = [&](int k) { return static_cast<int>(sp(in[k]).rank); };
-    const auto lead = [&] { return rules::nonlinear(sp(in[0]), pinned(in[0])); };
-    // A second operand a nonlinear op reads whole: a pinned pending sum cannot be made for it.
-    const bool pinned_sum_1 = x.n_in > 1 && pinned(in[1]) && sp(in[1]).has_partial();
-    switch (ir::info(x.op).rule) {
-    case ir::sharding::contract: {
-      const int ra = rank(0), rb = rank(1);
-      if (ra < 2 || rb < 2 || (rb != 2 && rb != ra)) return refuse(errc::rank_mismatch);
-      return rules::contract(sp(in[0]), rules::make_labels(ra, 'm', 'k'), sp(in[1]), rules::make_labels(rb, 'k', 'n'),
-                             rules::make_labels(ra, 'm', 'n'), A);
+    pspec specs[4]{};
+    std::uint8_t pins = 0;
+    for (int k = 0; k < x.n_in; ++k) {
+      specs[k] = sp(in[k]);
+      if (pinned(in[k])) pins = static_cast<std::uint8_t>(pins | 1u << k);
     }
-    case ir::sharding::unify: return rules::unify(sp(in[0]), sp(in[1]), A);
-    case ir::sharding::bias: {
-      if (rank(1) < 1 || rank(1) > rank(0)) return refuse(errc::rank_mismatch);
-      auto rr = lead();
-      rr.need[1] = rules::like_trailing_dims(rr.need[0], rank(1), A);
-      return rr;
-    }
-    case ir::sharding::batchnorm:
-      if (rank(0) < 2 || rank(1) != 1 || rank(2) != 1) return refuse(errc::rank_mismatch);
-      if (pinned_sum_1 || (pinned(in[2]) && sp(in[2]).has_partial())) return refuse(errc::partial_into_nonlinear);
-      if (const auto x_whole = lead(); x_whole.err != errc::none) return x_whole;
-      map[r] = static_cast<std::int16_t>(batch_norm(in[0], in[1], in[2], x, ng));
-      emitted = true;
-      return {};
-    case ir::sharding::convolution:
-    case ir::sharding::merge:
-    case ir::sharding::reduce_dim:
-    case ir::sharding::pooling:
-    case ir::sharding::join:
-    case ir::sharding::part:
-    case ir::sharding::linear:
-    case ir::sharding::unmerge:
-    case ir::sharding::swap_dims: return layout_rule(x, in);
-    case ir::sharding::pointwise: return lead();
-    case ir::sharding::pointwise_two: {
-      // Not linear in the pair: both operands whole (pending sums made) and laid out alike.
-      if (rank(0) != rank(1)) return refuse(errc::rank_mismatch);
-      if (pinned_sum_1) return refuse(errc::partial_into_nonlinear);
-      auto rr = lead();
-      rr.need[1] = rr.need[0];
-      return rr;
-    }
-    case ir::sharding::rope: {
-      // x [..., seq, heads·head_dim] rotated per position: any layout of x whose split of the
-      // last dimension keeps heads whole (checked when decoded); positions follow x's leading dims.
-      const int rk = rank(0);
-      if (rk < 2 || rank(1) != rk - 1) return refuse(errc::rank_mismatch);
-      if (sp(in[1]).has_partial()) return refuse(errc::partial_into_nonlinear);
-      auto rr = lead();
-      rr.need[1] = rules::leading_dims_of(rr.need[0], A);
-      return rr;
-    }
-    case ir::sharding::rowwise: {
-      for (int k = 1; k < x.n_in; ++k)
-        if (rank(k) != 1) return refuse(errc::rank_mismatch);
-      if (rank(0) < 1) return refuse(errc::rank_mismatch);
-      auto rr = rules::rowwise(sp(in[0]), pinned(in[0]), rank(0) - 1, A);
-      rr.need[1] = rr.need[2] = rules::like_last_dim(rr.need[0], A);
-      return rr;
-    }
-    case ir::sharding::attention: {
-      if (rank(0) != 3 || rank(1) != 3 || rank(2) != 3) return refuse(errc::rank_mismatch);
-      auto rr = rules::rowwise(sp(in[0]), pinned(in[0]), 1, A); // causal attention needs the whole sequence
-      if (rr.err == errc::none && (pinned(in[1]) || pinned(in[2]))) return refuse(errc::partial_into_nonlinear);
-      rr.need[1] = rr.need[2] = rr.need[0];
-      return rr;
-    }
-    case ir::sharding::embedding: {
-      if (rank(1) != 2 || rank(0) < 1 || rank(0) > max_rank - 1) return refuse(errc::rank_mismatch);
-      if (sp(in[0]).has_partial()) return refuse(errc::partial_into_nonlinear);
-      return rules::embedding(sp(in[0]), sp(in[1]), A);
-    }
-    case ir::sharding::mse: {
-      if (rank(0) != rank(1)) return refuse(errc::rank_mismatch);
-      auto rr = lead();
-      rr.need[1] = rr.need[0];
-      rr.out = pspec{};
-      rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
-      return rr;
-    }
-    case ir::sharding::cross_entropy: {
-      const int rk = rank(0);
-      if (rk < 2 || rank(1) != rk - 1) return refuse(errc::rank_mismatch);
-      if (const auto vp = lead(); vp.err == errc::none && vp.need[0].dims[rk - 1][0] >= 0 && vp.need[0].dims[rk - 1][1] < 0) {
-        map[r] = static_cast<std::int16_t>(vocab_parallel_ce(in[0], in[1], vp.need[0], ng));
-        emitted = true;
-        return {};
-      }
-      auto rr = rules::rowwise(sp(in[0]), pinned(in[0]), rk - 1, A);
-      rr.need[1] = rules::leading_dims_of(rr.need[0], A);
-      rr.out = pspec{};
-      rr.out.partial = rules::axes_splitting(rr.need[0], 0, max_rank, A);
-      return rr;
-    }
-    case ir::sharding::routing: {
-      // A group's tokens share the experts' capacity, and a token's probabilities are one row:
-      // only the groups may be split.
-      if (rank(0) != 3) return refuse(errc::rank_mismatch);
-      auto rr = lead();
-      rr.need[0] = rules::keep_dims(rr.need[0], 1, A);
-      rr.out = rr.need[0];
-      return rr;
-    }
-    case ir::sharding::dispatch:
-    case ir::sharding::combine: {
-      if (rank(0) != 3 || rank(1) != 3) return refuse(errc::rank_mismatch);
-      if (raw[x.in[1]].op != op_code::moe_route) return refuse(errc::moe_gates);
-      if (pinned_sum_1) return refuse(errc::partial_into_nonlinear);
-      return ir::info(x.op).rule == ir::sharding::dispatch ? rules::dispatch(sp(in[0]), pinned(in[0]))
-                                                           : rules::combine(sp(in[0]), sp(in[1]), pinned(in[0]), A);
-    }
-    case ir::sharding::none: break;
-    }
-    return refuse(errc::unbuildable_op); // an op without a rule: ir::dsl_ready refuses it where the program is written
+    const bool routed = x.n_in > 1 && raw[x.in[1]].op == op_code::moe_route;
+    const rule_answer a = op_rule(x, specs, pins, axes.count, routed);
+    if (a.specs.err != errc::none || a.builds == rule_builds::one_node) return a.specs;
+    emitted = true;
+    map[r] = static_cast<std::int16_t>(a.builds == rule_builds::batchnorm ? batch_norm(in[0], in[1], in[2], x, ng)
+                                                                          : vocab_parallel_ce(in[0], in[1], a.specs.need[0], ng));
+    return {};
   }
 
   /// Megatron-LM's vocab-parallel cross-entropy: the logits stay split over `axis` on the vocabulary;
