@@ -70,10 +70,9 @@ void exhaustive(const graph::program<N>& p, const mesh& m, const shape_map& shap
 template <std::size_t N>
 void formulations(const graph::program<N>& p, const mesh& m, const shape_map& shapes, const cost::model& model,
                   const autoshard::options& o, const settings& s) {
-  std::vector<std::pair<int, std::string>> stages{{0, ""}};
-  for (int stage = 1; stage <= 3; ++stage)
-    for (const auto* a : {"dp", "tp"}) stages.emplace_back(stage, a);
-  for (const auto& [stage, axis] : stages) {
+  for (const auto& zero : autoshard::detail::zero_choices(autoshard::detail::split_axes(m))) {
+    const int stage = zero.zero_stage.value_or(0);
+    const std::string& axis = zero.zero_axis;
     const auto f = autoshard::formulate(p, m, shapes, model,
                                         {.memory_cap_bytes = o.memory_cap_bytes, .lower = o.lower, .zero_stage = stage, .zero_axis = axis});
     std::printf("ZeRO-%d%s%-3s %zu nodes, %zu strategies:", stage, stage ? " over " : "", axis.c_str(), f.nodes.size(), f.strategy_count());

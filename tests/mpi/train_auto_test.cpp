@@ -8,6 +8,7 @@
 // trains to the same numbers, finds its choice in the cache folder the second time, and chooses
 // again over a cache file that is no choice of this program's.
 #include "auto_lm_program.hpp"
+#include "token_batch.hpp"
 #include "train_testing.hpp"
 
 #include <concerto/autoshard/search.hpp>
@@ -33,14 +34,7 @@ constexpr std::int64_t B = 8, S = 4, V = 16, H = 8;
 const shape_map shapes = auto_lm::shapes(B, S, V, H);
 const std::vector<std::string> params{"wte", "layers.0.ln.b", "layers.0.fc1", "layers.1.fc2", "head"};
 
-train::batch data() {
-  train::tensor ids{{B, S}}, labels{{B, S}};
-  for (std::int64_t i = 0; i < B * S; ++i) {
-    ids.i64.push_back((i * 5 + 3) % V);
-    labels.i64.push_back((i * 7 + 1) % V);
-  }
-  return {{"ids", ids}, {"labels", labels}};
-}
+train::batch data() { return token_data::token_batch(3, B, S, V); }
 
 const train::optimizer_settings adam{.adamw = {.lr = 2e-2f}};
 train::step_options options() { return {.policy = planner::policy::program_order, .lower = {.depth = {{"layers", 2}}}}; }

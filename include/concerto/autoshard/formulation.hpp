@@ -126,9 +126,8 @@ struct problem {
     for (const auto& l : c.leaves) {
       const auto it = std::find_if(leaves.begin(), leaves.end(), [&](const auto& x) { return x.second == l.leaf; });
       if (it == leaves.end()) continue;
-      axis_table t = axes;
       pspec want;
-      if (!to_pspec(l.spec, t, want) || t.count != axes.count) return std::nullopt;
+      if (!detail::to_known_pspec(l.spec, axes, want)) return std::nullopt;
       const auto& ss = nodes[static_cast<std::size_t>(it->first)].strategies;
       const auto found = std::find_if(ss.begin(), ss.end(), [&](const strategy& s) { return s.out == want; });
       if (found == ss.end()) return std::nullopt;
@@ -147,8 +146,7 @@ struct problem {
       if (found == ss.end()) return std::nullopt;
       pick[v] = static_cast<int>(found - ss.begin());
     }
-    if (!consistent(pick)) return std::nullopt;
-    return pick;
+    return pick; // consistent: each op's strategy was found reading its producers' outputs
   }
   /// The leaf specs (and ZeRO stage) `pick` stands for: what graph::respecify compiles.
   [[nodiscard]] graph::sharding_choice choice(const std::vector<int>& pick) const {
@@ -309,7 +307,7 @@ public:
     double total = model_.compute_us(t);
     if (stage >= 1 && zero) {
       const double bytes = local_elements * working_bytes();
-      total += model_.collective_us(ir::op_kind::all_gather, bytes, zero->size, zero->link) * (stage == 3 ? 2 : 1);
+      total += collective(ir::op_kind::all_gather, bytes, *zero) * (stage == 3 ? 2 : 1);
     }
     return total;
   }
@@ -368,13 +366,7 @@ public:
     if (o.zero_stage < 0 || o.zero_stage > 3) fail("formulate: ZeRO stage " + std::to_string(o.zero_stage) + "; give 0 to 3");
     if (o.zero_stage > 0 && (zero_axis_ = axes_.find(axis_name(o.zero_axis))) < 0)
       fail("formulate: ZeRO over '" + o.zero_axis + "', an axis neither the program nor the mesh has; name one of the mesh's axes");
-    for (int k = 0; k < p.repeat_count; ++k) {
-      const auto it = o.lower.depth.find(std::string(p.repeats[k].name.view()));
-      if (it == o.lower.depth.end() || it->second < 1)
-        fail("formulate: no depth given for repeat '" + std::string(p.repeats[k].name.view()) +
-             "'; pass it as lower_options{.depth = {{\"name\", L}}}");
-      depth_.push_back(it->second);
-    }
+    for (int k = 0; k < p.repeat_count; ++k) depth_.push_back(graph::detail::repeat_depth(p, k, o.lower));
   }
 
   problem run() {
@@ -394,7 +386,7 @@ public:
         const auto it = std::find_if(free.begin(), free.end(), [&](const free_leaf& l) { return l.raw == r; });
         if (it != free.end()) f.leaves.emplace_back(static_cast<int>(f.nodes.size()), v.name);
         leaf_strategies(v, it != free.end() ? &*it : nullptr);
-        needs_grad_[static_cast<std::size_t>(r)] = x.op != op_code::data && !x.has(graph::flag_no_grad);
+        needs_grad_[static_cast<std::size_t>(r)] = graph::leaf_needs_grad(x);
       } else {
         v.name = std::string(ir::to_string(x.op)) + "#" + std::to_string(r);
         for (int k = 0; k < x.n_in; ++k) {
@@ -441,9 +433,12 @@ private:
       if (p_.repeats[k].raw_out == r) return p_.repeats[k];
     fail("automatic sharding's formulation: a repeat's end without its repeat (a bug of concerto's)");
   }
+  // A pending sum the program pinned, as the compiler marks it (graph::flag_pinned): a leaf or a
+  // .to(...) written with partial, and a stack's entry reading one.
   [[nodiscard]] bool pinned(int raw) const {
     const auto& x = p_.raw[raw];
-    return x.op == op_code::to && x.use.has_partial();
+    if (x.op == op_code::repeat_in) return pinned(x.in[0]);
+    return (graph::is_leaf(x.op) || x.op == op_code::to) && x.use.has_partial();
   }
 
   void leaf_strategies(problem_node& v, const free_leaf* free) {
@@ -452,9 +447,7 @@ private:
     if (!free) layouts.push_back(x.use);
     else
       for (const auto& s : leaf_specs(*free, split_axes(m_))) {
-        axis_table t = axes_;
-        pspec ps;
-        if (to_pspec(s, t, ps) && t.count == axes_.count) layouts.push_back(ps);
+        if (pspec ps; to_known_pspec(s, axes_, ps)) layouts.push_back(ps);
       }
     const double bytes = x.op == op_code::data ? 8.0 : pricer_.working_bytes();
     for (const auto& l : layouts) {

@@ -263,9 +263,7 @@ template <std::size_t N>
   const auto axes = detail::split_axes(m);
   std::vector<std::vector<spec_value>> specs;
   for (const auto& l : leaves) specs.push_back(detail::leaf_specs(l, axes));
-  std::vector<graph::sharding_choice> stages{{.zero_stage = 0}};
-  for (int stage = 1; o.decide_zero && stage <= 3; ++stage)
-    for (const auto& a : axes) stages.push_back({.zero_stage = stage, .zero_axis = a.name});
+  const auto stages = o.decide_zero ? detail::zero_choices(axes) : std::vector<graph::sharding_choice>{{.zero_stage = 0}};
   enumeration out;
   std::vector<std::size_t> at(leaves.size(), 0);
   for (bool more = true; more;) {

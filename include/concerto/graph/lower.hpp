@@ -440,6 +440,17 @@ struct repeat_layout {
   std::vector<int> depth, first_layer;
 };
 
+// The depth options give repeat k of p, checked.
+template <std::size_t N>
+int repeat_depth(const program<N>& p, int k, const lower_options& options) {
+  const std::string rname(p.repeats[k].name.view());
+  const auto it = options.depth.find(rname);
+  if (it == options.depth.end())
+    fail("no depth given for repeat '" + rname + "'; pass it as lower_options{.depth = {{\"" + rname + "\", L}}}");
+  if (it->second < 1) fail("repeat '" + rname + "' has depth " + std::to_string(it->second) + "; give it at least 1");
+  return it->second;
+}
+
 template <std::size_t N>
 repeat_layout repeat_depths(const program<N>& p, const std::vector<extents>& global, const lower_options& options) {
   const auto repeats = static_cast<std::size_t>(p.repeat_count);
@@ -449,16 +460,13 @@ repeat_layout repeat_depths(const program<N>& p, const std::vector<extents>& glo
   for (std::size_t k = 0, next = 0; k < repeats; ++k) {
     const auto& r = p.repeats[k];
     const std::string rname(r.name.view());
-    const auto it = options.depth.find(rname);
-    if (it == options.depth.end())
-      fail("no depth given for repeat '" + rname + "'; pass it as lower_options{.depth = {{\"" + rname + "\", L}}}");
-    if (it->second < 1) fail("repeat '" + rname + "' has depth " + std::to_string(it->second) + "; give it at least 1");
+    const int depth = repeat_depth(p, static_cast<int>(k), options);
     if (global[static_cast<std::size_t>(r.out)] != global[static_cast<std::size_t>(r.in)])
       fail("repeat '" + rname + "': the block returns shape " + dims_text(global[static_cast<std::size_t>(r.out)]) +
            " but takes " + dims_text(global[static_cast<std::size_t>(r.in)]) + "; layer i+1 reads layer i's output");
-    out.depth[k] = it->second;
+    out.depth[k] = depth;
     out.first_layer[k] = static_cast<int>(next);
-    next += static_cast<std::size_t>(it->second);
+    next += static_cast<std::size_t>(depth);
   }
   return out;
 }

@@ -34,7 +34,9 @@ template <std::size_t N>
 std::string sharding_key(const graph::program<N>& p, const ir::graph& as_written, const cost::model& model,
                          const step_options& o) {
   hasher h;
-  h.add(std::string_view("concerto.sharding/1")).add(cache::library_version);
+  // /2: the choice is also seeded by the exact formulation (autoshard/formulation.hpp); a choice
+  // cached by the search before it is made again.
+  h.add(std::string_view("concerto.sharding/2")).add(cache::library_version);
   h.add(plan::hash(as_written)).add(cache::mesh_hash(as_written)).add(model.hw().hash());
   for (int l = 0; l < p.name_count; ++l) h.add(p.names[l].view()).add(p.free_dims[l]);
   h.add(o.memory_cap_bytes.value_or(-1)).add(o.sharding.keep).add(o.sharding.decide_zero);
@@ -104,7 +106,7 @@ template <std::size_t N, class F>
 auto with_sharding(const graph::program<N>& p, const std::optional<decided_sharding>& s, F&& f) {
   if (!s) return f(p);
   const auto compiled = graph::respecify(p, s->choice);
-  if (!compiled.program) fail("train::compile: the automatic sharding does not compile (at " + compiled.where + ")");
+  if (!compiled.program) fail("train::compile: the automatic sharding does not compile: " + compiled.message());
   return f(*compiled.program);
 }
 

@@ -24,6 +24,21 @@ inline std::string key_of(const graph::sharding_choice& c) {
   return k;
 }
 
+// Every ZeRO choice over `axes`: none, then stages 1-3 over each axis (what the search, the
+// exhaustive enumeration and the exact formulation each go through).
+inline std::vector<graph::sharding_choice> zero_choices(const std::vector<ir::mesh_axis>& axes) {
+  std::vector<graph::sharding_choice> out{{.zero_stage = 0}};
+  for (int stage = 1; stage <= 3; ++stage)
+    for (const auto& a : axes) out.push_back({.zero_stage = stage, .zero_axis = a.name});
+  return out;
+}
+
+// `v` indexed by `axes`, false when it names an axis the table lacks (the table stays as it is).
+inline bool to_known_pspec(const spec_value& v, const axis_table& axes, pspec& out) {
+  axis_table t = axes;
+  return to_pspec(v, t, out) && t.count == axes.count;
+}
+
 // The mesh axes worth splitting over (size > 1), in the mesh's order.
 inline std::vector<ir::mesh_axis> split_axes(const mesh& m) {
   std::vector<ir::mesh_axis> out;

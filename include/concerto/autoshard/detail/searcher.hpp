@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <tuple>
 #include <limits>
 #include <map>
 #include <set>
@@ -135,16 +134,13 @@ private:
   // when it is not decided), solved on every core; its solutions as seeds.
   std::vector<named_choice> exact_seeds(std::vector<exact_summary>& summaries) const {
     const std::string written_axis = p_.zero_axis >= 0 ? std::string(p_.axes.names[p_.zero_axis].view()) : "";
-    std::vector<std::pair<int, std::string>> stages{{p_.zero_stage, written_axis}};
-    if (o_.decide_zero) {
-      stages = {{0, ""}};
-      for (int stage = 1; stage <= 3; ++stage)
-        for (const auto& a : axes_) stages.emplace_back(stage, a.name);
-    }
+    const auto stages = o_.decide_zero ? zero_choices(axes_)
+                                       : std::vector<graph::sharding_choice>{{.zero_stage = p_.zero_stage, .zero_axis = written_axis}};
     summaries.assign(stages.size(), {});
     planner::detail::for_each_index(stages.size(), [&](std::size_t i) {
       auto& sum = summaries[i];
-      std::tie(sum.zero_stage, sum.zero_axis) = stages[i];
+      sum.zero_stage = stages[i].zero_stage.value_or(0);
+      sum.zero_axis = stages[i].zero_axis;
       try {
         const auto t0 = std::chrono::steady_clock::now();
         const auto f = formulate(p_, mesh_, shapes_, model_,
@@ -161,7 +157,6 @@ private:
           sum.origins.push_back(exact_origin(sum, x, sum.solutions.size()));
           sum.solutions.push_back(std::move(x));
         }
-        sum.choices.clear();
         for (const auto& x : sum.solutions) sum.choices.push_back(f.choice(x.pick));
       } catch (const error& e) {
         sum.refused = e.what();
@@ -195,14 +190,12 @@ private:
   }
   [[nodiscard]] std::vector<named_choice> zero_moves(const candidate& from) const {
     std::vector<named_choice> out;
-    for (int stage = 0; stage <= 3; ++stage)
-      for (const auto& a : axes_) {
-        named_choice nc{"search", from.choice};
-        nc.choice.zero_stage = stage;
-        nc.choice.zero_axis = stage > 0 ? a.name : std::string{};
-        out.push_back(std::move(nc));
-        if (stage == 0) break;
-      }
+    for (const auto& z : zero_choices(axes_)) {
+      named_choice nc{"search", from.choice};
+      nc.choice.zero_stage = z.zero_stage;
+      nc.choice.zero_axis = z.zero_axis;
+      out.push_back(std::move(nc));
+    }
     return out;
   }
 

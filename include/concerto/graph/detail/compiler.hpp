@@ -110,6 +110,8 @@ struct node {
   return ops[static_cast<int>(k)];
 }
 [[nodiscard]] constexpr bool is_leaf(op_code op) noexcept { return op >= op_code::input && op <= op_code::param; }
+/// @brief Whether the step differentiates leaf `x`: parameters and inputs, unless the input says no_grad.
+[[nodiscard]] constexpr bool leaf_needs_grad(const node& x) noexcept { return x.op != op_code::data && !x.has(flag_no_grad); }
 
 } // namespace concerto::graph
 
@@ -639,7 +641,7 @@ struct work {
       if (is_leaf(x.op)) {
         node l = x;
         l.in[0] = -1;
-        if (x.op != op_code::data && !x.has(flag_no_grad)) l.flags |= flag_needs_grad;
+        if (leaf_needs_grad(x)) l.flags |= flag_needs_grad;
         const int li = add(l);
         leaf_node[x.name] = static_cast<std::int16_t>(li);
         map[r] = static_cast<std::int16_t>(convert(li, x.use, ir::phase::forward));
