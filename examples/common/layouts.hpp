@@ -30,8 +30,10 @@ struct megatron {
 };
 
 /// Every spec decided by automatic sharding (--auto, docs/auto-sharding.md): each weight's and
-/// norm's dimensions and the token batches' first one; the residual stream's layout follows from
-/// them, so no branch ends with a redistribution.
+/// norm's dimensions, the token batches' first one, and the layout each branch's sum takes into
+/// the residual stream on its batch and sequence dims (replicated: Megatron's tensor
+/// parallelism; the sequence over the tensor axis: its sequence parallelism; open: as the
+/// weights leave it).
 struct decided {
   static constexpr auto vec = spec(auto_);
   static constexpr auto col = spec(auto_, auto_);
@@ -39,7 +41,8 @@ struct decided {
   static constexpr auto tokens = spec(auto_, replicate);
   template <auto R, class X>
   static constexpr auto residual(X x) {
-    return x;
+    if constexpr (to_value(R).rank == 3) return x.to(spec(auto_, auto_, replicate));
+    else return x.to(spec(auto_, replicate));
   }
 };
 

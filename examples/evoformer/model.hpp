@@ -21,32 +21,51 @@ inline constexpr auto weight = spec(replicate, replicate);
 
 /// Gated self-attention along dimension 1 of z (AlphaFold 2's, without pair bias): q, k, v and a
 /// sigmoid gate from the normalised z, heads over the channels, the gated heads projected back.
-template <fixed_string Prefix, class Z>
+template <fixed_string Prefix, class Layout, class Z>
 constexpr auto gated_attention(Z z) {
-  auto a = layernorm(z, param<join<Prefix, "ln.g">()>(vec, init::ones), param<join<Prefix, "ln.b">()>(vec));
-  auto q = matmul(a, param<join<Prefix, "wq">()>(weight));
-  auto k = matmul(a, param<join<Prefix, "wk">()>(weight));
-  auto v = matmul(a, param<join<Prefix, "wv">()>(weight));
-  auto gate = sigmoid(matmul(a, param<join<Prefix, "wg">()>(weight)));
-  return matmul(gate * attention(q, k, v), param<join<Prefix, "wo">()>(weight));
+  auto a = layernorm(z, param<join<Prefix, "ln.g">()>(Layout::vec, init::ones), param<join<Prefix, "ln.b">()>(Layout::vec));
+  auto q = matmul(a, param<join<Prefix, "wq">()>(Layout::weight));
+  auto k = matmul(a, param<join<Prefix, "wk">()>(Layout::weight));
+  auto v = matmul(a, param<join<Prefix, "wv">()>(Layout::weight));
+  auto gate = sigmoid(matmul(a, param<join<Prefix, "wg">()>(Layout::weight)));
+  return matmul(gate * attention(q, k, v), param<join<Prefix, "wo">()>(Layout::weight));
 }
 
-inline constexpr auto block = [](auto z) {
-  auto z1 = z + gated_attention<"row.">(z);
-  // Columns: attention over i for each j is row attention of the transposed z; its split moves
-  // from j to i (an all-to-all over dap) and back.
-  auto zt = transpose(z1).to(rows);
-  auto z2 = z1 + transpose(gated_attention<"col.">(zt)).to(rows);
-  auto t = layernorm(z2, param<"tr.ln.g">(vec, init::ones), param<"tr.ln.b">(vec));
-  return z2 + matmul(relu(matmul(t, param<"tr.w1">(weight))), param<"tr.w2">(weight));
+/// DAP's specs as written: z split on its rows, every weight replicated.
+struct dap_written {
+  static constexpr auto z = rows;
+  static constexpr auto vec = evoformer_model::vec;
+  static constexpr auto weight = evoformer_model::weight;
+};
+/// Every spec and both switches decided by automatic sharding (bench_autoshard --model evoformer):
+/// which residue dimension each attention reads split, where the all-to-alls go, or none.
+struct dap_decided {
+  static constexpr auto z = spec(auto_, auto_, replicate);
+  static constexpr auto vec = spec(auto_);
+  static constexpr auto weight = spec(auto_, auto_);
 };
 
+template <class Layout>
+inline constexpr auto block_of = [](auto z) {
+  auto z1 = z + gated_attention<"row.", Layout>(z);
+  // Columns: attention over i for each j is row attention of the transposed z; its split moves
+  // from j to i (an all-to-all over dap) and back.
+  auto zt = transpose(z1).to(Layout::z);
+  auto z2 = z1 + transpose(gated_attention<"col.", Layout>(zt)).to(Layout::z);
+  auto t = layernorm(z2, param<"tr.ln.g">(Layout::vec, init::ones), param<"tr.ln.b">(Layout::vec));
+  return z2 + matmul(relu(matmul(t, param<"tr.w1">(Layout::weight))), param<"tr.w2">(Layout::weight));
+};
+inline constexpr auto block = block_of<dap_written>;
+
 /// z0 (an input without gradient, the stack's pair features) through `depth` blocks, regressed on a target.
-inline constexpr auto pair_stack = [] {
-  constexpr auto z0 = input<"z">(rows, no_grad);
-  constexpr auto zn = repeat<"blocks">(block, z0);
-  return program(mse(zn, input<"target">(rows, no_grad)), adamw{});
-}();
+template <class Layout>
+constexpr auto make_pair_stack() {
+  constexpr auto z0 = input<"z">(Layout::z, no_grad);
+  constexpr auto zn = repeat<"blocks">(block_of<Layout>, z0);
+  return program(mse(zn, input<"target">(Layout::z, no_grad)), adamw{});
+}
+inline constexpr auto pair_stack = make_pair_stack<dap_written>();
+inline constexpr auto pair_stack_auto = make_pair_stack<dap_decided>();
 
 /// Shapes for N residues, c channels, `heads` heads (attention over c / heads lanes) and a
 /// transition of factor 4, AlphaFold 2's pair stack widths at c = 128 and 4 heads.

@@ -31,8 +31,8 @@ std::optional<int> parse_command_line(int argc, char** argv, settings& s) {
       ->check(CLI::IsMember({1, 2}))->capture_default_str();
   // Options that only mean something together are refused apart, by name, rather than ignored.
   app.callback([&] {
-    if (s.auto_shard && (s.experts > 0 || s.zero_stage != 0))
-      throw CLI::ValidationError("--auto", "decides the dense model's layout and its ZeRO stage: leave out --experts and --zero");
+    if (s.auto_shard && (s.sp || s.zero_stage != 0))
+      throw CLI::ValidationError("--auto", "decides the layout (sequence parallelism included) and the ZeRO stage: leave out --sp and --zero");
     if (s.experts == 0 && s.ep != 1)
       throw CLI::ValidationError("--ep", "splits the experts of a mixture of experts: give --experts E too (without "
                                          "experts the mesh is dp x tp)");

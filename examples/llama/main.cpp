@@ -17,9 +17,9 @@
 // computes the same validation loss in PyTorch). A comma-separated --policy compiles one step per policy
 // on the same ranks and runs them in turn, step by step (the order rotating each round); each
 // prints its median measured step, and --json FILE writes every result (median measured step
-// time, predicted time, lower bound) as one JSON array. --auto leaves the dense model's specs and
-// ZeRO stage to automatic sharding (--explain, --memory-cap-mib; docs/auto-sharding.md). --help
-// lists every option (flags.cpp). It is built
+// time, predicted time, lower bound) as one JSON array. --auto leaves the specs and ZeRO stage
+// (with --experts: where the experts live too) to automatic sharding (--explain,
+// --memory-cap-mib; docs/auto-sharding.md). --help lists every option (flags.cpp). It is built
 // in concerto's separately compiled mode (CMake: concerto::mpi_compiled; docs/training.md).
 #include "../common/optimizer.hpp"
 #include "../common/policy_runs.hpp"
@@ -117,7 +117,11 @@ int main(int argc, char** argv) {
   if (const auto status = llama_example::parse_command_line(argc, argv, s)) return *status;
   return runtime::mpi::run_or_abort([&] {
     if (s.auto_shard) {
-      train_on(llama_model::llama_auto, s);
+      static constexpr auto switch_auto = llama_model::make_moe<llama_model::top1, adamw{}, llama_model::moe_decided>();
+      static constexpr auto mixtral_auto = llama_model::make_moe<llama_model::top2, adamw{}, llama_model::moe_decided>();
+      if (s.experts == 0) train_on(llama_model::llama_auto, s);
+      else if (s.top_k == 1) train_on(switch_auto, s);
+      else train_on(mixtral_auto, s);
       return;
     }
     if (s.experts > 0) {

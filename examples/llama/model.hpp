@@ -58,20 +58,60 @@ inline constexpr auto expert_col = spec(shard(ep), replicate, shard(tp)); ///< [
 inline constexpr auto expert_row = spec(shard(ep), shard(tp), replicate); ///< [experts, f, h]
 inline constexpr auto by_expert = spec(shard(ep), shard(dp), replicate);  ///< [experts, groups·capacity, h]
 
-template <moe_config Routing, auto Optimizer = adamw{}>
+/// The mixture of experts' specs as written above: tokens over dp × ep, experts over ep, each
+/// expert's products Megatron's way over tp.
+struct moe_written {
+  using dense = megatron;
+  static constexpr auto tokens = moe_tokens;
+  static constexpr auto expert_col = llama_model::expert_col;
+  static constexpr auto expert_row = llama_model::expert_row;
+  static constexpr auto router = spec(replicate, replicate);
+  template <class X>
+  static constexpr auto to_experts(X x) {
+    return x.to(by_expert);
+  }
+  template <class X>
+  static constexpr auto to_residual(X x) {
+    return x.to(moe_residual);
+  }
+};
+
+/// The same decided by automatic sharding (--auto --experts): where the experts live (over ep,
+/// over dp, both, or copied), the tokens' split, the dispatched tokens' layout, each expert's
+/// products column- then row-parallel over an axis it chooses (the structure kept: a choice of
+/// every dim of a rank-3 weight would multiply the search by thousands).
+struct moe_decided {
+  using dense = decided;
+  static constexpr auto tokens = spec(auto_, replicate);
+  static constexpr auto expert_col = spec(auto_, replicate, auto_);
+  static constexpr auto expert_row = spec(auto_, auto_, replicate);
+  static constexpr auto router = spec(auto_, auto_);
+  template <class X>
+  static constexpr auto to_experts(X x) {
+    return x.to(spec(auto_, auto_, replicate));
+  }
+  template <class X>
+  static constexpr auto to_residual(X x) {
+    return x.to(spec(auto_, auto_, replicate));
+  }
+};
+
+template <moe_config Routing, auto Optimizer = adamw{}, class Layout = moe_written>
 constexpr auto make_moe() {
+  using dense = typename Layout::dense;
   constexpr auto block = [](auto h) {
-    auto h2 = attend<moe_residual>(h, data<"positions">(moe_tokens));
-    auto m = rmsnorm(h2, param<"ffn_norm.g">(vec, init::ones));
-    auto gates = moe_route<Routing>(matmul(m, param<"router">(spec(replicate, replicate))));
-    auto x = moe_dispatch(m, gates).to(by_expert);
-    auto y = matmul(swiglu(matmul(x, param<"w1">(expert_col)), matmul(x, param<"w3">(expert_col))), param<"w2">(expert_row));
+    auto h2 = attend<moe_residual>(h, data<"positions">(Layout::tokens), dense{});
+    auto m = rmsnorm(h2, param<"ffn_norm.g">(dense::vec, init::ones));
+    auto gates = moe_route<Routing>(matmul(m, param<"router">(Layout::router)));
+    auto x = Layout::to_experts(moe_dispatch(m, gates));
+    auto y = matmul(swiglu(matmul(x, param<"w1">(Layout::expert_col)), matmul(x, param<"w3">(Layout::expert_col))),
+                    param<"w2">(Layout::expert_row));
     return h2 + moe_combine(y, gates);
   };
-  constexpr auto h0 = embedding(data<"ids">(moe_tokens), param<"wte">(row)).to(moe_residual);
+  constexpr auto h0 = Layout::to_residual(embedding(data<"ids">(Layout::tokens), param<"wte">(dense::row)));
   constexpr auto hn = repeat<"layers">(block, h0);
-  constexpr auto logits = matmul(rmsnorm(hn, param<"norm.g">(vec, init::ones)), param<"head">(col));
-  return program(cross_entropy(logits, data<"labels">(moe_tokens)), Optimizer);
+  constexpr auto logits = matmul(rmsnorm(hn, param<"norm.g">(dense::vec, init::ones)), param<"head">(dense::col));
+  return program(cross_entropy(logits, data<"labels">(Layout::tokens)), Optimizer);
 }
 
 /// Switch Transformer's routing (one expert per token) and GShard's / Mixtral's (two), capacity

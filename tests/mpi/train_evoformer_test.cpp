@@ -59,14 +59,7 @@ TEST_CASE("the Evoformer pair stack's gradient on one rank is the finite differe
 TEST_CASE("the Evoformer pair stack over dap trains to the single-rank numbers", "[mpi][train][evoformer]") {
   const auto reference = run(MPI_COMM_SELF, 1, planner::policy::program_order);
   REQUIRE(reference.loss.back() < reference.loss.front());
-  const int world = runtime::mpi::environment::world_size();
-  for (int ranks : {2, 4}) {
-    if (ranks > world) continue;
-    tt::sub_world sub(ranks);
-    if (!sub.member()) continue;
-    CAPTURE(ranks);
-    tt::check_same(run(sub.get(), ranks, planner::policy::sync), reference);
-  }
+  tt::on_sub_worlds({2, 4}, [&](MPI_Comm comm, int ranks) { tt::check_same(run(comm, ranks, planner::policy::sync), reference); });
 }
 
 TEST_CASE("the sync, program_order and concerto plans of the DAP pair stack give the same numbers", "[mpi][train][evoformer]") {

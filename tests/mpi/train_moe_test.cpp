@@ -4,7 +4,8 @@
 // off: its value is not in the loss); on 2 and 4 ranks, with every dp × ep mesh that divides,
 // the losses, gradients and parameters after a few steps match the single-rank run within
 // train_testing::rel_tol (1e-5 relative), with the balance loss on, experts split over ep and,
-// on 4 ranks, over tp inside each expert; so do the three plan policies.
+// on 4 ranks, over tp inside each expert; so do the three plan policies, and the layout automatic
+// sharding decides.
 #include "llama_program.hpp"
 #include "train_testing.hpp"
 
@@ -24,6 +25,7 @@ const std::vector<std::string> params{"wte", "layers.0.wq", "layers.1.wo", "laye
                                       "layers.0.w1", "layers.1.w3", "layers.0.w2", "layers.1.ffn_norm.g", "head"};
 constexpr auto no_balance_loss = lt::make_moe<moe_config{.top_k = 2, .capacity_factor = 1.25, .aux_weight = 0}>();
 constexpr auto moe_top2 = lt::make_moe<lt::top2>();
+constexpr auto moe_decided = lt::make_moe<lt::top2, adamw{}, lt::moe_decided>(); // every spec and .to written auto_
 
 train::step_options options(planner::policy policy) {
   return {.policy = policy, .lower = {.name = "moe", .heads = heads, .depth = {{"layers", 2}}},
@@ -69,6 +71,15 @@ TEST_CASE("the MoE decoder trains to the single-rank numbers on every dp x ep me
       tt::check_same(run(moe_top2, sub.get(), d, e, planner::policy::sync, t), reference);
     }
   }
+}
+
+TEST_CASE("the MoE decoder with its layout decided trains to the single-rank numbers", "[mpi][train][moe][autoshard]") {
+  // train::compile chooses where the experts live, the tokens' and the dispatched tokens'
+  // layouts and the ZeRO stage (rank 0, sent to the others), then trains: any sharding is exact.
+  const auto reference = run(moe_top2, MPI_COMM_SELF, 1, 1, planner::policy::program_order);
+  tt::on_sub_worlds({2, 4}, [&](MPI_Comm comm, int ranks) {
+    tt::check_same(run(moe_decided, comm, ranks / 2, 2, planner::policy::sync), reference); // dp 1 x ep 2, dp 2 x ep 2
+  });
 }
 
 // The balance loss of each layer, read back after a step: on every mesh the value one rank

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <initializer_list>
 #include <vector>
 
 namespace train_testing {
@@ -117,6 +118,21 @@ public:
 private:
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
+
+/// Calls `f(comm, ranks)` on the first `ranks` ranks for each of `sizes` the world holds (the
+/// other ranks skip that size).
+template <class F>
+void on_sub_worlds(std::initializer_list<int> sizes, F&& f) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  for (const int ranks : sizes) {
+    if (ranks > world) continue;
+    sub_world sub(ranks);
+    if (!sub.member()) continue;
+    CAPTURE(ranks);
+    f(sub.get(), ranks);
+  }
+}
 
 template <std::size_t N>
 run_result run(const concerto::graph::program<N>& p, const concerto::shape_map& shapes, MPI_Comm comm,

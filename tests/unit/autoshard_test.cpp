@@ -135,7 +135,7 @@ TEST_CASE("respecify compiles a program again with chosen leaf specs, as if they
       CHECK(message_of(static_cast<errc>(e)).starts_with("concerto: "));
   }
   SECTION("a choice that does not fit the program is an error naming it") {
-    CHECK_THROWS_WITH(graph::respecify(auto_mlp, {.leaves = {{"nope", to_value(rows)}}}), ContainsSubstring("no leaf 'nope'"));
+    CHECK_THROWS_WITH(graph::respecify(auto_mlp, {.leaves = {{"nope", to_value(rows)}}}), ContainsSubstring("no leaf or redistribution written with auto_ named 'nope'"));
     CHECK_THROWS_WITH(graph::respecify(auto_mlp, {.leaves = {{"w1", to_value(spec(replicate))}}}),
                       ContainsSubstring("must have rank 2"));
     CHECK_THROWS_WITH(graph::respecify(auto_mlp, {.zero_stage = 4}), ContainsSubstring("ZeRO stage 4 is not 0, 1, 2 or 3"));

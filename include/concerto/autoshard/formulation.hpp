@@ -72,6 +72,10 @@ struct problem_node {
   std::int64_t start = 0; ///< [start, end): when its usage is held, in node steps
   std::int64_t end = 0;
   std::vector<strategy> strategies;
+  /// A `.to(...)` written with auto_: the dims written so (a bit per dim) and the layout as
+  /// written, from which graph::kept_where_free gives what it makes when a choice leaves it open.
+  std::uint8_t free = 0;
+  pspec written{};
 };
 
 /// @brief The sharding problem of one program for one ZeRO stage.
@@ -118,31 +122,36 @@ struct problem {
     for (const auto& [t, d] : delta) peak = std::max(peak, now += d);
     return peak;
   }
-  /// The selection a sharding of the decided leaves stands for (leaves it does not name as
-  /// written, i.e. their first strategy), each op's strategy the one reading its producers'
-  /// outputs; nothing when a spec is not among a leaf's strategies or the compiler refuses an op.
+  /// The selection a sharding of the decided leaves and redistributions stands for, as
+  /// graph::respecify reads it: a leaf it does not name as written (its first strategy), a
+  /// redistribution it does not name as its value arrives (graph::kept_where_free), each op's strategy the one reading its producers' outputs; nothing when a spec
+  /// is not among a node's strategies or the compiler refuses an op.
   [[nodiscard]] std::optional<std::vector<int>> pick_of(const graph::sharding_choice& c) const {
     std::vector<int> pick(nodes.size(), 0);
+    std::vector<std::optional<pspec>> wanted(nodes.size());
     for (const auto& l : c.leaves) {
       const auto it = std::find_if(leaves.begin(), leaves.end(), [&](const auto& x) { return x.second == l.leaf; });
       if (it == leaves.end()) continue;
       pspec want;
       if (!detail::to_known_pspec(l.spec, axes, want)) return std::nullopt;
-      const auto& ss = nodes[static_cast<std::size_t>(it->first)].strategies;
-      const auto found = std::find_if(ss.begin(), ss.end(), [&](const strategy& s) { return s.out == want; });
-      if (found == ss.end()) return std::nullopt;
-      pick[static_cast<std::size_t>(it->first)] = static_cast<int>(found - ss.begin());
+      wanted[static_cast<std::size_t>(it->first)] = want;
     }
     for (std::size_t v = 0; v < nodes.size(); ++v) {
-      if (nodes[v].n_in == 0) continue;
-      const auto& ss = nodes[v].strategies;
-      const auto found = std::find_if(ss.begin(), ss.end(), [&](const strategy& s) {
-        for (int k = 0; k < nodes[v].n_in; ++k) {
-          const auto u = static_cast<std::size_t>(nodes[v].operands[k]);
+      const auto& x = nodes[v];
+      const auto reads_producers = [&](const strategy& s) {
+        for (int k = 0; k < x.n_in; ++k) {
+          const auto u = static_cast<std::size_t>(x.operands[k]);
           if (!(s.in[k] == nodes[u].strategies[static_cast<std::size_t>(pick[u])].out)) return false; // producers come first
         }
         return true;
-      });
+      };
+      const auto makes = [&](const strategy& s) {
+        if (wanted[v]) return s.out == *wanted[v];
+        if (x.free != 0) return s.out == graph::kept_where_free(x.written, x.free, s.in[0]);
+        return true;
+      };
+      const auto& ss = x.strategies;
+      const auto found = std::find_if(ss.begin(), ss.end(), [&](const strategy& s) { return reads_producers(s) && makes(s); });
       if (found == ss.end()) return std::nullopt;
       pick[v] = static_cast<int>(found - ss.begin());
     }
@@ -157,6 +166,7 @@ struct problem {
     }
     c.zero_stage = zero_stage;
     c.zero_axis = zero_stage > 0 ? zero_axis : std::string{};
+    for (int a = 0; a < axes.count; ++a) c.axes.emplace_back(axes.names[a].view()); // the order the strategies were laid out in
     return c;
   }
 };
@@ -331,28 +341,6 @@ private:
   op_code optimizer_;
 };
 
-// Global shapes of the traced nodes (program::raw), by the lowering's shape rules.
-template <std::size_t N>
-std::vector<std::vector<std::int64_t>> raw_shapes(const graph::program<N>& p, const shape_map& shapes, const lower_options& lo) {
-  auto traced = std::make_unique<graph::program<N>>(p);
-  std::copy(std::begin(p.raw), std::end(p.raw), std::begin(traced->nodes));
-  traced->size = p.raw_size;
-  std::vector<std::vector<std::int64_t>> global(static_cast<std::size_t>(p.raw_size));
-  for (int i = 0; i < p.raw_size; ++i) {
-    const auto& x = p.raw[i];
-    auto& out = global[static_cast<std::size_t>(i)];
-    if (graph::is_leaf(x.op)) out = graph::detail::leaf_shape(*traced, i, shapes);
-    else if (x.op == op_code::to || x.op == op_code::repeat_in || x.op == op_code::repeat_out)
-      out = global[static_cast<std::size_t>(x.in[0])];
-    else out = graph::detail::op_shape(*traced, i, global, lo);
-  }
-  return global;
-}
-
-} // namespace detail
-
-namespace detail {
-
 // Builds the strategies of one traced node from its operands' layouts.
 template <std::size_t N>
 class formulator {
@@ -375,7 +363,7 @@ public:
     f.usage_limit = o_.memory_cap_bytes;
     f.zero_stage = o_.zero_stage;
     f.zero_axis = o_.zero_stage > 0 ? o_.zero_axis : std::string{};
-    const auto free = free_leaves(p_, shapes_);
+    const auto free = free_leaves(p_, shapes_, global_);
     for (int r = 0; r < p_.raw_size; ++r) {
       const auto& x = p_.raw[r];
       problem_node v;
@@ -389,12 +377,22 @@ public:
         needs_grad_[static_cast<std::size_t>(r)] = graph::leaf_needs_grad(x);
       } else {
         v.name = std::string(ir::to_string(x.op)) + "#" + std::to_string(r);
+        const auto it = std::find_if(free.begin(), free.end(), [&](const free_leaf& l) { return l.raw == r; });
+        if (it != free.end()) {
+          v.name = it->name;
+          v.free = x.free;
+          v.written = x.use;
+          f.leaves.emplace_back(static_cast<int>(f.nodes.size()), v.name);
+          for (const auto& spec : leaf_specs(*it, split_axes(m_)))
+            if (pspec ps; to_known_pspec(spec, axes_, ps)) decided_.push_back(ps);
+        }
         for (int k = 0; k < x.n_in; ++k) {
           v.operands[v.n_in++] = node_of_[static_cast<std::size_t>(x.in[k])];
           if (needs_grad_[static_cast<std::size_t>(x.in[k])]) needs_grad_[static_cast<std::size_t>(r)] = true;
         }
         if (x.op == op_code::repeat_out) v.operands[v.n_in++] = node_of_[static_cast<std::size_t>(repeat_of_out(r).raw_in)];
         op_strategies(v, f);
+        decided_.clear();
         if (v.strategies.empty())
           fail("automatic sharding's formulation: no layout of its operands lets '" + v.name +
                "' be built (the compiler's rules refuse every one)");
@@ -426,6 +424,7 @@ private:
   std::vector<bool> needs_grad_;
   std::vector<int> depth_;
   int zero_axis_ = -1;
+  std::vector<pspec> decided_; // the layouts the .to(...) being formulated may be given (written with auto_)
 
   [[nodiscard]] const std::vector<std::int64_t>& shape(int raw) const { return global_[static_cast<std::size_t>(raw)]; }
   [[nodiscard]] const graph::repeat_info& repeat_of_out(int r) const {
@@ -513,7 +512,12 @@ private:
       for (int a = 0; a < v.n_in; ++a)
         for (int b = a + 1; b < v.n_in; ++b)
           if (v.operands[a] == v.operands[b] && !(s.in[a] == s.in[b])) same_producer_alike = false;
-      if (same_producer_alike && answer(v, s)) v.strategies.push_back(s);
+      if (same_producer_alike && decided_.empty() && answer(v, s)) v.strategies.push_back(s);
+      for (const auto& out : decided_) { // a decided .to (one operand): each layout it may be given
+        strategy d = s;
+        d.out = out;
+        if (answer(v, d)) v.strategies.push_back(d);
+      }
       std::size_t i = 0;
       while (i < at.size() && ++at[i] == layouts[i].size()) at[i++] = 0;
       more = i < at.size();
@@ -527,7 +531,7 @@ private:
     const double w = pricer_.working_bytes();
     if (x.op == op_code::to) {
       if (s.in[0].rank != x.use.rank) return false;
-      s.out = x.use;
+      if (x.free == 0) s.out = x.use; // else the layout decided (op_strategies)
       s.cost_us = pricer_.redistribution_us(out_shape, s.in[0], s.out, w) + gradient_us(v, 0, s.in[0], s.out, s.out);
     } else if (x.op == op_code::repeat_in) {
       s.out = pinned(x.in[0]) ? s.in[0] : s.in[0].without_partial();

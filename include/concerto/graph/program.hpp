@@ -52,13 +52,6 @@ struct program_info {
   int repeat_count = 0;
   int raw_size = 0;  ///< the traced expression (program::raw), which graph/respecify.hpp compiles again
   int raw_root = -1; ///< its loss
-
-  /// @brief Whether some leaf has a dimension written auto_ (automatic sharding decides it).
-  [[nodiscard]] constexpr bool has_free_dims() const noexcept {
-    for (int l = 0; l < name_count; ++l)
-      if (free_dims[l] != 0) return true;
-    return false;
-  }
 };
 
 /// @brief A compiled training step of N nodes (nodes are in execution order: forward, backward,
@@ -69,6 +62,15 @@ struct program : program_info {
   /// The expression as traced, one node per distinct subexpression with the specs the program
   /// wrote (the compiler's pass 1): what automatic sharding compiles again with other leaf specs.
   node raw[N]{};
+
+  /// @brief Whether some leaf or `.to(...)` has a dimension written auto_ (automatic sharding decides it).
+  [[nodiscard]] constexpr bool has_free_dims() const noexcept {
+    for (int l = 0; l < name_count; ++l)
+      if (free_dims[l] != 0) return true;
+    for (int i = 0; i < raw_size; ++i)
+      if (raw[i].free != 0) return true;
+    return false;
+  }
 
   /// @brief Index of a repeat by name, -1 if the program has none of that name.
   [[nodiscard]] constexpr int repeat_index(std::string_view name) const noexcept {

@@ -29,18 +29,27 @@
 
 namespace concerto::graph {
 
-/// @brief What automatic sharding chose for one leaf: its spec (no pending sums).
+/// @brief What automatic sharding chose for one leaf, or for one `.to(...)` written with auto_
+/// (named by redistribution_name): its spec (no pending sums).
 struct leaf_choice {
   std::string leaf;
   spec_value spec;
 };
 
-/// @brief A sharding of a program: the specs of some leaves (the others keep the program's) and
-/// optionally the ZeRO stage over a mesh axis (stage 0: none).
+/// @brief The name a choice gives a `.to(...)` written with auto_: "to#" and its node in
+/// program::raw (stable for one program: the trace is deterministic).
+[[nodiscard]] inline std::string redistribution_name(int raw) { return "to#" + std::to_string(raw); }
+
+/// @brief A sharding of a program: the specs of some leaves and redistributions (the others keep
+/// the program's) and optionally the ZeRO stage over a mesh axis (stage 0: none).
 struct sharding_choice {
   std::vector<leaf_choice> leaves;
   std::optional<int> zero_stage;
   std::string zero_axis; ///< with zero_stage > 0
+  /// The mesh's axes in its order, known to the program before any chosen spec: the rules lay a
+  /// dimension split over two axes out in this order (a program written with `on(...)` has its
+  /// own), so a choice compiles alike wherever it is compiled. Empty: as the specs name them.
+  std::vector<std::string> axes;
 };
 
 /// @brief The size of the program a respecified program<N> is: the lowering's own size (so that
@@ -54,16 +63,21 @@ struct respecified {
   std::unique_ptr<graph::program<respecified_size<N>>> program;
   errc err = errc::none;
   std::string where; ///< the node of the mistake as the program wrote it, e.g. "matmul(x, w1)"
+  /// The `.to(...)`s written with auto_ that the choice left open, as they were decided: each the
+  /// layout its value arrived in (graph::kept_where_free), so that the program is one written by
+  /// hand.
+  std::vector<leaf_choice> kept;
   /// The mistake in the sentence the compile-time diagnostic uses (message_of), and where.
   [[nodiscard]] std::string message() const {
     return err == errc::none ? std::string{} : std::string(message_of(err)) + " (at " + where + ")";
   }
 };
 
-/// @brief Compiles `p` again with the leaf specs and ZeRO stage of `choice`. Throws
-/// concerto::error for a choice that names a leaf the program lacks, gives a spec of another
-/// rank or with pending sums, or a ZeRO stage outside 0-3; a choice the compiler refuses comes
-/// back as `err`.
+/// @brief Compiles `p` again with the leaf and redistribution specs and ZeRO stage of `choice`
+/// (a `.to(...)` written with auto_ and not named keeps the layout its value arrives in, and is
+/// listed in respecified::kept). Throws concerto::error for a choice that names a leaf or
+/// redistribution the program lacks, gives a spec of another rank or with pending sums, or a
+/// ZeRO stage outside 0-3; a choice the compiler refuses comes back as `err`.
 template <std::size_t N>
 [[nodiscard]] respecified<N> respecify(const program<N>& p, const sharding_choice& choice) {
   constexpr std::size_t M = respecified_size<N>;
@@ -80,6 +94,9 @@ template <std::size_t N>
     w->grad_of[l] = w->update_of[l] = -1;
   }
   w->opt = p.optimizer;
+  for (const auto& a : choice.axes)
+    if (w->axes.intern(axis_name(a)) < 0)
+      fail("respecify: the choice's axes overflow the program's " + std::to_string(max_axes) + " (sharding_choice::axes)");
   w->stage = choice.zero_stage.value_or(p.zero_stage);
   w->zero_axis = p.zero_axis;
   if (w->stage < 0 || w->stage > 3) fail("respecify: ZeRO stage " + std::to_string(w->stage) + " is not 0, 1, 2 or 3");
@@ -95,8 +112,25 @@ template <std::size_t N>
     w->repeats[k] = repeat_info{.name = r.name, .raw_in = r.raw_in, .raw_x = r.raw_x, .raw_out = r.raw_out};
   }
   std::vector<bool> used(choice.leaves.size(), false);
+  const auto take = [&](node& x, std::size_t c, std::string_view what) -> bool {
+    const auto& s = choice.leaves[c].spec;
+    if (s.rank != x.use.rank || !s.partial[0].empty())
+      fail("respecify: the spec " + to_string(s) + " chosen for " + std::string(what) + " must have rank " + std::to_string(x.use.rank) +
+           " and no pending sum");
+    if (!to_pspec(s, w->axes, x.use)) return false;
+    used[c] = true;
+    return true;
+  };
   for (int i = 0; i < w->raw_n; ++i) {
     node& x = w->raw[i];
+    if (x.op == op_code::to && x.free != 0) {
+      const auto name = redistribution_name(i);
+      for (std::size_t c = 0; c < choice.leaves.size(); ++c) {
+        if (choice.leaves[c].leaf != name) continue;
+        if (!take(x, c, "redistribution '" + name + "'")) return {nullptr, errc::too_many_axes, name};
+        x.free = 0;
+      }
+    }
     if (!is_leaf(x.op)) continue;
     if (x.zero_dim >= 0) { // the trace stored it split for ZeRO-3: back to the spec written
       x.spec = x.use;
@@ -105,27 +139,32 @@ template <std::size_t N>
     const std::string_view name = p.names[x.name].view();
     for (std::size_t c = 0; c < choice.leaves.size(); ++c) {
       if (choice.leaves[c].leaf != name) continue;
-      const auto& s = choice.leaves[c].spec;
-      if (s.rank != x.use.rank || !s.partial[0].empty())
-        fail("respecify: the spec " + to_string(s) + " chosen for leaf '" + std::string(name) + "' must have rank " +
-             std::to_string(x.use.rank) + " and no pending sum");
-      pspec chosen;
-      if (!to_pspec(s, w->axes, chosen))
-        return {nullptr, errc::too_many_axes, "leaf '" + std::string(name) + "'"};
-      x.use = x.spec = chosen;
+      const std::string what = "leaf '" + std::string(name) + "'";
+      if (!take(x, c, what)) return {nullptr, errc::too_many_axes, what};
+      x.spec = x.use;
       x.flags = static_cast<std::uint8_t>(x.flags & ~flag_pinned);
       w->free_dims[x.name] = 0; // decided: the result is a program written by hand
-      used[c] = true;
     }
     w->store_zero3(x);
   }
   for (std::size_t c = 0; c < choice.leaves.size(); ++c)
-    if (!used[c]) fail("respecify: the program has no leaf '" + choice.leaves[c].leaf + "'");
+    if (!used[c]) fail("respecify: the program has no leaf or redistribution written with auto_ named '" + choice.leaves[c].leaf + "'");
   w->run_passes();
   if (w->err != errc::none) return {nullptr, w->err, std::string(detail::describe(*w).view())};
+  // The open redistributions decided as their values arrived, written into the trace, so that the
+  // program (and a later respecify of it) has nothing left to decide: the same passes with those
+  // layouts written make the same nodes.
+  std::vector<leaf_choice> kept;
+  for (int i = 0; i < w->raw_n; ++i) {
+    node& x = w->raw[i];
+    if (x.op != op_code::to || x.free == 0) continue;
+    x.use = w->nodes[w->map[i]].spec;
+    x.free = 0;
+    kept.push_back({redistribution_name(i), to_value(x.use, w->axes)});
+  }
   auto out = std::make_unique<program<M>>();
   detail::fill(*out, *w);
-  return {std::move(out), errc::none, {}};
+  return {std::move(out), errc::none, {}, std::move(kept)};
 }
 
 } // namespace concerto::graph

@@ -261,9 +261,13 @@ private:
   };
 
   buffer_id add_buffer(ir::buffer b) {
+    const auto id = b.id;
+    const auto root = b.view_of >= 0 ? graph_.root_of(b.view_of) : id;
     graph_.buffers.push_back(std::move(b));
     log_.emplace_back();
-    return graph_.buffers.back().id;
+    sharing_root_.emplace_back();
+    sharing_root_[static_cast<std::size_t>(root)].push_back(id);
+    return id;
   }
 
   // A shape seen as [outer, extent, inner] around dimension `dim`.
@@ -291,17 +295,23 @@ private:
     const auto need = [&](task_id d) {
       if (d >= 0 && std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
     };
-    // Every buffer that shares bytes with an accessed one constrains the order.
-    for (std::size_t b = 0; b < graph_.buffers.size(); ++b) {
-      const auto id = static_cast<buffer_id>(b);
-      const bool read = std::any_of(t.reads.begin(), t.reads.end(), [&](auto r) { return graph_.overlap(r, id); });
-      const bool written = std::any_of(t.writes.begin(), t.writes.end(), [&](auto w) { return graph_.overlap(w, id); });
-      if (!read && !written) continue;
-      const auto& log = log_[b];
-      need(log.last_writer); // RAW and WAW
-      if (written)
-        for (auto r : log.readers_since_write) need(r); // WAR
-    }
+    // Every buffer that shares bytes with an accessed one constrains the order; only buffers of
+    // one root can (a graph of thousands of tasks and buffers would otherwise cost their product).
+    std::vector<buffer_id> roots;
+    for (const auto* accessed : {&t.reads, &t.writes})
+      for (auto a : *accessed) roots.push_back(graph_.root_of(a));
+    std::sort(roots.begin(), roots.end());
+    roots.erase(std::unique(roots.begin(), roots.end()), roots.end());
+    for (const auto root : roots)
+      for (const auto id : sharing_root_[static_cast<std::size_t>(root)]) {
+        const bool read = std::any_of(t.reads.begin(), t.reads.end(), [&](auto r) { return graph_.overlap(r, id); });
+        const bool written = std::any_of(t.writes.begin(), t.writes.end(), [&](auto w) { return graph_.overlap(w, id); });
+        if (!read && !written) continue;
+        const auto& log = log_[static_cast<std::size_t>(id)];
+        need(log.last_writer); // RAW and WAW
+        if (written)
+          for (auto r : log.readers_since_write) need(r); // WAR
+      }
     for (auto b : t.reads) {
       auto& readers = log_[static_cast<std::size_t>(b)].readers_since_write;
       readers.push_back(t.id);
@@ -318,6 +328,7 @@ private:
 
   graph graph_;
   std::vector<access_log> log_;
+  std::vector<std::vector<buffer_id>> sharing_root_; ///< by root buffer: it and every view inside it
   phase phase_ = phase::forward;
   int layer_ = -1;
 };

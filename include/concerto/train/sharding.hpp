@@ -34,11 +34,13 @@ template <std::size_t N>
 std::string sharding_key(const graph::program<N>& p, const ir::graph& as_written, const cost::model& model,
                          const step_options& o) {
   hasher h;
-  // /2: the choice is also seeded by the exact formulation (autoshard/formulation.hpp); a choice
-  // cached by the search before it is made again.
-  h.add(std::string_view("concerto.sharding/2")).add(cache::library_version);
+  // /3: `.to`s written with auto_ are decided too, named by their traced node, and a choice
+  // carries the mesh's axis order; a choice cached before is made again.
+  h.add(std::string_view("concerto.sharding/3")).add(cache::library_version);
   h.add(plan::hash(as_written)).add(cache::mesh_hash(as_written)).add(model.hw().hash());
   for (int l = 0; l < p.name_count; ++l) h.add(p.names[l].view()).add(p.free_dims[l]);
+  for (int i = 0; i < p.raw_size; ++i)
+    if (p.raw[i].free != 0) h.add(i).add(p.raw[i].free);
   h.add(o.memory_cap_bytes.value_or(-1)).add(o.sharding.keep).add(o.sharding.decide_zero);
   return h.hex();
 }

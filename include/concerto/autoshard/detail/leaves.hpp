@@ -8,6 +8,7 @@
 #include <concerto/mesh/mesh.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,22 +97,56 @@ inline std::vector<spec_value> leaf_specs(const free_leaf& l, const std::vector<
   return out;
 }
 
+// Global shapes of the traced nodes (program::raw), by the lowering's shape rules.
 template <std::size_t N>
-std::vector<free_leaf> free_leaves(const graph::program<N>& p, const shape_map& shapes) {
+std::vector<std::vector<std::int64_t>> raw_shapes(const graph::program<N>& p, const shape_map& shapes, const lower_options& lo) {
+  auto traced = std::make_unique<graph::program<N>>(p);
+  std::copy(std::begin(p.raw), std::end(p.raw), std::begin(traced->nodes));
+  traced->size = p.raw_size;
+  std::vector<std::vector<std::int64_t>> global(static_cast<std::size_t>(p.raw_size));
+  for (int i = 0; i < p.raw_size; ++i) {
+    const auto& x = p.raw[i];
+    auto& out = global[static_cast<std::size_t>(i)];
+    if (graph::is_leaf(x.op)) out = graph::detail::leaf_shape(*traced, i, shapes);
+    else if (x.op == op_code::to || x.op == op_code::repeat_in || x.op == op_code::repeat_out)
+      out = global[static_cast<std::size_t>(x.in[0])];
+    else out = graph::detail::op_shape(*traced, i, global, lo);
+  }
+  return global;
+}
+
+// The leaves and `.to(...)`s written with auto_ (a redistribution named by
+// graph::redistribution_name), with their extents from `global` (raw_shapes).
+template <std::size_t N>
+std::vector<free_leaf> free_leaves(const graph::program<N>& p, const shape_map& shapes, const std::vector<std::vector<std::int64_t>>& global) {
   std::vector<free_leaf> out;
   for (int i = 0; i < p.raw_size; ++i) {
     const auto& x = p.raw[i];
-    if (!graph::is_leaf(x.op) || p.free_dims[x.name] == 0) continue;
+    const bool leaf = graph::is_leaf(x.op) && p.free_dims[x.name] != 0;
+    if (!leaf && !(x.op == op_code::to && x.free != 0)) continue;
     free_leaf l;
-    l.name = std::string(p.names[x.name].view());
-    l.written = to_value(x.zero_dim >= 0 ? x.use : x.spec, p.axes);
-    l.free = p.free_dims[x.name];
+    l.name = leaf ? std::string(p.names[x.name].view()) : graph::redistribution_name(i);
+    l.written = to_value(x.zero_dim >= 0 ? x.use : leaf ? x.spec : x.use, p.axes);
+    l.free = leaf ? p.free_dims[x.name] : x.free;
     l.kind = x.op;
     l.raw = i;
-    if (const auto it = shapes.find(l.name); it != shapes.end()) l.extents = it->second;
+    l.extents = global[static_cast<std::size_t>(i)];
+    if (const auto it = shapes.find(l.name); leaf && l.extents.empty() && it != shapes.end()) l.extents = it->second;
     out.push_back(std::move(l));
   }
   return out;
+}
+// The same with the shapes of the traced nodes worked out; a program with a shape missing gives
+// its leaves no extents (the lowering names what is missing).
+template <std::size_t N>
+std::vector<free_leaf> free_leaves(const graph::program<N>& p, const shape_map& shapes, const lower_options& lo) {
+  std::vector<std::vector<std::int64_t>> global;
+  try {
+    global = raw_shapes(p, shapes, lo);
+  } catch (const error&) {
+    global.assign(static_cast<std::size_t>(p.raw_size), {});
+  }
+  return free_leaves(p, shapes, global);
 }
 
 } // namespace concerto::autoshard::detail

@@ -18,7 +18,7 @@ template <std::size_t N>
 class searcher {
 public:
   searcher(const graph::program<N>& p, const mesh& m, const shape_map& shapes, const cost::model& model, const options& o)
-      : p_(p), mesh_(m), shapes_(shapes), model_(model), o_(o), leaves_(free_leaves(p, shapes)), axes_(split_axes(m)) {}
+      : p_(p), mesh_(m), shapes_(shapes), model_(model), o_(o), leaves_(free_leaves(p, shapes, o.lower)), axes_(split_axes(m)) {}
 
   result<N> run() {
     const auto started = std::chrono::steady_clock::now();
@@ -80,12 +80,16 @@ private:
   std::vector<ir::mesh_axis> axes_;
   std::map<std::string, candidate> seen_; // every sharding priced, by key_of
 
-  // Every decided leaf and the ZeRO stage named, so that one sharding has one key.
+  // Every decided leaf and the ZeRO stage named, so that one sharding has one key (a `.to`
+  // written with auto_ that no move named yet stays open: it keeps the layout its value arrives
+  // in, so that it follows the leaves until a move decides it).
   void complete(graph::sharding_choice& c) const {
     for (const auto& l : leaves_)
-      if (std::none_of(c.leaves.begin(), c.leaves.end(), [&](const auto& x) { return x.leaf == l.name; }))
+      if (l.kind != op_code::to && std::none_of(c.leaves.begin(), c.leaves.end(), [&](const auto& x) { return x.leaf == l.name; }))
         c.leaves.push_back({l.name, l.written});
     c.zero_stage = c.zero_stage.value_or(p_.zero_stage);
+    c.axes.clear(); // the mesh's order, as the exact formulation lays splits out
+    for (const auto& a : axes_) c.axes.push_back(a.name);
     if (*c.zero_stage == 0) c.zero_axis.clear();
     else if (c.zero_axis.empty() && p_.zero_axis >= 0) c.zero_axis = std::string(p_.axes.names[p_.zero_axis].view());
   }
@@ -250,8 +254,12 @@ private:
   // two ops before it (Megatron's pair w1, w2 meets at the second product through the
   // activation and the first product).
   [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> meeting_pairs() const {
+    // Decided redistributions take no part: they change together (a stack's entry and its
+    // block's), which the sequence-parallel seed and the exact formulation do, and their pairs
+    // with the leaves they meet doubled the search's time for no better step (GPT-40).
     std::vector<int> index(static_cast<std::size_t>(p_.raw_size), -1); // raw leaf -> leaves_ index
-    for (std::size_t l = 0; l < leaves_.size(); ++l) index[static_cast<std::size_t>(leaves_[l].raw)] = static_cast<int>(l);
+    for (std::size_t l = 0; l < leaves_.size(); ++l)
+      if (leaves_[l].kind != op_code::to) index[static_cast<std::size_t>(leaves_[l].raw)] = static_cast<int>(l);
     std::set<std::pair<std::size_t, std::size_t>> pairs;
     for (int r = 0; r < p_.raw_size; ++r) {
       std::vector<std::size_t> met;
@@ -319,11 +327,15 @@ private:
     auto planning = o_.planning;
     planning.memory_cap_bytes = o_.memory_cap_bytes;
     planning.solver.progress = false;
-    for (auto& c : kept) {
+    // On every core (each plan alone uses them only in part; planning is deterministic, so the
+    // order the plans finish in changes nothing).
+    planner::detail::for_each_index(kept.size(), [&](std::size_t i) {
+      auto& c = kept[i];
       const auto compiled = graph::respecify(p_, c.choice);
+      c.choice.leaves.insert(c.choice.leaves.end(), compiled.kept.begin(), compiled.kept.end()); // every .to as it was decided
       const auto pl = planner::make_plan(lower(*compiled.program, shapes_, mesh_, o_.lower), model_, planning);
       c.planned_step_us = pl.step_us();
-    }
+    });
     std::stable_sort(kept.begin(), kept.end(), [](const candidate& a, const candidate& b) { return a.planned_step_us < b.planned_step_us; });
     return kept;
   }

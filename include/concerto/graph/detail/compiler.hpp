@@ -58,6 +58,9 @@ struct node {
   ir::phase phase = ir::phase::forward;
   role kind = role::activation;
   std::uint8_t flags = 0;
+  /// `.to` nodes: the dims written auto_ (a bit per dim), which keep the placement the value
+  /// arrives in until automatic sharding decides them (graph::kept_where_free).
+  std::uint8_t free = 0;
   std::int16_t in[4] = {-1, -1, -1, -1};
   std::int8_t n_in = 0;
   pspec spec{};          ///< the value's spec (a parameter's storage spec)
@@ -112,6 +115,29 @@ struct node {
 [[nodiscard]] constexpr bool is_leaf(op_code op) noexcept { return op >= op_code::input && op <= op_code::param; }
 /// @brief Whether the step differentiates leaf `x`: parameters and inputs, unless the input says no_grad.
 [[nodiscard]] constexpr bool leaf_needs_grad(const node& x) noexcept { return x.op != op_code::data && !x.has(flag_no_grad); }
+
+/// @brief The layout a `.to(written)` with the dims `free` written auto_ makes of a value that
+/// arrives as `arriving`: its written dims as written, each free dim as it arrives less the axes
+/// the written dims use, the pending sums made. Until automatic sharding decides its free dims,
+/// such a redistribution changes only what it wrote and makes the sums a consumer would (with
+/// every dim free, the program is the one without it but for where a pending sum is made).
+[[nodiscard]] constexpr pspec kept_where_free(const pspec& written, std::uint8_t free, const pspec& arriving) noexcept {
+  if (free == 0) return written;
+  pspec out = written;
+  const auto written_uses = [&](int a) {
+    for (int d = 0; d < written.rank; ++d)
+      if ((free >> d & 1u) == 0 && (written.dims[d][0] == a || written.dims[d][1] == a)) return true;
+    return false;
+  };
+  for (int d = 0; d < out.rank; ++d) {
+    if ((free >> d & 1u) == 0) continue;
+    out.dims[d][0] = out.dims[d][1] = -1;
+    int k = 0;
+    for (const auto a : arriving.dims[d])
+      if (a >= 0 && !written_uses(a)) out.dims[d][k++] = a;
+  }
+  return out;
+}
 
 } // namespace concerto::graph
 
@@ -538,12 +564,15 @@ struct work {
     x.op = op;
     x.n_in = static_cast<std::int8_t>(count);
     for (int i = 0; i < count; ++i) x.in[i] = static_cast<std::int16_t>(ins[i]);
-    if (target && !intern(*target, x.use, raw_n)) return 0;
+    if (target) {
+      if (!intern(*target, x.use, raw_n)) return 0;
+      x.free = target->free;
+    }
     for (int i = 0; i < raw_n; ++i) { // one node per distinct subexpression
       const auto& o = raw[i];
       if (o.op == op && o.n_in == x.n_in && o.in[0] == x.in[0] && o.in[1] == x.in[1] && o.in[2] == x.in[2] &&
           o.use == x.use && o.block == cur_block && o.same_settings(x) && o.local_stats == x.local_stats && o.momentum == x.momentum &&
-          o.flags == x.flags)
+          o.flags == x.flags && o.free == x.free)
         return i;
     }
     return raw_add(x);
@@ -715,7 +744,7 @@ struct work {
         failed(errc::rank_mismatch, r);
         return;
       }
-      const int res = convert(in, x.use, ir::phase::forward);
+      const int res = convert(in, kept_where_free(x.use, x.free, sp(in)), ir::phase::forward);
       if (x.use.has_partial()) nodes[res].flags |= flag_pinned;
       map[r] = static_cast<std::int16_t>(res);
     } else {
@@ -1121,8 +1150,9 @@ struct tracer<node_expr<Op, Extra, Args...>> {
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), nullptr, proto);
     } else {
       constexpr spec_value target = Extra::value;
-      static_assert(target.free == 0, "concerto: auto_ in .to(spec(...)): automatic sharding chooses the specs of "
-                                      "leaves (input, data, param); write the placements a redistribution makes");
+      static_assert(target.free == 0 || target.partial[0].empty(),
+                    "concerto: .to(spec(...)) with both auto_ and partial(...): a pending sum is pinned by a layout written "
+                    "whole; write every dim's placement, or leave the sum to automatic sharding");
       return w.raw_op(Op, ins, static_cast<int>(sizeof...(Args)), &target);
     }
   }
