@@ -124,8 +124,9 @@ struct problem {
   }
   /// The selection a sharding of the decided leaves and redistributions stands for, as
   /// graph::respecify reads it: a leaf it does not name as written (its first strategy), a
-  /// redistribution it does not name as its value arrives (graph::kept_where_free), each op's strategy the one reading its producers' outputs; nothing when a spec
-  /// is not among a node's strategies or the compiler refuses an op.
+  /// redistribution it does not name as its value arrives (graph::kept_where_free), each op's
+  /// strategy the one reading its producers' outputs; nothing when a spec is not among a node's
+  /// strategies or the compiler refuses an op.
   [[nodiscard]] std::optional<std::vector<int>> pick_of(const graph::sharding_choice& c) const {
     std::vector<int> pick(nodes.size(), 0);
     std::vector<std::optional<pspec>> wanted(nodes.size());
@@ -378,21 +379,20 @@ public:
       } else {
         v.name = std::string(ir::to_string(x.op)) + "#" + std::to_string(r);
         const auto it = std::find_if(free.begin(), free.end(), [&](const free_leaf& l) { return l.raw == r; });
+        std::vector<pspec> decided; // a .to written with auto_: the layouts it may make
         if (it != free.end()) {
           v.name = it->name;
           v.free = x.free;
           v.written = x.use;
           f.leaves.emplace_back(static_cast<int>(f.nodes.size()), v.name);
-          for (const auto& spec : leaf_specs(*it, split_axes(m_)))
-            if (pspec ps; to_known_pspec(spec, axes_, ps)) decided_.push_back(ps);
+          decided = layouts_of(*it);
         }
         for (int k = 0; k < x.n_in; ++k) {
           v.operands[v.n_in++] = node_of_[static_cast<std::size_t>(x.in[k])];
           if (needs_grad_[static_cast<std::size_t>(x.in[k])]) needs_grad_[static_cast<std::size_t>(r)] = true;
         }
         if (x.op == op_code::repeat_out) v.operands[v.n_in++] = node_of_[static_cast<std::size_t>(repeat_of_out(r).raw_in)];
-        op_strategies(v, f);
-        decided_.clear();
+        op_strategies(v, f, decided);
         if (v.strategies.empty())
           fail("automatic sharding's formulation: no layout of its operands lets '" + v.name +
                "' be built (the compiler's rules refuse every one)");
@@ -424,7 +424,6 @@ private:
   std::vector<bool> needs_grad_;
   std::vector<int> depth_;
   int zero_axis_ = -1;
-  std::vector<pspec> decided_; // the layouts the .to(...) being formulated may be given (written with auto_)
 
   [[nodiscard]] const std::vector<std::int64_t>& shape(int raw) const { return global_[static_cast<std::size_t>(raw)]; }
   [[nodiscard]] const graph::repeat_info& repeat_of_out(int r) const {
@@ -440,14 +439,17 @@ private:
     return (graph::is_leaf(x.op) || x.op == op_code::to) && x.use.has_partial();
   }
 
+  // Every layout a decided leaf or .to may take (leaf_specs), indexed by the problem's axes.
+  [[nodiscard]] std::vector<pspec> layouts_of(const free_leaf& l) const {
+    std::vector<pspec> out;
+    for (const auto& s : leaf_specs(l, split_axes(m_)))
+      if (pspec ps; to_known_pspec(s, axes_, ps)) out.push_back(ps);
+    return out;
+  }
+
   void leaf_strategies(problem_node& v, const free_leaf* free) {
     const auto& x = p_.raw[v.raw];
-    std::vector<pspec> layouts;
-    if (!free) layouts.push_back(x.use);
-    else
-      for (const auto& s : leaf_specs(*free, split_axes(m_))) {
-        if (pspec ps; to_known_pspec(s, axes_, ps)) layouts.push_back(ps);
-      }
+    const auto layouts = free ? layouts_of(*free) : std::vector<pspec>{x.use};
     const double bytes = x.op == op_code::data ? 8.0 : pricer_.working_bytes();
     for (const auto& l : layouts) {
       strategy s;
@@ -502,7 +504,8 @@ private:
     return out;
   }
 
-  void op_strategies(problem_node& v, const problem& f) {
+  // `decided`: for a .to written with auto_, the layouts it may make (else empty).
+  void op_strategies(problem_node& v, const problem& f, const std::vector<pspec>& decided) {
     const auto layouts = operand_layouts(v, f);
     std::vector<std::size_t> at(layouts.size(), 0);
     for (bool more = true; more;) {
@@ -512,8 +515,8 @@ private:
       for (int a = 0; a < v.n_in; ++a)
         for (int b = a + 1; b < v.n_in; ++b)
           if (v.operands[a] == v.operands[b] && !(s.in[a] == s.in[b])) same_producer_alike = false;
-      if (same_producer_alike && decided_.empty() && answer(v, s)) v.strategies.push_back(s);
-      for (const auto& out : decided_) { // a decided .to (one operand): each layout it may be given
+      if (same_producer_alike && decided.empty() && answer(v, s)) v.strategies.push_back(s);
+      for (const auto& out : decided) { // a decided .to (one operand): each layout it may be given
         strategy d = s;
         d.out = out;
         if (answer(v, d)) v.strategies.push_back(d);

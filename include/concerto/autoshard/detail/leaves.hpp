@@ -58,6 +58,10 @@ struct free_leaf {
   std::vector<std::int64_t> extents; // empty when the shapes do not give it
   int raw = -1;                      // its node in program::raw
   [[nodiscard]] bool is_free(int d) const noexcept { return (free >> d & 1u) != 0; }
+  /// Whether dim d splits evenly into `parts` (true when the shapes do not give its extents).
+  [[nodiscard]] bool divides(int d, std::int64_t parts) const noexcept {
+    return extents.size() != static_cast<std::size_t>(written.rank) || extents[static_cast<std::size_t>(d)] % parts == 0;
+  }
 };
 
 // Every spec the leaf's free dims can take: each free dim replicated or split over one or two
@@ -70,9 +74,6 @@ inline std::vector<spec_value> leaf_specs(const free_leaf& l, const std::vector<
         if (x.view() == a) return true;
     return false;
   };
-  const auto divides = [&](int d, std::int64_t parts) {
-    return l.extents.size() != static_cast<std::size_t>(l.written.rank) || l.extents[static_cast<std::size_t>(d)] % parts == 0;
-  };
   const auto grow = [&](auto&& self, spec_value s, int d) -> void {
     if (d == s.rank) {
       out.push_back(s);
@@ -81,12 +82,12 @@ inline std::vector<spec_value> leaf_specs(const free_leaf& l, const std::vector<
     if (!l.is_free(d)) return self(self, s, d + 1);
     self(self, s, d + 1); // replicated
     for (const auto& a : axes) {
-      if (uses(s, a.name) || !divides(d, a.size)) continue;
+      if (uses(s, a.name) || !l.divides(d, a.size)) continue;
       spec_value one = s;
       one.dims[d][0] = axis_name(a.name);
       self(self, one, d + 1);
       for (const auto& b : axes) {
-        if (b.name == a.name || uses(one, b.name) || !divides(d, std::int64_t{a.size} * b.size)) continue;
+        if (b.name == a.name || uses(one, b.name) || !l.divides(d, std::int64_t{a.size} * b.size)) continue;
         spec_value two = one;
         two.dims[d][1] = axis_name(b.name);
         self(self, two, d + 1);
@@ -126,7 +127,7 @@ std::vector<free_leaf> free_leaves(const graph::program<N>& p, const shape_map& 
     if (!leaf && !(x.op == op_code::to && x.free != 0)) continue;
     free_leaf l;
     l.name = leaf ? std::string(p.names[x.name].view()) : graph::redistribution_name(i);
-    l.written = to_value(x.zero_dim >= 0 ? x.use : leaf ? x.spec : x.use, p.axes);
+    l.written = to_value(leaf && x.zero_dim < 0 ? x.spec : x.use, p.axes); // a ZeRO-3 leaf's spec as written
     l.free = leaf ? p.free_dims[x.name] : x.free;
     l.kind = x.op;
     l.raw = i;

@@ -93,9 +93,7 @@ graph::sharding_choice layout_seed(const graph::program<N>& p, const std::vector
       std::int64_t size = 1;
       for (const auto& a : axes)
         if (a.name == tensor_axis) size = a.size;
-      const bool divides = l.extents.size() != static_cast<std::size_t>(l.written.rank) ||
-                           (dim >= 0 && l.extents[static_cast<std::size_t>(dim)] % size == 0);
-      if (dim >= 0 && l.is_free(dim) && divides) s.dims[dim][0] = axis_name(tensor_axis);
+      if (dim >= 0 && l.is_free(dim) && l.divides(dim, size)) s.dims[dim][0] = axis_name(tensor_axis);
     }
     c.leaves.push_back({l.name, s});
   }
@@ -114,18 +112,15 @@ graph::sharding_choice sequence_parallel(const graph::program<N>& p, graph::shar
     // The tokens dispatched to experts are no sequence: their layout stays open.
     if (l.kind != op_code::to || p.raw[p.raw[l.raw].in[0]].op == op_code::moe_dispatch) continue;
     spec_value s = batch_split(l, axes, tensor_axis.name);
-    const auto divides = [&](int d, std::int64_t parts) {
-      return l.extents.size() != static_cast<std::size_t>(s.rank) || l.extents[static_cast<std::size_t>(d)] % parts == 0;
-    };
     int d = 1;
-    while (d < s.rank - 1 && !(l.is_free(d) && divides(d, tensor_axis.size))) ++d;
+    while (d < s.rank - 1 && !(l.is_free(d) && l.divides(d, tensor_axis.size))) ++d;
     if (d < s.rank - 1) s.dims[d][0] = axis_name(tensor_axis.name);
     else if (s.rank == 2 && l.is_free(0) && s.dims[0][max_dim_axes - 1].empty()) {
       std::int64_t parts = tensor_axis.size;
       for (const auto& a : axes)
         for (const auto& x : s.dims[0])
           if (x.view() == a.name) parts *= a.size;
-      if (!divides(0, parts)) continue;
+      if (!l.divides(0, parts)) continue;
       int k = 0;
       while (!s.dims[0][k].empty()) ++k;
       s.dims[0][k] = axis_name(tensor_axis.name);
@@ -145,9 +140,6 @@ graph::sharding_choice sequence_parallel(const graph::program<N>& p, graph::shar
 template <std::size_t N>
 graph::sharding_choice expert_parallel(const graph::program<N>& p, graph::sharding_choice c, const std::vector<free_leaf>& leaves,
                                        const ir::mesh_axis& expert_axis) {
-  const auto divides = [](const free_leaf& l, int d, std::int64_t parts) {
-    return l.extents.size() != static_cast<std::size_t>(l.written.rank) || l.extents[static_cast<std::size_t>(d)] % parts == 0;
-  };
   // The tokens' batch split (with the expert axis its major one, the compiler refuses the seed: an
   // all-to-all moves only a dimension's minor axis to another dimension).
   axis_name token_axes[max_dim_axes]{};
@@ -159,7 +151,7 @@ graph::sharding_choice expert_parallel(const graph::program<N>& p, graph::shardi
   for (const auto& l : leaves) {
     const bool experts_in = l.kind == op_code::to && p.raw[p.raw[l.raw].in[0]].op == op_code::moe_dispatch;
     const bool experts_weight = l.kind == op_code::param && l.written.rank == 3;
-    if (!(experts_in || experts_weight) || !l.is_free(0) || !divides(l, 0, expert_axis.size)) continue;
+    if (!(experts_in || experts_weight) || !l.is_free(0) || !l.divides(0, expert_axis.size)) continue;
     spec_value s = l.written;
     s.dims[0][0] = axis_name(expert_axis.name);
     if (experts_in && l.is_free(1)) { // the slots over the axes the tokens' batch is split over, but the experts'
