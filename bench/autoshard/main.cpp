@@ -1,6 +1,6 @@
-// Automatic sharding on the examples' GPT, Llama, Llama with a mixture of experts and Evoformer
-// pair stack (every spec written auto_) at the benchmark workloads' sizes, on a dp x tp (dp x ep
-// x tp; dap) mesh of the cost preset's machines: how long the search and the
+// Automatic sharding on the examples' GPT, Llama, Llama with a mixture of experts, Evoformer
+// pair stack and ViT (every spec written auto_) at the benchmark workloads' sizes, on a dp x tp (dp x ep
+// x tp; dap; dp alone) mesh of the cost preset's machines: how long the search and the
 // planning of its best candidates take, what it chose, and its planned step next to the
 // hand-written Megatron layout of the examples (given to the search as a seed, so it is planned
 // under the same planner) and the other seeds. With --exhaustive (the MLP) every sharding is priced
@@ -8,6 +8,8 @@
 // With --compare-solvers the exact formulation of every ZeRO stage is solved by CBC and by Z3 (the
 // time each takes, its objective, the gap it proved); with --iopddl FILE the formulation without
 // ZeRO is written in the IOPDDL contest's format, and its optimum evaluated on the written instance.
+// With --workload NAME a planner workload (ir::make_workload) sets the model, its sizes, its mesh
+// and its hand-written layout (Megatron, DP with the workload's ZeRO, experts over ep, DAP).
 //
 //   bench_autoshard --model gpt --world 32 --tp 8 --layers 40 --hidden 5120 --heads 40 --seq 2048 --batch 16 --vocab 50304
 //   bench_autoshard --model llama --world 64 --tp 8 --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --seq 8192 --batch 8 --vocab 32000
@@ -15,16 +17,20 @@
 //   bench_autoshard --model evoformer --world 8 --layers 48 --seq 512 --hidden 128 --heads 4
 //   bench_autoshard --model mlp --world 8 --tp 4 --batch 64 --hidden 4096 --exhaustive
 //   bench_autoshard --model gpt --world 32 --tp 8 --layers 40 --hidden 5120 --heads 40 --seq 2048 --batch 16 --compare-solvers --iopddl gpt.json
+//   bench_autoshard --workload gpt-zero3 --world 32
 #include "evoformer/model.hpp"
 #include "gpt/model.hpp"
 #include "llama/model.hpp"
+#include "vit/model.hpp"
 
 #include <concerto/autoshard/search.hpp>
+#include <concerto/ir/workloads.hpp>
 #include <concerto/concerto.hpp>
 
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -41,7 +47,40 @@ struct settings {
   double cap_gib = 0;
   bool exhaustive = false, compare_solvers = false;
   std::string iopddl;
+  std::string workload; ///< a planner workload (ir::make_workload) whose model, sizes, mesh and layout these are
+  int micro_batch = 1;  ///< the workload's sequences (images) per data-parallel rank
+  std::size_t max_strategies = autoshard::options{}.exact.max_strategies;
+  bool no_align = false;
+  int zero_stage = 0;   ///< the workload's: data parallelism with ZeRO-2 or 3 over every rank (tp 1)
+  bool sequence_parallel = false; ///< the workload's hand-written layout has Megatron's SP
 };
+
+// A planner workload's model at its size on `world` ranks of ranks_per_node 8, with the layout
+// ir::make_workload writes by hand: tensor-parallel workloads on dp x tp (tp within a node; one
+// micro-batch per data-parallel rank), the mixture of experts on dp x ep, data-parallel ones on
+// one axis of every rank (ZeRO as the workload's), the Evoformer's pair stack on one dap group.
+void from_workload(settings& s) {
+  const auto& w = ir::detail::workloads::find_workload(s.workload);
+  const auto& m = w.model;
+  if (w.wide_resnet)
+    fail("bench_autoshard: the workload '" + s.workload + "' has no program written with auto_ yet (the Wide-ResNet example is "
+         "a three-stage net, not the workload's four stages)");
+  const int per_node = 8;
+  s.layers = static_cast<int>(m.layers), s.hidden = static_cast<int>(m.hidden), s.heads = static_cast<int>(m.heads);
+  s.kv_heads = static_cast<int>(m.kv_heads), s.ffn = static_cast<int>(m.ffn), s.seq = static_cast<int>(m.seq);
+  // A vocabulary padded as Megatron-LM pads it (to a multiple of 128 per tensor-parallel rank); the
+  // ViT's classes as they are.
+  const int pad = m.vit ? 1 : 128 * (w.tensor_parallel ? per_node : 1);
+  s.vocab = static_cast<int>((m.vocab + pad - 1) / pad * pad), s.experts = static_cast<int>(m.experts), s.top_k = static_cast<int>(m.top_k);
+  s.model = m.axial ? "evoformer" : m.experts > 0 ? "moe" : m.llama ? "llama" : m.vit ? "vit" : "gpt";
+  s.tp = w.tensor_parallel ? per_node : 1;
+  s.ep = per_node;
+  s.batch = (w.tensor_parallel ? s.world / per_node : s.world) * s.micro_batch;
+  s.sequence_parallel = m.llama && w.tensor_parallel;
+  using ir::detail::workloads::grad_sync;
+  s.zero_stage = w.sync == grad_sync::zero3 ? 3 : w.sync == grad_sync::zero2 ? 2 : 0;
+  if (m.axial) s.world = per_node, s.batch = 1; // one protein
+}
 
 constexpr auto mlp_spec = spec(auto_, auto_);
 constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(mlp_spec), param<"w1">(mlp_spec))), param<"w2">(mlp_spec)),
@@ -54,6 +93,7 @@ constexpr auto mlp = program(mse(matmul(gelu(matmul(input<"x">(mlp_spec), param<
 template <std::size_t A, std::size_t H>
 graph::sharding_choice as_written(const graph::program<A>& automatic, const graph::program<H>& hand) {
   graph::sharding_choice c{.zero_stage = hand.zero_stage};
+  if (hand.zero_axis >= 0) c.zero_axis = std::string(hand.axes.names[hand.zero_axis].view());
   for (int l = 0; l < automatic.name_count; ++l)
     if (automatic.free_dims[l] != 0) c.leaves.push_back({std::string(automatic.names[l].view()), hand.spec_of(automatic.names[l].view())});
   std::vector<int> written;
@@ -121,21 +161,34 @@ void run(const graph::program<A>& automatic, const graph::program<H>* hand, cons
   const auto ep_link = s.ep * s.tp <= 8 ? ir::link_class::intra_node : ir::link_class::inter_node;
   const auto m = s.model == "moe"         ? mesh::from_world(s.world, {{"dp", -1, ir::link_class::inter_node}, {"ep", s.ep, ep_link}, {"tp", s.tp}})
                  : s.model == "evoformer" ? mesh::from_world(s.world, {{"dap", -1}})
-                                          : mesh::from_world(s.world, {{"dp", -1, ir::link_class::inter_node}, {"tp", s.tp}});
+                 : s.tp > 1               ? mesh::from_world(s.world, {{"dp", -1, ir::link_class::inter_node}, {"tp", s.tp}})
+                                          : mesh::from_world(s.world, {{"dp", -1, ir::link_class::inter_node}});
   autoshard::options o;
   o.lower = {.heads = s.heads, .precision = ir::parse_precision(s.precision, "--precision")};
   if (automatic.repeat_count > 0) o.lower.depth = {{std::string(automatic.repeats[0].name.view()), s.layers}};
+  o.exact.max_strategies = s.max_strategies;
+  o.exact.align_large_nodes = !s.no_align;
   if (s.cap_gib > 0) o.memory_cap_bytes = static_cast<std::int64_t>(s.cap_gib * (1LL << 30));
   const std::string written = s.model == "evoformer" ? "hand-written (DAP)"
-                              : s.model == "moe"      ? "hand-written (experts over ep, Megatron TP over tp)"
+                              : s.model == "moe"      ? "hand-written (experts over ep" + std::string(s.tp > 1 ? ", Megatron TP over tp)" : ")")
+                              : s.sequence_parallel   ? "hand-written (Megatron TP over tp, SP, DP over dp)"
                                                       : "hand-written (Megatron TP over tp, DP over dp)";
-  if (hand) o.seeds.push_back({written, as_written(automatic, *hand)});
+  if (s.model != "mlp" && s.tp <= 1 && s.model != "moe" && s.model != "evoformer") {
+    // Data parallelism over the one axis, with the workload's ZeRO: every weight whole, every batch split.
+    auto dp = autoshard::detail::layout_seed(automatic, autoshard::detail::free_leaves(automatic, shapes, o.lower),
+                                             autoshard::detail::split_axes(m), {});
+    if (s.zero_stage > 0) dp.zero_stage = s.zero_stage, dp.zero_axis = "dp";
+    o.seeds.push_back({"hand-written (DP" + (s.zero_stage > 0 ? " + ZeRO-" + std::to_string(s.zero_stage) + ")" : std::string(")")), dp});
+  } else if (hand) {
+    o.seeds.push_back({written, as_written(automatic, *hand)});
+  }
   const auto model = cost::model::preset(s.preset);
   const auto r = autoshard::choose(automatic, m, shapes, model, o);
   std::string axes;
   for (const auto& a : m.axes()) axes += (axes.empty() ? "" : " x ") + a.name + " " + std::to_string(a.size);
-  std::printf("%s: %d layers, hidden %d, seq %d, batch %d on %d ranks (%s), %s, preset %s\n", s.model.c_str(), s.layers, s.hidden, s.seq,
-              s.batch, s.world, axes.c_str(), s.precision.c_str(), s.preset.c_str());
+  std::printf("%s%s%s: %d layers, hidden %d, seq %d, batch %d on %d ranks (%s), %s, preset %s\n", s.model.c_str(),
+              s.workload.empty() ? "" : ", workload ", s.workload.c_str(), s.layers, s.hidden, s.seq, s.batch, s.world, axes.c_str(),
+              s.precision.c_str(), s.preset.c_str());
   std::printf("%s", r.explain().c_str());
   if (s.compare_solvers || !s.iopddl.empty()) formulations(automatic, m, shapes, model, o, s);
   if (s.exhaustive) {
@@ -150,8 +203,9 @@ void run(const graph::program<A>& automatic, const graph::program<H>* hand, cons
 int main(int argc, char** argv) {
   settings s;
   CLI::App app{"Automatic sharding's search time and choice on the benchmark models"};
-  app.add_option("--model", s.model, "gpt, llama, moe (Llama with a mixture of experts), evoformer (its pair stack: --seq residues, --hidden c_z) or mlp")
-      ->check(CLI::IsMember({"gpt", "llama", "moe", "evoformer", "mlp"}));
+  app.add_option("--model", s.model, "gpt, llama, moe (Llama with a mixture of experts), evoformer (its pair stack: --seq residues, --hidden c_z), "
+                                     "vit (--seq tokens, --vocab classes) or mlp")
+      ->check(CLI::IsMember({"gpt", "llama", "moe", "evoformer", "vit", "mlp"}));
   app.add_option("--world", s.world, "ranks");
   app.add_option("--tp", s.tp, "size of the mesh's tp axis (intra-node); dp takes the rest (inter-node)");
   app.add_option("--layers", s.layers, "depth");
@@ -171,20 +225,34 @@ int main(int argc, char** argv) {
   app.add_flag("--exhaustive", s.exhaustive, "also price every sharding (the MLP: a few thousand)");
   app.add_flag("--compare-solvers", s.compare_solvers, "solve the exact formulation of each ZeRO stage with CBC and with Z3");
   app.add_option("--iopddl", s.iopddl, "write the exact formulation (no ZeRO) to this file in the IOPDDL contest's format");
+  app.add_option("--workload", s.workload, "a planner workload (ir::make_workload's names): its model, sizes, mesh and hand-written "
+                                           "layout on --world ranks (the other sizes are ignored)");
+  app.add_option("--max-strategies", s.max_strategies, "the exact formulation's strategies per node (options::exact.max_strategies)");
+  app.add_flag("--no-align", s.no_align, "refuse the exact formulation of a node over the limits instead of aligning its operands");
+  app.add_option("--micro-batch", s.micro_batch, "with --workload: sequences (images) per data-parallel rank, as workload_options::micro_batch");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!s.workload.empty()) from_workload(s);
     if (s.model == "gpt") run(gpt_model::gpt_auto, &gpt_model::gpt_tp, gpt_model::shapes(s.batch, s.seq, s.vocab, s.hidden), s);
+    else if (s.model == "vit") {
+      // --seq tokens: the class token and a square grid of patches (the example's 4-pixel patches:
+      // the workload's 257 tokens are 64-pixel images here, where ViT-Huge/14 reads 224-pixel ones).
+      const auto grid = static_cast<std::int64_t>(std::lround(std::sqrt(s.seq - 1.0)));
+      if (grid * grid + 1 != s.seq) fail("bench_autoshard: --seq must be 1 + a square number of patches for the ViT");
+      run(vit_model::vit_auto, &vit_model::vit_tp, vit_model::shapes(s.batch, grid * vit_model::patch, s.hidden, s.vocab), s);
+    }
     else if (s.model == "llama" || s.model == "moe") {
       const int kv = s.kv_heads > 0 ? s.kv_heads : s.heads, ffn = s.ffn > 0 ? s.ffn : (8 * s.hidden / 3 + 7) / 8 * 8;
-      if (s.model == "llama")
-        run(llama_model::llama_auto, &llama_model::llama_tp, llama_model::shapes(s.batch, s.seq, s.vocab, s.hidden, s.heads, kv, ffn), s);
+      const auto shapes = [&] { return llama_model::shapes(s.batch, s.seq, s.vocab, s.hidden, s.heads, kv, ffn); };
+      if (s.model == "llama" && s.sequence_parallel) run(llama_model::llama_auto, &llama_model::llama_sp, shapes(), s);
+      else if (s.model == "llama") run(llama_model::llama_auto, &llama_model::llama_tp, shapes(), s);
       else {
         using namespace llama_model;
         static constexpr auto hand1 = make_moe<top1>(), hand2 = make_moe<top2>();
         static constexpr auto auto1 = make_moe<top1, adamw{}, moe_decided>(), auto2 = make_moe<top2, adamw{}, moe_decided>();
-        const auto shapes = moe_shapes(s.batch, s.seq, s.vocab, s.hidden, s.heads, kv, s.experts, ffn);
-        if (s.top_k == 1) run(auto1, &hand1, shapes, s);
-        else run(auto2, &hand2, shapes, s);
+        const auto moe = moe_shapes(s.batch, s.seq, s.vocab, s.hidden, s.heads, kv, s.experts, ffn);
+        if (s.top_k == 1) run(auto1, &hand1, moe, s);
+        else run(auto2, &hand2, moe, s);
       }
     } else if (s.model == "evoformer") {
       run(evoformer_model::pair_stack_auto, &evoformer_model::pair_stack, evoformer_model::shapes(s.seq, s.hidden), s);

@@ -19,28 +19,50 @@ using gpt_model::dp, gpt_model::tp, gpt_model::vec;
 
 inline constexpr int patch = 4; ///< patch side in pixels (the embedding's kernel and stride)
 
-template <auto Residual, bool ClassToken>
+/// The specs the ViT's own leaves take beside the block's (`Layout`'s): written by hand, the images and
+/// labels split over dp and the embedding's tables whole; decided (vit_auto), each left to
+/// automatic sharding, as the ZeRO stage is.
+template <class Layout>
+struct vit_specs {
+  static constexpr auto images = spec(shard(dp), replicate, replicate, replicate);
+  static constexpr auto kernel = spec(replicate, replicate, replicate, replicate);
+  static constexpr auto table = spec(replicate, replicate);
+  static constexpr auto labels = spec(shard(dp));
+};
+template <>
+struct vit_specs<examples::layouts::decided> {
+  static constexpr auto images = spec(auto_, replicate, replicate, replicate);
+  static constexpr auto kernel = spec(replicate, replicate, replicate, auto_);
+  static constexpr auto table = spec(auto_, auto_);
+  static constexpr auto labels = spec(auto_);
+};
+
+template <auto Residual, bool ClassToken, class Layout = examples::layouts::megatron>
 constexpr auto make() {
-  constexpr auto images = spec(shard(dp), replicate, replicate, replicate);
+  using specs = vit_specs<Layout>;
   constexpr auto patches =
-      flatten<1, 2>(conv2d<{.stride = patch}>(input<"x">(images, no_grad), param<"patch">(spec(replicate, replicate, replicate, replicate))));
+      flatten<1, 2>(conv2d<{.stride = patch}>(input<"x">(specs::images, no_grad), param<"patch">(specs::kernel)));
   constexpr auto sequence = [&] {
-    if constexpr (ClassToken) return concat<1>(param<"cls">(spec(replicate, replicate)), patches);
+    if constexpr (ClassToken) return concat<1>(param<"cls">(specs::table), patches);
     else return patches;
   }();
-  constexpr auto tokens = bias(sequence, param<"pos">(spec(replicate, replicate))).to(Residual);
-  constexpr auto hn = repeat<"layers">(gpt_model::block<Residual, false>, tokens); // GPT's block, no mask
+  constexpr auto tokens = Layout::template residual<Residual>(bias(sequence, param<"pos">(specs::table)));
+  constexpr auto hn = repeat<"layers">(gpt_model::block<Residual, false, Layout>, tokens); // GPT's block, no mask
   constexpr auto features = [&] {
     if constexpr (ClassToken) return flatten<1, 2>(slice<1, 0, 1>(hn)); // the class token's state [batch, hidden]
     else return mean<1>(hn);
   }();
-  constexpr auto logits = matmul(layernorm(features, param<"lnf.g">(vec, init::ones), param<"lnf.b">(vec)),
-                                 param<"head">(spec(replicate, replicate)));
-  return program(cross_entropy(logits, data<"labels">(spec(shard(dp)))), zero<2>(adamw{}, dp), on(dp, tp));
+  constexpr auto logits = matmul(layernorm(features, param<"lnf.g">(Layout::vec, init::ones), param<"lnf.b">(Layout::vec)),
+                                 param<"head">(specs::table));
+  constexpr auto loss = cross_entropy(logits, data<"labels">(specs::labels));
+  if constexpr (std::is_same_v<Layout, examples::layouts::decided>) return program(loss, adamw{});
+  else return program(loss, zero<2>(adamw{}, dp), on(dp, tp));
 }
 
 inline constexpr auto vit_tp = make<spec(shard(dp), replicate, replicate), true>();
 inline constexpr auto vit_sp = make<spec(shard(dp), shard(tp), replicate), false>();
+/// Every spec, each branch's `.to` and the ZeRO stage decided (bench_autoshard --workload vit-zero2).
+inline constexpr auto vit_auto = make<spec(replicate, replicate, replicate), true, examples::layouts::decided>();
 
 /// Shapes for `batch` images of side × side × 3 (side a multiple of the patch), width `hidden`,
 /// `classes` classes; the class token's with `class_token` (vit_tp), the patches alone without (vit_sp).

@@ -6,7 +6,10 @@
 // each axis, ZeRO-3, what its descent found); each rank chooses alone, and all must agree. train::compile
 // given the auto_ program chooses by itself (rank 0 chooses, every rank compiles the choice),
 // trains to the same numbers, finds its choice in the cache folder the second time, and chooses
-// again over a cache file that is no choice of this program's.
+// again over a cache file that is no choice of this program's. The ViT example written with
+// auto_ (vit_auto: its patch embedding, class token and position table decided too) trains
+// through every layout the search planned or started from to the single-rank numbers.
+#include "../../examples/vit/model.hpp"
 #include "auto_lm_program.hpp"
 #include "token_batch.hpp"
 #include "train_testing.hpp"
@@ -18,6 +21,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -78,6 +82,51 @@ TEST_CASE("every sharding automatic sharding plans trains to the single-rank num
     CHECK(layouts.size() >= 3); // data and tensor parallelism at least, so the check means something
     CAPTURE(ranks, d, t, chosen.explain());
     tt::check_same(run(*chosen.program, sub.get(), d, t), reference);
+  }
+}
+
+// The ViT example with every spec, each branch's .to and the ZeRO stage decided (vit_auto): images
+// of 8 × 8 pixels (4 patches and the class token), width 8, 2 heads, 4 classes.
+TEST_CASE("the ViT written with auto_ trains through what automatic sharding chooses to the single-rank numbers",
+          "[mpi][train][autoshard]") {
+  constexpr std::int64_t images = 4, side = 8, classes = 4;
+  const auto vit_shapes = vit_model::shapes(images, side, 8, classes);
+  train::tensor x{{images, side, side, 3}}, labels{{images}};
+  for (std::int64_t i = 0; i < images * side * side * 3; ++i) x.f32.push_back(std::sin(0.37f * static_cast<float>(i)));
+  for (std::int64_t i = 0; i < images; ++i) labels.i64.push_back((3 * i + 1) % classes);
+  const train::batch batch{{"x", x}, {"labels", labels}};
+  train::step_options vit_options{.policy = planner::policy::program_order, .lower = {.heads = 2, .depth = {{"layers", 2}}}};
+  const std::vector<std::string> vit_params{"patch", "cls", "pos", "layers.0.wq", "layers.1.fc2", "layers.0.ln1.g", "head"};
+  const auto vit_run = [&](const auto& p, MPI_Comm comm, int d, int t) {
+    return tt::run(p, vit_shapes, comm, {{"dp", d}, {"tp", t}}, batch, 3, adam, vit_options, vit_params);
+  };
+  const auto reference = vit_run(vit_model::vit_auto, MPI_COMM_SELF, 1, 1);
+  REQUIRE(reference.loss.back() < reference.loss.front());
+  // Each mesh of the whole world (2 ranks: dp alone and tp alone; 4: both).
+  for (const auto& [d, t] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}, {2, 2}}) {
+    const int ranks = d * t;
+    if (ranks != runtime::mpi::environment::world_size()) continue;
+    tt::sub_world sub(ranks);
+    if (!sub.member()) continue;
+    const auto m = mesh::from_world(ranks, {{"dp", d}, {"tp", t}});
+    const auto chosen = autoshard::choose(vit_model::vit_auto, m, vit_shapes, cost::model::preset("h100x64"),
+                                          {.lower = {.heads = 2, .depth = {{"layers", 2}}}});
+    // The choice and every layout the search planned or started from (data parallelism, tensor
+    // parallelism with and without SP, ZeRO-3): the ViT's own leaves (the patch embedding's
+    // channels, the class token, the position table) split as each decides.
+    std::set<std::string> layouts;
+    auto tried = chosen.planned;
+    tried.insert(tried.end(), chosen.seeds.begin(), chosen.seeds.end());
+    for (const auto& c : tried) {
+      if (!c.valid || !layouts.insert(autoshard::detail::key_of(c.choice)).second) continue;
+      const auto compiled = graph::respecify(vit_model::vit_auto, c.choice);
+      REQUIRE(compiled.program);
+      CAPTURE(ranks, d, t, c.origin, autoshard::detail::key_of(c.choice));
+      tt::check_same(vit_run(*compiled.program, sub.get(), d, t), reference);
+    }
+    CHECK(layouts.size() >= 3);
+    CAPTURE(ranks, d, t, chosen.explain());
+    tt::check_same(vit_run(*chosen.program, sub.get(), d, t), reference);
   }
 }
 

@@ -2,7 +2,8 @@
 // shardings the compiler builds (every solution respecifies, and reads back as itself); the
 // solvers' optimum is the best of every leaf choice, enumerated; the IOPDDL export evaluates a
 // solution to its objective; a layout without collectives costs what the schedule says; the
-// memory cap binds; a problem too large is refused by name.
+// memory cap binds; a node with too many strategies is formulated with its operands aligned (a
+// restriction whose optimum is no better, and compiles); a problem too large is refused by name.
 #include "../mpi/auto_lm_program.hpp"
 
 #include <concerto/autoshard/search.hpp>
@@ -12,7 +13,9 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <limits>
+#include <string>
 #include <vector>
 
 using namespace concerto;
@@ -154,11 +157,57 @@ TEST_CASE("a sharding without collectives costs in the formulation what the list
   CHECK(f.cost_us(*pick) == Catch::Approx(priced.list_step_us).epsilon(0.005));
 }
 
+TEST_CASE("a node over the strategy limit is formulated with its operands aligned: a restriction that still compiles",
+          "[autoshard][exact]") {
+  const auto shapes = auto_lm::shapes(8, 16, 512, 64);
+  const auto full = autoshard::formulate(auto_lm::lm, eight, shapes, h100, lm_options());
+  REQUIRE(full.aligned.empty());
+  // The largest node whose operands include two of one rank, and the largest of the others.
+  const auto alignable = [&](const autoshard::problem_node& v) {
+    for (int a = 0; a < v.n_in; ++a)
+      for (int b = a + 1; b < v.n_in; ++b)
+        if (v.strategies.front().in[a].rank == v.strategies.front().in[b].rank && v.operands[a] != v.operands[b]) return true;
+    return false;
+  };
+  std::size_t largest = 0, others = 0;
+  std::string name;
+  for (const auto& v : full.nodes) {
+    if (!alignable(v)) others = std::max(others, v.strategies.size());
+    else if (v.strategies.size() > largest) largest = v.strategies.size(), name = v.name;
+  }
+  REQUIRE(largest > others + 1);
+  auto o = lm_options();
+  o.max_strategies = largest - 1;
+  const auto aligned = autoshard::formulate(auto_lm::lm, eight, shapes, h100, o);
+  CAPTURE(name, largest, aligned.aligned);
+  REQUIRE(std::find(aligned.aligned.begin(), aligned.aligned.end(), name) != aligned.aligned.end());
+  for (const auto& v : aligned.nodes) {
+    if (std::find(aligned.aligned.begin(), aligned.aligned.end(), v.name) == aligned.aligned.end()) continue;
+    CHECK(v.strategies.size() < largest);
+    for (const auto& st : v.strategies) // operands of one rank alike
+      for (int a = 0; a < v.n_in; ++a)
+        for (int b = a + 1; b < v.n_in; ++b)
+          if (st.in[a].rank == st.in[b].rank) CHECK(st.in[a] == st.in[b]);
+  }
+  const auto best_full = autoshard::solve(full), best_aligned = autoshard::solve(aligned);
+  REQUIRE(best_full.solutions.size() == 1);
+  REQUIRE(best_aligned.solutions.size() == 1);
+  CHECK(best_aligned.solutions[0].cost_us >= best_full.solutions[0].cost_us - 1e-6); // a restriction's optimum
+  const auto compiled = graph::respecify(auto_lm::lm, aligned.choice(best_aligned.solutions[0].pick));
+  REQUIRE(compiled.program);
+  CHECK_NOTHROW(lower(*compiled.program, shapes, eight, {.depth = {{"layers", 3}}}));
+  o.align_large_nodes = false;
+  CHECK_THROWS_WITH(autoshard::formulate(auto_lm::lm, eight, shapes, h100, o), ContainsSubstring("strategies the rules accept"));
+}
+
 TEST_CASE("the formulation's errors name the problem", "[autoshard][exact]") {
   const auto shapes = auto_lm::shapes(8, 16, 512, 64);
   auto o = lm_options();
   o.max_strategies = 10;
-  CHECK_THROWS_WITH(autoshard::formulate(auto_lm::lm, eight, shapes, h100, o), ContainsSubstring("combinations of operand layouts"));
+  CHECK_THROWS_WITH(autoshard::formulate(auto_lm::lm, eight, shapes, h100, o), ContainsSubstring("strategies the rules accept, over 10"));
+  o = lm_options();
+  o.max_combinations = 10;
+  CHECK_THROWS_WITH(autoshard::formulate(auto_lm::lm, eight, shapes, h100, o), ContainsSubstring("combinations of operand layouts, over 10"));
   o = lm_options(2);
   o.zero_axis = "pp";
   CHECK_THROWS_WITH(autoshard::formulate(auto_lm::lm, eight, shapes, h100, o), ContainsSubstring("ZeRO over 'pp'"));

@@ -1,6 +1,7 @@
 #include <concerto/ir/builder.hpp>
 #include <concerto/ir/workloads.hpp>
 #include <concerto/planner/list.hpp>
+#include <concerto/sim/simulate.hpp>
 
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
@@ -305,6 +306,28 @@ TEST_CASE("xla_lhs keeps at most max_in_flight collectives running", "[planner][
     REQUIRE(other);
     CHECK(max_collectives_in_flight(g, *other) <= cap);
   }
+}
+
+TEST_CASE("xla_lhs's cap edges replay beside the graph as they do inside its copy", "[planner][list][xla]") {
+  const auto g = ir::make_workload("llama-tp-sp", {.layers = 2});
+  std::vector<double> durations(g.size());
+  for (const auto& t : g.tasks) durations[static_cast<std::size_t>(t.id)] = ir::is_collective(t.kind) ? 7.0 + t.id % 5 : 3.0 + t.id % 3;
+  const auto orders = planner::xla_lhs_orders(g, durations);
+  const auto copy = planner::xla_lhs_schedule(g, durations);
+  REQUIRE_FALSE(orders.cap_edges.empty()); // the two-collective cap binds on this graph
+  CHECK(orders.order == copy.order);
+  std::size_t added = 0;
+  for (std::size_t i = 0; i < g.tasks.size(); ++i) added += copy.graph.tasks[i].deps.size() - g.tasks[i].deps.size();
+  CHECK(added == orders.cap_edges.size());
+  const sim::contention slowdown{1.3, 1.1};
+  for (std::uint32_t seed = 0; seed <= 5; ++seed) {
+    const auto d = seed == 0 ? durations : random_durations(g.size(), seed);
+    CAPTURE(seed);
+    CHECK(sim::simulate(g, orders.order, d, slowdown, orders.cap_edges).step_us ==
+          sim::simulate(copy.graph, copy.order, d, slowdown).step_us);
+  }
+  const std::vector<std::pair<ir::task_id, ir::task_id>> outside{{0, static_cast<ir::task_id>(g.size())}};
+  CHECK_THROWS_WITH(sim::simulate(g, orders.order, durations, slowdown, outside), ContainsSubstring("an added dependency names task"));
 }
 
 TEST_CASE("list schedulers reject what they cannot schedule, naming it", "[planner][list][errors]") {

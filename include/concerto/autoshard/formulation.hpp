@@ -86,6 +86,9 @@ struct problem {
   std::string zero_axis;
   axis_table axes{};                        ///< the program's, which the strategies' specs index
   std::vector<std::pair<int, std::string>> leaves; ///< the problem nodes of the leaves written auto_, by name
+  /// Nodes formulated with their operands of one rank laid out alike (formulation_options::
+  /// align_large_nodes): empty when the problem is the full one.
+  std::vector<std::string> aligned;
 
   [[nodiscard]] std::size_t strategy_count() const noexcept {
     std::size_t n = 0;
@@ -178,7 +181,15 @@ struct formulation_options {
   lower_options lower{};   ///< depths, heads, precision, as the step will be lowered
   int zero_stage = 0;      ///< the ZeRO stage the problem is for (0-3) ...
   std::string zero_axis;   ///< ... over this mesh axis
-  std::size_t max_strategies = 20000; ///< per node: more is refused, naming the node
+  std::size_t max_strategies = 20000; ///< per node, of those the rules accept: more is refused, naming the node
+  /// Per node, the combinations of its operands' layouts tried (attention on three split axes:
+  /// 61 layouts of each of q, k and v): more is refused, naming the node.
+  std::size_t max_combinations = 2000000;
+  /// A node over either limit is formulated again with its operands of one rank laid out alike
+  /// (attention's q, k and v: 61 combinations instead of 226981, of which the rule accepted
+  /// 64603), and listed in problem::aligned: the problem is then a restriction, and its optimum
+  /// an upper bound of the full problem's. Without it such a node is refused.
+  bool align_large_nodes = true;
 };
 
 namespace detail {
@@ -392,7 +403,10 @@ public:
           if (needs_grad_[static_cast<std::size_t>(x.in[k])]) needs_grad_[static_cast<std::size_t>(r)] = true;
         }
         if (x.op == op_code::repeat_out) v.operands[v.n_in++] = node_of_[static_cast<std::size_t>(repeat_of_out(r).raw_in)];
-        op_strategies(v, f, decided);
+        if (!op_strategies(v, f, decided, false) && o_.align_large_nodes) {
+          f.aligned.push_back(v.name);
+          op_strategies(v, f, decided, true);
+        }
         if (v.strategies.empty())
           fail("automatic sharding's formulation: no layout of its operands lets '" + v.name +
                "' be built (the compiler's rules refuse every one)");
@@ -490,27 +504,56 @@ private:
   // The operand layouts to try: each distinct output layout of each producer.
   [[nodiscard]] std::vector<std::vector<pspec>> operand_layouts(const problem_node& v, const problem& f) const {
     std::vector<std::vector<pspec>> out;
-    std::size_t combos = 1;
     for (int k = 0; k < v.n_in; ++k) {
       std::vector<pspec> seen;
       for (const auto& s : f.nodes[static_cast<std::size_t>(v.operands[k])].strategies)
         if (std::find(seen.begin(), seen.end(), s.out) == seen.end()) seen.push_back(s.out);
-      combos *= std::max<std::size_t>(1, seen.size());
       out.push_back(std::move(seen));
     }
-    if (combos > o_.max_strategies)
-      fail("automatic sharding's formulation: '" + v.name + "' has " + std::to_string(combos) + " combinations of operand layouts, over " +
-           std::to_string(o_.max_strategies) + " (formulation_options::max_strategies); fix some leaves' specs or raise the limit");
     return out;
   }
 
+  // Fills v.strategies: each combination of its operands' layouts the rules accept; `aligned`:
+  // the operands of one rank take one layout together (a layout each of their producers makes).
+  // False (v.strategies left empty) when the combinations or the accepted strategies exceed the
+  // options' limits and aligning may still help; a node that is over them aligned is refused.
   // `decided`: for a .to written with auto_, the layouts it may make (else empty).
-  void op_strategies(problem_node& v, const problem& f, const std::vector<pspec>& decided) {
+  bool op_strategies(problem_node& v, const problem& f, const std::vector<pspec>& decided, bool aligned) {
     const auto layouts = operand_layouts(v, f);
-    std::vector<std::size_t> at(layouts.size(), 0);
-    for (bool more = true; more;) {
+    // Groups of operands that move together, and the layouts each group may take.
+    std::vector<std::vector<int>> groups;
+    std::vector<std::vector<pspec>> choices;
+    for (int k = 0; k < v.n_in; ++k) {
+      const auto& own = layouts[static_cast<std::size_t>(k)];
+      const auto joined = std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
+        return aligned && !own.empty() && !layouts[static_cast<std::size_t>(g.front())].empty() &&
+               own.front().rank == layouts[static_cast<std::size_t>(g.front())].front().rank;
+      });
+      if (joined == groups.end()) {
+        groups.push_back({k});
+        choices.push_back(own);
+        continue;
+      }
+      joined->push_back(k);
+      auto& common = choices[static_cast<std::size_t>(joined - groups.begin())];
+      std::erase_if(common, [&](const pspec& l) { return std::find(own.begin(), own.end(), l) == own.end(); });
+    }
+    std::size_t combos = 1;
+    for (const auto& c : choices) combos *= std::max<std::size_t>(1, c.size());
+    const auto over = [&](std::size_t n, std::size_t limit, const char* what, const char* option) {
+      if (n <= limit) return false;
+      v.strategies.clear();
+      if (!aligned && o_.align_large_nodes) return true;
+      fail("automatic sharding's formulation: '" + v.name + "' has " + std::to_string(n) + " " + what + ", over " +
+           std::to_string(limit) + " (formulation_options::" + option + (aligned ? ", with its operands aligned" : "") +
+           "); fix some leaves' specs or raise the limit");
+    };
+    if (over(combos, o_.max_combinations, "combinations of operand layouts", "max_combinations")) return false;
+    std::vector<std::size_t> at(choices.size(), 0);
+    for (bool more = std::none_of(choices.begin(), choices.end(), [](const auto& c) { return c.empty(); }); more;) {
       strategy s;
-      for (int k = 0; k < v.n_in; ++k) s.in[k] = layouts[static_cast<std::size_t>(k)][at[static_cast<std::size_t>(k)]];
+      for (std::size_t g = 0; g < groups.size(); ++g)
+        for (const int k : groups[g]) s.in[k] = choices[g][at[g]];
       bool same_producer_alike = true;
       for (int a = 0; a < v.n_in; ++a)
         for (int b = a + 1; b < v.n_in; ++b)
@@ -522,9 +565,10 @@ private:
         if (answer(v, d)) v.strategies.push_back(d);
       }
       std::size_t i = 0;
-      while (i < at.size() && ++at[i] == layouts[i].size()) at[i++] = 0;
+      while (i < at.size() && ++at[i] == choices[i].size()) at[i++] = 0;
       more = i < at.size();
     }
+    return !over(v.strategies.size(), o_.max_strategies, "strategies the rules accept", "max_strategies");
   }
 
   // The strategy of v reading s.in: its output and price; false when the compiler refuses it.

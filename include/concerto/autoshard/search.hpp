@@ -98,7 +98,9 @@ struct options {
     bool enabled = true;
     int solutions = 2;
     double time_limit_s = 10;          ///< per solve; a solve that runs out reports its bound
-    std::size_t max_strategies = 20000; ///< per node; a larger problem is reported and skipped
+    std::size_t max_strategies = 20000;     ///< per node; a larger problem is reported and skipped
+    std::size_t max_combinations = 2000000; ///< operand layouts tried per node; likewise
+    bool align_large_nodes = true;          ///< formulation_options::align_large_nodes
     mip_solver solver = mip_solver::cbc;
   } exact{};
 };
@@ -114,6 +116,7 @@ struct exact_summary {
   std::vector<graph::sharding_choice> choices; ///< each solution's leaf specs and stage
   bool infeasible = false;          ///< nothing fits the cap in the formulation's memory model
   std::string refused;              ///< why it was not formulated (too many strategies), empty if it was
+  std::vector<std::string> aligned; ///< nodes formulated with their operands aligned (problem::aligned): a restriction
 };
 
 /// @brief The collectives a candidate's step runs on one mesh axis, of one kind.
@@ -335,6 +338,11 @@ std::string result<N>::explain() const {
     std::snprintf(line, sizeof line, "  %-16s %zu nodes, %zu strategies, formulated in %.2f s, solved in %.2f s:", stage.c_str(), e.nodes,
                   e.strategies, e.formulate_seconds, e.solve_seconds);
     out += line;
+    if (!e.aligned.empty()) {
+      out += " operands aligned at";
+      for (const auto& a : e.aligned) out += " " + a;
+      out += " (a restriction: an upper bound of the full optimum):";
+    }
     if (e.infeasible) out += " nothing fits the cap";
     for (const auto& x : e.solutions) {
       std::snprintf(line, sizeof line, " %.1f us%s", x.cost_us,

@@ -214,7 +214,8 @@ struct graph {
   void validate() const;
 
 private:
-  void check_function(const task& t, const std::string& where) const;
+  void check_function(const task& t) const;
+  [[nodiscard]] std::string where(const task& t) const;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -240,37 +241,43 @@ inline std::vector<task_id> graph::topological_order() const {
   return order;
 }
 
-inline void graph::check_function(const task& t, const std::string& where) const {
+// The messages are built only on failure: validate runs on every rewritten graph the planner
+// tries (tens of thousands of tasks each), where a string per task was most of its time.
+inline std::string graph::where(const task& t) const {
+  return "graph '" + name + "': task " + std::to_string(t.id) + " '" + t.name + "'";
+}
+
+inline void graph::check_function(const task& t) const {
   const auto& op = info(t.fn);
-  const auto fn = "fn '" + std::string(op.name) + "'";
+  const auto fn = [&] { return "fn '" + std::string(op.name) + "'"; };
   if (is_collective(t.kind)) {
     // A collective's fn is how it combines values; one that only moves them needs none.
     if (op.role != op_role::reduction && t.fn != op::none)
-      fail(where + " (" + std::string(to_string(t.kind)) + ") has " + fn + "; a collective's fn is how it combines "
+      fail(where(t) + " (" + std::string(to_string(t.kind)) + ") has " + fn() + "; a collective's fn is how it combines "
            "values: sum, max or min");
     if (t.fn == op::none && reduces(t.kind) && !cost_only)
-      fail(where + " (" + std::string(to_string(t.kind)) + ") has no fn; say how it combines values: sum, max or min");
+      fail(where(t) + " (" + std::string(to_string(t.kind)) + ") has no fn; say how it combines values: sum, max or min");
     if (t.fn != op::none && !reduces(t.kind))
-      fail(where + " (" + std::string(to_string(t.kind)) + ") has " + fn + "; it moves values without combining them, "
+      fail(where(t) + " (" + std::string(to_string(t.kind)) + ") has " + fn() + "; it moves values without combining them, "
            "so it takes no fn");
     return;
   }
   if (t.fn == op::none) {
-    if (!cost_only) fail(where + " names no fn; a graph that is run needs every compute task's op (or mark it cost_only)");
+    if (!cost_only) fail(where(t) + " names no fn; a graph that is run needs every compute task's op (or mark it cost_only)");
     return;
   }
-  if (op.role != op_role::compute) fail(where + " has " + fn + ", which is not a compute op");
+  if (op.role != op_role::compute) fail(where(t) + " has " + fn() + ", which is not a compute op");
   if (op.kind != t.kind)
-    fail(where + " is a " + std::string(to_string(t.kind)) + " task with " + fn + ", whose tasks are " +
+    fail(where(t) + " is a " + std::string(to_string(t.kind)) + " task with " + fn() + ", whose tasks are " +
          std::string(to_string(op.kind)));
   if (cost_only) return;
-  if (!op.executable) fail(where + " has " + fn + ", which no executor runs (the graph is not marked cost_only)");
+  if (!op.executable) fail(where(t) + " has " + fn() + ", which no executor runs (the graph is not marked cost_only)");
   const auto count = [&](const operand_list& l, std::size_t have, const char* what) {
     const auto lo = static_cast<std::size_t>(l.min()), hi = static_cast<std::size_t>(l.count);
     if (have < lo || (!l.variadic && have > hi)) {
       std::string names;
       for (int i = 0; i < l.count; ++i) names += (i ? ", " : "") + std::string(l.names[static_cast<std::size_t>(i)]);
-      fail(where + " (" + fn + ") " + what + " " + std::to_string(have) + " buffer(s); the op " + what + " " +
+      fail(where(t) + " (" + fn() + ") " + what + " " + std::to_string(have) + " buffer(s); the op " + what + " " +
            (lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi)) +
            (l.variadic ? " or more" : "") + ": " + names);
     }
@@ -279,13 +286,10 @@ inline void graph::check_function(const task& t, const std::string& where) const
   count(op.writes, t.writes.size(), "writes");
   for (const auto key : op.attrs)
     if (!key.empty() && !t.attrs.contains(std::string(key)))
-      fail(where + " (" + fn + ") lacks attr '" + std::string(key) + "'");
+      fail(where(t) + " (" + fn() + ") lacks attr '" + std::string(key) + "'");
 }
 
 inline void graph::validate() const {
-  const auto where = [this](const task& t) {
-    return "graph '" + name + "': task " + std::to_string(t.id) + " '" + t.name + "'";
-  };
   CONCERTO_CHECK(!streams.empty() && streams[0].is_compute(),
                  "graph '" + name + "': stream 0 must be the compute stream");
   for (std::size_t s = 1; s < streams.size(); ++s) {
@@ -298,15 +302,15 @@ inline void graph::validate() const {
     if (ax.size < 1) fail("graph '" + name + "': mesh axis '" + ax.name + "' has size " + std::to_string(ax.size));
   for (std::size_t b = 0; b < buffers.size(); ++b) {
     const auto& buf = buffers[b];
-    const auto who = "graph '" + name + "': buffer " + std::to_string(b) + " '" + buf.name + "'";
-    if (buf.id != static_cast<buffer_id>(b)) fail(who + " has id " + std::to_string(buf.id) + ", expected its index");
-    if (buf.bytes < 0) fail(who + " has a negative size");
+    const auto who = [&] { return "graph '" + name + "': buffer " + std::to_string(b) + " '" + buf.name + "'"; };
+    if (buf.id != static_cast<buffer_id>(b)) fail(who() + " has id " + std::to_string(buf.id) + ", expected its index");
+    if (buf.bytes < 0) fail(who() + " has a negative size");
     if (buf.view_of >= static_cast<buffer_id>(b) || buf.view_of < -1)
-      fail(who + " is a view of buffer " + std::to_string(buf.view_of) + ", which is not an earlier buffer");
+      fail(who() + " is a view of buffer " + std::to_string(buf.view_of) + ", which is not an earlier buffer");
     if (buf.view_of >= 0) {
       const auto& parent = buffers[static_cast<std::size_t>(buf.view_of)];
       if (buf.offset < 0 || buf.offset + buf.bytes > parent.bytes)
-        fail(who + " lies outside the buffer it views ('" + parent.name + "')");
+        fail(who() + " lies outside the buffer it views ('" + parent.name + "')");
     }
   }
   const auto n = static_cast<task_id>(tasks.size());
@@ -325,7 +329,7 @@ inline void graph::validate() const {
     } else if (!st.is_compute()) {
       fail(where(t) + " is a compute task on communication stream '" + st.name + "'");
     }
-    check_function(t, where(t));
+    check_function(t);
     for (auto d : t.deps) {
       if (d < 0 || d >= n) fail(where(t) + " depends on task " + std::to_string(d) + ", which does not exist");
       if (d == t.id) fail(where(t) + " depends on itself");

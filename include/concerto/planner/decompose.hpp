@@ -427,13 +427,22 @@ inline std::vector<double> exposed_us(const plan::plan& p) {
 
 namespace detail::decompose {
 
+// What every rewrite of one graph reads: its program order and the dependencies its accesses
+// imply. decompose tries hundreds of rewrites of one graph; they share one.
+struct base {
+  const ir::graph& g;
+  rewrite::program prog;
+  std::vector<std::vector<ir::task_id>> derived;
+  explicit base(const ir::graph& graph) : g(graph), prog(graph), derived(ir::derived_deps(graph, prog.order)) {}
+};
+
 // The rewrite of one graph: what replaces each old task (emitted at its program position), what
 // goes right before one, and at the end; one method per decomposition pattern.
 class splitter {
 public:
-  explicit splitter(const ir::graph& g) : g_(g), prog_(g) {
-    d_.graph = g.empty_like();
-    d_.graph.buffers = g.buffers;
+  explicit splitter(const base& b) : g_(b.g), prog_(b.prog), derived_(b.derived) {
+    d_.graph = g_.empty_like();
+    d_.graph.buffers = g_.buffers;
   }
 
   void add(const decomposition& dec) {
@@ -465,7 +474,7 @@ public:
       for (auto& t : it->second) d_.add(std::move(t), {id});
     }
     for (auto& [origin, t] : at_end_) d_.add(std::move(t), {origin});
-    return rewrite::finish(g_, prog_.order, std::move(d_));
+    return rewrite::finish(g_, derived_, std::move(d_));
   }
 
 private:
@@ -769,12 +778,19 @@ private:
   }
 
   const ir::graph& g_;
-  rewrite::program prog_;
+  const rewrite::program& prog_;
+  const std::vector<std::vector<ir::task_id>>& derived_;
   rewrite::draft d_;
   std::map<ir::task_id, std::vector<ir::task>> replacement_;
   std::map<ir::task_id, std::vector<std::pair<ir::task_id, ir::task>>> before_; // (origin, task)
   std::vector<std::pair<ir::task_id, ir::task>> at_end_;
 };
+
+inline ir::graph apply(const base& b, std::span<const decomposition> decompositions) {
+  splitter s(b);
+  for (const auto& dec : decompositions) s.add(dec);
+  return std::move(s).finish();
+}
 
 } // namespace detail::decompose
 
@@ -787,9 +803,7 @@ private:
 /// ir::graph split = planner::apply(g, std::vector{planner::decomposition{ag, mm, 4}});
 /// @endcode
 [[nodiscard]] inline ir::graph apply(const ir::graph& g, std::span<const decomposition> decompositions) {
-  detail::decompose::splitter s(g);
-  for (const auto& dec : decompositions) s.add(dec);
-  return std::move(s).finish();
+  return detail::decompose::apply(detail::decompose::base(g), decompositions);
 }
 
 /// @brief The splits worth trying: every (collective, matmul, k) the rewrite supports, and every
@@ -899,6 +913,7 @@ private:
   decompose_result result{g, {}, 0, 0};
   result.step_us_before = result.step_us_after = judge(g);
   const auto candidates = find_candidates(g, model, options);
+  const detail::decompose::base original(g);
   std::size_t collectives = 0;
   for (std::size_t i = 0; i < candidates.size(); ++i)
     if (i == 0 || candidates[i].collective != candidates[i - 1].collective) ++collectives;
@@ -926,7 +941,7 @@ private:
       // Two splits may claim one task (an expert region and a matmul another split took): the
       // later one is not possible on top of the kept ones, and is skipped.
       try {
-        graphs[j] = planner::apply(g, std::span<const decomposition>(trial));
+        graphs[j] = detail::decompose::apply(original, std::span<const decomposition>(trial));
       } catch (const error&) {
         steps[j] = std::numeric_limits<double>::infinity();
         return;

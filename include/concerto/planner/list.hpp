@@ -101,18 +101,25 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
   return s;
 }
 
+/// @brief A schedule of xla_lhs_orders: each stream's order, and the edges that hold the cap on
+/// collectives in flight, (earlier, later) between collectives of two lanes.
+struct lhs_schedule {
+  std::vector<std::vector<ir::task_id>> order;
+  std::vector<std::pair<ir::task_id, ir::task_id>> cap_edges;
+};
+
 /// @brief XLA's latency-hiding scheduler as a greedy list schedule on a simulated clock.
 ///
 /// Whenever a stream is free, it starts its ready task of highest priority: a collective as
 /// soon as its inputs are ready (program order among collectives), compute by longest remaining
-/// path. At most `max_in_flight` collectives run at once across all lanes; the returned graph
-/// holds that cap as edges (a collective waits for the one whose slot it takes), so a replay
+/// path. At most `max_in_flight` collectives run at once across all lanes; the returned cap
+/// edges hold it (a collective waits for the one whose slot it takes), so a replay
 /// with other durations keeps it too.
 /// @code
-/// auto s = planner::xla_lhs_schedule(g, durations, /*max_in_flight=*/2);
+/// auto s = planner::xla_lhs_orders(g, durations, /*max_in_flight=*/2);
 /// @endcode
-[[nodiscard]] inline ordering xla_lhs_schedule(const ir::graph& g, std::span<const double> durations_us,
-                                               int max_in_flight = 2) {
+[[nodiscard]] inline lhs_schedule xla_lhs_orders(const ir::graph& g, std::span<const double> durations_us,
+                                                 int max_in_flight = 2) {
   detail::check_durations(g, durations_us, "xla_lhs");
   if (max_in_flight < 1)
     fail("xla_lhs schedule of graph '" + g.name + "': max_in_flight = " + std::to_string(max_in_flight) +
@@ -152,7 +159,7 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
     return id;
   };
 
-  ordering s{g, std::vector<std::vector<ir::task_id>>(g.streams.size())};
+  lhs_schedule s{std::vector<std::vector<ir::task_id>>(g.streams.size()), {}};
   using event = std::pair<double, ir::task_id>; // finish time, task
   std::priority_queue<event, std::vector<event>, std::greater<>> running;
   std::vector<char> busy(g.streams.size(), 0);
@@ -184,9 +191,9 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
       // The slot's previous collective finished before this one starts: make that an edge,
       // unless the lane's own order already implies it.
       if (const auto prev = slot_last[slot]; prev >= 0 && g[prev].stream != g[id].stream) {
-        auto& deps = s.graph.tasks[static_cast<std::size_t>(id)].deps;
+        const auto& deps = g[id].deps;
         if (std::find(deps.begin(), deps.end(), prev) == deps.end())
-          deps.push_back(prev);
+          s.cap_edges.emplace_back(prev, id);
       }
       slot_busy[slot] = 1;
       slot_last[slot] = id;
@@ -214,6 +221,19 @@ inline void check_durations(const ir::graph& g, std::span<const double> duration
           ready[static_cast<std::size_t>(g[nx].stream)].push(nx);
     }
   }
+  return s;
+}
+
+
+/// @brief xla_lhs_orders with its cap edges added to a copy of the graph.
+/// @code
+/// auto s = planner::xla_lhs_schedule(g, durations, /*max_in_flight=*/2);
+/// @endcode
+[[nodiscard]] inline ordering xla_lhs_schedule(const ir::graph& g, std::span<const double> durations_us,
+                                               int max_in_flight = 2) {
+  auto lhs = xla_lhs_orders(g, durations_us, max_in_flight);
+  ordering s{g, std::move(lhs.order)};
+  for (const auto& [earlier, later] : lhs.cap_edges) s.graph.tasks[static_cast<std::size_t>(later)].deps.push_back(earlier);
   return s;
 }
 

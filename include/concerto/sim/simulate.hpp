@@ -20,6 +20,7 @@
 #include <concerto/ir/graph.hpp>
 #include <concerto/plan/plan.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -101,7 +102,8 @@ inline void check_orders(const ir::graph& g, const std::vector<std::vector<ir::t
 
 /// The graph is not validated as a whole (that costs a topological sort per call); only what
 /// would make the replay read out of bounds is checked. A cycle shows up as a deadlock.
-inline void check_inputs(const ir::graph& g, std::span<const double> durations_us, const contention& slowdown) {
+inline void check_inputs(const ir::graph& g, std::span<const double> durations_us, const contention& slowdown,
+                         std::span<const std::pair<ir::task_id, ir::task_id>> extra_deps) {
   const auto check_factor = [](double v, std::string what) {
     if (v >= 1.0 && std::isfinite(v)) return;
     what += " is ";
@@ -126,9 +128,15 @@ inline void check_inputs(const ir::graph& g, std::span<const double> durations_u
       fail("simulate: " + task_label(g, id) + " has duration " + std::to_string(durations_us[i]) +
            " us; durations must be finite and >= 0");
   }
+  for (const auto& [earlier, later] : extra_deps)
+    if (earlier < 0 || later < 0 || earlier >= n || later >= n)
+      fail("simulate: an added dependency names task " + std::to_string(std::max(earlier, later)) + " of graph '" + g.name +
+           "', which has " + std::to_string(n) + " tasks");
 }
 
-[[noreturn]] inline void report_deadlock(const ir::graph& g, const std::vector<std::vector<ir::task_id>>& order,
+// Cold and out of line: built inline into simulate, its message makes g++ 12 warn falsely
+// (-Wrestrict) about the strings.
+[[noreturn, gnu::cold, gnu::noinline]] inline void report_deadlock(const ir::graph& g, const std::vector<std::vector<ir::task_id>>& order,
                                          const std::vector<std::size_t>& pos, const std::vector<char>& done,
                                          double now) {
   std::string msg = "simulate: deadlock at t=" + std::to_string(now) +
@@ -169,9 +177,12 @@ inline void check_inputs(const ir::graph& g, std::span<const double> durations_u
 /// auto r = sim::simulate(g, {{0}, {1}}, d, 1.5);        // both start at t=0
 /// // compute runs 6 us at rate 1/1.5 (4 us of work), then 6 us alone: r.end_us[0] == 12
 /// @endcode
+/// `extra_deps` are (earlier, later) edges a schedule adds to the graph's (planner::xla_lhs_orders'
+/// cap on collectives in flight), replayed without copying the graph.
 [[nodiscard]] inline result simulate(const ir::graph& g, const std::vector<std::vector<ir::task_id>>& order,
-                                     std::span<const double> durations_us, contention overlap_slowdown = {}) {
-  detail::check_inputs(g, durations_us, overlap_slowdown);
+                                     std::span<const double> durations_us, contention overlap_slowdown = {},
+                                     std::span<const std::pair<ir::task_id, ir::task_id>> extra_deps = {}) {
+  detail::check_inputs(g, durations_us, overlap_slowdown, extra_deps);
   detail::check_orders(g, order);
 
   const std::size_t n = g.tasks.size();
@@ -184,12 +195,17 @@ inline void check_inputs(const ir::graph& g, std::span<const double> durations_u
     pending[static_cast<std::size_t>(t.id)] = static_cast<int>(t.deps.size());
     for (const auto d : t.deps) ++succ_begin[static_cast<std::size_t>(d) + 1];
   }
+  for (const auto& [earlier, later] : extra_deps) {
+    ++pending[static_cast<std::size_t>(later)];
+    ++succ_begin[static_cast<std::size_t>(earlier) + 1];
+  }
   for (std::size_t i = 0; i < n; ++i) succ_begin[i + 1] += succ_begin[i];
   std::vector<ir::task_id> succ(succ_begin[n]);
   {
     std::vector<std::size_t> fill(succ_begin.begin(), succ_begin.end() - 1);
     for (const auto& t : g.tasks)
       for (const auto d : t.deps) succ[fill[static_cast<std::size_t>(d)]++] = t.id;
+    for (const auto& [earlier, later] : extra_deps) succ[fill[static_cast<std::size_t>(earlier)]++] = later;
   }
 
   std::vector<char> is_comm(streams, 0);

@@ -3,7 +3,7 @@
 // that concerto's kernels (runtime/cuda/kernels.cuh), streams and device buffers use, so that
 // the kernel tests (tests/gpu/kernels_test.cu) run in CI, where there is no GPU.
 //
-// Every CUDA thread of a block is a fiber (ucontext) on the calling thread; the fibers of a
+// Every CUDA thread of a block is a fiber (its own stack, see concerto_emulation_switch) on the calling thread; the fibers of a
 // block run one after the other until each reaches a barrier (__syncthreads, or a warp shuffle,
 // which waits for its warp), and the scheduler releases a barrier once every thread it concerns
 // is there. Blocks run one after the other, so `__shared__` variables are function statics.
@@ -32,6 +32,7 @@
 #include <math.h> // the kernels call the C functions expf, tanhf, ... unqualified, as CUDA code does
 
 #include <atomic>
+#include <exception>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -176,9 +177,54 @@ inline constexpr std::size_t max_dynamic_shared = 48 * 1024;
 
 enum class fiber_state : std::uint8_t { running, at_block_barrier, at_warp_barrier, done };
 
+// Switching fibers. glibc's swapcontext saves and restores the signal mask with a system call on
+// every switch, which was two thirds of the emulated tests' time; on x86-64 (outside the
+// sanitizer builds, whose fiber bookkeeping hooks ucontext) a switch saves the callee-saved
+// registers and the floating-point control words on the stack it leaves and pops them from the
+// one it enters, with no system call. Elsewhere ucontext does it.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define CONCERTO_CUDA_EMULATION_STACK_SWITCH 1
+// concerto_emulation_switch(&saved, next): saves the current stack pointer in `saved` and
+// continues on `next` (a stack pointer such a call saved, or a fresh stack's, see start_fiber).
+// Weak: every translation unit that includes this header defines it.
+extern "C" void concerto_emulation_switch(void** saved, void* next);
+asm(R"(
+  .text
+  .weak concerto_emulation_switch
+  .type concerto_emulation_switch, @function
+concerto_emulation_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size concerto_emulation_switch, .-concerto_emulation_switch
+)");
+#endif
+
 struct fiber {
+#if CONCERTO_CUDA_EMULATION_STACK_SWITCH
+  void* sp = nullptr; // where it was suspended
+#else
   ucontext_t context{};
-  std::unique_ptr<char[]> stack;
+#endif
+  char* stack = nullptr; // fiber_stack_bytes, owned by the thread's stack pool
   fiber_state state = fiber_state::running;
   uint3 index{};
   unsigned linear = 0;
@@ -187,9 +233,14 @@ struct fiber {
 
 struct block_run {
   std::vector<fiber> fibers;
+#if CONCERTO_CUDA_EMULATION_STACK_SWITCH
+  void* scheduler = nullptr;
+#else
   ucontext_t scheduler{};
+#endif
   fiber* current = nullptr;
   const std::function<void()>* body = nullptr;
+  std::exception_ptr failure; // thrown by a thread; rethrown by the scheduler
   std::vector<unsigned char> dynamic_shared;
   std::vector<std::uint64_t> exchange[2]; // a value per thread, alternating between shuffles
 };
@@ -197,15 +248,75 @@ inline thread_local block_run* active = nullptr;
 
 inline constexpr std::size_t fiber_stack_bytes = 128 * 1024;
 
+// Fiber stacks outlive a launch: allocating (and faulting in) a stack per thread per launch
+// cost as much as running the kernels.
+inline char* pooled_stack(std::size_t i) {
+  thread_local std::vector<std::unique_ptr<char[]>> pool;
+  while (pool.size() <= i) pool.emplace_back(new char[fiber_stack_bytes]);
+  return pool[i].get();
+}
+
+inline void to_scheduler(fiber& f) {
+#if CONCERTO_CUDA_EMULATION_STACK_SWITCH
+  concerto_emulation_switch(&f.sp, active->scheduler);
+#else
+  swapcontext(&f.context, &active->scheduler);
+#endif
+}
+
 inline void fiber_entry() {
-  (*active->body)();
-  active->current->state = fiber_state::done; // returning resumes the scheduler (uc_link)
+  try {
+    (*active->body)();
+  } catch (...) {
+    if (!active->failure) active->failure = std::current_exception();
+  }
+  active->current->state = fiber_state::done;
+#if CONCERTO_CUDA_EMULATION_STACK_SWITCH
+  void* finished = nullptr;
+  concerto_emulation_switch(&finished, active->scheduler); // never resumed
+  __builtin_unreachable();
+#endif
+  // with ucontext, returning resumes the scheduler (uc_link)
+}
+
+// Makes `f` start at fiber_entry when it is first entered.
+inline void start_fiber(fiber& f, [[maybe_unused]] block_run& run) {
+#if CONCERTO_CUDA_EMULATION_STACK_SWITCH
+  // The frame concerto_emulation_switch pops: control words, r15..rbp, then the return address
+  // (fiber_entry), above which fiber_entry sees the stack aligned as after a call.
+  auto* top = reinterpret_cast<std::uint64_t*>(
+      (reinterpret_cast<std::uintptr_t>(f.stack) + fiber_stack_bytes) & ~std::uintptr_t{15});
+  std::uint64_t* sp = top - 9;
+  std::uint32_t words[2];
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(words[0]), "=m"(words[1]));
+  std::memcpy(sp, words, sizeof words);
+  for (int r = 1; r <= 6; ++r) sp[r] = 0;
+  sp[7] = reinterpret_cast<std::uint64_t>(&fiber_entry);
+  sp[8] = 0; // fiber_entry never returns
+  f.sp = sp;
+#else
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = f.stack;
+  f.context.uc_stack.ss_size = fiber_stack_bytes;
+  f.context.uc_link = &run.scheduler;
+  makecontext(&f.context, fiber_entry, 0);
+#endif
+}
+
+inline void resume(block_run& run, fiber& f) {
+  run.current = &f;
+  threadIdx = f.index;
+#if CONCERTO_CUDA_EMULATION_STACK_SWITCH
+  concerto_emulation_switch(&run.scheduler, f.sp);
+#else
+  swapcontext(&run.scheduler, &f.context);
+#endif
 }
 
 inline void suspend(fiber_state at) {
   fiber& f = *active->current;
   f.state = at;
-  swapcontext(&f.context, &active->scheduler);
+  to_scheduler(f);
 }
 
 [[noreturn]] inline void divergence(const char* what, unsigned block_linear) {
@@ -215,25 +326,20 @@ inline void suspend(fiber_state at) {
 
 // Runs one block to completion: fibers run in thread order until each waits or ends; a warp
 // whose threads all wait at a shuffle goes on first, then a block barrier that every thread
-// reached. Anything else is divergence.
+// reached. Anything else is divergence. A thread's exception ends the block and is rethrown.
 inline void run_block(block_run& run, unsigned block_linear) {
   for (auto& f : run.fibers) {
     f.state = fiber_state::running;
     f.shuffles = 0;
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = f.stack.get();
-    f.context.uc_stack.ss_size = fiber_stack_bytes;
-    f.context.uc_link = &run.scheduler;
-    makecontext(&f.context, fiber_entry, 0);
+    start_fiber(f, run);
   }
   if (!run.dynamic_shared.empty()) std::memset(run.dynamic_shared.data(), uninitialised, run.dynamic_shared.size());
   const std::size_t threads = run.fibers.size();
   for (;;) {
     for (auto& f : run.fibers) {
       if (f.state != fiber_state::running) continue;
-      run.current = &f;
-      threadIdx = f.index;
-      swapcontext(&run.scheduler, &f.context);
+      resume(run, f);
+      if (run.failure) std::rethrow_exception(std::exchange(run.failure, nullptr));
     }
     std::size_t done = 0, at_block = 0, at_warp = 0;
     for (const auto& f : run.fibers) {
@@ -270,7 +376,7 @@ inline void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std:
   run.fibers.resize(threads);
   for (unsigned t = 0; t < threads; ++t) {
     auto& f = run.fibers[t];
-    f.stack.reset(new char[fiber_stack_bytes]);
+    f.stack = pooled_stack(t);
     f.linear = t;
     f.index = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
   }

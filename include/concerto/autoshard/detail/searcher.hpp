@@ -149,10 +149,12 @@ private:
         const auto t0 = std::chrono::steady_clock::now();
         const auto f = formulate(p_, mesh_, shapes_, model_,
                                  {.memory_cap_bytes = o_.memory_cap_bytes, .lower = o_.lower, .zero_stage = sum.zero_stage,
-                                  .zero_axis = sum.zero_axis, .max_strategies = o_.exact.max_strategies});
+                                  .zero_axis = sum.zero_axis, .max_strategies = o_.exact.max_strategies,
+                                  .max_combinations = o_.exact.max_combinations, .align_large_nodes = o_.exact.align_large_nodes});
         sum.formulate_seconds = seconds_since(t0);
         sum.nodes = f.nodes.size();
         sum.strategies = f.strategy_count();
+        sum.aligned = f.aligned;
         const auto t1 = std::chrono::steady_clock::now();
         auto solved = solve(f, {.solutions = o_.exact.solutions, .time_limit_s = o_.exact.time_limit_s, .solver = o_.exact.solver});
         sum.solve_seconds = seconds_since(t1);
@@ -173,7 +175,8 @@ private:
   }
   static std::string exact_origin(const exact_summary& s, const solution& x, std::size_t k) {
     char text[160];
-    std::snprintf(text, sizeof text, "exact formulation%s%s #%zu (%.1f us%s)", s.zero_stage > 0 ? ", ZeRO-" : "",
+    std::snprintf(text, sizeof text, "%s formulation%s%s #%zu (%.1f us%s)", s.aligned.empty() ? "exact" : "aligned",
+                  s.zero_stage > 0 ? ", ZeRO-" : "",
                   s.zero_stage > 0 ? (std::to_string(s.zero_stage) + " over " + s.zero_axis).c_str() : "", k + 1, x.cost_us,
                   x.proved ? ", proved" : "");
     return text;

@@ -65,8 +65,8 @@ using plan_fn = std::function<plan::plan(const ir::graph&)>;
   const sim::contention slowdown{model.overlap_slowdown(), model.comm_overlap_slowdown()};
   const double in_program_order =
       sim::simulate(g, detail::split_by_stream(g, detail::program_order(g)), durations, slowdown).step_us;
-  const auto lhs = xla_lhs_schedule(g, durations);
-  return std::min(in_program_order, sim::simulate(lhs.graph, lhs.order, durations, slowdown).step_us);
+  const auto lhs = xla_lhs_orders(g, durations);
+  return std::min(in_program_order, sim::simulate(g, lhs.order, durations, slowdown, lhs.cap_edges).step_us);
 }
 
 /// @brief A judge from a plan maker: the plan's step time, or +infinity when a memory cap is

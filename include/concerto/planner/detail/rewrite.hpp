@@ -39,8 +39,10 @@ struct draft {
 /// Ids, then dependencies: the ones the accesses imply in the new program order, plus every
 /// edge of `old` that its accesses did not imply (ordering a scheduler or a memory limit
 /// added), carried to all the tasks that replace its two ends. Validates the result.
-[[nodiscard]] inline ir::graph finish(const ir::graph& old, const std::vector<ir::task_id>& old_order, draft d) {
-  const auto old_derived = derived_deps(old, old_order);
+/// `old_derived` is derived_deps(old, old_order): a search that rewrites one graph many ways
+/// computes it once.
+[[nodiscard]] inline ir::graph finish(const ir::graph& old, const std::vector<std::vector<ir::task_id>>& old_derived,
+                                      draft d) {
   std::vector<std::vector<ir::task_id>> replaced_by(old.tasks.size());
   for (std::size_t i = 0; i < d.origins.size(); ++i)
     for (auto o : d.origins[i]) replaced_by[static_cast<std::size_t>(o)].push_back(static_cast<ir::task_id>(i));
@@ -70,6 +72,10 @@ struct draft {
   }
   g.validate();
   return std::move(g);
+}
+
+[[nodiscard]] inline ir::graph finish(const ir::graph& old, const std::vector<ir::task_id>& old_order, draft d) {
+  return finish(old, derived_deps(old, old_order), std::move(d));
 }
 
 /// A graph's program order, each task's position in it and, per root buffer, the tasks that
