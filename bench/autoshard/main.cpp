@@ -173,8 +173,10 @@ void run(const graph::program<A>& automatic, const graph::program<H>* hand, cons
                               : s.model == "moe"      ? "hand-written (experts over ep" + std::string(s.tp > 1 ? ", Megatron TP over tp)" : ")")
                               : s.sequence_parallel   ? "hand-written (Megatron TP over tp, SP, DP over dp)"
                                                       : "hand-written (Megatron TP over tp, DP over dp)";
-  if (s.model != "mlp" && s.tp <= 1 && s.model != "moe" && s.model != "evoformer") {
-    // Data parallelism over the one axis, with the workload's ZeRO: every weight whole, every batch split.
+  // A transformer on one axis (no tp to write Megatron's layout over): its hand-written layout is
+  // data parallelism over that axis, with the workload's ZeRO: every weight whole, every batch split.
+  const bool data_parallel_only = s.tp <= 1 && (s.model == "gpt" || s.model == "llama" || s.model == "vit");
+  if (data_parallel_only) {
     auto dp = autoshard::detail::layout_seed(automatic, autoshard::detail::free_leaves(automatic, shapes, o.lower),
                                              autoshard::detail::split_axes(m), {});
     if (s.zero_stage > 0) dp.zero_stage = s.zero_stage, dp.zero_axis = "dp";
