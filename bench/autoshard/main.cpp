@@ -1,5 +1,5 @@
 // Automatic sharding on the examples' GPT, Llama, Llama with a mixture of experts, Evoformer
-// pair stack and ViT (every spec written auto_) at the benchmark workloads' sizes, on a dp x tp (dp x ep
+// pair stack, ViT and Wide-ResNet (every spec written auto_) at the benchmark workloads' sizes, on a dp x tp (dp x ep
 // x tp; dap; dp alone) mesh of the cost preset's machines: how long the search and the
 // planning of its best candidates take, what it chose, and its planned step next to the
 // hand-written Megatron layout of the examples (given to the search as a seed, so it is planned
@@ -18,10 +18,12 @@
 //   bench_autoshard --model mlp --world 8 --tp 4 --batch 64 --hidden 4096 --exhaustive
 //   bench_autoshard --model gpt --world 32 --tp 8 --layers 40 --hidden 5120 --heads 40 --seq 2048 --batch 16 --compare-solvers --iopddl gpt.json
 //   bench_autoshard --workload gpt-zero3 --world 32
+//   bench_autoshard --workload wresnet-dp --world 32 --micro-batch 32
 #include "evoformer/model.hpp"
 #include "gpt/model.hpp"
 #include "llama/model.hpp"
 #include "vit/model.hpp"
+#include "wresnet/model.hpp"
 
 #include <concerto/autoshard/search.hpp>
 #include <concerto/ir/workloads.hpp>
@@ -49,7 +51,7 @@ struct settings {
   std::string iopddl;
   std::string workload; ///< a planner workload (ir::make_workload) whose model, sizes, mesh and layout these are
   int micro_batch = 1;  ///< the workload's sequences (images) per data-parallel rank
-  std::size_t max_strategies = autoshard::options{}.exact.max_strategies;
+  std::size_t max_strategies = autoshard::formulation_limits{}.max_strategies;
   bool no_align = false;
   int zero_stage = 0;   ///< the workload's: data parallelism with ZeRO-2 or 3 over every rank (tp 1)
   bool sequence_parallel = false; ///< the workload's hand-written layout has Megatron's SP
@@ -62,10 +64,11 @@ struct settings {
 void from_workload(settings& s) {
   const auto& w = ir::detail::workloads::find_workload(s.workload);
   const auto& m = w.model;
-  if (w.wide_resnet)
-    fail("bench_autoshard: the workload '" + s.workload + "' has no program written with auto_ yet (the Wide-ResNet example is "
-         "a three-stage net, not the workload's four stages)");
   const int per_node = 8;
+  if (w.wide_resnet) { // data parallel over every rank, micro_batch images each
+    s.model = "wresnet", s.tp = 1, s.batch = s.world * s.micro_batch;
+    return;
+  }
   s.layers = static_cast<int>(m.layers), s.hidden = static_cast<int>(m.hidden), s.heads = static_cast<int>(m.heads);
   s.kv_heads = static_cast<int>(m.kv_heads), s.ffn = static_cast<int>(m.ffn), s.seq = static_cast<int>(m.seq);
   // A vocabulary padded as Megatron-LM pads it (to a multiple of 128 per tensor-parallel rank); the
@@ -165,9 +168,10 @@ void run(const graph::program<A>& automatic, const graph::program<H>* hand, cons
                                           : mesh::from_world(s.world, {{"dp", -1, ir::link_class::inter_node}});
   autoshard::options o;
   o.lower = {.heads = s.heads, .precision = ir::parse_precision(s.precision, "--precision")};
-  if (automatic.repeat_count > 0) o.lower.depth = {{std::string(automatic.repeats[0].name.view()), s.layers}};
-  o.exact.max_strategies = s.max_strategies;
-  o.exact.align_large_nodes = !s.no_align;
+  if (s.model == "wresnet") o.lower.depth = wresnet_model::wide_resnet_depths();
+  else if (automatic.repeat_count > 0) o.lower.depth = {{std::string(automatic.repeats[0].name.view()), s.layers}};
+  o.exact.limits.max_strategies = s.max_strategies;
+  o.exact.limits.align_large_nodes = !s.no_align;
   if (s.cap_gib > 0) o.memory_cap_bytes = static_cast<std::int64_t>(s.cap_gib * (1LL << 30));
   const std::string written = s.model == "evoformer" ? "hand-written (DAP)"
                               : s.model == "moe"      ? "hand-written (experts over ep" + std::string(s.tp > 1 ? ", Megatron TP over tp)" : ")")
@@ -175,7 +179,7 @@ void run(const graph::program<A>& automatic, const graph::program<H>* hand, cons
                                                       : "hand-written (Megatron TP over tp, DP over dp)";
   // A transformer on one axis (no tp to write Megatron's layout over): its hand-written layout is
   // data parallelism over that axis, with the workload's ZeRO: every weight whole, every batch split.
-  const bool data_parallel_only = s.tp <= 1 && (s.model == "gpt" || s.model == "llama" || s.model == "vit");
+  const bool data_parallel_only = s.tp <= 1 && (s.model == "gpt" || s.model == "llama" || s.model == "vit" || s.model == "wresnet");
   if (data_parallel_only) {
     auto dp = autoshard::detail::layout_seed(automatic, autoshard::detail::free_leaves(automatic, shapes, o.lower),
                                              autoshard::detail::split_axes(m), {});
@@ -188,9 +192,11 @@ void run(const graph::program<A>& automatic, const graph::program<H>* hand, cons
   const auto r = autoshard::choose(automatic, m, shapes, model, o);
   std::string axes;
   for (const auto& a : m.axes()) axes += (axes.empty() ? "" : " x ") + a.name + " " + std::to_string(a.size);
-  std::printf("%s%s%s: %d layers, hidden %d, seq %d, batch %d on %d ranks (%s), %s, preset %s\n", s.model.c_str(),
-              s.workload.empty() ? "" : ", workload ", s.workload.c_str(), s.layers, s.hidden, s.seq, s.batch, s.world, axes.c_str(),
-              s.precision.c_str(), s.preset.c_str());
+  const std::string size = s.model == "wresnet" ? "the Wide-ResNet of ir::conv_net_spec, " + std::to_string(s.batch) + " images"
+                                                : std::to_string(s.layers) + " layers, hidden " + std::to_string(s.hidden) + ", seq " +
+                                                      std::to_string(s.seq) + ", batch " + std::to_string(s.batch);
+  std::printf("%s%s%s: %s on %d ranks (%s), %s, preset %s\n", s.model.c_str(), s.workload.empty() ? "" : ", workload ",
+              s.workload.c_str(), size.c_str(), s.world, axes.c_str(), s.precision.c_str(), s.preset.c_str());
   std::printf("%s", r.explain().c_str());
   if (s.compare_solvers || !s.iopddl.empty()) formulations(automatic, m, shapes, model, o, s);
   if (s.exhaustive) {
@@ -206,8 +212,8 @@ int main(int argc, char** argv) {
   settings s;
   CLI::App app{"Automatic sharding's search time and choice on the benchmark models"};
   app.add_option("--model", s.model, "gpt, llama, moe (Llama with a mixture of experts), evoformer (its pair stack: --seq residues, --hidden c_z), "
-                                     "vit (--seq tokens, --vocab classes) or mlp")
-      ->check(CLI::IsMember({"gpt", "llama", "moe", "evoformer", "vit", "mlp"}));
+                                     "vit (--seq tokens, --vocab classes), wresnet (the wresnet-dp workload's Wide-ResNet: --batch images) or mlp")
+      ->check(CLI::IsMember({"gpt", "llama", "moe", "evoformer", "vit", "wresnet", "mlp"}));
   app.add_option("--world", s.world, "ranks");
   app.add_option("--tp", s.tp, "size of the mesh's tp axis (intra-node); dp takes the rest (inter-node)");
   app.add_option("--layers", s.layers, "depth");
@@ -229,7 +235,7 @@ int main(int argc, char** argv) {
   app.add_option("--iopddl", s.iopddl, "write the exact formulation (no ZeRO) to this file in the IOPDDL contest's format");
   app.add_option("--workload", s.workload, "a planner workload (ir::make_workload's names): its model, sizes, mesh and hand-written "
                                            "layout on --world ranks (the other sizes are ignored)");
-  app.add_option("--max-strategies", s.max_strategies, "the exact formulation's strategies per node (options::exact.max_strategies)");
+  app.add_option("--max-strategies", s.max_strategies, "the exact formulation's strategies per node (formulation_limits::max_strategies)");
   app.add_flag("--no-align", s.no_align, "refuse the exact formulation of a node over the limits instead of aligning its operands");
   app.add_option("--micro-batch", s.micro_batch, "with --workload: sequences (images) per data-parallel rank, as workload_options::micro_batch");
   CLI11_PARSE(app, argc, argv);
@@ -256,6 +262,8 @@ int main(int argc, char** argv) {
         if (s.top_k == 1) run(auto1, &hand1, moe, s);
         else run(auto2, &hand2, moe, s);
       }
+    } else if (s.model == "wresnet") {
+      run(wresnet_model::wide_resnet_auto, static_cast<const graph::program<1>*>(nullptr), wresnet_model::wide_resnet_shapes(s.batch), s);
     } else if (s.model == "evoformer") {
       run(evoformer_model::pair_stack_auto, &evoformer_model::pair_stack, evoformer_model::shapes(s.seq, s.hidden), s);
     } else {

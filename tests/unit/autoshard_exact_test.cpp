@@ -177,7 +177,7 @@ TEST_CASE("a node over the strategy limit is formulated with its operands aligne
   }
   REQUIRE(largest > others + 1);
   auto o = lm_options();
-  o.max_strategies = largest - 1;
+  o.limits.max_strategies = largest - 1;
   const auto aligned = autoshard::formulate(auto_lm::lm, eight, shapes, h100, o);
   CAPTURE(name, largest, aligned.aligned);
   REQUIRE(std::find(aligned.aligned.begin(), aligned.aligned.end(), name) != aligned.aligned.end());
@@ -196,17 +196,17 @@ TEST_CASE("a node over the strategy limit is formulated with its operands aligne
   const auto compiled = graph::respecify(auto_lm::lm, aligned.choice(best_aligned.solutions[0].pick));
   REQUIRE(compiled.program);
   CHECK_NOTHROW(lower(*compiled.program, shapes, eight, {.depth = {{"layers", 3}}}));
-  o.align_large_nodes = false;
+  o.limits.align_large_nodes = false;
   CHECK_THROWS_WITH(autoshard::formulate(auto_lm::lm, eight, shapes, h100, o), ContainsSubstring("strategies the rules accept"));
 }
 
 TEST_CASE("the formulation's errors name the problem", "[autoshard][exact]") {
   const auto shapes = auto_lm::shapes(8, 16, 512, 64);
   auto o = lm_options();
-  o.max_strategies = 10;
+  o.limits.max_strategies = 10;
   CHECK_THROWS_WITH(autoshard::formulate(auto_lm::lm, eight, shapes, h100, o), ContainsSubstring("strategies the rules accept, over 10"));
   o = lm_options();
-  o.max_combinations = 10;
+  o.limits.max_combinations = 10;
   CHECK_THROWS_WITH(autoshard::formulate(auto_lm::lm, eight, shapes, h100, o), ContainsSubstring("combinations of operand layouts, over 10"));
   o = lm_options(2);
   o.zero_axis = "pp";

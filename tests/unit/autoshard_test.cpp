@@ -6,6 +6,7 @@
 // never worse than a hand-written layout given as a seed; the same choice every time.
 #include "../mpi/auto_lm_program.hpp"
 
+#include <concerto/autoshard/auto_shard.hpp>
 #include <concerto/autoshard/search.hpp>
 #include <concerto/concerto.hpp>
 
@@ -250,4 +251,37 @@ TEST_CASE("automatic sharding says what is missing", "[autoshard]") {
   CHECK_THROWS_WITH(autoshard::choose(megatron, eight, mlp_shapes(16, 8), h100),
                     ContainsSubstring("no leaf written auto_ and no seed was given"));
   CHECK_THROWS_WITH(autoshard::choose(auto_mlp, eight, {{"x", {16, 8}}}, h100), ContainsSubstring("no sharding of the program is valid"));
+}
+
+TEST_CASE("auto_shard leaves every placement of a hand-written program to automatic sharding, the program as written a seed",
+          "[autoshard]") {
+  const auto shapes = mlp_shapes(64, 512);
+  const auto check = [&](const auto& hand, const char* what) {
+    CAPTURE(what);
+    const auto whole = autoshard::auto_shard(hand);
+    REQUIRE(whole.program->has_free_dims());
+    CHECK(whole.program->zero_stage == 0);
+    for (int l = 0; l < whole.program->name_count; ++l) CHECK(whole.program->free_dims[l] != 0); // every leaf decided
+    // The choice that comes back is the program as written, ZeRO stage included: the same lowered graph.
+    const auto written = graph::respecify(*whole.program, whole.as_written);
+    REQUIRE(written.program);
+    CHECK(lowered(*written.program, shapes) == lowered(hand, shapes));
+    autoshard::options o;
+    o.seeds.push_back({"as written", whole.as_written});
+    const auto r = autoshard::choose(*whole.program, eight, shapes, h100, o);
+    CAPTURE(r.explain());
+    REQUIRE(r.program);
+    CHECK_FALSE(r.program->has_free_dims());
+    const auto is_written = [](const auto& c) { return c.origin == "as written"; };
+    if (const auto it = std::find_if(r.planned.begin(), r.planned.end(), is_written); it != r.planned.end())
+      CHECK(r.chosen.planned_step_us <= it->planned_step_us);
+    else {
+      const auto seed = std::find_if(r.seeds.begin(), r.seeds.end(), is_written);
+      REQUIRE(seed != r.seeds.end());
+      CHECK(r.chosen.list_step_us <= seed->list_step_us);
+    }
+  };
+  check(megatron, "Megatron");
+  check(megatron_zero3, "Megatron + ZeRO-3");
+  check(pure_dp, "DP + ZeRO-1");
 }

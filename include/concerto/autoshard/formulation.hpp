@@ -175,12 +175,9 @@ struct problem {
   }
 };
 
-/// @brief How formulate builds the problem.
-struct formulation_options {
-  std::optional<std::int64_t> memory_cap_bytes;
-  lower_options lower{};   ///< depths, heads, precision, as the step will be lowered
-  int zero_stage = 0;      ///< the ZeRO stage the problem is for (0-3) ...
-  std::string zero_axis;   ///< ... over this mesh axis
+/// @brief How large formulate lets one node's strategies grow (formulation_options::limits,
+/// options::exact.limits).
+struct formulation_limits {
   std::size_t max_strategies = 20000; ///< per node, of those the rules accept: more is refused, naming the node
   /// Per node, the combinations of its operands' layouts tried (attention on three split axes:
   /// 61 layouts of each of q, k and v): more is refused, naming the node.
@@ -190,6 +187,15 @@ struct formulation_options {
   /// 64603), and listed in problem::aligned: the problem is then a restriction, and its optimum
   /// an upper bound of the full problem's. Without it such a node is refused.
   bool align_large_nodes = true;
+};
+
+/// @brief How formulate builds the problem.
+struct formulation_options {
+  std::optional<std::int64_t> memory_cap_bytes;
+  lower_options lower{};   ///< depths, heads, precision, as the step will be lowered
+  int zero_stage = 0;      ///< the ZeRO stage the problem is for (0-3) ...
+  std::string zero_axis;   ///< ... over this mesh axis
+  formulation_limits limits{};
 };
 
 namespace detail {
@@ -403,7 +409,7 @@ public:
           if (needs_grad_[static_cast<std::size_t>(x.in[k])]) needs_grad_[static_cast<std::size_t>(r)] = true;
         }
         if (x.op == op_code::repeat_out) v.operands[v.n_in++] = node_of_[static_cast<std::size_t>(repeat_of_out(r).raw_in)];
-        if (!op_strategies(v, f, decided, false) && o_.align_large_nodes) {
+        if (!op_strategies(v, f, decided, false) && o_.limits.align_large_nodes) {
           f.aligned.push_back(v.name);
           op_strategies(v, f, decided, true);
         }
@@ -543,12 +549,12 @@ private:
     const auto over = [&](std::size_t n, std::size_t limit, const char* what, const char* option) {
       if (n <= limit) return false;
       v.strategies.clear();
-      if (!aligned && o_.align_large_nodes) return true;
+      if (!aligned && o_.limits.align_large_nodes) return true;
       fail("automatic sharding's formulation: '" + v.name + "' has " + std::to_string(n) + " " + what + ", over " +
-           std::to_string(limit) + " (formulation_options::" + option + (aligned ? ", with its operands aligned" : "") +
+           std::to_string(limit) + " (formulation_limits::" + option + (aligned ? ", with its operands aligned" : "") +
            "); fix some leaves' specs or raise the limit");
     };
-    if (over(combos, o_.max_combinations, "combinations of operand layouts", "max_combinations")) return false;
+    if (over(combos, o_.limits.max_combinations, "combinations of operand layouts", "max_combinations")) return false;
     std::vector<std::size_t> at(choices.size(), 0);
     for (bool more = std::none_of(choices.begin(), choices.end(), [](const auto& c) { return c.empty(); }); more;) {
       strategy s;
@@ -568,7 +574,7 @@ private:
       while (i < at.size() && ++at[i] == choices[i].size()) at[i++] = 0;
       more = i < at.size();
     }
-    return !over(v.strategies.size(), o_.max_strategies, "strategies the rules accept", "max_strategies");
+    return !over(v.strategies.size(), o_.limits.max_strategies, "strategies the rules accept", "max_strategies");
   }
 
   // The strategy of v reading s.in: its output and price; false when the compiler refuses it.

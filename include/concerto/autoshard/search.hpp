@@ -98,9 +98,7 @@ struct options {
     bool enabled = true;
     int solutions = 2;
     double time_limit_s = 10;          ///< per solve; a solve that runs out reports its bound
-    std::size_t max_strategies = 20000;     ///< per node; a larger problem is reported and skipped
-    std::size_t max_combinations = 2000000; ///< operand layouts tried per node; likewise
-    bool align_large_nodes = true;          ///< formulation_options::align_large_nodes
+    formulation_limits limits{}; ///< a node over them (aligned too) is reported and that stage's seeds skipped
     mip_solver solver = mip_solver::cbc;
   } exact{};
 };

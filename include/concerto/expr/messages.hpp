@@ -50,7 +50,7 @@
   "split over two axes (shard(dp, ep)) can only gain or lose its second (minor) axis; write the axes in " \
   "the order the redistribution keeps"
 #define CONCERTO_MESSAGE_CAPACITY \
-  "concerto: the program exceeds its node capacity (48 leaves); use repeat(...) for " \
+  "concerto: the program exceeds its node capacity (128 leaves); use repeat(...) for " \
   "stacks of identical blocks"
 #define CONCERTO_MESSAGE_UNBUILDABLE_OP \
   "concerto: internal error: the compiler met a node of an op it has no rule or construction for (an op " \

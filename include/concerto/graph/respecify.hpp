@@ -73,15 +73,14 @@ struct respecified {
   }
 };
 
-/// @brief Compiles `p` again with the leaf and redistribution specs and ZeRO stage of `choice`
-/// (a `.to(...)` written with auto_ and not named keeps the layout its value arrives in, and is
-/// listed in respecified::kept). Throws concerto::error for a choice that names a leaf or
-/// redistribution the program lacks, gives a spec of another rank or with pending sums, or a
-/// ZeRO stage outside 0-3; a choice the compiler refuses comes back as `err`.
+namespace detail {
+/// The compiler's work area holding p's trace (its leaves with the specs and free dims written),
+/// names, axes, optimizer and repeats, no ZeRO stage, ready for its passes to run again on other
+/// specs (respecify, autoshard::auto_shard).
 template <std::size_t N>
-[[nodiscard]] respecified<N> respecify(const program<N>& p, const sharding_choice& choice) {
+[[nodiscard]] std::unique_ptr<work<respecified_size<N>, respecified_size<N>>> retrace(const program<N>& p) {
   constexpr std::size_t M = respecified_size<N>;
-  auto w = std::make_unique<detail::work<M, M>>();
+  auto w = std::make_unique<work<M, M>>();
   w->raw_n = p.raw_size;
   for (int i = 0; i < p.raw_size; ++i) w->raw[i] = p.raw[i];
   w->raw_root = p.raw_root;
@@ -94,6 +93,24 @@ template <std::size_t N>
     w->grad_of[l] = w->update_of[l] = -1;
   }
   w->opt = p.optimizer;
+  w->repeat_count = p.repeat_count;
+  for (int k = 0; k < p.repeat_count; ++k) {
+    const auto& r = p.repeats[k];
+    w->repeats[k] = repeat_info{.name = r.name, .raw_in = r.raw_in, .raw_x = r.raw_x, .raw_out = r.raw_out};
+  }
+  return w;
+}
+} // namespace detail
+
+/// @brief Compiles `p` again with the leaf and redistribution specs and ZeRO stage of `choice`
+/// (a `.to(...)` written with auto_ and not named keeps the layout its value arrives in, and is
+/// listed in respecified::kept). Throws concerto::error for a choice that names a leaf or
+/// redistribution the program lacks, gives a spec of another rank or with pending sums, or a
+/// ZeRO stage outside 0-3; a choice the compiler refuses comes back as `err`.
+template <std::size_t N>
+[[nodiscard]] respecified<N> respecify(const program<N>& p, const sharding_choice& choice) {
+  constexpr std::size_t M = respecified_size<N>;
+  auto w = detail::retrace(p);
   for (const auto& a : choice.axes)
     if (w->axes.intern(axis_name(a)) < 0)
       fail("respecify: the choice's axes overflow the program's " + std::to_string(max_axes) + " (sharding_choice::axes)");
@@ -105,11 +122,6 @@ template <std::size_t N>
     if (choice.zero_axis.empty() || w->zero_axis < 0)
       fail("respecify: ZeRO stage " + std::to_string(w->stage) + " needs a mesh axis (sharding_choice::zero_axis), one of at most " +
            std::to_string(max_axes) + " the program uses");
-  }
-  w->repeat_count = p.repeat_count;
-  for (int k = 0; k < p.repeat_count; ++k) {
-    const auto& r = p.repeats[k];
-    w->repeats[k] = repeat_info{.name = r.name, .raw_in = r.raw_in, .raw_x = r.raw_x, .raw_out = r.raw_out};
   }
   std::vector<bool> used(choice.leaves.size(), false);
   const auto take = [&](node& x, std::size_t c, std::string_view what) -> bool {

@@ -1018,6 +1018,8 @@ private:
   std::vector<buffer_id> saved_z2_; // the transition's input
 };
 
+} // namespace detail::workloads
+
 // The Wide-ResNet of Alpa's benchmark suite at its smallest size (250M: 50 layers, 160 base
 // channels, width factor 2; its flax model's blocks), data parallel over every rank with batch
 // statistics synchronised over dp: a 7×7 stride-2 stem convolution, batch norm, relu and 3×3
@@ -1029,14 +1031,17 @@ private:
 // sums (2·channels values) over dp forward (and moves its running statistics by them) and its
 // gradient's sums backward, which are then the gain's and the shift's gradients, summed; each
 // convolution's and the head's gradient is all-reduced over dp. Images per rank:
-// workload_options::micro_batch.
+// workload_options::micro_batch. examples/wresnet/model.hpp writes the same net in the DSL
+// (wide_resnet_auto, every spec decided).
 struct conv_net_spec {
-  i64 image = 224, stem = 160, classes = 1000;
-  std::array<i64, 4> blocks{3, 4, 6, 3};
-  std::array<i64, 4> reduce{160, 320, 640, 1280}; ///< the 1×1 reduce's output: f
-  std::array<i64, 4> mid{320, 640, 1280, 2560};   ///< the 3×3's output: f · width factor
-  std::array<i64, 4> out{640, 1280, 2560, 5120};  ///< the 1×1 expand's: 4f
+  std::int64_t image = 224, stem = 160, classes = 1000;
+  std::array<std::int64_t, 4> blocks{3, 4, 6, 3};
+  std::array<std::int64_t, 4> reduce{160, 320, 640, 1280}; ///< the 1×1 reduce's output: f
+  std::array<std::int64_t, 4> mid{320, 640, 1280, 2560};   ///< the 3×3's output: f · width factor
+  std::array<std::int64_t, 4> out{640, 1280, 2560, 5120};  ///< the 1×1 expand's: 4f
 };
+
+namespace detail::workloads {
 
 class wide_resnet : workload_writer {
 public:

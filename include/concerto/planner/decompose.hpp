@@ -806,19 +806,11 @@ inline ir::graph apply(const base& b, std::span<const decomposition> decompositi
   return detail::decompose::apply(detail::decompose::base(g), decompositions);
 }
 
-/// @brief The splits worth trying: every (collective, matmul, k) the rewrite supports, and every
-/// all_reduce that can become reduce_scatter + all_gather, whose collective is exposed (runs at
-/// least `min_exposed_fraction` of its time while the compute stream idles) in the best list
-/// schedule of `g` on `model`. Most exposed first; one collective's alternatives are adjacent.
-/// @code
-/// for (const auto& c : planner::find_candidates(g, model))
-///   std::cout << g[c.collective].name << " x" << c.chunks << '\n';
-/// @endcode
-[[nodiscard]] inline std::vector<decomposition> find_candidates(const ir::graph& g, const cost::model& model,
-                                                                const decompose_options& options = {}) {
-  using namespace detail::decompose;
+namespace detail::decompose {
+// find_candidates on `prog`, g's program order (decompose's base holds it already).
+[[nodiscard]] inline std::vector<decomposition> find_candidates(const ir::graph& g, const rewrite::program& prog,
+                                                                const cost::model& model, const decompose_options& options) {
   namespace rw = detail::rewrite;
-  const rw::program prog(g);
   const auto& pos = prog.pos;
   const auto p = list_plan(g, model);
   const auto exposed = exposed_us(p);
@@ -896,6 +888,20 @@ inline ir::graph apply(const base& b, std::span<const decomposition> decompositi
   for (auto& f : found) out.push_back(f.second);
   return out;
 }
+} // namespace detail::decompose
+
+/// @brief The splits worth trying: every (collective, matmul, k) the rewrite supports, and every
+/// all_reduce that can become reduce_scatter + all_gather, whose collective is exposed (runs at
+/// least `min_exposed_fraction` of its time while the compute stream idles) in the best list
+/// schedule of `g` on `model`. Most exposed first; one collective's alternatives are adjacent.
+/// @code
+/// for (const auto& c : planner::find_candidates(g, model))
+///   std::cout << g[c.collective].name << " x" << c.chunks << '\n';
+/// @endcode
+[[nodiscard]] inline std::vector<decomposition> find_candidates(const ir::graph& g, const cost::model& model,
+                                                                const decompose_options& options = {}) {
+  return detail::decompose::find_candidates(g, detail::rewrite::program(g), model, options);
+}
 
 /// @brief Chooses which candidates to split and how: in order of exposure, each collective's
 /// alternatives (every k with each partner matmul, and the reduce_scatter + all_gather split)
@@ -912,8 +918,8 @@ inline ir::graph apply(const base& b, std::span<const decomposition> decompositi
   detail::progress_meter meter("decomposing", g.name, options.progress, options.progress_after_s);
   decompose_result result{g, {}, 0, 0};
   result.step_us_before = result.step_us_after = judge(g);
-  const auto candidates = find_candidates(g, model, options);
   const detail::decompose::base original(g);
+  const auto candidates = detail::decompose::find_candidates(g, original.prog, model, options);
   std::size_t collectives = 0;
   for (std::size_t i = 0; i < candidates.size(); ++i)
     if (i == 0 || candidates[i].collective != candidates[i - 1].collective) ++collectives;

@@ -149,8 +149,7 @@ private:
         const auto t0 = std::chrono::steady_clock::now();
         const auto f = formulate(p_, mesh_, shapes_, model_,
                                  {.memory_cap_bytes = o_.memory_cap_bytes, .lower = o_.lower, .zero_stage = sum.zero_stage,
-                                  .zero_axis = sum.zero_axis, .max_strategies = o_.exact.max_strategies,
-                                  .max_combinations = o_.exact.max_combinations, .align_large_nodes = o_.exact.align_large_nodes});
+                                  .zero_axis = sum.zero_axis, .limits = o_.exact.limits});
         sum.formulate_seconds = seconds_since(t0);
         sum.nodes = f.nodes.size();
         sum.strategies = f.strategy_count();

@@ -49,7 +49,7 @@ struct repeat_info {
   std::int16_t grad_in = -1;  ///< gradient of a layer's input: layer i-1 reads it as its grad_out
 };
 
-inline constexpr int max_leaves = 48;
+inline constexpr int max_leaves = 128;
 using leaf_name = short_name<20>;
 
 /// @brief One node of a program.
@@ -412,13 +412,18 @@ struct work {
 
   /// The dimension ZeRO splits over `axis` in a tensor of spec `s` (ZeRO's choice of layout):
   /// the first one not split yet, else the first with room for a second (minor) axis; -1 when
-  /// `s` is already split or summed over `axis`, or has no dimension to split.
+  /// `s` is already split or summed over `axis`, or has no dimension to split. From rank 3 on,
+  /// the last such one: the leading dims of a convolution's kernel [h, w, in, out] and of the
+  /// experts' weights [experts, in, out] are small, and a split that does not divide is padded,
+  /// so a 1×1 kernel split on its height over 64 ranks would be stored 64 times over.
   [[nodiscard]] static constexpr int zero_split_dim(const pspec& s, int axis) noexcept {
     if (axis < 0 || s.state(axis) != state_replicated || s.rank == 0) return -1;
-    for (int d = 0; d < s.rank; ++d)
-      if (s.dims[d][0] < 0) return d;
-    for (int d = 0; d < s.rank; ++d)
-      if (s.dims[d][1] < 0) return d;
+    const bool last_first = s.rank >= 3;
+    for (int slot = 0; slot < 2; ++slot)
+      for (int i = 0; i < s.rank; ++i) {
+        const int d = last_first ? s.rank - 1 - i : i;
+        if (s.dims[d][slot] < 0) return d;
+      }
     return -1;
   }
   /// The spec with `axis` added to the dimension zero_split_dim chooses.
