@@ -18,6 +18,8 @@ function(concerto_nccl_target_extras target)
   target_compile_options(${target} INTERFACE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda>)
   target_compile_features(${target} INTERFACE cuda_std_20)
+  # cuDNN's fused attention where its frontend was found (an empty target where not).
+  target_link_libraries(${target} INTERFACE concerto_cudnn_frontend)
 endfunction()
 
 # Compiles every C++ source of a target with nvcc (the backend headers hold CUDA kernels).

@@ -57,6 +57,25 @@ if(CUDAToolkit_FOUND)
         INTERFACE_INCLUDE_DIRECTORIES ${CONCERTO_CUDNN_INCLUDE_DIR})
     endif()
     set(CONCERTO_HAS_NCCL ON)
+    # cuDNN's frontend, header-only (scripts/deps.sh unpacks it from PyPI): the fused attention of
+    # runtime/cuda/cudnn_attention.hpp. Optional; without it the GPU attention runs its own kernels.
+    # An imported target, so its headers are SYSTEM ones (they must not trip -Werror) and the
+    # installed package resolves it again on the consumer's machine; nvcc's sources only (the
+    # host-compiled sources of concerto::nccl and the emulated GPU tests never see it).
+    find_path(CONCERTO_CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h HINTS /opt/concerto/cudnn-frontend/include
+              DOC "Directory of cuDNN's frontend headers (cudnn_frontend.h)")
+    if(NOT TARGET concerto_cudnn_frontend)
+      add_library(concerto_cudnn_frontend INTERFACE IMPORTED)
+      if(CONCERTO_CUDNN_FRONTEND_INCLUDE_DIR)
+        set_target_properties(concerto_cudnn_frontend PROPERTIES
+          INTERFACE_INCLUDE_DIRECTORIES "$<$<COMPILE_LANGUAGE:CUDA>:${CONCERTO_CUDNN_FRONTEND_INCLUDE_DIR}>"
+          INTERFACE_COMPILE_DEFINITIONS "$<$<COMPILE_LANGUAGE:CUDA>:CONCERTO_HAS_CUDNN_FRONTEND=1>"
+          # The frontend's graphs can compile engines at run time (its experimental SM100 ones).
+          INTERFACE_LINK_LIBRARIES CUDA::nvrtc)
+      else()
+        message(STATUS "concerto: cuDNN frontend headers not found (scripts/deps.sh installs them), the GPU attention runs its own kernels only")
+      endif()
+    endif()
   elseif(NOT CONCERTO_CUDNN_LIBRARY OR NOT CONCERTO_CUDNN_INCLUDE_DIR)
     message(STATUS "concerto: cuDNN not found beside the CUDA Toolkit, the GPU backend is not built")
   endif()

@@ -4,7 +4,7 @@
 #
 #   sudo bench/cluster/ab_cost.sh [--flag clip --a 0 --b 1.0] [--out DIR] [--build DIR] [--hosts 4]
 #                                 [--rate 1gbit] [--tp 2] [--reps 3] [--steps 30] [--models "llama gpt"]
-#                                 [--policy sync,concerto]
+#                                 [--policy sync,concerto] [--extra "--zero 1"]
 #
 # Sets the cluster up (netns-cluster.sh, one rank per host), runs the probe for this
 # configuration's cpu-netns calibration, then for each model runs the example with --FLAG A and
@@ -12,7 +12,8 @@
 # everything else the same: the policies in turn on the same ranks, the plan fixed
 # (CONCERTO_CHOOSE_PLAN=0: no choosing by measuring, which would mix trial plans into the steps),
 # one plan cache for the run, each configuration planned once first in a short priming run that
-# is not counted. Prints per model, policy and setting the median over runs of each run's median
+# is not counted. --extra: flags both settings run with (bf16 against fp32 under ZeRO-1:
+# --extra "--zero 1", the Llama only). Prints per model, policy and setting the median over runs of each run's median
 # step, the prediction, the lower bound, the plan's tasks and collectives and the bytes those move.
 set -euo pipefail
 
@@ -20,7 +21,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build="$root/build"
 out=""
-hosts=4 rate=1gbit tp=2 reps=3 steps=30 models="llama gpt" policy=sync,concerto flag=clip a=0 b=1.0
+hosts=4 rate=1gbit tp=2 reps=3 steps=30 models="llama gpt" policy=sync,concerto flag=clip a=0 b=1.0 extra=""
 while [[ $# -gt 0 ]]; do
   case $1 in
   --out) out=$2; shift 2 ;;
@@ -35,6 +36,7 @@ while [[ $# -gt 0 ]]; do
   --flag) flag=$2; shift 2 ;;
   --a) a=$2; shift 2 ;;
   --b) b=$2; shift 2 ;;
+  --extra) extra=$2; shift 2 ;;
   -h | --help) sed -n 2,17p "$0"; exit 0 ;;
   *) echo "ab_cost.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -50,10 +52,10 @@ sha256sum "$out"/bin/* >"$out/bin.sha256"
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git -C "$root" rev-parse HEAD) (plus the uncommitted working tree)"
-  echo "hosts $hosts, rate $rate, tp $tp, reps $reps, steps $steps, models $models, policy $policy, --$flag $a vs $b"
+  echo "hosts $hosts, rate $rate, tp $tp, reps $reps, steps $steps, models $models, policy $policy, --$flag $a vs $b, extra: $extra"
 } >"$out/meta.txt"
 
-export out hosts rate tp reps steps models policy flag a b
+export out hosts rate tp reps steps models policy flag a b extra
 start=$(date +%s)
 "$here/netns-cluster.sh" --hosts "$hosts" --rate "$rate" -- bash -c '
   set -euo pipefail
@@ -64,8 +66,8 @@ start=$(date +%s)
   mkdir -p "$CONCERTO_CACHE_DIR"
   args() { # the model'"'"'s sizes: bench/cluster/run'"'"'s
     case $1 in
-    llama) echo --tp "$tp" --layers 2 --hidden 256 --heads 4 --kv-heads 2 --seq 64 --batch 16 ;;
-    gpt) echo --tp "$tp" --layers 2 --hidden 256 --heads 4 --seq 64 --batch 16 ;;
+    llama) echo --tp "$tp" --layers 2 --hidden 256 --heads 4 --kv-heads 2 --seq 64 --batch 16 $extra ;;
+    gpt) echo --tp "$tp" --layers 2 --hidden 256 --heads 4 --seq 64 --batch 16 $extra ;;
     esac
   }
   one() { # MODEL VALUE STEPS TAG

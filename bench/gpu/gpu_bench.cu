@@ -6,14 +6,19 @@
 // changes nothing): those rows are labelled as such, and measure copy contention, not NCCL's.
 // Then the time of each kernel one block of the GPU-sized GPT of bench/gpu/run calls (width
 // 1024, 16 heads, 256 tokens x 32 sequences, ffn 4096; fp32 products with and without TF32),
-// so that its measured step can be taken apart kernel by kernel. Then convolutions at Wide-ResNet
+// so that its measured step can be taken apart kernel by kernel, and the 16-bit-native kernels on
+// bf16 operands beside them. Then convolutions at Wide-ResNet
 // shapes (the 250M model's stem, a 1x1 reduce, 3x3 convs at stride 1 and 2; 8 images): forward
-// and both gradients, concerto's own kernels next to cuDNN's plans (fp32 and TF32).
+// and both gradients, concerto's own kernels next to cuDNN's plans (fp32 and TF32). Then causal
+// attention at a long-context shape (batch 4, seq 2048, 16 heads of 128): cuDNN's fused SDPA in
+// bf16 (where built with its frontend) next to concerto's own tiled fp32 kernels, as TFLOP/s and
+// % of the device's dense bf16 peak.
 // Writes JSON to argv[1] (default gpu_bench.json).
 // Build: bench/gpu/run does it (nvcc, one translation unit).
 #include <concerto/ir/task_attrs.hpp>
 #include <concerto/runtime/cuda/blas.hpp>
 #include <concerto/runtime/cuda/convolution.hpp>
+#include <concerto/runtime/cuda/cudnn_attention.hpp>
 #include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
 #include <concerto/runtime/cuda/stream.hpp>
@@ -22,9 +27,11 @@
 #include <cuda_bf16.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,6 +133,112 @@ std::string conv_rows(const cu::device_buffer& A, const cu::device_buffer& B, co
                   dnn_ms[0] > 0 ? tflop / (dnn_ms[0] * 1e-3) : 0.0, dnn_ms[1],
                   dnn_ms[1] > 0 ? tflop / (dnn_ms[1] * 1e-3) : 0.0);
     }
+  return json;
+}
+
+// Dense bf16 tensor-core peak of the device in TFLOP/s from NVIDIA's data sheets (no runtime
+// query gives it), or 0 where the device is not listed (the rows then carry no percentage).
+double bf16_peak_tflops(const cudaDeviceProp& prop) {
+  const std::string name = prop.name;
+  const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (has("H200")) return 989.4;
+  if (has("H100")) return has("PCIe") ? 756.5 : has("NVL") ? 835.5 : 989.4;
+  if (has("A100")) return 312.0;
+  return 0.0;
+}
+
+// Causal attention, batch 4, seq 2048, 16 heads of 128 (a long-context layer): cuDNN's fused SDPA
+// in bf16, forward (with lse), backward from the forward's out and lse, and backward recomputing
+// them (what a pipeline keeping neither runs); then concerto's own tiled kernels, which take fp32
+// (the inputs widened once, outside the timing). FLOPs count the products the causal mask leaves
+// (half the square): forward 2 of them, 4·b·h·s²·d/2; backward 5, 10·b·h·s²·d/2.
+std::string attention_rows(const cudaDeviceProp& prop, cudaStream_t s) {
+  const concerto::runtime::cpu::attention_shape att{.batch = 4, .seq = 2048, .heads = 16, .head_dim = 128};
+  const double square = static_cast<double>(att.batch * att.heads) * static_cast<double>(att.seq * att.seq) *
+                        static_cast<double>(att.head_dim) / 2.0;
+  const double fwd_flops = 4.0 * square, bwd_flops = 10.0 * square, peak = bf16_peak_tflops(prop);
+  std::string json;
+  const auto row = [&](const char* impl, const char* pass, std::optional<float> ms, double flops) {
+    char line[320];
+    const double tflops = ms ? flops / (*ms * 1e-3) / 1e12 : 0.0;
+    if (!ms)
+      std::snprintf(line, sizeof line, "%s    {\"impl\": \"%s\", \"pass\": \"%s\", \"ms\": null, \"note\": \"not run: no frontend, or cuDNN refused\"}",
+                    json.empty() ? "" : ",\n", impl, pass);
+    else if (peak > 0)
+      std::snprintf(line, sizeof line, "%s    {\"impl\": \"%s\", \"pass\": \"%s\", \"ms\": %.4f, \"tflops\": %.2f, \"bf16_peak_pct\": %.1f}",
+                    json.empty() ? "" : ",\n", impl, pass, *ms, tflops, 100.0 * tflops / peak);
+    else
+      std::snprintf(line, sizeof line, "%s    {\"impl\": \"%s\", \"pass\": \"%s\", \"ms\": %.4f, \"tflops\": %.2f, \"bf16_peak_pct\": null}",
+                    json.empty() ? "" : ",\n", impl, pass, *ms, tflops);
+    json += line;
+    if (ms)
+      std::printf("attention b4 s2048 h16 d128 causal %-16s %-28s %8.3f ms (%6.1f TFLOP/s, %5.1f%% of bf16 peak %.0f)\n", impl, pass,
+                  *ms, tflops, peak > 0 ? 100.0 * tflops / peak : 0.0, peak);
+    else
+      std::printf("attention b4 s2048 h16 d128 causal %-16s %-28s not run (no frontend, or cuDNN refused)\n", impl, pass);
+  };
+  const std::size_t nq = att.q_floats(), nkv = att.kv_floats(), nl = att.lse_floats();
+  const auto bf16 = concerto::ir::dtype::bf16;
+  // bf16 operands: q, k, v, dout random; out, dq, dk, dv written.
+  cu::device_buffer q(nq * 2), k(nkv * 2), v(nkv * 2), dout(nq * 2), out(nq * 2), dq(nq * 2), dk(nkv * 2), dv(nkv * 2),
+      lse(nl * 4);
+  std::uint32_t seed = 50;
+  for (const auto* b : {&q, &k, &v, &dout}) fill_random(*b, cu::gemm_type::bf16, seed++);
+  if constexpr (cu::cudnn_attention_available) {
+    cu::dnn_handle dnn;
+    cu::cudnn_attention_cache cache(dnn.get());
+    const auto fwd_bytes = cu::cudnn_attention_workspace_bytes(cache, att, bf16, cu::cudnn_attention_pass::forward_with_lse);
+    const auto bwd_bytes = cu::cudnn_attention_workspace_bytes(cache, att, bf16, cu::cudnn_attention_pass::backward, true);
+    if (!fwd_bytes || !bwd_bytes)
+      concerto::fail("gpu_bench: cuDNN's SDPA refused the attention rows' shape (" + cache.last_refusal() +
+                     "); a cuDNN older than 9 or a device before sm_80 lacks it");
+    cu::device_buffer ws(std::max<std::size_t>({*fwd_bytes, *bwd_bytes, 1}));
+    cu::cudnn_attention_operands ops{.q = q.data(), .k = k.data(), .v = v.data(), .out = out.data(), .lse = lse.as<float>(),
+                                     .dout = dout.data(), .dq = dq.data(), .dk = dk.data(), .dv = dv.data()};
+    const auto must = [&](bool ran) {
+      if (!ran) concerto::fail("gpu_bench: cuDNN's SDPA refused a call whose graph it had built (operand alignment?)");
+    };
+    const float fwd = time_ms(s, 10, [&] { must(cu::cudnn_attention_forward(cache, s, bf16, att, ops, ws.data(), ws.size())); });
+    const float bwd = time_ms(s, 10, [&] { must(cu::cudnn_attention_backward(cache, s, bf16, att, ops, ws.data(), ws.size())); });
+    auto recomputing = ops;
+    recomputing.out = nullptr;
+    recomputing.lse = nullptr;
+    const float bwd_re =
+        time_ms(s, 10, [&] { must(cu::cudnn_attention_backward(cache, s, bf16, att, recomputing, ws.data(), ws.size())); });
+    // cuDNN's own choice for the backward (atomics into dQ, not repeatable): what determinism costs.
+    cu::cudnn_attention_cache any_order(dnn.get(), {.deterministic = false});
+    const auto free_bytes = cu::cudnn_attention_workspace_bytes(any_order, att, bf16, cu::cudnn_attention_pass::backward);
+    std::optional<float> bwd_any;
+    if (free_bytes) {
+      cu::device_buffer free_ws(std::max<std::size_t>(*free_bytes, 1));
+      bwd_any = time_ms(s, 10, [&] { must(cu::cudnn_attention_backward(any_order, s, bf16, att, ops, free_ws.data(), free_ws.size())); });
+    }
+    row("cudnn bf16", "forward", fwd, fwd_flops);
+    row("cudnn bf16", "backward", bwd, bwd_flops);
+    row("cudnn bf16", "forward+backward", fwd + bwd, fwd_flops + bwd_flops);
+    row("cudnn bf16", "backward recomputing forward", bwd_re, bwd_flops); // the forward's flops not counted: useful work only
+    row("cudnn bf16", "backward nondeterministic", bwd_any, bwd_flops);
+    std::printf("attention workspace bytes: forward %zu, deterministic backward recomputing %zu, nondeterministic backward %zu\n",
+                *fwd_bytes, *bwd_bytes, free_bytes.value_or(0));
+  } else {
+    row("cudnn bf16", "forward", std::nullopt, fwd_flops);
+    row("cudnn bf16", "backward", std::nullopt, bwd_flops);
+  }
+  // The own kernels on fp32 copies of the same values.
+  cu::device_buffer q32(nq * 4), k32(nkv * 4), v32(nkv * 4), dout32(nq * 4), out32(nq * 4), lse32(nl * 4), dq32(nq * 4),
+      dk32(nkv * 4), dv32(nkv * 4), delta(cu::causal_attention_grad_workspace_floats(att) * 4);
+  cu::convert(bf16, q.data(), concerto::ir::dtype::f32, q32.data(), nq, s);
+  cu::convert(bf16, k.data(), concerto::ir::dtype::f32, k32.data(), nkv, s);
+  cu::convert(bf16, v.data(), concerto::ir::dtype::f32, v32.data(), nkv, s);
+  cu::convert(bf16, dout.data(), concerto::ir::dtype::f32, dout32.data(), nq, s);
+  const auto f = [](const cu::device_buffer& b) { return b.as<float>(); };
+  const float own_fwd = time_ms(s, 3, [&] { cu::causal_attention(f(q32), f(k32), f(v32), f(out32), f(lse32), att, s); });
+  const float own_bwd = time_ms(s, 3, [&] {
+    cu::causal_attention_grad(f(q32), f(k32), f(v32), f(out32), f(dout32), f(lse32), f(dq32), f(dk32), f(dv32), f(delta), att, s);
+  });
+  row("own tiled fp32", "forward", own_fwd, fwd_flops);
+  row("own tiled fp32", "backward", own_bwd, bwd_flops);
+  row("own tiled fp32", "forward+backward", own_fwd + own_bwd, fwd_flops + bwd_flops);
   return json;
 }
 
@@ -234,7 +347,38 @@ int main(int argc, char** argv) {
     kernel_row("cross_entropy_grad (8192 x 80)", time_ms(s, 10, [&] {
                  cu::cross_entropy_grad(f(0), targets.as<std::int32_t>(), f(1), f(2), rows, vocab, 1.0f, s);
                }));
+    // The same kernels on bf16 activations read in place (dispatch.cuh's reads_16bit_natively;
+    // statistics, lse and weight gradients in f32), and the gain and bias sums in two levels.
+    std::vector<cu::device_buffer> h;
+    for (int i = 0; i < 8; ++i) {
+      h.emplace_back(rows * ffn * 2);
+      fill_random(h.back(), cu::gemm_type::bf16, 20 + i);
+    }
+    const auto bf = [&](int i) { return cu::float_in{h[static_cast<std::size_t>(i)].data(), concerto::ir::dtype::bf16}; };
+    const auto bf_out = [&](int i) { return cu::float_out{h[static_cast<std::size_t>(i)].data(), concerto::ir::dtype::bf16}; };
+    const std::size_t sums = std::max(cu::column_sum_workspace_floats(rows, width, 2), cu::column_sum_workspace_floats(rows, ffn));
+    cu::device_buffer partials(sums * 4 + 4);
+    float* const two_level = partials.as<float>();
+    kernel_row("causal_attention bf16", time_ms(s, 10, [&] { cu::causal_attention(bf(0), bf(1), bf(2), bf_out(3), f(4), att, s); }));
+    kernel_row("causal_attention_grad bf16", time_ms(s, 10, [&] {
+                 cu::causal_attention_grad(bf(0), bf(1), bf(2), f(3), bf(5), f(4), bf_out(6), bf_out(7), bf_out(3), C.as<float>(), att, s);
+               }));
+    kernel_row("layernorm bf16", time_ms(s, 10, [&] { cu::layernorm(bf(0), f(1), f(2), bf_out(3), f(4), f(5), rows, width, 1e-5f, s); }));
+    kernel_row("layernorm_grad bf16, two-level sums", time_ms(s, 10, [&] {
+                 cu::layernorm_grad(bf(0), bf(1), f(2), f(3), f(4), bf_out(5), f(6), f(7), rows, width, false, s, two_level);
+               }));
+    kernel_row("gelu bf16 (8192 x 4096)", time_ms(s, 10, [&] { cu::gelu(bf(0), bf_out(1), rows * ffn, s); }));
+    kernel_row("gelu_grad bf16 (8192 x 4096)", time_ms(s, 10, [&] { cu::gelu_grad(bf(0), bf(1), bf_out(2), rows * ffn, s); }));
+    kernel_row("bias_add_grad two-level (8192 x 4096)", time_ms(s, 10, [&] { cu::bias_add_grad(f(0), f(1), rows, ffn, false, s, two_level); }));
+    kernel_row("bias_add_grad bf16, two-level (8192 x 4096)", time_ms(s, 10, [&] {
+                 cu::bias_add_grad(bf(0), f(1), rows, ffn, false, s, two_level);
+               }));
+    kernel_row("add bf16 (8192 x 1024)", time_ms(s, 10, [&] { cu::add(bf(0), bf(1), bf_out(2), rows * width, s); }));
+    kernel_row("cross_entropy_grad bf16 (8192 x 80)", time_ms(s, 10, [&] {
+                 cu::cross_entropy_grad(bf(0), targets.as<std::int32_t>(), f(1), bf_out(2), rows, vocab, 1.0f, s);
+               }));
   }
+  json += "\n  ],\n  \"attention\": [\n" + attention_rows(prop, compute.get());
   json += "\n  ],\n  \"conv\": [\n" + conv_rows(A, B, C, ws, compute.get());
   // Overlap: a bf16 4096^3 matmul alone, then
   // while a 256 MiB D2D copy or an NCCL all-reduce of 256 MiB runs on a second stream. With

@@ -4,12 +4,14 @@ PyTorch peer (bench/gpu/torch_peer_gpu.py), on the same GPU, as markdown on stdo
 
   python3 bench/gpu/mfu_table.py OUTDIR [--device NAME] [--text PATH | --vocab N]
 
-Reads from OUTDIR:
-  <model>_sized_<precision>_<rep>.json   the example's --json: one object per plan policy
-                                         (policy, median_step_us, layers, hidden, heads, seq, batch;
-                                         the Llama's kv_heads and ffn)
-  <model>_sized_<precision>_<rep>.log    its log, whose first line names the vocabulary
-  torch_<model>_<precision>_<rep>.json   the peer's result (modes.eager, modes.compiled)
+Reads from OUTDIR (one row per model, width and precision; the width from each file's contents):
+  <model>_w<width>_<precision>_<rep>.json  the example's --json: one object per plan policy
+                                           (policy, median_step_us, layers, hidden, heads, seq,
+                                           batch; the Llama's kv_heads and ffn); earlier runs'
+                                           <model>_sized_<precision>_<rep>.json too
+  <model>_w<width>_<precision>_<rep>.log   its log, whose first line names the vocabulary
+  torch_<model>_w<width>_<precision>_<rep>.json  the peer's result (hidden, modes.eager,
+                                           modes.compiled)
 Step times are medians over the runs (reps) of each run's median step; concerto's row is its
 fastest policy, PyTorch's MFU and the ratio use its faster mode. Both sides' FLOPs come from one
 formula (torch_peer_gpu.flops_per_token, examples/common/trainer.hpp's) over the example's
@@ -39,6 +41,14 @@ def load(path, problems):
             return json.load(f)
     except (OSError, ValueError) as e:
         problems.append(f"{os.path.basename(path)}: {type(e).__name__}")
+        return None
+
+
+def width_of(fields):
+    """The model width (hidden) an example's or the peer's result states, or None."""
+    try:
+        return int(fields.get("hidden"))
+    except (TypeError, ValueError):
         return None
 
 
@@ -116,19 +126,28 @@ def table(outdir, device=None, fallback_vocab=None):
     for path in sorted(glob.glob(os.path.join(outdir, "torch_*_*_*.json"))):
         r = load(path, problems)
         if isinstance(r, dict):
-            peers.setdefault((r.get("model"), r.get("precision")), []).append(r)
+            peers.setdefault((r.get("model"), width_of(r), r.get("precision")), []).append(r)
     name = gpu_name([r for rs in peers.values() for r in rs], device)
     peak = peak_tflops(name) if name else None
 
-    rows = []
+    ours = {}
     for model in MODELS:
         for precision in PRECISIONS:
-            runs = []
-            for path in sorted(glob.glob(os.path.join(outdir, f"{model}_sized_{precision}_*.json")), key=rep_of):
+            paths = glob.glob(os.path.join(outdir, f"{model}_w*_{precision}_*.json"))
+            paths += glob.glob(os.path.join(outdir, f"{model}_sized_{precision}_*.json"))
+            for path in sorted(paths, key=rep_of):
                 r = load(path, problems)
                 if isinstance(r, list):
-                    runs.append((path, [p for p in r if isinstance(p, dict)]))
-            peer = peers.get((model, precision), [])
+                    results = [p for p in r if isinstance(p, dict)]
+                    width = next((width_of(p) for p in results if width_of(p)), None)
+                    ours.setdefault((model, width, precision), []).append((path, results))
+
+    rows = []
+    widths = sorted({k[1] for k in list(ours) + list(peers) if k[1]}, reverse=True)
+    for model in MODELS:
+        for width, precision in ((w, p) for w in widths for p in PRECISIONS):
+            runs = ours.get((model, width, precision), [])
+            peer = peers.get((model, width, precision), [])
             if not runs and not peer:
                 continue
             # concerto: each policy's median over the runs, the fastest policy's row.
@@ -153,18 +172,18 @@ def table(outdir, device=None, fallback_vocab=None):
                     if why and f"{model} {precision}: {why}" not in notes:
                         notes.append(f"{model} {precision}: {why}")
             if c_flops and p_flops and abs(c_flops - p_flops) > 1e-6 * c_flops:
-                notes.append(f"{model} {precision}: the two sides' shapes differ ({c_flops:.4g} against {p_flops:.4g} FLOPs a step)")
+                notes.append(f"{model} {width} {precision}: the two sides' shapes differ ({c_flops:.4g} against {p_flops:.4g} FLOPs a step)")
             ratio = c_ms / p_ms if c_ms and p_ms else None
-            rows.append([model, precision, best_policy or "-", fmt_ms(c_ms), fmt_pct(mfu(c_flops, c_ms, peak)),
+            rows.append([model, str(width), precision, best_policy or "-", fmt_ms(c_ms), fmt_pct(mfu(c_flops, c_ms, peak)),
                          fmt_ms(eager), fmt_ms(compiled), fmt_pct(mfu(p_flops, p_ms, peak)),
                          "-" if ratio is None else f"{ratio:.2f}", f"{len(runs)}/{len(peer)}"])
 
     lines = [f"## concerto against PyTorch on {name or 'an unknown device'}"
              + (f" (dense bf16 peak {peak:g} TFLOP/s)" if peak else " (unknown peak: no MFU)"), ""]
     if not rows:
-        lines.append(f"no results in {outdir} (neither <model>_sized_<precision>_<rep>.json nor torch_<model>_<precision>_<rep>.json)")
+        lines.append(f"no results in {outdir} (neither <model>_w<width>_<precision>_<rep>.json nor torch_<model>_w<width>_<precision>_<rep>.json)")
     else:
-        head = ["model", "precision", "concerto plan", "concerto ms", "concerto MFU", "PyTorch eager ms",
+        head = ["model", "width", "precision", "concerto plan", "concerto ms", "concerto MFU", "PyTorch eager ms",
                 "PyTorch compiled ms", "PyTorch MFU", "concerto / PyTorch", "runs (concerto/PyTorch)"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "|".join("---" for _ in head) + "|")

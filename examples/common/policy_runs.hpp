@@ -83,8 +83,8 @@ nlohmann::json result_of(Step& run, nlohmann::json fields, const std::vector<dou
   fields["predicted_us"] = sm.predicted_us;
   fields["sync_predicted_us"] = sm.sync_predicted_us;
   fields["lower_bound_us"] = run.plan().stats.lower_bound_us;
-  // What the plan's collectives move per rank and step (a bf16 step: half of fp32's, but for
-  // ZeRO-1/2's f32 parameter gathers), over the mesh axes that have more than one rank.
+  // What the plan's collectives move per rank and step (a bf16 step: half of fp32's), over the
+  // mesh axes that have more than one rank.
   const auto& g = run.plan().graph;
   double collective_bytes = 0;
   for (const auto& t : g.tasks)

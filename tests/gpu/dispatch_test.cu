@@ -354,6 +354,65 @@ TEST_CASE("f16 operands: staged kernels, casts and products in place or staged m
   gpu_testing::check_close(tw.gpu(h), want, 1e-3f, 1e-6f);
 }
 
+TEST_CASE("bf16 operands of the native ops are read in place: no staged workspace, the staged path's values",
+          "[gpu][dispatch][bf16][native]") {
+  CONCERTO_REQUIRE_GPU();
+  const std::int64_t rows = 8, cols = 16, B = 1, T = 9, H = 4, kv = 2, D = 8;
+  ir::builder b("bf16-native");
+  const auto bf16 = [&](const char* name, std::vector<std::int64_t> shape) {
+    return b.buffer(name, std::move(shape), ir::buffer_role::activation, ir::dtype::bf16);
+  };
+  // The bf16 policy's mix: activations and their gradients in bf16, statistics, losses and
+  // accumulating weight gradients in f32 (ir/precision.hpp).
+  const auto x = bf16("x", {rows, cols}), y = bf16("y", {rows, cols}), dy = bf16("dy", {rows, cols}), bias = bf16("bias", {cols});
+  const auto gain = b.buffer("gain", {cols}, ir::buffer_role::param), shift = b.buffer("shift", {cols}, ir::buffer_role::param);
+  const auto shape = ir::attr_map{{"n", rows * cols}, {"rows", rows}, {"cols", cols}};
+  const std::map<std::string, std::int64_t> heads{{"batch", B}, {"seq", T}, {"heads", H}, {"head_dim", D}, {"kv_heads", kv},
+                                                  {"group", H / kv}};
+  const auto q = bf16("q", {B, T, H * D}), k = bf16("k", {B, T, kv * D}), v = bf16("v", {B, T, kv * D});
+  const auto o = bf16("o", {B, T, H * D}), dout = bf16("do", {B, T, H * D}), dqkv = bf16("dqkv", {B * T * (H + 2 * kv) * D});
+  const auto targets = b.buffer("targets", {rows}, ir::buffer_role::input, ir::dtype::i32);
+  const auto loss = b.buffer("loss", {1}), dgamma = b.buffer("dgamma", {cols}), dbias = b.buffer("dbias", {cols});
+  const auto dgain = b.buffer("dgain", {cols}), dtable = b.buffer("dtable", {cols, cols});
+  const auto table = bf16("table", {cols, cols});
+  b.compute(op::gelu, "gelu", {x}, {bf16("h", {rows, cols})}, shape);
+  b.compute(op::silu, "silu", {x}, {bf16("silu", {rows, cols})}, shape);
+  b.compute(op::add, "add", {x, y}, {bf16("sum", {rows, cols})}, shape);
+  b.compute(op::mul, "mul", {x, y}, {bf16("prod", {rows, cols})}, shape);
+  b.compute(op::swiglu, "swiglu", {x, y}, {bf16("swiglu", {rows, cols})}, shape);
+  b.compute(op::bias_add, "bias_add", {x, bias}, {bf16("biased", {rows, cols})}, shape);
+  b.compute(op::softmax, "softmax", {x}, {bf16("softmax", {rows, cols})}, shape);
+  b.compute(op::layernorm, "layernorm", {x, gain, shift}, {bf16("ln", {rows, cols})});
+  b.compute(op::rmsnorm, "rmsnorm", {x, gain}, {bf16("rms", {rows, cols})});
+  b.compute(op::attention, "attention", {q, k, v}, {o}, heads);
+  b.compute(op::embedding, "embedding", {targets, table}, {bf16("emb", {rows, cols})}, {{"hidden", cols}});
+  b.compute(op::tanh, "tanh", {x}, {bf16("tanh", {rows, cols})}, shape); // not native: staged
+  b.at(ir::phase::backward);
+  b.compute(op::gelu_grad, "gelu.grad", {x, dy}, {bf16("dx", {rows, cols})}, shape);
+  b.compute(op::layernorm_grad, "layernorm.grad", {x, gain, dy}, {bf16("dln", {rows, cols})});
+  b.compute(op::layernorm_grad_gamma, "layernorm.dgamma", {x, dy}, {dgamma}, {{"accumulate", 1}});
+  b.compute(op::rmsnorm_grad, "rmsnorm.grad", {x, gain, dy}, {bf16("drms", {rows, cols})});
+  b.compute(op::rmsnorm_grad_gain, "rmsnorm.dgain", {x, dy}, {dgain});
+  b.compute(op::bias_grad, "bias.grad", {dy}, {dbias}, shape);
+  b.compute(op::attention_grad, "attention.grad", {q, k, v, dout}, {dqkv}, heads);
+  b.compute(op::cross_entropy, "ce", {x, targets}, {loss});
+  b.compute(op::cross_entropy_grad, "ce.grad", {x, targets}, {bf16("dlogits", {rows, cols})});
+  b.compute(op::embedding_grad, "embedding.grad", {targets, dy}, {dtable}, {{"hidden", cols}});
+  const auto g = std::move(b).finish();
+  for (const auto& t : g.tasks) {
+    if (ir::is_collective(t.kind) || !ir::info(t.fn).executable) continue;
+    const auto call = rt::decode(g, t, std::vector<int>{});
+    INFO("task '" << t.name << "'");
+    REQUIRE(call.staged > 0);
+    const auto staged = cu::device_workspace_floats(call, false) - cu::device_kernel_workspace_floats(call, false);
+    CHECK((staged == 0) == cu::reads_16bit_natively(t.fn));
+  }
+  twin tw(g, {}, cols, 33);
+  CHECK(tw.run() == 0);
+  // The CPU dispatch stages (widens, runs f32, rounds): one bf16 rounding apart at most.
+  CHECK(dispatch_testing::compare_written(tw, 1e-2f, 1e-3f) == 22);
+}
+
 TEST_CASE("the cast between f32 and f16 rounds to nearest even, to infinity from 65520, and widens exactly",
           "[gpu][dispatch][f16][cast]") {
   CONCERTO_REQUIRE_GPU();

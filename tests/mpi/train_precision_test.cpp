@@ -230,6 +230,43 @@ TEST_CASE("a bf16 run's checkpoint holds its f32 masters and loads into an fp32 
   CHECK(std::abs(a - b) <= 0.03 * a);
 }
 
+// ZeRO-1 in bf16 keeps each rank's shard of the f32 masters and gathers the rounded shards into
+// the bf16 parameters (ir/precision.hpp): what the step reports and saves are the masters, whole
+// and unrounded, on every rank.
+TEST_CASE("a bf16 ZeRO-1 run keeps f32 master shards: its checkpoint loads into a one-rank fp32 step bit for bit",
+          "[mpi][train][precision]") {
+  constexpr auto zero1_adamw = lm::make<lm::replicated_residual, zero<1>(concerto::adamw{}, lm::dp)>();
+  const int n = std::min(runtime::mpi::environment::world_size(), 4);
+  tt::sub_world sub(n);
+  if (!sub.member()) return;
+  auto z1 = train::compile(zero1_adamw, mesh::from_world(n, {{"dp", n}, {"tp", 1}}), shapes, adam,
+                           options(sub.get(), ir::precision_policy::bf16()));
+  for (int s = 0; s < 2; ++s) (void)z1(data());
+  const auto path = std::filesystem::temp_directory_path() / ("concerto_zero1_bf16_" + std::to_string(::getpid()) + ".ckpt");
+  int rank = 0;
+  MPI_Comm_rank(sub.get(), &rank);
+  // Every rank names rank 0's file: rank 0 writes it, then each reads it alone.
+  std::string shared = path.string();
+  int length = static_cast<int>(shared.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, sub.get());
+  shared.resize(static_cast<std::size_t>(length));
+  MPI_Bcast(shared.data(), length, MPI_CHAR, 0, sub.get());
+  z1.save(shared);
+  auto f32 = train::compile(zero1_adamw, mesh::from_world(1, {{"dp", 1}, {"tp", 1}}), shapes, adam,
+                            options(MPI_COMM_SELF, ir::precision_policy::fp32()));
+  f32.load(shared);
+  MPI_Barrier(sub.get());
+  if (rank == 0) std::filesystem::remove(shared);
+  std::size_t unrounded = 0;
+  for (const auto& name : z1.parameter_names()) {
+    CAPTURE(name);
+    const auto masters = z1.parameter(name);
+    CHECK(f32.parameter(name) == masters);
+    for (const float v : masters) unrounded += from_bf16(to_bf16(v)) != v;
+  }
+  CHECK(unrounded > 0); // the masters, not their bf16 working copies
+}
+
 TEST_CASE("a precision the step cannot run is refused naming the choices", "[mpi][train][precision]") {
   CHECK_THROWS_WITH(ir::parse_precision("fp8", "--precision"), Catch::Matchers::ContainsSubstring("use fp32, bf16 or fp16"));
   CHECK(ir::parse_precision("bf16", "--precision") == ir::precision_policy::bf16());
@@ -393,6 +430,21 @@ TEST_CASE("an fp16 checkpoint keeps the loss scale; the resumed run scales as th
     CHECK(b.skipped == a.skipped);
     CHECK(b.loss == a.loss);
   }
+}
+
+// ZeRO-1's bf16/f16 parameter is gathered from each rank's rounded shard after every update,
+// skipped ones included: a skipped step must leave the parameter the forward reads as it was.
+TEST_CASE("under ZeRO-1 an fp16 overflow leaves the parameters the next forward reads as they were", "[mpi][train][precision]") {
+  const int n = std::min(runtime::mpi::environment::world_size(), 4);
+  tt::sub_world sub(n);
+  if (!sub.member()) return;
+  const auto m = mesh::from_world(n, {{"dp", n}, {"tp", 1}});
+  // 2^24 overflows the first steps; 1024 does not. The forward's loss does not depend on the scale.
+  auto overflowing = train::compile(zero1, m, shapes, plain_sgd, fp16_options(sub.get(), 16777216.0f, 2));
+  auto fresh = train::compile(zero1, m, shapes, plain_sgd, fp16_options(sub.get(), 1024.0f, 2));
+  REQUIRE(overflowing(data()).skipped);
+  const auto after_skip = overflowing(data()).loss, first = fresh(data()).loss;
+  CHECK(std::abs(after_skip - first) <= 1e-6 * std::abs(first));
 }
 
 CONCERTO_MPI_TEST_MAIN

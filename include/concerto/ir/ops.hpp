@@ -614,11 +614,13 @@ inline constexpr op_info table[op_count] = {
     // An update with global-norm clipping also reads the step's squared gradient norm (one value,
     // summed over every rank: graph/lower.hpp) and scales its gradient by runtime::clip_factor;
     // under dynamic loss scaling it reads the norm and then the loss scale (runtime/grad_clip.hpp).
+    // Under a 16-bit policy its `param` is the f32 master and its optional last write the
+    // parameter's working copy (bf16 or f16), the updated master rounded (ir/precision.hpp).
     dsl(formed(task_form::update, compute(op::sgd, "sgd", k::optimizer_update, list({"param", "grad", "grad_norm_sq", "loss_scale"}, 2),
-                                          list({"param", "momentum"}, 1), f::per_output, 2)),
+                                          list({"param", "momentum", "working"}, 2), f::per_output, 2)),
         2, r::none, b::none),
     dsl(formed(task_form::update, compute(op::adamw, "adamw", k::optimizer_update,
-                                          list({"param", "grad", "m", "v", "grad_norm_sq", "loss_scale"}, 2), list({"param", "m", "v"}),
+                                          list({"param", "grad", "m", "v", "grad_norm_sq", "loss_scale"}, 2), list({"param", "m", "v", "working"}, 1),
                                           f::per_output, 12)),
         4, r::none, b::none),
     // This rank's share of the squared norm: Σ grad² / replicas, the ranks holding the same shard

@@ -5,10 +5,15 @@
 /// Under a lower working precision (bf16, or f16 with dynamic loss scaling), a step keeps f32
 /// master parameters and optimizer state and runs everything else in the working type, as
 /// Megatron-Core, DeepSpeed and torchtitan do:
-/// - each parameter a kernel or a gathering collective reads is first cast into a working copy
-///   (one `cast` task per parameter and step, before its first reader), so ZeRO-3 gathers and
-///   tensor-parallel collectives move working-precision values; the updates read and write the
-///   masters;
+/// - a parameter the step updates is stored in the working type, and its f32 master beside it
+///   (`master_name`, optimizer state: kept between steps) with the update's extent: the update
+///   reads and writes the master and also writes the parameter's working copy, the new master
+///   rounded (the op table's optional `working` write), which the next step's forward reads as it
+///   is. ZeRO-3 gathers the working-precision shards; ZeRO-1/2, which update a shard and gather
+///   it back into the parameter, keep the shard's master (no slice of the parameter each step)
+///   and gather the rounded shard, half the bytes of an f32 gather. A parameter without an
+///   update (evaluation's forward-only graph) is cast into a working copy before its first reader,
+///   once per step;
 /// - activations and their gradients are stored in the working type; a kernel widens its operands
 ///   to f32, computes in f32 and rounds what it writes (runtime/dispatch.hpp);
 /// - a loss, the row statistics it is summed from, the routing's probabilities and the gradient
@@ -78,6 +83,14 @@ struct precision_policy {
   return out;
 }
 
+/// @brief The name of the f32 master of the parameter an update task of this name writes, under a
+/// 16-bit policy: "w1.update" -> "w1.master" (train/tensors.hpp reads the checkpoint's values from it).
+[[nodiscard]] inline std::string master_name(std::string_view update) {
+  constexpr std::string_view suffix = ".update";
+  if (update.ends_with(suffix)) update.remove_suffix(suffix.size());
+  return std::string(update) + ".master";
+}
+
 /// @brief The policy a flag names: "fp32", "bf16" or "fp16" (with dynamic loss scaling).
 /// Throws naming `where` and the choices.
 [[nodiscard]] inline precision_policy parse_precision(std::string_view name, const std::string& where) {
@@ -103,12 +116,14 @@ public:
     copy_of_.assign(g.buffers.size(), -1);
     casts_.resize(g.tasks.size());
     new_reads_.resize(g.tasks.size());
+    new_writes_.resize(g.tasks.size());
     for (const auto& b : g.buffers)
       if (b.view_of < 0 && (!is_float(b.type) || fixed_role(b.role))) type_[static_cast<std::size_t>(b.id)] = b.type;
   }
 
   graph run() {
     find_weight_gradients();
+    find_masters();
     for (const auto id : order_) visit(g_.tasks[static_cast<std::size_t>(id)]);
     return rebuild();
   }
@@ -157,6 +172,34 @@ private:
     }
   }
 
+  // Each update's f32 master (see the file comment): the update's first read was the parameter
+  // itself (in place), or a shard that a shard_slice copied out of it (ZeRO-1/2), which is dropped.
+  // An update of anything else keeps its operands.
+  void find_masters() {
+    master_.assign(g_.tasks.size(), -1);
+    dropped_.assign(g_.tasks.size(), 0);
+    own_copy_.assign(g_.buffers.size(), 0);
+    std::vector<task_id> sliced_by(g_.buffers.size(), -1);
+    for (const auto& t : g_.tasks)
+      if (t.fn == op::shard_slice && !t.writes.empty()) sliced_by[root(t.writes[0])] = t.id;
+    for (const auto& t : g_.tasks) {
+      if (t.kind != op_kind::optimizer_update || t.reads.empty() || t.writes.empty() || t.writes[0] != t.reads[0]) continue;
+      const auto updated = t.reads[0];
+      auto param = root(updated);
+      if (g_.buffers[param].role != buffer_role::param) {
+        const auto slice = sliced_by[param];
+        if (slice < 0 || g_.buffers[root(g_.tasks[static_cast<std::size_t>(slice)].reads[0])].role != buffer_role::param) continue;
+        dropped_[static_cast<std::size_t>(slice)] = 1;
+        type_[param] = p_.working; // the shard: its rounded master, gathered into the parameter
+        param = root(g_.tasks[static_cast<std::size_t>(slice)].reads[0]);
+      }
+      type_[param] = p_.working;
+      own_copy_[param] = 1;
+      master_[static_cast<std::size_t>(t.id)] =
+          add_buffer(master_name(t.name), g_.buffers[static_cast<std::size_t>(updated)], dtype::f32, buffer_role::optimizer_state);
+    }
+  }
+
   [[nodiscard]] dtype type_of(buffer_id b) const {
     const auto& t = type_[root(b)];
     return t ? *t : g_.buffers[root(b)].type; // every buffer this pass adds has its type decided
@@ -175,6 +218,7 @@ private:
 
   // The working copy of parameter buffer b, made (with its cast before `reader`) on first use.
   buffer_id working_copy(buffer_id b, const task& reader) {
+    if (own_copy_[root(b)]) return b;
     auto& copy = copy_of_[static_cast<std::size_t>(b)];
     if (copy >= 0) return copy;
     const auto& src = g_.buffers[static_cast<std::size_t>(b)];
@@ -198,7 +242,11 @@ private:
 
   void visit(const task& t) {
     auto reads = t.reads;
-    if (is_collective(t.kind)) {
+    auto writes = t.writes;
+    if (const auto master = master_[static_cast<std::size_t>(t.id)]; master >= 0) {
+      reads[0] = writes[0] = master;
+      writes.push_back(t.writes[0]); // the working copy
+    } else if (is_collective(t.kind)) {
       // A parameter gathered for use (ZeRO-3) is gathered as its working copy; one gathered into
       // the parameter itself (ZeRO-1/2, after the update) stays the master.
       if (t.kind == op_kind::all_gather && !reads.empty() && g_.buffers[root(reads[0])].role == buffer_role::param &&
@@ -229,6 +277,7 @@ private:
       }
     }
     new_reads_[static_cast<std::size_t>(t.id)] = std::move(reads);
+    new_writes_[static_cast<std::size_t>(t.id)] = std::move(writes);
   }
 
   // The graph with the decided types, the new buffers and the casts before their readers.
@@ -252,6 +301,7 @@ private:
     std::vector<std::vector<task_id>> old_deps;
     for (const auto id : order_) {
       const auto& old = g_.tasks[static_cast<std::size_t>(id)];
+      if (dropped_[static_cast<std::size_t>(id)]) continue;
       for (const auto& c : casts_[static_cast<std::size_t>(id)]) {
         task cast;
         cast.name = out.buffers[static_cast<std::size_t>(c.to)].name + ".cast";
@@ -268,13 +318,17 @@ private:
       }
       task t = old;
       t.reads = new_reads_[static_cast<std::size_t>(id)];
+      t.writes = new_writes_[static_cast<std::size_t>(id)];
       const double before = traffic(g_, old), after = traffic(out, t);
       if (before > 0) t.bytes = old.bytes * after / before;
       new_id[static_cast<std::size_t>(id)] = static_cast<task_id>(out.tasks.size());
       push(out, std::move(t), old.deps);
     }
-    for (auto& t : out.tasks)
+    // A dropped task's readers now read the master it no longer fills; the hazards below order the rest.
+    for (auto& t : out.tasks) {
       for (auto& d : t.deps) d = new_id[static_cast<std::size_t>(d)];
+      std::erase(t.deps, task_id{-1});
+    }
     return with_buffer_hazards(std::move(out));
   }
   static void push(graph& out, task t, std::vector<task_id> deps) {
@@ -302,6 +356,10 @@ private:
   std::vector<buffer> added_;
   std::vector<std::vector<cast_site>> casts_;      // per task: the casts made just before it
   std::vector<std::vector<buffer_id>> new_reads_;  // per task: its reads, parameters redirected
+  std::vector<std::vector<buffer_id>> new_writes_; // per task: its writes (an update's: master, state, working copy)
+  std::vector<buffer_id> master_;                  // per task: an update's f32 master, or -1
+  std::vector<char> dropped_;                      // per task: a ZeRO-1/2 slice of a parameter its master replaces
+  std::vector<char> own_copy_;                     // per original root: a parameter stored in the working type
 };
 
 } // namespace detail::precision

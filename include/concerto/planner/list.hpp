@@ -224,7 +224,6 @@ struct lhs_schedule {
   return s;
 }
 
-
 /// @brief xla_lhs_orders with its cap edges added to a copy of the graph.
 /// @code
 /// auto s = planner::xla_lhs_schedule(g, durations, /*max_in_flight=*/2);

@@ -303,20 +303,31 @@ inline std::optional<float> grad_scale(cpu_frame& f) {
   return factor;
 }
 
+// Under a 16-bit policy the update leaves the master, rounded, in the parameter's working copy,
+// which the next step's forward reads. A skipped (overflowed) step writes it too, from the master
+// it left alone: under ZeRO-1/2 the copy is the shard the gather then moves into the parameter,
+// and nothing else fills it (not the first step's, nor after a load).
+inline void write_working_copy(cpu_frame& f) {
+  if (f.c.working >= 0) round_to_16bit(f.type(f.c.working), f.out(0), f.bits_of(f.c.working));
+}
+
 inline void run_adamw(cpu_frame& f) {
   const auto factor = grad_scale(f);
-  if (!factor) return;
+  if (!factor) return write_working_copy(f);
   auto cfg = f.s.adamw;
   cfg.lr = lr_at(f.s.schedule, cfg.lr, f.s.step);
   cpu::adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), cfg, f.s.step, *factor);
+  write_working_copy(f);
 }
 
 inline void run_sgd(cpu_frame& f) {
   const auto factor = grad_scale(f);
-  if (!factor) return;
+  if (!factor) return write_working_copy(f);
   auto cfg = f.s.sgd;
   cfg.lr = lr_at(f.s.schedule, cfg.lr, f.s.step);
-  cpu::sgd_update(f.out(0), f.in(1), f.c.n_out > 1 ? f.out(1) : std::span<float>{}, cfg, *factor);
+  const bool momentum = f.c.n_out > (f.c.working >= 0 ? 2 : 1);
+  cpu::sgd_update(f.out(0), f.in(1), momentum ? f.out(1) : std::span<float>{}, cfg, *factor);
+  write_working_copy(f);
 }
 
 // slice copies its part out of the whole buffer's rows; concat places each part after the previous one.

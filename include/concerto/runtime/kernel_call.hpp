@@ -94,6 +94,9 @@ struct kernel_call {
   std::size_t ids = 0;           ///< integer values read (ids, targets, labels, positions)
   std::int64_t replicas = 1;     ///< grad_sq_norm: ranks holding the same gradient values
   ir::buffer_id grad_norm_sq = -1; ///< an update with global-norm clipping: the step's squared gradient norm
+  /// An update under a 16-bit policy: the parameter's working copy (bf16, f16), its last write,
+  /// which it leaves holding the updated f32 master rounded (ir/precision.hpp).
+  ir::buffer_id working = -1;
   /// Under dynamic loss scaling (ir::precision_policy::loss_scaling): the step's loss scale, one
   /// f32 the step writes before it runs (ir::loss_scale_buffer). A loss gradient (cross_entropy_grad,
   /// vocab_ce_grad, mse_grad, moe_route_grad) multiplies what it writes by it; an update (which
@@ -109,8 +112,10 @@ struct kernel_call {
   ir::dim_part part{};           ///< concat_dim, slice_dim and their gradients: the parts of the dim
   dropout_layout drop{};         ///< dropout and its gradient: this rank's block of the whole tensor, how it draws
   std::size_t count = 0;         ///< batch normalisation: the rows its statistics are over (every rank's when synchronised)
-  /// Values of its bf16 and f16 operands (each buffer once): a dispatch widens them into f32 workspace
-  /// before the kernel and rounds the written ones back after it (runtime/dispatch.hpp).
+  /// Values of its bf16 and f16 operands (each buffer once, an update's working copy aside): the
+  /// CPU dispatch widens them into f32 workspace before the kernel and rounds the written ones back
+  /// after it (runtime/dispatch.hpp); the GPU dispatch does so for the ops whose kernels do not read
+  /// 16-bit values in place (cuda::reads_16bit_natively).
   std::size_t staged = 0;
 
   [[nodiscard]] ir::buffer_id read(std::size_t i) const noexcept { return in[i]; }
@@ -699,6 +704,10 @@ inline void decode_update(const call_reader& r, kernel_call& c) {
   for (std::size_t i = 1; i < values; ++i) r.need_count(c, i, false, c.n, "the parameter's values");
   for (std::size_t i = 0; i < c.n_out; ++i) r.need_count(c, i, true, c.n, "the parameter's values");
   if (c.out[0] != c.in[0]) r.bad("updates `param` in place: it must be its first read and its first write");
+  if (ir::is_16bit_float(r.buffer(c.in[0]).type))
+    r.bad("updates `param` in its f32 master; a 16-bit parameter is the master's working copy, its last write");
+  // The working copy is the one 16-bit write: SGD's momentum, the other optional one, is f32.
+  if (c.n_out > 1 && ir::is_16bit_float(r.buffer(c.out[c.n_out - 1]).type)) c.working = c.out[c.n_out - 1];
   if (c.fn == ir::op::adamw && (c.out[1] != c.in[2] || c.out[2] != c.in[3]))
     r.bad("updates `m` and `v` in place: its writes are param, m, v and its reads param, grad, m, v");
 }
@@ -775,7 +784,9 @@ inline std::size_t staged_values(const call_reader& r, const kernel_call& c) {
   std::array<ir::buffer_id, 10> seen{};
   std::size_t n_seen = 0, values = 0;
   const auto add = [&](ir::buffer_id b) {
-    if (b < 0 || !ir::is_16bit_float(r.buffer(b).type) || std::find(seen.begin(), seen.begin() + n_seen, b) != seen.begin() + n_seen)
+    // An update's working copy is written rounded, straight from the master: never widened.
+    if (b < 0 || b == c.working || !ir::is_16bit_float(r.buffer(b).type) ||
+        std::find(seen.begin(), seen.begin() + n_seen, b) != seen.begin() + n_seen)
       return;
     seen[n_seen++] = b;
     values += r.count(b);

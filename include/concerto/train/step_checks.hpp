@@ -77,12 +77,24 @@ template <class Backend>
 void check_replicas(std::int64_t step, const tensor_index& tensors, Backend& backend, const runtime::mpi::control& control,
                     const std::string& graph_name) {
   const int rank_here = control.rank(), ranks = control.size();
-  const auto& params = tensors.params();
-  std::vector<float> staging;
+  // Each parameter as the step holds it (f32, or its working copy in 16 bits), then each f32
+  // master a 16-bit policy keeps beside one: every copy of a block must hold the same bits.
+  std::vector<std::string> params;
+  std::vector<const tensor_info*> held;
+  for (const auto& name : tensors.params()) {
+    params.push_back(name);
+    held.push_back(&tensors.info(name));
+  }
+  for (const auto& name : tensors.params())
+    if (const auto* master = tensors.master(name)) {
+      params.push_back(name + " (its f32 master)");
+      held.push_back(master);
+    }
+  std::vector<std::byte> staging;
   std::vector<std::int64_t> mine;
   mine.reserve(2 * params.size());
-  for (const auto& name : params) {
-    const auto& t = tensors.info(name);
+  for (const auto* held_tensor : held) {
+    const auto& t = *held_tensor;
     hasher block, bits;
     if (t.id < 0) { // held by another pipeline stage: a block no rank of it has
       block.add(std::string_view("elsewhere")).add(rank_here);
@@ -90,11 +102,11 @@ void check_replicas(std::int64_t step, const tensor_index& tensors, Backend& bac
       mine.push_back(0);
       continue;
     }
-    staging.resize(static_cast<std::size_t>(detail::count(t.blk.local)));
-    backend.read(t.id, std::as_writable_bytes(std::span(staging)));
+    staging.resize(static_cast<std::size_t>(detail::count(t.blk.local)) * ir::size_of(t.type));
+    backend.read(t.id, std::span(staging));
     for (const auto d : t.blk.offset) block.add(d);
     for (const auto d : t.blk.local) block.add(d);
-    bits.add_bytes(staging.data(), staging.size() * sizeof(float));
+    bits.add_bytes(staging.data(), staging.size());
     mine.push_back(std::bit_cast<std::int64_t>(block.value()));
     mine.push_back(std::bit_cast<std::int64_t>(bits.value()));
   }

@@ -20,6 +20,7 @@
 #include <concerto/core/file.hpp>
 #include <concerto/graph/lower.hpp>
 #include <concerto/ir/graph.hpp>
+#include <concerto/ir/precision.hpp>
 #include <concerto/mesh/mesh.hpp>
 #include <concerto/pipeline/stages.hpp>
 #include <concerto/runtime/cpu/moe.hpp>
@@ -74,6 +75,20 @@ public:
     const auto coords = mesh_.coords(rank);
     for (const auto& x : facts.nodes)
       for (const auto& name : names_of(x, depths)) {
+        if (x.op == op_code::adamw || x.op == op_code::sgd) {
+          // Under a 16-bit policy the parameter is its working copy and the values are the f32
+          // master's, laid out as the update (ZeRO-1/2: a shard of the parameter).
+          const auto master = ir::master_name(name);
+          const auto m = by_name.find(master);
+          const auto whole = in_step.find(master);
+          if (m == by_name.end() && whole == in_step.end()) continue;
+          const auto& buf = m != by_name.end() ? executed.buffers[static_cast<std::size_t>(m->second)]
+                                               : lowered.buffers[static_cast<std::size_t>(whole->second)];
+          tensor_info t{m != by_name.end() ? buf.id : -1, buf.type, x.spec, false, block_of(x.spec, x.global, buf.shape, coords)};
+          if (split && whole != in_step.end()) t.stage = split->stage_of_buffer(lowered, whole->second);
+          masters_[name.substr(0, name.size() - std::string_view(".update").size())] = t;
+          continue;
+        }
         const auto it = by_name.find(name);
         const auto whole = in_step.find(name);
         const bool input = graph::is_leaf(x.op) && x.op != op_code::param;
@@ -107,6 +122,11 @@ public:
     return it->second;
   }
   [[nodiscard]] const std::vector<std::string>& params() const noexcept { return params_; }
+  /// A parameter's f32 master where a 16-bit policy keeps one beside it (else null).
+  [[nodiscard]] const tensor_info* master(const std::string& name) const {
+    const auto it = masters_.find(name);
+    return it == masters_.end() ? nullptr : &it->second;
+  }
   /// Batch norms' running statistics: evaluation reads them, training moves them.
   [[nodiscard]] const std::vector<std::string>& running_stats() const noexcept { return running_; }
   /// Parameters, then optimizer states: what a checkpoint holds.
@@ -128,10 +148,12 @@ public:
   [[nodiscard]] double loss_copies() const noexcept { return loss_copies_; }
 
   /// Any named f32, bf16 or f16 tensor (the working precision's activations and gradients: widened
-  /// exactly) gathered to its global shape on every rank, as f32. Collective.
+  /// exactly) gathered to its global shape on every rank, as f32; a parameter's f32 master where
+  /// the step keeps one. Collective.
   template <class Backend>
   [[nodiscard]] std::vector<float> gather(Backend& backend, const runtime::mpi::control& control, const std::string& name) const {
-    const auto& t = info(name);
+    const auto master = masters_.find(name);
+    const auto& t = master != masters_.end() ? master->second : info(name);
     if (t.type != ir::dtype::f32 && !ir::is_16bit_float(t.type))
       fail("train step: tensor '" + name + "' holds " + std::string(ir::to_string(t.type)) + ", not floating-point values");
     if (t.partial) fail("train step: tensor '" + name + "' is a pending sum on this mesh; it has no global value yet");
@@ -162,7 +184,7 @@ public:
     if (global.size() != static_cast<std::size_t>(count(t.blk.global)))
       fail("train step: '" + name + "' has " + std::to_string(count(t.blk.global)) + " values, got " +
            std::to_string(global.size()));
-    write_block(backend, t, std::as_bytes(global).data());
+    write_tensor(backend, name, std::as_bytes(global).data());
   }
 
   /// Every parameter by its leaf's initialiser, from a seed per global element: the same model
@@ -253,7 +275,7 @@ public:
       }
     });
     // Straight from the file's bytes (checked above), without a copy of the global tensor.
-    for (const auto& name : state_names()) write_block(backend, info(name), file.bytes(name).data());
+    for (const auto& name : state_names()) write_tensor(backend, name, file.bytes(name).data());
     return {file.step, std::move(file.trainer), std::move(file.loss_scaling)};
   }
 
@@ -317,6 +339,13 @@ private:
     }
     runtime::stop_together(std::move(problem), control, "loading " + what);
   }
+  // A named tensor from its global f32 values (bytes, maybe unaligned): this rank's block, and
+  // the parameter's f32 master beside its working copy where the step keeps one.
+  template <class Backend>
+  void write_tensor(Backend& backend, const std::string& name, const std::byte* global) const {
+    write_block(backend, info(name), global);
+    if (const auto master = masters_.find(name); master != masters_.end()) write_block(backend, master->second, global);
+  }
   // This rank's block of a global f32 tensor (bytes, maybe unaligned), written to its buffer;
   // nothing where another pipeline stage holds the tensor.
   template <class Backend>
@@ -364,6 +393,7 @@ private:
   std::vector<std::string> axes_; ///< the program's axis names, by its axis index
   int stage_axis_ = -1;           ///< pipelined: the pipeline axis's index in the mesh
   std::map<std::string, tensor_info> tensors_;
+  std::map<std::string, tensor_info> masters_; ///< by parameter: its f32 master, under a 16-bit policy
   std::vector<std::string> inputs_, params_, states_;
   std::vector<std::string> running_; ///< batch norms' running statistics: states the forward pass reads in evaluation
   std::map<std::string, leaf_init> init_of_; ///< each parameter's rule, from its leaf

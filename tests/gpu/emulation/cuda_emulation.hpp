@@ -445,6 +445,7 @@ inline int atomicCAS(int* address, int compare, int value) {
   return compare;
 }
 inline float atomicAdd(float* address, float value) { return std::atomic_ref<float>(*address).fetch_add(value); }
+inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
 
 inline cudaError_t cudaGetLastError() { return std::exchange(cuda_emulation::last_error, cudaSuccess); }
 inline cudaError_t cudaPeekAtLastError() { return cuda_emulation::last_error; }

@@ -8,10 +8,13 @@
 /// once, so nothing here reads attrs. Products are described once per task (`describe_gemm`,
 /// before the first step). Matmul takes fp32 operands or 16-bit float ones, bf16 or f16 (fp32
 /// accumulation, C in fp32 or the inputs' 16-bit type; a product whose inputs differ in type
-/// widens its 16-bit ones, and a C of another 16-bit type is staged); every other kernel
-/// computes in fp32, and a 16-bit float operand is widened into the workspace before it and
-/// rounded back after it (kernel_call::staged, as on the CPU). Integer operands are i32, or i64
-/// narrowed into the workspace by a kernel.
+/// widens its 16-bit ones, and a C of another 16-bit type is staged). The hot ops of a
+/// transformer (reads_16bit_natively: attention, the norms, the pointwise ops, softmax, the
+/// embedding and the cross-entropy) read and write each operand in its own type, f32, bf16 or
+/// f16, computing in fp32 (kernels.cuh's float_in and float_out); every other kernel computes
+/// on f32, and a 16-bit float operand is widened into the workspace before it and rounded back
+/// after it (kernel_call::staged, as on the CPU). Integer operands are i32, or i64 narrowed into
+/// the workspace by a kernel.
 ///
 /// Under dynamic loss scaling (kernel_call::loss_scale) the loss gradients and the updates read
 /// the step's loss scale from device memory when their kernels run, as they read the optimizer
@@ -30,6 +33,7 @@
 #include <concerto/ir/graph.hpp>
 #include <concerto/runtime/cuda/blas.hpp>
 #include <concerto/runtime/cuda/convolution.hpp>
+#include <concerto/runtime/cuda/cudnn_attention.hpp>
 #include <concerto/runtime/cuda/kernels.cuh>
 #include <concerto/runtime/cuda/memory.hpp>
 #include <concerto/runtime/cuda/moe.cuh>
@@ -57,6 +61,9 @@ struct device_context {
   int* status = nullptr;                  ///< 0, or task id + 1 of the first kernel that met a bad id
   const std::int64_t* step = nullptr;     ///< the optimizer step, counting from 1
   std::size_t workspace_floats = 0;       ///< size of `workspace`; a task needing more throws
+  /// cuDNN's fused attention (runtime/cuda/cudnn_attention.hpp), where the backend made one: the
+  /// fast path for 16-bit operands, in the library workspace; null: the own kernels.
+  cudnn_attention_cache* attention = nullptr;
 };
 
 namespace detail {
@@ -67,28 +74,45 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
 
 } // namespace detail
 
-/// @brief Device workspace floats a call's kernel takes besides its 16-bit float operands' f32 copies:
+/// @brief Whether the GPU kernel of an op reads and writes its bf16 and f16 operands in place
+/// (fp32 arithmetic inside), rather than on f32 copies staged in the workspace. The others are
+/// rarer or run through libraries that take one type (matmul, cuDNN).
+[[nodiscard]] constexpr bool reads_16bit_natively(ir::op fn) noexcept {
+  using ir::op;
+  switch (fn) {
+  case op::attention: case op::attention_grad: case op::layernorm: case op::layernorm_grad: case op::layernorm_grad_gamma:
+  case op::rmsnorm: case op::rmsnorm_grad: case op::rmsnorm_grad_gain: case op::bias_add: case op::bias_grad: case op::gelu:
+  case op::gelu_grad: case op::silu: case op::silu_grad: case op::swiglu: case op::swiglu_grad: case op::add: case op::mul:
+  case op::softmax: case op::softmax_grad: case op::embedding: case op::embedding_grad: case op::cross_entropy:
+  case op::cross_entropy_grad: return true;
+  default: return false;
+  }
+}
+
+/// @brief Device workspace floats a call's kernel takes besides its staged 16-bit float operands' f32 copies:
 /// what the kernels keep between two launches (attention's per-row delta), the statistics the
-/// DSL's tasks do not store, and i64 ids narrowed to i32 (`i64_ids`: whether the call's integer
-/// operand is i64). 0 for the rest.
+/// DSL's tasks do not store, the column sums' second level, the embedding gradient's token order,
+/// and i64 ids narrowed to i32 (`i64_ids`: whether the call's integer operand is i64). 0 for the rest.
 [[nodiscard]] inline std::size_t device_kernel_workspace_floats(const kernel_call& c, bool i64_ids) {
   using ir::op;
   const std::size_t ids = i64_ids ? detail::padded(c.ids) : 0;
   switch (c.fn) {
   case op::layernorm:
-  case op::layernorm_grad:
-  case op::layernorm_grad_gamma: return 2 * detail::padded(c.rows);
+  case op::layernorm_grad: return 2 * detail::padded(c.rows);
+  case op::layernorm_grad_gamma: return 2 * detail::padded(c.rows) + detail::padded(column_sum_workspace_floats(c.rows, c.cols, 2));
   case op::rmsnorm:
-  case op::rmsnorm_grad:
-  case op::rmsnorm_grad_gain: return detail::padded(c.rows);
+  case op::rmsnorm_grad: return detail::padded(c.rows);
+  case op::rmsnorm_grad_gain: return detail::padded(c.rows) + detail::padded(column_sum_workspace_floats(c.rows, c.cols));
+  case op::bias_grad:
+  case op::scale_table_grad: return detail::padded(column_sum_workspace_floats(c.rows, c.cols));
   case op::rope:
   case op::rope_grad: return ids;
   case op::attention: return detail::padded(c.att.lse_floats());
   case op::attention_grad: return 2 * detail::padded(c.att.lse_floats()) + detail::padded(c.att.q_floats());
   case op::cross_entropy:
   case op::cross_entropy_grad: return ids + detail::padded(c.rows);
+  case op::embedding_grad: return ids + detail::padded(embedding_grad_workspace_floats(c.ids, c.rows));
   case op::embedding:
-  case op::embedding_grad:
   case op::vocab_ce_target:
   case op::vocab_ce_grad: return ids;
   case op::moe_route:
@@ -105,10 +129,11 @@ constexpr std::size_t padded(std::size_t floats) noexcept { return (floats + wor
 }
 
 /// @brief Device workspace floats one call needs: its 16-bit float (bf16, f16) operands' f32
-/// copies, each padded, and what its kernel takes (device_kernel_workspace_floats).
+/// copies, each padded, unless its kernel reads them in place (reads_16bit_natively), and what
+/// its kernel takes (device_kernel_workspace_floats).
 [[nodiscard]] inline std::size_t device_workspace_floats(const kernel_call& c, bool i64_ids) {
   // 16-bit operands widened to f32, each piece padded (at most 10 operands).
-  const std::size_t staged = c.staged == 0 ? 0 : c.staged + 10 * detail::workspace_pad;
+  const std::size_t staged = c.staged == 0 || reads_16bit_natively(c.fn) ? 0 : c.staged + 10 * detail::workspace_pad;
   return staged + device_kernel_workspace_floats(c, i64_ids);
 }
 
@@ -151,6 +176,9 @@ public:
 
   float* in(std::size_t i) { return values(c.in[i]); }
   float* out(std::size_t i) { return values(c.out[i]); }
+  /// Operand i in its own type, for the kernels that read 16-bit floats in place (nothing staged).
+  float_in typed_in(std::size_t i) const { return {mem_.ptr(c.in[i]), mem_.type(c.in[i])}; }
+  float_out typed_out(std::size_t i) const { return {mem_.ptr(c.out[i]), mem_.type(c.out[i])}; }
   /// Buffer b as f32 values: itself, or (bf16, f16) its values widened into the workspace, once per call.
   float* values(ir::buffer_id b) {
     const auto type = mem_.type(b);
@@ -243,26 +271,31 @@ inline gemm_type gemm_type_of(const kernel_call& c, const device_arena& mem, ir:
 // RMSNorm's rstd is recomputed by each task (rmsnorm_stats), as on the CPU.
 inline void run_rmsnorm(device_frame& f) {
   const auto& c = f.c;
-  rmsnorm(f.in(0), f.in(1), f.out(0), f.take(c.rows, "rstd"), c.rows, c.cols, f.s.rmsnorm_eps, f.st);
+  rmsnorm(f.typed_in(0), f.typed_in(1), f.typed_out(0), f.take(c.rows, "rstd"), c.rows, c.cols, f.s.rmsnorm_eps, f.st);
 }
 inline void run_rmsnorm_grad(device_frame& f) {
   const auto& c = f.c;
   float* rstd = f.take(c.rows, "rstd");
-  rmsnorm_stats(f.in(0), rstd, c.rows, c.cols, f.s.rmsnorm_eps, f.st);
-  rmsnorm_grad(f.in(2), f.in(0), f.in(1), rstd, f.out(0), c.rows, c.cols, f.st);
+  rmsnorm_stats(f.typed_in(0), rstd, c.rows, c.cols, f.s.rmsnorm_eps, f.st);
+  rmsnorm_grad(f.typed_in(2), f.typed_in(0), f.typed_in(1), rstd, f.typed_out(0), c.rows, c.cols, f.st);
+}
+// The column sums' second level, where one split of the rows would leave the GPU idle.
+inline float* column_sum_space(device_frame& f, std::size_t sums) {
+  const auto floats = column_sum_workspace_floats(f.c.rows, f.c.cols, sums);
+  return floats == 0 ? nullptr : f.take(floats, "the column sums' partial sums");
 }
 inline void run_rmsnorm_grad_gain(device_frame& f) {
   const auto& c = f.c;
   float* rstd = f.take(c.rows, "rstd");
-  rmsnorm_stats(f.in(0), rstd, c.rows, c.cols, f.s.rmsnorm_eps, f.st);
-  rmsnorm_grad_gain(f.in(1), f.in(0), rstd, f.out(0), c.rows, c.cols, c.accumulate, f.st);
+  rmsnorm_stats(f.typed_in(0), rstd, c.rows, c.cols, f.s.rmsnorm_eps, f.st);
+  rmsnorm_grad_gain(f.typed_in(1), f.typed_in(0), rstd, f.typed_out(0), c.rows, c.cols, c.accumulate, f.st, column_sum_space(f, 1));
 }
 
 inline void run_layernorm(device_frame& f) {
   const auto& c = f.c;
   float* mean = f.take(c.rows, "mean");
   float* rstd = f.take(c.rows, "rstd");
-  layernorm(f.in(0), f.in(1), f.in(2), f.out(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
+  layernorm(f.typed_in(0), f.typed_in(1), f.typed_in(2), f.typed_out(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
 }
 
 // dx from x, gamma, dy; the statistics are recomputed, dgamma and dbeta are other tasks.
@@ -270,28 +303,61 @@ inline void run_layernorm_grad(device_frame& f) {
   const auto& c = f.c;
   float* mean = f.take(c.rows, "mean");
   float* rstd = f.take(c.rows, "rstd");
-  layernorm_stats(f.in(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
-  layernorm_grad_input(f.in(2), f.in(0), f.in(1), mean, rstd, f.out(0), c.rows, c.cols, f.st);
+  layernorm_stats(f.typed_in(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
+  layernorm_grad_input(f.typed_in(2), f.typed_in(0), f.typed_in(1), mean, rstd, f.typed_out(0), c.rows, c.cols, f.st);
 }
 
 inline void run_layernorm_grad_gamma(device_frame& f) {
   const auto& c = f.c;
   float* mean = f.take(c.rows, "mean");
   float* rstd = f.take(c.rows, "rstd");
-  layernorm_stats(f.in(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
-  layernorm_grad_gamma(f.in(1), f.in(0), mean, rstd, f.out(0), c.rows, c.cols, c.accumulate, f.st);
+  layernorm_stats(f.typed_in(0), mean, rstd, c.rows, c.cols, f.s.layernorm_eps, f.st);
+  layernorm_grad_gamma(f.typed_in(1), f.typed_in(0), mean, rstd, f.typed_out(0), c.rows, c.cols, c.accumulate, f.st,
+                       column_sum_space(f, 2));
 }
 
 // q, k, v, dy -> one buffer holding dq, dk, dv one after the other; lse is recomputed.
+// cuDNN's fused attention where the backend made its cache and q, k, v, out (and dout) are of one
+// 16-bit type; false (nothing written) where cuDNN cannot run the case, and the own kernels run.
+// The backward recomputes the forward's output and lse in the library workspace, as the own
+// kernels recompute them in theirs.
+inline bool fused_attention(device_frame& f) {
+  const auto& c = f.c;
+  if (f.ctx.attention == nullptr) return false;
+  const auto type = f.type(c.in[0]);
+  const std::size_t reads = c.fn == ir::op::attention ? 3 : 4;
+  for (std::size_t i = 0; i < reads; ++i)
+    if (f.type(c.in[i]) != type) return false;
+  if (!ir::is_16bit_float(type) || f.type(c.out[0]) != type) return false;
+  cudnn_attention_operands ops{.q = f.ptr(c.in[0]), .k = f.ptr(c.in[1]), .v = f.ptr(c.in[2])};
+  if (c.fn == ir::op::attention) {
+    ops.out = f.ptr(c.out[0]);
+    return cudnn_attention_forward(*f.ctx.attention, f.st, type, c.att, ops, f.ctx.blas_workspace, f.ctx.blas_workspace_bytes);
+  }
+  std::byte* const d = f.ptr(c.out[0]);
+  const auto width = ir::size_of(type);
+  ops.dout = f.ptr(c.in[3]);
+  ops.dq = d;
+  ops.dk = d + c.att.q_floats() * width;
+  ops.dv = d + (c.att.q_floats() + c.att.kv_floats()) * width;
+  return cudnn_attention_backward(*f.ctx.attention, f.st, type, c.att, ops, f.ctx.blas_workspace, f.ctx.blas_workspace_bytes);
+}
+
+inline void run_attention(device_frame& f) {
+  if (fused_attention(f)) return;
+  causal_attention(f.typed_in(0), f.typed_in(1), f.typed_in(2), f.typed_out(0), f.take(f.c.att.lse_floats(), "lse"), f.c.att, f.st);
+}
+
 inline void run_attention_grad(device_frame& f) {
+  if (fused_attention(f)) return;
   const auto& a = f.c.att;
   float* lse = f.take(a.lse_floats(), "lse");
   float* out = f.take(a.q_floats(), "recomputed output");
   float* delta = f.take(a.lse_floats(), "delta");
-  causal_attention(f.in(0), f.in(1), f.in(2), out, lse, a, f.st);
-  float* d = f.out(0);
-  causal_attention_grad(f.in(0), f.in(1), f.in(2), out, f.in(3), lse, d, d + a.q_floats(), d + a.q_floats() + a.kv_floats(),
-                        delta, a, f.st);
+  const auto q = f.typed_in(0), k = f.typed_in(1), v = f.typed_in(2);
+  causal_attention(q, k, v, out, lse, a, f.st);
+  const auto d = f.typed_out(0);
+  causal_attention_grad(q, k, v, out, f.typed_in(3), lse, d, d + a.q_floats(), d + a.q_floats() + a.kv_floats(), delta, a, f.st);
 }
 
 // The step's loss scale under dynamic loss scaling (in device memory, read when the kernel runs), or null.
@@ -304,21 +370,23 @@ inline void run_cross_entropy(device_frame& f) {
   const auto* targets = f.ints(1);
   float* lse = f.take(c.rows, "lse");
   if (c.fn == ir::op::cross_entropy) {
-    cross_entropy(f.in(0), targets, lse, f.out(0), c.rows, c.cols, f.ctx.status, f.code, f.st, c.scale);
+    cross_entropy(f.typed_in(0), targets, lse, f.typed_out(0), c.rows, c.cols, f.ctx.status, f.code, f.st, c.scale);
     return;
   }
-  cross_entropy_lse(f.in(0), targets, lse, c.rows, c.cols, f.ctx.status, f.code, f.st);
-  cross_entropy_grad(f.in(0), targets, lse, f.out(0), c.rows, c.cols, c.scale, f.st, loss_scale(f));
+  cross_entropy_lse(f.typed_in(0), targets, lse, c.rows, c.cols, f.ctx.status, f.code, f.st);
+  cross_entropy_grad(f.typed_in(0), targets, lse, f.typed_out(0), c.rows, c.cols, c.scale, f.st, loss_scale(f));
 }
 
 inline void run_embedding(device_frame& f) {
   const auto& c = f.c;
   const auto* ids = f.ints(0);
-  if (c.fn == ir::op::embedding)
-    embedding(ids, f.in(1), f.out(0), c.ids, c.cols, c.rows, c.first, c.reject_outside, f.ctx.status, f.code, f.st);
-  else
-    embedding_grad(ids, f.in(1), f.out(0), c.ids, c.cols, c.rows, c.accumulate, c.first, c.reject_outside, f.ctx.status,
-                   f.code, f.st);
+  if (c.fn == ir::op::embedding) {
+    embedding(ids, f.typed_in(1), f.typed_out(0), c.ids, c.cols, c.rows, c.first, c.reject_outside, f.ctx.status, f.code, f.st);
+    return;
+  }
+  float* order = f.take(embedding_grad_workspace_floats(c.ids, c.rows), "the embedding gradient's token order");
+  embedding_grad(ids, f.typed_in(1), f.typed_out(0), c.ids, c.cols, c.rows, c.accumulate, c.first, c.reject_outside, f.ctx.status,
+                 f.code, order, f.st);
 }
 
 // The squared global gradient norm an update with clipping reads (in device memory), or null.
@@ -333,19 +401,27 @@ inline const std::int64_t* device_step(const device_frame& f, const char* what) 
   return f.ctx.step;
 }
 
+// Under a 16-bit policy the update writes the parameter's working copy from the new master in the
+// same pass (no widening of it into the workspace).
+inline working_copy working_of(const device_frame& f) {
+  if (f.c.working < 0) return {};
+  return {f.ptr(f.c.working), f.type(f.c.working)};
+}
+
 inline void run_sgd(device_frame& f) {
   float* momentum = nullptr;
   if (f.s.sgd.momentum != 0.0f) {
-    if (f.c.n_out < 2) fail(call_ref(f.c) + ": SGD with momentum needs a momentum buffer as its second write");
+    if (f.c.n_out < (f.c.working >= 0 ? 3 : 2))
+      fail(call_ref(f.c) + ": SGD with momentum needs a momentum buffer as its second write");
     momentum = f.out(1);
   }
   sgd_update(f.out(0), f.in(1), momentum, f.c.n, f.s.sgd, f.s.schedule, device_step(f, "SGD's scheduled rate"), grad_norm_sq(f),
-             f.s.clip_norm, f.st, loss_scale(f));
+             f.s.clip_norm, f.st, loss_scale(f), working_of(f));
 }
 
 inline void run_adamw(device_frame& f) {
   adamw_update(f.out(0), f.in(1), f.out(1), f.out(2), f.c.n, f.s.adamw, f.s.schedule, device_step(f, "AdamW"), grad_norm_sq(f),
-               f.s.clip_norm, f.st, loss_scale(f));
+               f.s.clip_norm, f.st, loss_scale(f), working_of(f));
 }
 
 inline void run_dropout(device_frame& f) {
@@ -466,7 +542,8 @@ inline void run_matmul(device_frame& f, const gemm* product) {
   product->run(*f.ctx.blas, a, b, out, f.ctx.blas_workspace, f.st);
 }
 
-// The kernel of the call's op; 16-bit float operands are staged by the frame (see the file comment).
+// The kernel of the call's op; 16-bit float operands are read in place by the ops reads_16bit_natively
+// names and staged by the frame for the rest (see the file comment).
 inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv) {
   using ir::op;
   const auto& c = f.c;
@@ -474,16 +551,20 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
   const auto st = ctx.stream;
   switch (c.fn) {
   case op::matmul: run_matmul(f, product); return;
-  case op::add: cuda::add(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::add: cuda::add(f.typed_in(0), f.typed_in(1), f.typed_out(0), c.n, st); return;
   case op::add_inplace: cuda::add_inplace(f.out(0), f.in(1), c.n, st); return;
   case op::scale: cuda::scale(f.in(0), c.scale, f.out(0), c.n, st); return;
-  case op::bias_add: cuda::bias_add(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
-  case op::bias_grad: cuda::bias_add_grad(f.in(0), f.out(0), c.rows, c.cols, c.accumulate, st); return;
+  case op::bias_add: cuda::bias_add(f.typed_in(0), f.typed_in(1), f.typed_out(0), c.rows, c.cols, st); return;
+  case op::bias_grad:
+    cuda::bias_add_grad(f.typed_in(0), f.typed_out(0), c.rows, c.cols, c.accumulate, st, column_sum_space(f, 1));
+    return;
   case op::scale_table: cuda::scale_table(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
-  case op::scale_table_grad: cuda::scale_table_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols, c.accumulate, st); return;
-  case op::gelu: cuda::gelu(f.in(0), f.out(0), c.n, st); return;
+  case op::scale_table_grad:
+    cuda::scale_table_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols, c.accumulate, st, column_sum_space(f, 1));
+    return;
+  case op::gelu: cuda::gelu(f.typed_in(0), f.typed_out(0), c.n, st); return;
   case op::relu: cuda::relu(f.in(0), f.out(0), c.n, st); return;
-  case op::gelu_grad: cuda::gelu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
+  case op::gelu_grad: cuda::gelu_grad(f.typed_in(0), f.typed_in(1), f.typed_out(0), c.n, st); return;
   case op::relu_grad: cuda::relu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::zero:
     for (const auto b : c.task->writes)
@@ -492,9 +573,9 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
   case op::layernorm: run_layernorm(f); return;
   case op::layernorm_grad: run_layernorm_grad(f); return;
   case op::layernorm_grad_gamma: run_layernorm_grad_gamma(f); return;
-  case op::softmax: cuda::softmax(f.in(0), f.out(0), c.rows, c.cols, st); return;
-  case op::softmax_grad: cuda::softmax_grad(f.in(0), f.in(1), f.out(0), c.rows, c.cols, st); return;
-  case op::attention: cuda::causal_attention(f.in(0), f.in(1), f.in(2), f.out(0), f.take(c.att.lse_floats(), "lse"), c.att, st); return;
+  case op::softmax: cuda::softmax(f.typed_in(0), f.typed_out(0), c.rows, c.cols, st); return;
+  case op::softmax_grad: cuda::softmax_grad(f.typed_in(0), f.typed_in(1), f.typed_out(0), c.rows, c.cols, st); return;
+  case op::attention: run_attention(f); return;
   case op::attention_grad: run_attention_grad(f); return;
   case op::cross_entropy:
   case op::cross_entropy_grad: run_cross_entropy(f); return;
@@ -525,7 +606,7 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
   case op::vocab_ce_sumexp:
   case op::vocab_ce_loss:
   case op::vocab_ce_grad: run_vocab_ce(f); return;
-  case op::silu: cuda::silu(f.in(0), f.out(0), c.n, st); return;
+  case op::silu: cuda::silu(f.typed_in(0), f.typed_out(0), c.n, st); return;
   case op::sigmoid: cuda::sigmoid(f.in(0), f.out(0), c.n, st); return;
   case op::sigmoid_grad: cuda::sigmoid_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
   case op::tanh: cuda::tanh(f.in(0), f.out(0), c.n, st); return;
@@ -558,10 +639,12 @@ inline void run_call(device_frame& f, const gemm* product, const conv_plan* conv
   case op::conv2d:
   case op::conv2d_grad_input:
   case op::conv2d_grad_weight: run_conv(f, conv); return;
-  case op::silu_grad: cuda::silu_grad(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::mul: cuda::mul(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::swiglu: cuda::swiglu(f.in(0), f.in(1), f.out(0), c.n, st); return;
-  case op::swiglu_grad: cuda::swiglu_grad(f.in(0), f.in(1), f.in(2), f.out(0), f.out(0) + c.n, c.n, st); return;
+  case op::silu_grad: cuda::silu_grad(f.typed_in(0), f.typed_in(1), f.typed_out(0), c.n, st); return;
+  case op::mul: cuda::mul(f.typed_in(0), f.typed_in(1), f.typed_out(0), c.n, st); return;
+  case op::swiglu: cuda::swiglu(f.typed_in(0), f.typed_in(1), f.typed_out(0), c.n, st); return;
+  case op::swiglu_grad:
+    cuda::swiglu_grad(f.typed_in(0), f.typed_in(1), f.typed_in(2), f.typed_out(0), f.typed_out(0) + c.n, c.n, st);
+    return;
   case op::rmsnorm: run_rmsnorm(f); return;
   case op::rmsnorm_grad: run_rmsnorm_grad(f); return;
   case op::rmsnorm_grad_gain: run_rmsnorm_grad_gain(f); return;

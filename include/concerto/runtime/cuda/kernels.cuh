@@ -9,9 +9,13 @@
 /// extents of the CPU kernel of the same name (runtime/cpu/), and computes the same function,
 /// so the two backends agree to rounding: the tests check each pair on random data. The
 /// kernels are simple and correct rather than fast: one block per row for row-wise ops
-/// (deterministic block reductions, no atomics), grid-stride loops for elementwise ones, and
-/// a tiled attention with an online softmax (FlashAttention's recurrence; fp32, no tensor cores). Kernels
-/// are templates so that a header included by several translation units links.
+/// (deterministic block reductions, no atomics), grid-stride loops for elementwise ones, column
+/// sums split over rows and columns and added in a fixed order, an embedding gradient that sorts
+/// its tokens by row instead of adding atomically, and a tiled attention with an online softmax
+/// (FlashAttention's recurrence; fp32 arithmetic, no tensor cores). The kernels of a
+/// transformer's hot ops take each float operand as a float_in or float_out, f32, bf16 or f16
+/// (see float_in); the rest take f32. Kernels are templates so that a header included by several
+/// translation units links.
 ///
 /// Where the CPU kernel throws on bad data (a target or id outside its range), a device kernel
 /// cannot; it skips the value and writes `code` into `*status` (first error wins), which the
@@ -58,6 +62,91 @@
 #include <string>
 
 namespace concerto::runtime::cuda {
+
+/// @brief The parameter's working copy an update also writes under a 16-bit policy (ir/precision.hpp):
+/// bf16 or f16 device values, the new master rounded; none when `values` is null.
+struct working_copy {
+  void* values = nullptr;
+  ir::dtype type = ir::dtype::bf16;
+};
+
+namespace detail {
+// Value i of a buffer of float type T (f32, bf16, f16) as f32, exactly; and f32 stored in T,
+// rounded to nearest even (core/bfloat16.hpp, core/float16.hpp).
+template <ir::dtype T>
+__device__ float load_f32(const void* p, std::size_t i) {
+  if constexpr (T == ir::dtype::f32) return static_cast<const float*>(p)[i];
+  else if constexpr (T == ir::dtype::f16) return from_f16(static_cast<const std::uint16_t*>(p)[i]);
+  else return from_bf16(static_cast<const std::uint16_t*>(p)[i]);
+}
+template <ir::dtype T>
+__device__ void store_f32(void* p, std::size_t i, float v) {
+  if constexpr (T == ir::dtype::f32) static_cast<float*>(p)[i] = v;
+  else if constexpr (T == ir::dtype::f16) static_cast<std::uint16_t*>(p)[i] = to_f16(v);
+  else static_cast<std::uint16_t*>(p)[i] = to_bf16(v);
+}
+__device__ inline float load_as_f32(const void* p, ir::dtype type, std::size_t i) {
+  switch (type) {
+  case ir::dtype::bf16: return load_f32<ir::dtype::bf16>(p, i);
+  case ir::dtype::f16: return load_f32<ir::dtype::f16>(p, i);
+  default: return load_f32<ir::dtype::f32>(p, i);
+  }
+}
+__device__ inline void store_from_f32(void* p, ir::dtype type, std::size_t i, float v) {
+  switch (type) {
+  case ir::dtype::bf16: store_f32<ir::dtype::bf16>(p, i, v); return;
+  case ir::dtype::f16: store_f32<ir::dtype::f16>(p, i, v); return;
+  default: store_f32<ir::dtype::f32>(p, i, v); return;
+  }
+}
+__host__ __device__ constexpr std::size_t float_width(ir::dtype type) { return type == ir::dtype::f32 ? 4 : 2; }
+} // namespace detail
+
+// The 16-bit-native kernels take their float operands as a pointer and its element type, decided
+// at run time, rather than as templates over the types: each operand of a call is f32, bf16 or
+// f16 on its own (ir/precision.hpp keeps losses, statistics and accumulating weight gradients in
+// f32 beside bf16 activations), so a kernel of four operands would need 81 instantiations, each
+// compiled for every shape of the attention. The type is the same for every thread of a launch,
+// so the switch in a load or store never diverges, and arithmetic is f32 throughout: with f32
+// operands a kernel computes exactly what it did on `const float*`, which still converts
+// implicitly, so f32 callers are unchanged.
+
+/// @brief A device buffer of float values (f32, bf16 or f16) read as f32, exactly.
+struct float_in {
+  const void* data = nullptr;
+  ir::dtype type = ir::dtype::f32;
+  float_in() = default;
+  __host__ __device__ float_in(const float* p) : data(p) {} // NOLINT(google-explicit-constructor): f32 callers
+  __host__ __device__ float_in(const void* p, ir::dtype t) : data(p), type(t) {}
+  __device__ float operator[](std::size_t i) const { return detail::load_as_f32(data, type, i); }
+  __host__ __device__ float_in operator+(std::size_t i) const {
+    return {static_cast<const unsigned char*>(data) + i * detail::float_width(type), type};
+  }
+};
+/// @brief A device buffer of float values (f32, bf16 or f16) written from f32, rounded to
+/// nearest even; `out[i] = v` stores, reading `out[i]` widens.
+struct float_out {
+  void* data = nullptr;
+  ir::dtype type = ir::dtype::f32;
+  struct element {
+    void* data;
+    ir::dtype type;
+    std::size_t i;
+    __device__ const element& operator=(float v) const {
+      detail::store_from_f32(data, type, i, v);
+      return *this;
+    }
+    __device__ operator float() const { return detail::load_as_f32(data, type, i); } // NOLINT: a value's read
+  };
+  float_out() = default;
+  __host__ __device__ float_out(float* p) : data(p) {} // NOLINT(google-explicit-constructor): f32 callers
+  __host__ __device__ float_out(void* p, ir::dtype t) : data(p), type(t) {}
+  __device__ element operator[](std::size_t i) const { return {data, type, i}; }
+  __host__ __device__ float_out operator+(std::size_t i) const {
+    return {static_cast<unsigned char*>(data) + i * detail::float_width(type), type};
+  }
+  __host__ __device__ explicit operator bool() const { return data != nullptr; }
+};
 
 namespace detail {
 
@@ -114,7 +203,7 @@ inline constexpr float gelu_k1 = 0.044715f;
 
 // ---- elementwise ----------------------------------------------------------------------------
 template <int = 0>
-__global__ void add_k(const float* a, const float* b, float* out, std::size_t n) {
+__global__ void add_k(float_in a, float_in b, float_out out, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 template <int = 0>
@@ -126,27 +215,44 @@ __global__ void scale_k(const float* x, float alpha, float* out, std::size_t n) 
   CONCERTO_GRID_STRIDE(i, n) out[i] = alpha * x[i];
 }
 template <int = 0>
-__global__ void bias_add_k(const float* x, const float* bias, float* out, std::size_t n, std::size_t cols) {
+__global__ void bias_add_k(float_in x, float_in bias, float_out out, std::size_t n, std::size_t cols) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] + bias[i % cols];
 }
 // Sums over the rows, per column, of N terms `term(r, c, t)` (t[0..N) set by the call) into
-// out[k][c] (or adds to it with `accumulate`; a null out[k] is skipped). A block of
-// column_sum_threads threads owns 32 columns: its 32 row lanes each walk every 32nd row, a warp
-// reading 32 adjacent floats of one row, then lane partials are added in lane order, so results
-// do not vary run to run. One thread per column walking all rows left most of the GPU idle: on
-// an H200, layernorm's gain and bias sums over 8192 x 1024 took 3.4 ms, 14% of a GPT step.
+// job.out[k][c] (or adds to it with `accumulate`; a null out[k] is skipped). A block of
+// column_sum_threads threads owns 32 columns and one split of the rows (blockIdx.y): its 32 row
+// lanes each walk every 32nd row of the split, a warp reading 32 adjacent values of one row, then
+// lane partials are added in lane order. One thread per column walking all rows left most of the
+// GPU idle (on an H200, layernorm's gain and bias sums over 8192 x 1024 took 3.4 ms, 14% of a GPT
+// step), and so did one block per 32 columns walking all rows once rows far outnumber columns
+// (16k x 2048: 64 blocks). So the rows are split too (column_sum_splits): each split's sums go
+// to the device workspace and column_partials_k adds them in split order. Every addition's order
+// is fixed, so results do not vary run to run; with one split (or no workspace) the sums are the
+// one-level ones, in the same order.
 inline constexpr int column_tile = 32;
 inline constexpr int column_sum_threads = 1024; // column_tile columns x 32 row lanes
+inline constexpr std::size_t column_sum_blocks = 512;     // about two waves of these blocks on an H100 or H200
+inline constexpr std::size_t column_sum_min_rows = 256;   // per split: 8 rows per lane, below which a split costs more than it gains
+template <int N>
+struct column_sum_job {
+  float_out out[N];
+  bool accumulate = false;
+  std::size_t rows = 0, cols = 0;
+  std::size_t split_rows = 0; // rows per split, a multiple of 32
+  float* partials = nullptr;  // [splits][N][cols] when there are several splits, else null
+};
 template <int N, class Term>
-__device__ void column_sums(std::size_t rows, std::size_t cols, bool accumulate, float* const (&out)[N], Term term) {
+__device__ void column_sums(const column_sum_job<N>& job, Term term) {
   constexpr int lanes = column_sum_threads / column_tile;
   __shared__ float partial[N][lanes][column_tile + 1];
-  const std::size_t tx = threadIdx.x % column_tile, lane = threadIdx.x / column_tile;
+  const std::size_t tx = threadIdx.x % column_tile, lane = threadIdx.x / column_tile, cols = job.cols;
+  const std::size_t first = std::size_t{blockIdx.y} * job.split_rows;
+  const std::size_t end = first + job.split_rows < job.rows ? first + job.split_rows : job.rows;
   for (std::size_t c0 = std::size_t{blockIdx.x} * column_tile; c0 < cols; c0 += std::size_t{gridDim.x} * column_tile) {
     const std::size_t c = c0 + tx;
     float acc[N] = {};
     if (c < cols)
-      for (std::size_t r = lane; r < rows; r += lanes) {
+      for (std::size_t r = first + lane; r < end; r += lanes) {
         float t[N];
         term(r, c, t);
         for (int k = 0; k < N; ++k) acc[k] += t[k];
@@ -155,62 +261,81 @@ __device__ void column_sums(std::size_t rows, std::size_t cols, bool accumulate,
     __syncthreads();
     if (lane == 0 && c < cols)
       for (int k = 0; k < N; ++k) {
-        if (out[k] == nullptr) continue;
         float sum = 0.0f;
         for (int l = 0; l < lanes; ++l) sum += partial[k][l][tx];
-        out[k][c] = accumulate ? out[k][c] + sum : sum;
+        if (job.partials != nullptr) job.partials[(std::size_t{blockIdx.y} * N + k) * cols + c] = sum;
+        else if (job.out[k]) job.out[k][c] = job.accumulate ? job.out[k][c] + sum : sum;
       }
     __syncthreads(); // partial is rewritten by the next tile
+  }
+}
+// The second level: each column's split sums added in split order, one thread per (k, column).
+template <int N>
+__global__ void column_partials_k(column_sum_job<N> job, std::size_t splits) {
+  CONCERTO_GRID_STRIDE(e, N * job.cols) {
+    const std::size_t k = e / job.cols, c = e % job.cols;
+    if (!job.out[k]) continue;
+    float sum = 0.0f;
+    for (std::size_t y = 0; y < splits; ++y) sum += job.partials[(y * N + k) * job.cols + c];
+    job.out[k][c] = job.accumulate ? job.out[k][c] + sum : sum;
   }
 }
 inline unsigned column_grid(std::size_t cols) {
   const std::size_t tiles = (cols + column_tile - 1) / column_tile;
   return static_cast<unsigned>(tiles < 1 ? 1 : tiles > 65535 ? 65535 : tiles);
 }
+// Row splits of a column sum: enough blocks to fill the GPU, none under column_sum_min_rows rows.
+inline std::size_t column_sum_splits(std::size_t rows, std::size_t cols) {
+  const std::size_t wanted = (column_sum_blocks + column_grid(cols) - 1) / column_grid(cols);
+  const std::size_t most = rows / column_sum_min_rows;
+  const std::size_t splits = wanted < most ? wanted : most;
+  return splits < 1 ? 1 : splits > 65535 ? 65535 : splits;
+}
+// Launches a column-sum kernel (its leading arguments, then the job) and, with several splits,
+// the second level; without a workspace the sums are one level.
+template <int N, class... Params, class... Args>
+void launch_column_sums(void (*kernel)(Params...), column_sum_job<N> job, float* workspace, cudaStream_t s,
+                        const char* name, Args... args) {
+  if (job.cols == 0) return;
+  const std::size_t splits = workspace == nullptr ? 1 : column_sum_splits(job.rows, job.cols);
+  const std::size_t per_split = (job.rows + splits - 1) / splits;
+  job.split_rows = splits == 1 ? (job.rows > 0 ? job.rows : 1) : (per_split + 31) / 32 * 32;
+  job.partials = splits == 1 ? nullptr : workspace;
+  const dim3 grid(column_grid(job.cols), static_cast<unsigned>(splits));
+  CONCERTO_CUDA_LAUNCH(grid, column_sum_threads, 0, s, kernel)(args..., job);
+  launched(name);
+  if (splits == 1) return;
+  CONCERTO_CUDA_LAUNCH(grid_for(N * job.cols), block, 0, s, column_partials_k<N>)(job, splits);
+  launched(name);
+}
 template <int = 0>
-__global__ void column_sum_k(const float* x, float* out, std::size_t rows, std::size_t cols, bool accumulate) {
-  float* const outs[1] = {out};
-  column_sums(rows, cols, accumulate, outs, [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = x[r * cols + c]; });
+__global__ void column_sum_k(float_in x, column_sum_job<1> job) {
+  const std::size_t cols = job.cols;
+  column_sums(job, [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = x[r * cols + c]; });
 }
 // dtable[c] (+)= Σ_r x[r, c]·dout[r, c], the column sums of a product.
 template <int = 0>
-__global__ void scale_table_grad_k(const float* x, const float* dout, float* dtable, std::size_t rows, std::size_t cols,
-                                   bool accumulate) {
-  float* const outs[1] = {dtable};
-  column_sums(rows, cols, accumulate, outs,
-              [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = x[r * cols + c] * dout[r * cols + c]; });
+__global__ void scale_table_grad_k(const float* x, const float* dout, column_sum_job<1> job) {
+  const std::size_t cols = job.cols;
+  column_sums(job, [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = x[r * cols + c] * dout[r * cols + c]; });
 }
 template <int = 0>
 __global__ void scale_table_k(const float* x, const float* table, float* out, std::size_t n, std::size_t cols) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] * table[i % cols];
-}
-// Value i of a buffer of float type T (f32, bf16, f16) as f32, exactly; and f32 stored in T,
-// rounded to nearest even (core/bfloat16.hpp, core/float16.hpp).
-template <ir::dtype T>
-__device__ float load_f32(const void* p, std::size_t i) {
-  if constexpr (T == ir::dtype::f32) return static_cast<const float*>(p)[i];
-  else if constexpr (T == ir::dtype::f16) return from_f16(static_cast<const std::uint16_t*>(p)[i]);
-  else return from_bf16(static_cast<const std::uint16_t*>(p)[i]);
-}
-template <ir::dtype T>
-__device__ void store_f32(void* p, std::size_t i, float v) {
-  if constexpr (T == ir::dtype::f32) static_cast<float*>(p)[i] = v;
-  else if constexpr (T == ir::dtype::f16) static_cast<std::uint16_t*>(p)[i] = to_f16(v);
-  else static_cast<std::uint16_t*>(p)[i] = to_bf16(v);
 }
 template <ir::dtype From, ir::dtype To>
 __global__ void convert_k(const void* x, void* out, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) { store_f32<To>(out, i, load_f32<From>(x, i)); }
 }
 template <int = 0>
-__global__ void gelu_k(const float* x, float* out, std::size_t n) {
+__global__ void gelu_k(float_in x, float_out out, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) {
     const float v = x[i];
     out[i] = 0.5f * v * (1.0f + tanhf(gelu_k0 * (v + gelu_k1 * v * v * v)));
   }
 }
 template <int = 0>
-__global__ void gelu_grad_k(const float* x, const float* dout, float* dx, std::size_t n) {
+__global__ void gelu_grad_k(float_in x, float_in dout, float_out dx, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) {
     const float v = x[i];
     const float t = tanhf(gelu_k0 * (v + gelu_k1 * v * v * v));
@@ -233,7 +358,7 @@ __global__ void relu_grad_k(const float* x, const float* dout, float* dx, std::s
 struct moments {
   float mean, rstd;
 };
-__device__ inline moments row_moments(const float* px, std::size_t cols, float eps, float* red) {
+__device__ inline moments row_moments(float_in px, std::size_t cols, float eps, float* red) {
   float s = 0.0f;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += px[c];
   const float mu = block_reduce(s, sum_op{}, red) / static_cast<float>(cols);
@@ -245,12 +370,12 @@ __device__ inline moments row_moments(const float* px, std::size_t cols, float e
   return {mu, rsqrtf(block_reduce(sq, sum_op{}, red) / static_cast<float>(cols) + eps)};
 }
 template <int = 0>
-__global__ void layernorm_k(const float* x, const float* gamma, const float* beta, float* out, float* mean,
-                            float* rstd, std::size_t cols, float eps) {
+__global__ void layernorm_k(float_in x, float_in gamma, float_in beta, float_out out, float* mean, float* rstd,
+                            std::size_t cols, float eps) {
   __shared__ float red[32];
   const std::size_t r = blockIdx.x;
-  const float* px = x + r * cols;
-  float* po = out + r * cols;
+  const float_in px = x + r * cols;
+  const float_out po = out + r * cols;
   const auto [mu, rs] = row_moments(px, cols, eps, red);
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) po[c] = (px[c] - mu) * rs * gamma[c] + beta[c];
   if (threadIdx.x == 0) {
@@ -259,12 +384,12 @@ __global__ void layernorm_k(const float* x, const float* gamma, const float* bet
   }
 }
 template <int = 0>
-__global__ void layernorm_dx_k(const float* dout, const float* x, const float* gamma, const float* mean,
-                               const float* rstd, float* dx, std::size_t cols) {
+__global__ void layernorm_dx_k(float_in dout, float_in x, float_in gamma, const float* mean, const float* rstd,
+                               float_out dx, std::size_t cols) {
   __shared__ float red[32];
   const std::size_t r = blockIdx.x;
-  const float* pg = dout + r * cols;
-  const float* px = x + r * cols;
+  const float_in pg = dout + r * cols;
+  const float_in px = x + r * cols;
   const float mu = mean[r], rs = rstd[r];
   float sg = 0.0f, sgx = 0.0f;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -280,20 +405,19 @@ __global__ void layernorm_dx_k(const float* dout, const float* x, const float* g
   }
 }
 template <int = 0>
-__global__ void layernorm_dparams_k(const float* dout, const float* x, const float* mean, const float* rstd,
-                                    float* dgamma, float* dbeta, std::size_t rows, std::size_t cols, bool accumulate) {
-  float* const outs[2] = {dgamma, dbeta};
-  column_sums(rows, cols, accumulate, outs, [&](std::size_t r, std::size_t c, float (&t)[2]) {
+__global__ void layernorm_dparams_k(float_in dout, float_in x, const float* mean, const float* rstd, column_sum_job<2> job) {
+  const std::size_t cols = job.cols;
+  column_sums(job, [&](std::size_t r, std::size_t c, float (&t)[2]) {
     const float d = dout[r * cols + c];
     t[0] = d * (x[r * cols + c] - mean[r]) * rstd[r];
     t[1] = d;
   });
 }
 template <int = 0>
-__global__ void softmax_k(const float* x, float* out, std::size_t cols) {
+__global__ void softmax_k(float_in x, float_out out, std::size_t cols) {
   __shared__ float red[32];
-  const float* px = x + blockIdx.x * cols;
-  float* po = out + blockIdx.x * cols;
+  const float_in px = x + blockIdx.x * cols;
+  const float_out po = out + blockIdx.x * cols;
   float m = -INFINITY;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, px[c]);
   m = block_reduce(m, max_op{}, red);
@@ -303,7 +427,7 @@ __global__ void softmax_k(const float* x, float* out, std::size_t cols) {
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) po[c] = expf(px[c] - m) * inv;
 }
 template <int = 0>
-__global__ void softmax_grad_k(const float* y, const float* dy, float* dx, std::size_t cols) {
+__global__ void softmax_grad_k(float_in y, float_in dy, float_out dx, std::size_t cols) {
   __shared__ float red[32];
   const std::size_t off = blockIdx.x * cols;
   float dot = 0.0f;
@@ -349,14 +473,15 @@ __device__ inline float quad_sum(float v) {
 }
 // Rows [first, first + n) of a head (row r at src + r·ld) into shared rows of pitch D + 1; rows
 // past `limit` are zeros.
-__device__ inline void stage_rows(float* dst, const float* src, std::size_t first, std::size_t n, std::size_t limit,
+__device__ inline void stage_rows(float* dst, float_in src, std::size_t first, std::size_t n, std::size_t limit,
                                   std::size_t ld, std::size_t D) {
   for (std::size_t e = threadIdx.x; e < n * D; e += blockDim.x) {
     const std::size_t r = e / D, d = e % D;
     dst[r * (D + 1) + d] = first + r < limit ? src[(first + r) * ld + d] : 0.0f;
   }
 }
-__device__ inline float dot_rows(const float* a, const float* b, std::size_t n) {
+template <class A, class B> // float* (staged rows) or float_in
+__device__ float dot_rows(A a, B b, std::size_t n) {
   float s = 0.0f;
   for (std::size_t d = 0; d < n; ++d) s += a[d] * b[d];
   return s;
@@ -372,7 +497,7 @@ struct query_block {
 };
 
 template <int MaxD, int Rows, int Tile>
-__global__ void attention_k(const float* q, const float* k, const float* v, float* out, float* lse, attention_dims a) {
+__global__ void attention_k(float_in q, float_in k, float_in v, float_out out, float* lse, attention_dims a) {
   static_assert(Tile % 4 == 0 && MaxD % 4 == 0);
   CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
   const std::size_t D = a.head_dim, pitch = D + 1, T = a.seq;
@@ -430,7 +555,7 @@ __global__ void attention_k(const float* q, const float* k, const float* v, floa
 
 // delta_i = Σ_d dout[i, d]·out[i, d] for every (sequence, q head, row), one thread per row.
 template <int = 0>
-__global__ void attention_delta_k(const float* out, const float* dout, float* delta, attention_dims a, std::size_t rows) {
+__global__ void attention_delta_k(float_in out, float_in dout, float* delta, attention_dims a, std::size_t rows) {
   for (std::size_t e = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; e < rows; e += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t i = e % a.seq, bh = e / a.seq, at = a.q_base(bh / a.heads, bh % a.heads) + i * a.ld();
     delta[e] = dot_rows(out + at, dout + at, a.head_dim);
@@ -439,8 +564,8 @@ __global__ void attention_delta_k(const float* out, const float* dout, float* de
 
 // dq for a block of query rows, over key tiles.
 template <int MaxD, int Rows, int Tile>
-__global__ void attention_dq_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                               const float* delta, float* dq, attention_dims a) {
+__global__ void attention_dq_k(float_in q, float_in k, float_in v, float_in dout, const float* lse, const float* delta,
+                               float_out dq, attention_dims a) {
   CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
   const std::size_t D = a.head_dim, pitch = D + 1, T = a.seq;
   float* qs = sh;
@@ -489,8 +614,8 @@ __global__ void attention_dq_k(const float* q, const float* k, const float* v, c
 // dk and dv for a block of key rows of one kv head, over the query tiles of every q head of its
 // group on this rank (none: zeros, a partial sum another rank completes).
 template <int MaxD, int Rows, int Tile>
-__global__ void attention_dkv_k(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                                const float* delta, float* dk, float* dv, attention_dims a) {
+__global__ void attention_dkv_k(float_in q, float_in k, float_in v, float_in dout, const float* lse, const float* delta,
+                                float_out dk, float_out dv, attention_dims a) {
   CONCERTO_CUDA_DYNAMIC_SHARED(float, sh);
   const std::size_t D = a.head_dim, pitch = D + 1, T = a.seq;
   float* ks = sh;
@@ -552,10 +677,10 @@ __global__ void attention_dkv_k(const float* q, const float* k, const float* v, 
 
 // ---- losses ---------------------------------------------------------------------------------
 template <int = 0>
-__global__ void cross_entropy_rows_k(const float* logits, const std::int32_t* targets, float* lse, std::size_t classes,
+__global__ void cross_entropy_rows_k(float_in logits, const std::int32_t* targets, float* lse, std::size_t classes,
                                      int* status, int code) {
   __shared__ float red[32];
-  const float* pl = logits + blockIdx.x * classes;
+  const float_in pl = logits + blockIdx.x * classes;
   float m = -INFINITY;
   for (std::size_t c = threadIdx.x; c < classes; c += blockDim.x) m = fmaxf(m, pl[c]);
   m = block_reduce(m, max_op{}, red);
@@ -570,7 +695,7 @@ __global__ void cross_entropy_rows_k(const float* logits, const std::int32_t* ta
 }
 // One block: the mean over rows in double, as the CPU kernel sums.
 template <int = 0>
-__global__ void cross_entropy_mean_k(const float* logits, const std::int32_t* targets, const float* lse, float* loss,
+__global__ void cross_entropy_mean_k(float_in logits, const std::int32_t* targets, const float* lse, float_out loss,
                                      std::size_t rows, std::size_t classes, float share) {
   __shared__ double red[32];
   double s = 0.0;
@@ -583,7 +708,7 @@ __global__ void cross_entropy_mean_k(const float* logits, const std::int32_t* ta
   if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(rows)) * share;
 }
 template <int = 0>
-__global__ void cross_entropy_grad_k(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
+__global__ void cross_entropy_grad_k(float_in logits, const std::int32_t* targets, const float* lse, float_out dlogits,
                                      std::size_t rows, std::size_t classes, float share, const float* loss_scale) {
   const float s = loss_gradient_factor(share, loss_scale);
   CONCERTO_GRID_STRIDE(i, rows * classes) {
@@ -612,7 +737,7 @@ __global__ void mse_grad_k(const float* pred, const float* target, float* dpred,
 
 // ---- embedding ------------------------------------------------------------------------------
 template <int = 0>
-__global__ void embedding_k(const std::int32_t* ids, const float* table, float* out, std::size_t n, std::size_t dim,
+__global__ void embedding_k(const std::int32_t* ids, float_in table, float_out out, std::size_t n, std::size_t dim,
                             std::int64_t first_row, std::size_t rows, bool reject, int* status, int code) {
   CONCERTO_GRID_STRIDE(i, n * dim) {
     const std::int64_t r = static_cast<std::int64_t>(ids[i / dim]) - first_row;
@@ -624,27 +749,110 @@ __global__ void embedding_k(const std::int32_t* ids, const float* table, float* 
     }
   }
 }
+// The embedding's gradient without atomics on the table: a counting sort of the token positions
+// by row (a histogram, its exclusive scan, a stable placement), then one thread per (row, column)
+// adding its row's tokens in token order. Atomic adds per value serialised on a popular row (a
+// frequent token, padding) and summed in whatever order they landed; in token order the sums are
+// the CPU kernel's, bit for bit, run after run. The histogram's atomics count integers: any order
+// gives the same counts. Workspace (as int32): offsets [rows + 1], cursors [rows], order [n].
+__device__ inline std::int64_t table_row(std::int32_t id, std::int64_t first_row, std::size_t rows) {
+  const std::int64_t r = static_cast<std::int64_t>(id) - first_row;
+  return r >= 0 && r < static_cast<std::int64_t>(rows) ? r : -1;
+}
 template <int = 0>
-__global__ void embedding_grad_k(const std::int32_t* ids, const float* dout, float* dtable, std::size_t n, std::size_t dim,
-                                 std::int64_t first_row, std::size_t rows, bool reject, int* status, int code) {
-  CONCERTO_GRID_STRIDE(i, n * dim) {
-    const std::int64_t r = static_cast<std::int64_t>(ids[i / dim]) - first_row;
-    if (r < 0 || r >= static_cast<std::int64_t>(rows)) {
-      if (reject) flag(status, code);
-    } else {
-      atomicAdd(dtable + static_cast<std::size_t>(r) * dim + i % dim, dout[i]);
-    }
+__global__ void embedding_count_k(const std::int32_t* ids, std::int32_t* counts, std::size_t n, std::int64_t first_row,
+                                  std::size_t rows, bool reject, int* status, int code) {
+  CONCERTO_GRID_STRIDE(i, n) {
+    const std::int64_t r = table_row(ids[i], first_row, rows);
+    if (r >= 0) atomicAdd(counts + r, 1);
+    else if (reject) flag(status, code);
   }
+}
+// One block: offsets[i] = Σ_{j<i} counts[j] (offsets[n] the total), and the cursors start there.
+// Each thread scans a contiguous run; thread 0 scans the runs' totals.
+template <int = 0>
+__global__ void exclusive_scan_k(const std::int32_t* counts, std::int32_t* offsets, std::int32_t* cursors, std::size_t n) {
+  __shared__ std::int32_t run_start[block];
+  const std::size_t per = (n + blockDim.x - 1) / blockDim.x, begin = threadIdx.x * per;
+  const std::size_t end = begin + per < n ? begin + per : n;
+  std::int32_t total = 0;
+  for (std::size_t i = begin; i < end; ++i) total += counts[i];
+  run_start[threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::int32_t sum = 0;
+    for (unsigned t = 0; t < blockDim.x; ++t) {
+      const std::int32_t v = run_start[t];
+      run_start[t] = sum;
+      sum += v;
+    }
+    offsets[n] = sum;
+  }
+  __syncthreads();
+  std::int32_t at = run_start[threadIdx.x];
+  for (std::size_t i = begin; i < end; ++i) {
+    const std::int32_t count = counts[i]; // counts may be the cursors: read before written
+    offsets[i] = at;
+    cursors[i] = at;
+    at += count;
+  }
+}
+// One block places the tokens chunk by chunk in token order: a token's slot is its row's cursor
+// plus the earlier tokens of its row in the chunk, and the row's last token in the chunk moves
+// the cursor on. Each thread compares its id with the chunk's: n steps in all, no atomics.
+template <int = 0>
+__global__ void embedding_place_k(const std::int32_t* ids, std::int32_t* cursors, std::int32_t* order, std::size_t n,
+                                  std::int64_t first_row, std::size_t rows) {
+  __shared__ std::int64_t chunk[block];
+  for (std::size_t base = 0; base < n; base += blockDim.x) {
+    const std::size_t i = base + threadIdx.x;
+    const std::int64_t r = i < n ? table_row(ids[i], first_row, rows) : -1;
+    chunk[threadIdx.x] = r;
+    __syncthreads();
+    std::int32_t earlier = 0;
+    bool last = true;
+    if (r >= 0) {
+      for (unsigned t = 0; t < blockDim.x; ++t)
+        if (chunk[t] == r) {
+          if (t < threadIdx.x) ++earlier;
+          else if (t > threadIdx.x) last = false;
+        }
+      order[cursors[r] + earlier] = static_cast<std::int32_t>(i);
+    }
+    __syncthreads(); // every token of the chunk has read its cursor
+    if (r >= 0 && last) cursors[r] += earlier + 1;
+    __syncthreads(); // the cursors and the chunk are the next chunk's
+  }
+}
+// dtable[r, c] (+)= Σ dout[i, c] over row r's tokens i in token order; grid (rows, column blocks).
+template <int = 0>
+__global__ void embedding_rows_k(const std::int32_t* offsets, const std::int32_t* order, float_in dout, float_out dtable,
+                                 std::size_t dim, bool accumulate) {
+  const std::size_t r = blockIdx.x, c = std::size_t{blockIdx.y} * blockDim.x + threadIdx.x;
+  if (c >= dim) return;
+  const std::int32_t begin = offsets[r], end = offsets[r + 1];
+  if (accumulate && begin == end) return;
+  float acc = accumulate ? static_cast<float>(dtable[r * dim + c]) : 0.0f;
+  for (std::int32_t k = begin; k < end; ++k) acc += dout[static_cast<std::size_t>(order[k]) * dim + c];
+  dtable[r * dim + c] = acc;
 }
 
 // ---- optimizers -----------------------------------------------------------------------------
 // The step (and with it the scheduled rate), the squared gradient norm and the loss scale are
 // read from device memory, so that a captured CUDA graph replays with the current ones. The gradient's factor is runtime::update_factor.
-template <int = 0>
+// A skipped (overflowed) update still writes the working copy, from the master it left alone:
+// under ZeRO-1/2 the copy is the shard the gather then moves into the parameter, and nothing
+// else fills it (runtime/dispatch.hpp's write_working_copy, the CPU's).
+template <ir::dtype W>
+__device__ void store_working_copy(const float* p, void* working, std::size_t n) {
+  if constexpr (W != ir::dtype::f32) CONCERTO_GRID_STRIDE(i, n) store_f32<W>(working, i, p[i]);
+}
+// W: the type of the parameter's working copy the update also writes (ir/precision.hpp), f32 for none.
+template <ir::dtype W = ir::dtype::f32>
 __global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, cpu::sgd_config cfg, lr_schedule schedule,
-                      const std::int64_t* step, const float* norm_sq, float max_norm, const float* loss_scale) {
+                      const std::int64_t* step, const float* norm_sq, float max_norm, const float* loss_scale, void* working) {
   float scale;
-  if (!update_factor(norm_sq, loss_scale, max_norm, scale)) return;
+  if (!update_factor(norm_sq, loss_scale, max_norm, scale)) return store_working_copy<W>(p, working, n);
   const float lr = lr_at(schedule, cfg.lr, *step), momentum = cfg.momentum, wd = cfg.weight_decay;
   CONCERTO_GRID_STRIDE(i, n) {
     const float gi = g[i] * scale + wd * p[i];
@@ -654,14 +862,15 @@ __global__ void sgd_k(float* p, const float* g, float* buf, std::size_t n, cpu::
       buf[i] = momentum * buf[i] + gi;
       p[i] -= lr * buf[i];
     }
+    if constexpr (W != ir::dtype::f32) store_f32<W>(working, i, p[i]);
   }
 }
-template <int = 0>
+template <ir::dtype W = ir::dtype::f32>
 __global__ void adamw_k(float* p, const float* g, float* m, float* v, std::size_t n, cpu::adamw_config cfg,
                         lr_schedule schedule, const std::int64_t* step, const float* norm_sq, float max_norm,
-                        const float* loss_scale) {
+                        const float* loss_scale, void* working) {
   float scale;
-  if (!update_factor(norm_sq, loss_scale, max_norm, scale)) return;
+  if (!update_factor(norm_sq, loss_scale, max_norm, scale)) return store_working_copy<W>(p, working, n);
   cfg.lr = lr_at(schedule, cfg.lr, *step);
   const double t = static_cast<double>(*step);
   const double bc1 = 1.0 - pow(static_cast<double>(cfg.beta1), t);
@@ -674,7 +883,17 @@ __global__ void adamw_k(float* p, const float* g, float* m, float* v, std::size_
     m[i] = cfg.beta1 * m[i] + (1.0f - cfg.beta1) * gi;
     v[i] = cfg.beta2 * v[i] + (1.0f - cfg.beta2) * gi * gi;
     p[i] = p[i] * decay - step_size * m[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + cfg.eps);
+    if constexpr (W != ir::dtype::f32) store_f32<W>(working, i, p[i]);
   }
+}
+
+// Calls launch.template operator()<W>() with the working copy's type as W (f32: no copy).
+template <class Launch>
+void with_working_type(const working_copy& w, const char* kernel, Launch&& launch) {
+  if (w.values == nullptr) return launch.template operator()<ir::dtype::f32>();
+  if (w.type == ir::dtype::bf16) return launch.template operator()<ir::dtype::bf16>();
+  if (w.type == ir::dtype::f16) return launch.template operator()<ir::dtype::f16>();
+  fail(std::string(kernel) + ": a working copy holds bf16 or f16, not " + std::string(ir::to_string(w.type)));
 }
 
 // One block: Σ x² in double (as cpu::sum_of_squares), over a fixed order of additions, so the
@@ -705,7 +924,7 @@ __global__ void narrow_ids_k(const std::int64_t* in, std::int32_t* out, std::siz
 }
 // Layernorm's row statistics alone (the DSL's backward recomputes them), as layernorm_k.
 template <int = 0>
-__global__ void row_stats_k(const float* x, float* mean, float* rstd, std::size_t cols, float eps) {
+__global__ void row_stats_k(float_in x, float* mean, float* rstd, std::size_t cols, float eps) {
   __shared__ float red[32];
   const auto [mu, rs] = row_moments(x + blockIdx.x * cols, cols, eps, red);
   if (threadIdx.x == 0) {
@@ -782,11 +1001,11 @@ __global__ void restride_k(const Word* from, Word* to, std::size_t outer, std::s
 // ---- Llama's pointwise ops ---------------------------------------------------------------------
 __device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 template <int = 0>
-__global__ void silu_k(const float* x, float* out, std::size_t n) {
+__global__ void silu_k(float_in x, float_out out, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = x[i] * sigmoid(x[i]);
 }
 template <int = 0>
-__global__ void silu_grad_k(const float* x, const float* dout, float* dx, std::size_t n) {
+__global__ void silu_grad_k(float_in x, float_in dout, float_out dx, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) {
     const float s = sigmoid(x[i]);
     dx[i] = dout[i] * s * (1.0f + x[i] * (1.0f - s));
@@ -819,16 +1038,15 @@ __global__ void swap_dims_k(const float* x, float* out, std::size_t outer, std::
   }
 }
 template <int = 0>
-__global__ void mul_k(const float* a, const float* b, float* out, std::size_t n) {
+__global__ void mul_k(float_in a, float_in b, float_out out, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = a[i] * b[i];
 }
 template <int = 0>
-__global__ void swiglu_k(const float* gate, const float* up, float* out, std::size_t n) {
+__global__ void swiglu_k(float_in gate, float_in up, float_out out, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
 }
 template <int = 0>
-__global__ void swiglu_grad_k(const float* gate, const float* up, const float* dout, float* dgate, float* dup,
-                              std::size_t n) {
+__global__ void swiglu_grad_k(float_in gate, float_in up, float_in dout, float_out dgate, float_out dup, std::size_t n) {
   CONCERTO_GRID_STRIDE(i, n) {
     const float s = sigmoid(gate[i]);
     dgate[i] = dout[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
@@ -852,27 +1070,26 @@ __global__ void rope_k(const float* x, const std::int32_t* positions, float* out
   }
 }
 // ---- RMSNorm ------------------------------------------------------------------------------------
-__device__ inline float row_rstd(const float* px, std::size_t cols, float eps, float* red) {
+__device__ inline float row_rstd(float_in px, std::size_t cols, float eps, float* red) {
   float sq = 0.0f;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) sq += px[c] * px[c];
   return rsqrtf(block_reduce(sq, sum_op{}, red) / static_cast<float>(cols) + eps);
 }
 template <int = 0>
-__global__ void rmsnorm_k(const float* x, const float* gain, float* out, float* rstd, std::size_t cols, float eps) {
+__global__ void rmsnorm_k(float_in x, float_in gain, float_out out, float* rstd, std::size_t cols, float eps) {
   __shared__ float red[32];
   const std::size_t r = blockIdx.x;
-  const float* px = x + r * cols;
+  const float_in px = x + r * cols;
   const float rs = row_rstd(px, cols, eps, red);
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = px[c] * rs * gain[c];
   if (threadIdx.x == 0 && rstd != nullptr) rstd[r] = rs;
 }
 template <int = 0>
-__global__ void rmsnorm_dx_k(const float* dout, const float* x, const float* gain, const float* rstd, float* dx,
-                             std::size_t cols) {
+__global__ void rmsnorm_dx_k(float_in dout, float_in x, float_in gain, const float* rstd, float_out dx, std::size_t cols) {
   __shared__ float red[32];
   const std::size_t r = blockIdx.x;
-  const float* pg = dout + r * cols;
-  const float* px = x + r * cols;
+  const float_in pg = dout + r * cols;
+  const float_in px = x + r * cols;
   const float rs = rstd[r];
   float sgx = 0.0f;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) sgx += pg[c] * gain[c] * px[c] * rs;
@@ -880,14 +1097,12 @@ __global__ void rmsnorm_dx_k(const float* dout, const float* x, const float* gai
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) dx[r * cols + c] = rs * (pg[c] * gain[c] - px[c] * rs * mgx);
 }
 template <int = 0>
-__global__ void rmsnorm_dgain_k(const float* dout, const float* x, const float* rstd, float* dgain, std::size_t rows,
-                                std::size_t cols, bool accumulate) {
-  float* const outs[1] = {dgain};
-  column_sums(rows, cols, accumulate, outs,
-              [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = dout[r * cols + c] * x[r * cols + c] * rstd[r]; });
+__global__ void rmsnorm_dgain_k(float_in dout, float_in x, const float* rstd, column_sum_job<1> job) {
+  const std::size_t cols = job.cols;
+  column_sums(job, [&](std::size_t r, std::size_t c, float (&t)[1]) { t[0] = dout[r * cols + c] * x[r * cols + c] * rstd[r]; });
 }
 template <int = 0>
-__global__ void rms_stats_k(const float* x, float* rstd, std::size_t cols, float eps) {
+__global__ void rms_stats_k(float_in x, float* rstd, std::size_t cols, float eps) {
   __shared__ float red[32];
   const float rs = row_rstd(x + blockIdx.x * cols, cols, eps, red);
   if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
@@ -1208,7 +1423,7 @@ constexpr std::size_t attention_backward_smem(std::size_t D) {
 }
 // The kernels' shapes by head_dim, each within 48 KiB of shared memory: <max head_dim, rows, tile>.
 template <int MaxD, int Rows, int Tile>
-void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const attention_dims& d,
+void attention_forward(float_in q, float_in k, float_in v, float_out out, float* lse, const attention_dims& d,
                        std::size_t batch, cudaStream_t s) {
   static_assert(attention_forward_smem<Rows, Tile>(MaxD) <= 48 * 1024);
   const auto smem = attention_forward_smem<Rows, Tile>(d.head_dim); // not in the launch macro: its comma splits arguments
@@ -1216,8 +1431,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
                        attention_k<MaxD, Rows, Tile>)(q, k, v, out, lse, d);
 }
 template <int MaxD, int Rows, int Tile>
-void attention_backward(const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                        const float* delta, float* dq, float* dk, float* dv, const attention_dims& d, std::size_t batch,
+void attention_backward(float_in q, float_in k, float_in v, float_in dout, const float* lse, const float* delta,
+                        float_out dq, float_out dk, float_out dv, const attention_dims& d, std::size_t batch,
                         cudaStream_t s) {
   static_assert(attention_backward_smem<Rows, Tile>(MaxD) <= 48 * 1024);
   const auto smem = attention_backward_smem<Rows, Tile>(d.head_dim);
@@ -1235,8 +1450,8 @@ inline void check_head_dim(std::size_t head_dim, const char* kernel) {
 
 // ---- host entry points (enqueue on `s`; sizes as in runtime/cpu/) ----------------------------
 
-/// @brief `out = a + b` over n floats. out may alias a or b.
-inline void add(const float* a, const float* b, float* out, std::size_t n, cudaStream_t s) {
+/// @brief `out = a + b` over n values. out may alias a or b.
+inline void add(float_in a, float_in b, float_out out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::add_k<>)(a, b, out, n);
   detail::launched("add");
@@ -1254,17 +1469,23 @@ inline void scale(const float* x, float alpha, float* out, std::size_t n, cudaSt
   detail::launched("scale");
 }
 /// @brief `out[r,c] = x[r,c] + bias[c]`.
-inline void bias_add(const float* x, const float* bias, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
+inline void bias_add(float_in x, float_in bias, float_out out, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows * cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols), detail::block, 0, s, detail::bias_add_k<>)(x, bias, out, rows * cols, cols);
   detail::launched("bias_add");
 }
-/// @brief `dbias[c] (+)= Σ_r dout[r,c]`.
-inline void bias_add_grad(const float* dout, float* dbias, std::size_t rows, std::size_t cols, bool accumulate,
-                          cudaStream_t s) {
-  if (cols == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::column_sum_k<>)(dout, dbias, rows, cols, accumulate);
-  detail::launched("bias_add_grad");
+/// @brief Floats of device workspace the column sums over [rows, cols] (bias_add_grad, the gain
+/// and bias gradients of the norms, scale_table_grad) take for their second level: `sums` per
+/// split of the rows, none when one split fills the GPU. Given less (a null workspace) they
+/// run in one level.
+[[nodiscard]] inline std::size_t column_sum_workspace_floats(std::size_t rows, std::size_t cols, std::size_t sums = 1) {
+  const auto splits = detail::column_sum_splits(rows, cols);
+  return splits == 1 ? 0 : splits * sums * cols;
+}
+/// @brief `dbias[c] (+)= Σ_r dout[r,c]`; `workspace` holds column_sum_workspace_floats(rows, cols), or is null.
+inline void bias_add_grad(float_in dout, float_out dbias, std::size_t rows, std::size_t cols, bool accumulate, cudaStream_t s,
+                          float* workspace = nullptr) {
+  detail::launch_column_sums<1>(detail::column_sum_k<>, {{dbias}, accumulate, rows, cols}, workspace, s, "bias_add_grad", dout);
 }
 /// @brief x times a table of its last dims, as cpu::scale_table.
 inline void scale_table(const float* x, const float* table, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
@@ -1272,13 +1493,12 @@ inline void scale_table(const float* x, const float* table, float* out, std::siz
   CONCERTO_CUDA_LAUNCH(detail::grid_for(rows * cols), detail::block, 0, s, detail::scale_table_k<>)(x, table, out, rows * cols, cols);
   detail::launched("scale_table");
 }
-/// @brief The table's gradient of scale_table, as cpu::scale_table_grad (column sums of x·dout).
+/// @brief The table's gradient of scale_table, as cpu::scale_table_grad (column sums of x·dout);
+/// `workspace` as for bias_add_grad.
 inline void scale_table_grad(const float* x, const float* dout, float* dtable, std::size_t rows, std::size_t cols, bool accumulate,
-                             cudaStream_t s) {
-  if (cols == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::scale_table_grad_k<>)(x, dout, dtable, rows,
-                                                                                                               cols, accumulate);
-  detail::launched("scale_table_grad");
+                             cudaStream_t s, float* workspace = nullptr) {
+  detail::launch_column_sums<1>(detail::scale_table_grad_k<>, {{dtable}, accumulate, rows, cols}, workspace, s, "scale_table_grad", x,
+                                dout);
 }
 namespace detail {
 template <ir::dtype From>
@@ -1312,13 +1532,13 @@ inline void convert(ir::dtype from, const void* x, ir::dtype to, void* out, std:
   detail::launched("convert");
 }
 /// @brief GELU (tanh approximation), as cpu::gelu.
-inline void gelu(const float* x, float* out, std::size_t n, cudaStream_t s) {
+inline void gelu(float_in x, float_out out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::gelu_k<>)(x, out, n);
   detail::launched("gelu");
 }
 /// @brief `dx = dout·gelu'(x)`.
-inline void gelu_grad(const float* x, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
+inline void gelu_grad(float_in x, float_in dout, float_out dx, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::gelu_grad_k<>)(x, dout, dx, n);
   detail::launched("gelu_grad");
@@ -1336,28 +1556,28 @@ inline void relu_grad(const float* x, const float* dout, float* dx, std::size_t 
   detail::launched("relu_grad");
 }
 /// @brief Layer normalisation over rows, saving mean and rstd (as cpu::layernorm).
-inline void layernorm(const float* x, const float* gamma, const float* beta, float* out, float* mean, float* rstd,
-                      std::size_t rows, std::size_t cols, float eps, cudaStream_t s) {
+inline void layernorm(float_in x, float_in gamma, float_in beta, float_out out, float* mean, float* rstd, std::size_t rows,
+                      std::size_t cols, float eps, cudaStream_t s) {
   if (rows == 0) return;
   CONCERTO_CHECK(cols > 0, "layernorm: a row needs at least one column");
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "layernorm"), detail::block, 0, s, detail::layernorm_k<>)(x, gamma, beta, out, mean, rstd, cols, eps);
   detail::launched("layernorm");
 }
-/// @brief Backward of layernorm (as cpu::layernorm_grad).
-inline void layernorm_grad(const float* dout, const float* x, const float* gamma, const float* mean, const float* rstd,
-                           float* dx, float* dgamma, float* dbeta, std::size_t rows, std::size_t cols, bool accumulate,
-                           cudaStream_t s) {
+/// @brief Backward of layernorm (as cpu::layernorm_grad); `workspace` holds
+/// column_sum_workspace_floats(rows, cols, 2), or is null.
+inline void layernorm_grad(float_in dout, float_in x, float_in gamma, const float* mean, const float* rstd, float_out dx,
+                           float_out dgamma, float_out dbeta, std::size_t rows, std::size_t cols, bool accumulate, cudaStream_t s,
+                           float* workspace = nullptr) {
   if (cols == 0) return;
   if (rows > 0) {
     CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s, detail::layernorm_dx_k<>)(dout, x, gamma, mean, rstd, dx, cols);
     detail::launched("layernorm_grad");
   }
-  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, dbeta, rows,
-                                                                              cols, accumulate);
-  detail::launched("layernorm_grad");
+  detail::launch_column_sums<2>(detail::layernorm_dparams_k<>, {{dgamma, dbeta}, accumulate, rows, cols}, workspace, s,
+                                "layernorm_grad", dout, x, mean, rstd);
 }
 /// @brief SiLU, as cpu::silu.
-inline void silu(const float* x, float* out, std::size_t n, cudaStream_t s) {
+inline void silu(float_in x, float_out out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::silu_k<>)(x, out, n);
   detail::launched("silu");
@@ -1529,25 +1749,25 @@ inline void swap_dims(const float* x, float* out, std::size_t outer, std::size_t
   detail::launched("transpose");
 }
 /// @brief `dx = dout·silu'(x)`.
-inline void silu_grad(const float* x, const float* dout, float* dx, std::size_t n, cudaStream_t s) {
+inline void silu_grad(float_in x, float_in dout, float_out dx, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::silu_grad_k<>)(x, dout, dx, n);
   detail::launched("silu_grad");
 }
 /// @brief `out = a·b` element by element.
-inline void mul(const float* a, const float* b, float* out, std::size_t n, cudaStream_t s) {
+inline void mul(float_in a, float_in b, float_out out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::mul_k<>)(a, b, out, n);
   detail::launched("mul");
 }
 /// @brief `out = silu(gate)·up`, as cpu::swiglu.
-inline void swiglu(const float* gate, const float* up, float* out, std::size_t n, cudaStream_t s) {
+inline void swiglu(float_in gate, float_in up, float_out out, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::swiglu_k<>)(gate, up, out, n);
   detail::launched("swiglu");
 }
 /// @brief Backward of swiglu, as cpu::swiglu_grad.
-inline void swiglu_grad(const float* gate, const float* up, const float* dout, float* dgate, float* dup, std::size_t n,
+inline void swiglu_grad(float_in gate, float_in up, float_in dout, float_out dgate, float_out dup, std::size_t n,
                         cudaStream_t s) {
   if (n == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::swiglu_grad_k<>)(gate, up, dout, dgate, dup, n);
@@ -1565,7 +1785,7 @@ inline void rope(const float* x, const std::int32_t* positions, float* out, std:
   detail::launched(direction > 0 ? "rope" : "rope_grad");
 }
 /// @brief RMS normalisation over rows, saving rstd when given (as cpu::rmsnorm).
-inline void rmsnorm(const float* x, const float* gain, float* out, float* rstd, std::size_t rows, std::size_t cols, float eps,
+inline void rmsnorm(float_in x, float_in gain, float_out out, float* rstd, std::size_t rows, std::size_t cols, float eps,
                     cudaStream_t s) {
   if (rows == 0) return;
   CONCERTO_CHECK(cols > 0, "rmsnorm: a row needs at least one column");
@@ -1573,41 +1793,39 @@ inline void rmsnorm(const float* x, const float* gain, float* out, float* rstd, 
   detail::launched("rmsnorm");
 }
 /// @brief 1/√(mean(x²) + eps) per row alone (the backward recomputes it), as rmsnorm.
-inline void rmsnorm_stats(const float* x, float* rstd, std::size_t rows, std::size_t cols, float eps, cudaStream_t s) {
+inline void rmsnorm_stats(float_in x, float* rstd, std::size_t rows, std::size_t cols, float eps, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "rmsnorm_stats"), detail::block, 0, s, detail::rms_stats_k<>)(x, rstd, cols, eps);
   detail::launched("rmsnorm_stats");
 }
 /// @brief Backward of rmsnorm for its input, as cpu::rmsnorm_grad.
-inline void rmsnorm_grad(const float* dout, const float* x, const float* gain, const float* rstd, float* dx, std::size_t rows,
+inline void rmsnorm_grad(float_in dout, float_in x, float_in gain, const float* rstd, float_out dx, std::size_t rows,
                          std::size_t cols, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "rmsnorm_grad"), detail::block, 0, s, detail::rmsnorm_dx_k<>)(dout, x, gain, rstd, dx, cols);
   detail::launched("rmsnorm_grad");
 }
-/// @brief Backward of rmsnorm for its gain, as cpu::rmsnorm_grad_gain.
-inline void rmsnorm_grad_gain(const float* dout, const float* x, const float* rstd, float* dgain, std::size_t rows,
-                              std::size_t cols, bool accumulate, cudaStream_t s) {
-  if (cols == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::rmsnorm_dgain_k<>)(dout, x, rstd, dgain, rows, cols,
-                                                                                           accumulate);
-  detail::launched("rmsnorm_grad_gain");
+/// @brief Backward of rmsnorm for its gain, as cpu::rmsnorm_grad_gain; `workspace` as for bias_add_grad.
+inline void rmsnorm_grad_gain(float_in dout, float_in x, const float* rstd, float_out dgain, std::size_t rows, std::size_t cols,
+                              bool accumulate, cudaStream_t s, float* workspace = nullptr) {
+  detail::launch_column_sums<1>(detail::rmsnorm_dgain_k<>, {{dgain}, accumulate, rows, cols}, workspace, s, "rmsnorm_grad_gain",
+                                dout, x, rstd);
 }
 /// @brief Row-wise stable softmax.
-inline void softmax(const float* x, float* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
+inline void softmax(float_in x, float_out out, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "softmax"), detail::block, 0, s, detail::softmax_k<>)(x, out, cols);
   detail::launched("softmax");
 }
 /// @brief `dx = y·(dy - Σ dy·y)` per row.
-inline void softmax_grad(const float* y, const float* dy, float* dx, std::size_t rows, std::size_t cols, cudaStream_t s) {
+inline void softmax_grad(float_in y, float_in dy, float_out dx, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "softmax_grad"), detail::block, 0, s, detail::softmax_grad_k<>)(y, dy, dx, cols);
   detail::launched("softmax_grad");
 }
 /// @brief Causal (grouped-query) attention forward (as cpu::causal_attention), tiled: any seq,
 /// head_dim ≤ 256; `lse` gets each row's log-sum-exp.
-inline void causal_attention(const float* q, const float* k, const float* v, float* out, float* lse,
+inline void causal_attention(float_in q, float_in k, float_in v, float_out out, float* lse,
                              const cpu::attention_shape& a, cudaStream_t s) {
   if (a.batch * a.seq * a.heads == 0) return;
   detail::check_head_dim(a.head_dim, "causal_attention");
@@ -1623,8 +1841,8 @@ inline void causal_attention(const float* q, const float* k, const float* v, flo
 }
 /// @brief Causal (grouped-query) attention backward (as cpu::causal_attention_grad) from the
 /// forward's `out` and `lse`; `workspace` holds `causal_attention_grad_workspace_floats` floats.
-inline void causal_attention_grad(const float* q, const float* k, const float* v, const float* out, const float* dout,
-                                  const float* lse, float* dq, float* dk, float* dv, float* workspace,
+inline void causal_attention_grad(float_in q, float_in k, float_in v, float_in out, float_in dout, const float* lse,
+                                  float_out dq, float_out dk, float_out dv, float* workspace,
                                   const cpu::attention_shape& a, cudaStream_t s) {
   if (a.batch * a.seq * a.heads == 0) return;
   detail::check_head_dim(a.head_dim, "causal_attention_grad");
@@ -1639,7 +1857,7 @@ inline void causal_attention_grad(const float* q, const float* k, const float* v
 /// @brief Mean cross-entropy times `share` into `loss[0]` (device), saving lse per row. A target
 /// outside [0, classes) is skipped and sets `*status = code`. `share` is rows / global rows for
 /// a loss summed over data-parallel ranks (the dispatch's `global_rows`).
-inline void cross_entropy(const float* logits, const std::int32_t* targets, float* lse, float* loss, std::size_t rows,
+inline void cross_entropy(float_in logits, const std::int32_t* targets, float* lse, float_out loss, std::size_t rows,
                           std::size_t classes, int* status, int code, cudaStream_t s, float share = 1.0f) {
   CONCERTO_CHECK(rows > 0, "cross_entropy: the mean over rows needs at least one row");
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s, detail::cross_entropy_rows_k<>)(logits, targets, lse,
@@ -1650,7 +1868,7 @@ inline void cross_entropy(const float* logits, const std::int32_t* targets, floa
 }
 /// @brief `dlogits = dloss·(softmax(logits) - onehot)/rows`, times `*loss_scale` (device, read
 /// when the kernel runs) under dynamic loss scaling.
-inline void cross_entropy_grad(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
+inline void cross_entropy_grad(float_in logits, const std::int32_t* targets, const float* lse, float_out dlogits,
                                std::size_t rows, std::size_t classes, float dloss, cudaStream_t s,
                                const float* loss_scale = nullptr) {
   CONCERTO_CHECK(rows > 0, "cross_entropy_grad: the mean over rows needs at least one row");
@@ -1675,22 +1893,38 @@ inline void mse_grad(const float* pred, const float* target, float* dpred, std::
 }
 /// @brief `out[i,:] = table[ids[i] - first_row, :]`; ids outside the table give zero rows, and
 /// with `reject` also set `*status = code`.
-inline void embedding(const std::int32_t* ids, const float* table, float* out, std::size_t n, std::size_t dim,
+inline void embedding(const std::int32_t* ids, float_in table, float_out out, std::size_t n, std::size_t dim,
                       std::size_t table_rows, std::int64_t first_row, bool reject, int* status, int code, cudaStream_t s) {
   if (n * dim == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::grid_for(n * dim), detail::block, 0, s, detail::embedding_k<>)(ids, table, out, n, dim, first_row, table_rows,
                                                                           reject, status, code);
   detail::launched("embedding");
 }
-/// @brief `dtable[ids[i] - first_row, :] += dout[i, :]` (zeroed first unless `accumulate`);
-/// atomic adds, so repeated ids sum in an unspecified order.
-inline void embedding_grad(const std::int32_t* ids, const float* dout, float* dtable, std::size_t n, std::size_t dim,
+/// @brief Floats of device workspace embedding_grad takes (int32 offsets, cursors and token order).
+[[nodiscard]] constexpr std::size_t embedding_grad_workspace_floats(std::size_t n, std::size_t table_rows) noexcept {
+  return 2 * table_rows + 1 + n;
+}
+/// @brief `dtable[ids[i] - first_row, :] += dout[i, :]` (overwriting unless `accumulate`), each
+/// row's tokens added in token order as the CPU kernel adds them: deterministic, no atomics on
+/// the table. `workspace` holds embedding_grad_workspace_floats(n, table_rows) floats.
+inline void embedding_grad(const std::int32_t* ids, float_in dout, float_out dtable, std::size_t n, std::size_t dim,
                            std::size_t table_rows, bool accumulate, std::int64_t first_row, bool reject, int* status,
-                           int code, cudaStream_t s) {
-  if (!accumulate) check(cudaMemsetAsync(dtable, 0, table_rows * dim * sizeof(float), s), "cudaMemsetAsync");
-  if (n * dim == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n * dim), detail::block, 0, s, detail::embedding_grad_k<>)(ids, dout, dtable, n, dim, first_row,
-                                                                               table_rows, reject, status, code);
+                           int code, float* workspace, cudaStream_t s) {
+  if (table_rows * dim == 0) return;
+  CONCERTO_CHECK(n < 0x7fffffffu, "embedding_grad: " + std::to_string(n) + " ids exceed the int32 token order");
+  CONCERTO_CHECK(dim / detail::block < 65535, "embedding_grad: " + std::to_string(dim) + " columns exceed the grid");
+  auto* offsets = reinterpret_cast<std::int32_t*>(workspace);
+  std::int32_t* cursors = offsets + table_rows + 1;
+  std::int32_t* order = cursors + table_rows;
+  check(cudaMemsetAsync(cursors, 0, table_rows * sizeof(std::int32_t), s), "cudaMemsetAsync");
+  if (n > 0) {
+    CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::embedding_count_k<>)(ids, cursors, n, first_row,
+                                                                                                table_rows, reject, status, code);
+  }
+  CONCERTO_CUDA_LAUNCH(1, detail::block, 0, s, detail::exclusive_scan_k<>)(cursors, offsets, cursors, table_rows);
+  if (n > 0) CONCERTO_CUDA_LAUNCH(1, detail::block, 0, s, detail::embedding_place_k<>)(ids, cursors, order, n, first_row, table_rows);
+  const dim3 grid(detail::rows_grid(table_rows, "embedding_grad"), static_cast<unsigned>((dim + detail::block - 1) / detail::block));
+  CONCERTO_CUDA_LAUNCH(grid, detail::block, 0, s, detail::embedding_rows_k<>)(offsets, order, dout, dtable, dim, accumulate);
   detail::launched("embedding_grad");
 }
 /// @brief SGD update in place (as cpu::sgd_update) at the rate `schedule` gives the device's step
@@ -1700,22 +1934,28 @@ inline void embedding_grad(const std::int32_t* ids, const float* dout, float* dt
 /// times the true ones and nothing is written when `norm_sq` is not finite (runtime/grad_clip.hpp).
 inline void sgd_update(float* params, const float* grads, float* momentum_buf, std::size_t n, const cpu::sgd_config& cfg,
                        const lr_schedule& schedule, const std::int64_t* step, const float* norm_sq, float max_norm,
-                       cudaStream_t s, const float* loss_scale = nullptr) {
+                       cudaStream_t s, const float* loss_scale = nullptr, working_copy working = {}) {
   if (n == 0) return;
   CONCERTO_CHECK(cfg.momentum == 0.0f || momentum_buf != nullptr, "sgd_update: momentum needs a momentum buffer");
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sgd_k<>)(params, grads, cfg.momentum == 0.0f ? nullptr : momentum_buf,
-                                                              n, cfg, schedule, step, norm_sq, max_norm, loss_scale);
+  float* const buf = cfg.momentum == 0.0f ? nullptr : momentum_buf;
+  detail::with_working_type(working, "sgd_update", [&]<ir::dtype W>() {
+    CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::sgd_k<W>)(params, grads, buf, n, cfg, schedule, step,
+                                                                                     norm_sq, max_norm, loss_scale, working.values);
+  });
   detail::launched("sgd_update");
 }
 /// @brief AdamW update in place (as cpu::adamw_update) at the rate `schedule` gives; `step` points
 /// to the device's step counter (from 1), read when the kernel runs. `norm_sq` and `loss_scale`
-/// as for sgd_update: under loss scaling an overflowed step leaves params, m and v as they were.
+/// as for sgd_update: under loss scaling an overflowed step leaves params, m and v as they were
+/// (and writes params, rounded, into the working copy).
 inline void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n, const cpu::adamw_config& cfg,
                          const lr_schedule& schedule, const std::int64_t* step, const float* norm_sq, float max_norm,
-                         cudaStream_t s, const float* loss_scale = nullptr) {
+                         cudaStream_t s, const float* loss_scale = nullptr, working_copy working = {}) {
   if (n == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::adamw_k<>)(params, grads, m, v, n, cfg, schedule, step,
-                                                                                    norm_sq, max_norm, loss_scale);
+  detail::with_working_type(working, "adamw_update", [&]<ir::dtype W>() {
+    CONCERTO_CUDA_LAUNCH(detail::grid_for(n), detail::block, 0, s, detail::adamw_k<W>)(params, grads, m, v, n, cfg, schedule, step,
+                                                                                       norm_sq, max_norm, loss_scale, working.values);
+  });
   detail::launched("adamw_update");
 }
 /// @brief `*out = Σ x² / replicas` over n values (cpu::sum_of_squares), one block.
@@ -1732,7 +1972,7 @@ inline void narrow_ids(const std::int64_t* in, std::int32_t* out, std::size_t n,
   detail::launched("narrow_ids");
 }
 /// @brief Layernorm's row statistics (mean and rstd, biased variance) without the output.
-inline void layernorm_stats(const float* x, float* mean, float* rstd, std::size_t rows, std::size_t cols, float eps,
+inline void layernorm_stats(float_in x, float* mean, float* rstd, std::size_t rows, std::size_t cols, float eps,
                             cudaStream_t s) {
   if (rows == 0) return;
   CONCERTO_CHECK(cols > 0, "layernorm_stats: a row needs at least one column");
@@ -1740,24 +1980,23 @@ inline void layernorm_stats(const float* x, float* mean, float* rstd, std::size_
   detail::launched("layernorm_stats");
 }
 /// @brief dx of layernorm alone (the DSL's layernorm_grad; dgamma and dbeta are other tasks).
-inline void layernorm_grad_input(const float* dout, const float* x, const float* gamma, const float* mean,
-                                 const float* rstd, float* dx, std::size_t rows, std::size_t cols, cudaStream_t s) {
+inline void layernorm_grad_input(float_in dout, float_in x, float_in gamma, const float* mean,
+                                 const float* rstd, float_out dx, std::size_t rows, std::size_t cols, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "layernorm_grad"), detail::block, 0, s, detail::layernorm_dx_k<>)(dout, x, gamma, mean, rstd,
                                                                                              dx, cols);
   detail::launched("layernorm_grad");
 }
-/// @brief `dgamma[c] (+)= Σ_r dout[r,c]·(x[r,c] - mean[r])·rstd[r]` (the DSL's layernorm_grad_gamma).
-inline void layernorm_grad_gamma(const float* dout, const float* x, const float* mean, const float* rstd, float* dgamma,
-                                 std::size_t rows, std::size_t cols, bool accumulate, cudaStream_t s) {
-  if (cols == 0) return;
-  CONCERTO_CUDA_LAUNCH(detail::column_grid(cols), detail::column_sum_threads, 0, s, detail::layernorm_dparams_k<>)(dout, x, mean, rstd, dgamma, nullptr,
-                                                                              rows, cols, accumulate);
-  detail::launched("layernorm_grad_gamma");
+/// @brief `dgamma[c] (+)= Σ_r dout[r,c]·(x[r,c] - mean[r])·rstd[r]` (the DSL's layernorm_grad_gamma);
+/// `workspace` holds column_sum_workspace_floats(rows, cols, 2), or is null.
+inline void layernorm_grad_gamma(float_in dout, float_in x, const float* mean, const float* rstd, float_out dgamma,
+                                 std::size_t rows, std::size_t cols, bool accumulate, cudaStream_t s, float* workspace = nullptr) {
+  detail::launch_column_sums<2>(detail::layernorm_dparams_k<>, {{dgamma, float_out{}}, accumulate, rows, cols}, workspace, s,
+                                "layernorm_grad_gamma", dout, x, mean, rstd);
 }
 /// @brief The row log-sum-exp of cross_entropy alone (its backward recomputes it); a target
 /// outside [0, classes) sets `*status = code`.
-inline void cross_entropy_lse(const float* logits, const std::int32_t* targets, float* lse, std::size_t rows,
+inline void cross_entropy_lse(float_in logits, const std::int32_t* targets, float* lse, std::size_t rows,
                               std::size_t classes, int* status, int code, cudaStream_t s) {
   if (rows == 0) return;
   CONCERTO_CUDA_LAUNCH(detail::rows_grid(rows, "cross_entropy"), detail::block, 0, s, detail::cross_entropy_rows_k<>)(logits, targets, lse,

@@ -122,6 +122,7 @@ public:
     compute_.emplace(range.least);
     blas_.emplace();
     if (options_.use_cudnn) dnn_.emplace();
+    if (dnn_ && cuda::cudnn_attention_available) attention_.emplace(dnn_->get());
     words_ = cuda::device_buffer(2 * sizeof(std::int64_t));
     cuda::check(cudaMallocHost(reinterpret_cast<void**>(&host_step_), sizeof(std::int64_t)), "cudaMallocHost");
   }
@@ -232,9 +233,10 @@ public:
       make_lanes(g);
       lane_signature_ = std::move(lanes);
     }
-    // Scratch: the cuBLASLt workspace, then (256-byte aligned) the kernels' workspace.
-    const auto blas_bytes = (options_.blas_workspace_bytes + cuda::device_alignment - 1) / cuda::device_alignment *
-                            cuda::device_alignment;
+    // Scratch: the library workspace (cuBLASLt's, cuDNN's, large enough for the fused attention's
+    // graphs), then (256-byte aligned) the kernels' workspace.
+    const auto library_bytes = std::max(options_.blas_workspace_bytes, fused_attention_bytes(g));
+    const auto blas_bytes = (library_bytes + cuda::device_alignment - 1) / cuda::device_alignment * cuda::device_alignment;
     const auto kernel_bytes = cuda::device_workspace_bytes(g);
     arena_ = cuda::device_arena(g, make_layout(g, static_cast<std::int64_t>(blas_bytes) + kernel_bytes, cuda::device_alignment));
     kernels_.assign(g.tasks.size(), {});
@@ -299,11 +301,12 @@ public:
             &*blas_,
             dnn_ ? &*dnn_ : nullptr,
             arena_.scratch(),
-            options_.blas_workspace_bytes,
+            library_bytes,
             reinterpret_cast<float*>(arena_.scratch() + blas_bytes),
             words_.as<int>(),
             reinterpret_cast<const std::int64_t*>(words_.data() + sizeof(std::int64_t)),
-            static_cast<std::size_t>(kernel_bytes) / sizeof(float)};
+            static_cast<std::size_t>(kernel_bytes) / sizeof(float),
+            attention_ ? &*attention_ : nullptr};
     start_.emplace(true);
     stop_.emplace(true);
     fork_.emplace();
@@ -727,6 +730,22 @@ private:
   std::optional<cuda::stream> compute_;
   std::optional<cuda::blas_handle> blas_;
   std::optional<cuda::dnn_handle> dnn_;  ///< with backend_options::use_cudnn
+  /// cuDNN's fused attention graphs, where this build has its frontend and cuDNN is used.
+  std::optional<cuda::cudnn_attention_cache> attention_;
+  /// Library workspace bytes the fused attention of `g`'s 16-bit attention tasks needs (builds and
+  /// caches their graphs, before the first step); 0 where none can run fused.
+  std::size_t fused_attention_bytes(const ir::graph& g) {
+    std::size_t most = 0;
+    if (!attention_) return most;
+    for (const auto& t : g.tasks) {
+      if (t.fn != ir::op::attention && t.fn != ir::op::attention_grad) continue;
+      const auto c = decode(g, t, coords_);
+      const auto type = g.buffer_at(c.in[0]).type;
+      const auto pass = t.fn == ir::op::attention ? cuda::cudnn_attention_pass::forward : cuda::cudnn_attention_pass::backward;
+      if (const auto bytes = cuda::cudnn_attention_workspace_bytes(*attention_, c.att, type, pass, true)) most = std::max(most, *bytes);
+    }
+    return most;
+  }
   /// The lanes' streams and NCCL communicators of `g`, one per comm stream.
   void make_lanes(const ir::graph& g) {
     const auto range = cuda::stream_priorities();
